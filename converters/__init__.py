@@ -1,0 +1,1 @@
+"""Lowering to standard ONNX (and lifting from it), one module per op."""

@@ -1,0 +1,27 @@
+"""dyndq: oneDNN Graph's DynamicDequantize as a first-class ONNX op.
+
+Importing dyndq registers every op version with ONNX's schema registry, so
+`onnx.checker` and `onnx.shape_inference` understand graphs that hold them.
+"""
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, Problem, TensorSpec, ValidationError
+from dyndq import shape_inference as _shape_inference  # noqa: F401  (attaches the shape functions)
+from dyndq.schema import register_all as _register_all
+from dyndq.build import make_model, make_node, opset_import
+from dyndq.check import check, validate
+
+_register_all()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DOMAIN",
+    "DYNAMIC_DEQUANTIZE_1",
+    "Problem",
+    "TensorSpec",
+    "ValidationError",
+    "check",
+    "validate",
+    "make_model",
+    "make_node",
+    "opset_import",
+]

@@ -1,0 +1,225 @@
+"""`check(model)`: every problem with the use of our ops in a model, all at once.
+
+ONNX's checker stops at the first error and knows nothing of our rules beyond
+the schema, so we walk the graphs ourselves (main graph, every If/Loop/Scan
+body, model-local functions), judge each node of our domains with the op's own
+shape function, and then let `onnx.checker` judge the rest of the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx import AttributeProto
+
+from dyndq.onnx_types import dtype_name, spec_of_type, attribute_values
+from dyndq.opdefs import (
+    OpVersion,
+    Problem,
+    TensorSpec,
+    ValidationError,
+    newest_domain_version,
+    resolve,
+    versions_of,
+)
+from dyndq.opdefs.registry import domains
+from dyndq.schema import MARK, lenient_inference
+
+_ATTR_TYPE = {str: AttributeProto.STRING, int: AttributeProto.INT}
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a node stands: its graph (a readable path) and its index in it."""
+
+    graph: str
+    index: int
+    node: onnx.NodeProto
+    opsets: dict[str, int]
+
+
+def walk(model: onnx.ModelProto) -> Iterator[Site]:
+    """Every node of the model: main graph, nested graphs (depth first), then functions."""
+    opsets = {o.domain: o.version for o in model.opset_import}
+    yield from _walk_graph(model.graph, "main", opsets)
+    for f in model.functions:
+        f_opsets = {o.domain: o.version for o in f.opset_import}
+        yield from _walk_nodes(f.node, f"function {f.domain}::{f.name}", f_opsets)
+
+
+def _walk_graph(graph: onnx.GraphProto, path: str, opsets) -> Iterator[Site]:
+    yield from _walk_nodes(graph.node, path, opsets)
+
+
+def _walk_nodes(nodes, path: str, opsets) -> Iterator[Site]:
+    for i, node in enumerate(nodes):
+        yield Site(path, i, node, opsets)
+        label = node.name or f"{node.op_type}#{i}"
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from _walk_graph(attr.g, f"{path}/{label}.{attr.name}", opsets)
+            elif attr.type == AttributeProto.GRAPHS:
+                for j, g in enumerate(attr.graphs):
+                    yield from _walk_graph(g, f"{path}/{label}.{attr.name}[{j}]", opsets)
+
+
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The type of every value ONNX can infer, in every graph of the model."""
+    try:
+        with lenient_inference():
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # a model ONNX cannot even infer: judge what it declares
+        inferred = model
+    types: dict[str, onnx.TypeProto] = {}
+    _collect_types(inferred.graph, types)
+    return types
+
+
+def _collect_types(graph: onnx.GraphProto, types: dict) -> None:
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if vi.HasField("type"):
+            types.setdefault(vi.name, vi.type)
+    for init in graph.initializer:
+        tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        types[init.name] = tp
+    for node in graph.node:
+        for attr in node.attribute:
+            for g in [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs):
+                _collect_types(g, types)
+
+
+def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
+    """The problems of one node of our domains (none for other nodes)."""
+    node = site.node
+    if node.domain not in domains():
+        return []
+    where = dict(op=f"{node.domain}::{node.op_type}", node=node.name, node_index=site.index, graph=site.graph)
+    op, problems = _resolve(node, site.opsets)
+    if op is None:
+        return [p.at(**where) for p in problems]
+    problems += _arity(op, node)
+    attrs, attr_problems = _attributes(op, node)
+    problems += attr_problems
+    inputs = list(node.input)
+    specs = []
+    for i, param in enumerate(op.inputs):
+        name = inputs[i] if i < len(inputs) else ""
+        if not name:
+            specs.append(None)
+            continue
+        spec = spec_of_type(types.get(name))
+        specs.append(spec if spec is not None else TensorSpec(None, None))
+    if specs and specs[0] is not None and all(s is not None for s, p in zip(specs, op.inputs) if not p.optional):
+        try:
+            op.shape_inference(*specs, **attrs)
+        except ValidationError as e:
+            problems += e.problems
+    return [p.at(**where) for p in problems]
+
+
+def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
+    known = versions_of(node.domain, node.op_type)
+    if not known:
+        ops = sorted({o.name for o in _ops_of(node.domain)})
+        return None, [Problem("op_type", repr(node.op_type), f"an op of domain {node.domain!r}: {', '.join(ops)}")]
+    newest = newest_domain_version(node.domain)
+    allowed = f"an opset import of {node.domain!r} at version {_versions(newest)}"
+    if node.domain not in opsets:
+        return None, [Problem("opset_import", f"no opset import for domain {node.domain!r}", allowed)]
+    version = opsets[node.domain]
+    op = resolve(node.domain, node.op_type, version)
+    if op is None or version > newest:
+        return None, [Problem("opset_import", f"{node.domain!r} at version {version}", allowed)]
+    return op, []
+
+
+def _versions(newest: int) -> str:
+    return "1" if newest == 1 else f"1..{newest}"
+
+
+def _ops_of(domain):
+    from dyndq.opdefs import all_versions
+
+    return [o for o in all_versions() if o.domain == domain]
+
+
+def _arity(op: OpVersion, node) -> list[Problem]:
+    problems = []
+    n_required = sum(not p.optional for p in op.inputs)
+    names = list(node.input)
+    while names and not names[-1]:
+        names.pop()  # trailing empty names are omitted optional inputs
+    if len(names) > len(op.inputs):
+        problems.append(Problem("inputs", f"{len(names)} inputs", f"at most {len(op.inputs)}: {_names(op.inputs)}"))
+    for p in op.inputs[:n_required]:
+        i = op.inputs.index(p)
+        if i >= len(names) or not names[i]:
+            problems.append(Problem(p.name, "missing", f"a {p.type_var} input (required)"))
+    if len(node.output) != len(op.outputs) or not all(node.output):
+        problems.append(Problem("outputs", f"{len(node.output)} outputs {list(node.output)}", f"exactly {len(op.outputs)}: {_names(op.outputs)}"))
+    return problems
+
+
+def _names(params) -> str:
+    return ", ".join(p.name + (" (optional)" if p.optional else "") for p in params)
+
+
+def _attributes(op: OpVersion, node) -> tuple[dict, list[Problem]]:
+    attrs = op.defaults()
+    problems = []
+    values = attribute_values(node)
+    for a in node.attribute:
+        spec = op.attribute(a.name)
+        if spec is None:
+            known = ", ".join(x.name for x in op.attributes)
+            problems.append(Problem(a.name, "an unknown attribute", f"attributes {known}"))
+        elif a.type != _ATTR_TYPE[spec.type]:
+            found = AttributeProto.AttributeType.Name(a.type)
+            problems.append(Problem(a.name, f"an attribute of type {found} ({values[a.name]!r})", f"type {AttributeProto.AttributeType.Name(_ATTR_TYPE[spec.type])}"))
+        else:
+            attrs[a.name] = values[a.name]
+    return attrs, problems
+
+
+def _about_our_ops(message: str) -> bool:
+    from dyndq.opdefs import all_versions
+
+    return any(op.name in message for op in all_versions())
+
+
+def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[Problem]:
+    """What `onnx.checker.check_model(full_check=True)` finds (it stops at the first),
+    leaving out what is about our ops when we have reported on them already."""
+    def first(full: bool) -> str | None:
+        try:
+            onnx.checker.check_model(model, full_check=full)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+            return str(e).strip()
+        return None
+
+    message = first(True)
+    if message is not None and (MARK in message or (ours_reported and _about_our_ops(message))):
+        message = first(False)  # ONNX stopped at a mistake reported above; its structural checks still count
+        if message is not None and ours_reported and _about_our_ops(message):
+            message = None
+    if message is None:
+        return []
+    return [Problem("model", f"onnx.checker: {message}", "a model that onnx.checker.check_model(full_check=True) accepts")]
+
+
+def check(model: onnx.ModelProto) -> list[Problem]:
+    """Every problem found in the model; an empty list means it is valid."""
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"check() takes an onnx.ModelProto, not {type(model).__name__}")
+    types = value_types(model)
+    problems = [p for site in walk(model) for p in check_node(site, types)]
+    return problems + onnx_checker_problems(model, ours_reported=bool(problems))
+
+
+def validate(model: onnx.ModelProto) -> None:
+    """Raise ValidationError with every problem, if there is any."""
+    problems = check(model)
+    if problems:
+        raise ValidationError(problems)

@@ -1,0 +1,1 @@
+"""NumPy kernels, one module per op; no ONNX here. Importing a module attaches its kernel to the op handle."""
