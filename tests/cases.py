@@ -1,0 +1,121 @@
+"""One table of cases, shared by every check: shape inference, dyndq.check, the
+kernel and export all run the same rows, so a rule cannot hold in one layer and
+be forgotten in another.
+
+A row describes one use of DynamicDequantize-1: the dtypes and shapes of its
+inputs, its attributes, and either None (valid) or the argument names that the
+problems must name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    src: tuple[str, tuple]  # (dtype, shape)
+    scales: tuple[str, tuple]
+    zps: tuple[str, tuple] | None = None
+    attrs: dict = field(default_factory=dict)
+    bad: frozenset[str] | None = None  # arguments the problems must name; None = valid
+
+    @property
+    def valid(self) -> bool:
+        return self.bad is None
+
+    def arrays(self, seed: int = 0):
+        """Random arrays of the row's dtypes and shapes (values in each dtype's full range)."""
+        rng = np.random.default_rng(seed)
+        src = _random(rng, *self.src)
+        scales = _random(rng, *self.scales)
+        zps = None if self.zps is None else _random(rng, *self.zps)
+        return src, scales, zps
+
+
+def _random(rng, dtype, shape):
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+    if dt.kind == "f":
+        return (rng.standard_normal(shape) * 0.05).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    raise ValueError(dtype)
+
+
+def bad(*args: str) -> frozenset[str]:
+    return frozenset(args)
+
+
+PT = {"qtype": "per_tensor"}
+
+
+def PC(axis):
+    return {"qtype": "per_channel", "axis": axis}
+
+
+CASES = [
+    # -- valid: every T1 x T3 pair, per tensor ------------------------------------
+    *[
+        Case(f"pt-{s}-{z or 'nozp'}", (s, (2, 3, 4)), ("float32", (1,)), None if z is None else (z, (1,)), PT)
+        for s in ("int8", "uint8")
+        for z in (None, "int8", "uint8", "int32")
+    ],
+    Case("pt-scalar-scale-and-zp", ("uint8", (5,)), ("float32", ()), ("uint8", ()), PT),
+    Case("pt-rank0-src", ("int8", ()), ("float32", (1,)), ("int8", (1,)), PT),
+    Case("pt-default-attrs", ("uint8", (4, 4)), ("float32", (1,)), ("int32", (1,)), {}),
+    Case("pt-empty", ("int8", (0, 3)), ("float32", (1,)), ("int8", (1,)), PT),
+    Case("pt-axis-ignored", ("int8", (2, 3)), ("float32", (1,)), None, {"qtype": "per_tensor", "axis": 7}),
+    # -- valid: per channel ---------------------------------------------------------
+    *[
+        Case(f"pc-{s}-{z or 'nozp'}-axis{a}", (s, (2, 3, 4)), ("float32", ((2, 3, 4)[a],)),
+             None if z is None else (z, ((2, 3, 4)[a],)), PC(a))
+        for s in ("int8", "uint8")
+        for z in (None, "int8", "uint8", "int32")
+        for a in (0, 1, 2, -1, -3)
+    ],
+    Case("pc-one-zp-broadcast", ("int8", (2, 8)), ("float32", (8,)), ("int8", (1,)), PC(1)),
+    Case("pc-scalar-zp-broadcast", ("uint8", (2, 8)), ("float32", (8,)), ("int32", ()), PC(-1)),
+    Case("pc-empty-other-dim", ("uint8", (0, 3)), ("float32", (3,)), ("uint8", (3,)), PC(1)),
+    Case("pc-empty-channel-dim", ("uint8", (4, 0)), ("float32", (0,)), ("uint8", (0,)), PC(1)),
+    Case("pc-rank1", ("int8", (6,)), ("float32", (6,)), ("int32", (6,)), PC(0)),
+    Case("onednn-conv-weights", ("int8", (2, 64, 3, 3)), ("float32", (64,)), None, PC(1)),
+    # -- type constraints -------------------------------------------------------------
+    *[
+        Case(f"bad-src-{d}", (d, (2, 3)), ("float32", (1,)), None, PT, bad("src"))
+        for d in ("float16", "float32", "int16", "int32", "bool")
+    ],
+    *[
+        Case(f"bad-scales-{d}", ("int8", (2, 3)), (d, (1,)), None, PT, bad("scales"))
+        for d in ("float16", "float64")
+    ],
+    *[
+        Case(f"bad-zps-{d}", ("int8", (2, 3)), ("float32", (1,)), (d, (1,)), PT, bad("zps"))
+        for d in ("float32", "uint16", "int64")
+    ],
+    # -- shapes --------------------------------------------------------------------------
+    Case("pt-scales-too-long", ("int8", (2, 3)), ("float32", (3,)), None, PT, bad("scales")),
+    Case("pt-scales-rank2", ("int8", (2, 3)), ("float32", (1, 1)), None, PT, bad("scales")),
+    Case("pt-zps-too-long", ("int8", (2, 3)), ("float32", (1,)), ("int8", (2,)), PT, bad("zps")),
+    Case("pc-scales-wrong-length", ("int8", (2, 3)), ("float32", (2,)), None, PC(1), bad("scales")),
+    Case("pc-scales-rank0", ("int8", (2, 3)), ("float32", ()), None, PC(1), bad("scales")),
+    Case("pc-scales-rank2", ("int8", (2, 3)), ("float32", (1, 3)), None, PC(1), bad("scales")),
+    Case("pc-zps-unlike-scales", ("int8", (2, 3)), ("float32", (3,)), ("int8", (2,)), PC(1), bad("zps")),
+    Case("pc-zps-rank2", ("int8", (2, 3)), ("float32", (3,)), ("int8", (1, 3)), PC(1), bad("zps")),
+    Case("pc-axis-too-big", ("int8", (2, 3)), ("float32", (3,)), None, PC(2), bad("axis")),
+    Case("pc-axis-too-small", ("int8", (2, 3)), ("float32", (3,)), None, PC(-3), bad("axis")),
+    Case("pc-rank0-src", ("int8", ()), ("float32", (1,)), None, PC(0), bad("src")),
+    Case("unknown-qtype", ("int8", (2, 3)), ("float32", (1,)), None, {"qtype": "per_group"}, bad("qtype")),
+    Case("several-at-once", ("int16", (2, 3)), ("float64", (5,)), ("int64", (4,)), PC(1), bad("src", "scales", "zps")),
+]
+
+VALID = [c for c in CASES if c.valid]
+INVALID = [c for c in CASES if not c.valid]
+
+
+def ids(cases):
+    return [c.id for c in cases]
