@@ -34,7 +34,7 @@ def make_node(inputs, outputs, *, qtype: str = "per_tensor", axis: int = 1, name
 
 def opset_import(version: int | None = None) -> onnx.OperatorSetIdProto:
     """The opset import a model needs for our domain (the newest version by default)."""
-    return onnx.helper.make_opsetid(DOMAIN, version or newest_domain_version(DOMAIN))
+    return onnx.helper.make_opsetid(DOMAIN, newest_domain_version(DOMAIN) if version is None else version)
 
 
 def ir_version_for(opset_imports) -> int:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-import numpy as np
 import onnx
 from onnx import AttributeProto
 
-from dyndq.onnx_types import dtype_name, spec_of_type, attribute_values
+from dyndq.onnx_types import attribute_values, spec_of_type
 from dyndq.opdefs import (
     OpVersion,
     Problem,
+    all_versions,
     TensorSpec,
     ValidationError,
     newest_domain_version,
@@ -43,14 +43,10 @@ class Site:
 def walk(model: onnx.ModelProto) -> Iterator[Site]:
     """Every node of the model: main graph, nested graphs (depth first), then functions."""
     opsets = {o.domain: o.version for o in model.opset_import}
-    yield from _walk_graph(model.graph, "main", opsets)
+    yield from _walk_nodes(model.graph.node, "main", opsets)
     for f in model.functions:
         f_opsets = {o.domain: o.version for o in f.opset_import}
         yield from _walk_nodes(f.node, f"function {f.domain}::{f.name}", f_opsets)
-
-
-def _walk_graph(graph: onnx.GraphProto, path: str, opsets) -> Iterator[Site]:
-    yield from _walk_nodes(graph.node, path, opsets)
 
 
 def _walk_nodes(nodes, path: str, opsets) -> Iterator[Site]:
@@ -59,10 +55,10 @@ def _walk_nodes(nodes, path: str, opsets) -> Iterator[Site]:
         label = node.name or f"{node.op_type}#{i}"
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
-                yield from _walk_graph(attr.g, f"{path}/{label}.{attr.name}", opsets)
+                yield from _walk_nodes(attr.g.node, f"{path}/{label}.{attr.name}", opsets)
             elif attr.type == AttributeProto.GRAPHS:
                 for j, g in enumerate(attr.graphs):
-                    yield from _walk_graph(g, f"{path}/{label}.{attr.name}[{j}]", opsets)
+                    yield from _walk_nodes(g.node, f"{path}/{label}.{attr.name}[{j}]", opsets)
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -120,9 +116,8 @@ def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
 
 
 def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
-    known = versions_of(node.domain, node.op_type)
-    if not known:
-        ops = sorted({o.name for o in _ops_of(node.domain)})
+    if not versions_of(node.domain, node.op_type):
+        ops = sorted({o.name for o in all_versions() if o.domain == node.domain})
         return None, [Problem("op_type", repr(node.op_type), f"an op of domain {node.domain!r}: {', '.join(ops)}")]
     newest = newest_domain_version(node.domain)
     allowed = f"an opset import of {node.domain!r} at version {_versions(newest)}"
@@ -139,12 +134,6 @@ def _versions(newest: int) -> str:
     return "1" if newest == 1 else f"1..{newest}"
 
 
-def _ops_of(domain):
-    from dyndq.opdefs import all_versions
-
-    return [o for o in all_versions() if o.domain == domain]
-
-
 def _arity(op: OpVersion, node) -> list[Problem]:
     problems = []
     n_required = sum(not p.optional for p in op.inputs)
@@ -153,8 +142,7 @@ def _arity(op: OpVersion, node) -> list[Problem]:
         names.pop()  # trailing empty names are omitted optional inputs
     if len(names) > len(op.inputs):
         problems.append(Problem("inputs", f"{len(names)} inputs", f"at most {len(op.inputs)}: {_names(op.inputs)}"))
-    for p in op.inputs[:n_required]:
-        i = op.inputs.index(p)
+    for i, p in enumerate(op.inputs[:n_required]):
         if i >= len(names) or not names[i]:
             problems.append(Problem(p.name, "missing", f"a {p.type_var} input (required)"))
     if len(node.output) != len(op.outputs) or not all(node.output):
@@ -184,8 +172,6 @@ def _attributes(op: OpVersion, node) -> tuple[dict, list[Problem]]:
 
 
 def _about_our_ops(message: str) -> bool:
-    from dyndq.opdefs import all_versions
-
     return any(op.name in message for op in all_versions())
 
 

@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
+from onnx import helper
+
+import dyndq
+from dyndq.onnx_types import elem_type
 
 
 @dataclass(frozen=True)
@@ -119,3 +124,22 @@ INVALID = [c for c in CASES if not c.valid]
 
 def ids(cases):
     return [c.id for c in cases]
+
+
+
+def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=None, domain_version=None) -> onnx.ModelProto:
+    """The row as a model: src, scales (and zps) as graph inputs, or scales/zps as initializers."""
+    names = ["src", "scales"] + ([] if case.zps is None else ["zps"])
+    decls = [case.src, case.scales] + ([] if case.zps is None else [case.zps])
+    node = onnx.helper.make_node("DynamicDequantize", names, ["dst"], name=node_name, domain=dyndq.DOMAIN,
+                                 **case.attrs)
+    graph_inputs, inits = [], []
+    for i, (name, (dtype, shape)) in enumerate(zip(names, decls)):
+        if inputs_as == "initializers" and i > 0:
+            inits.append(onnx.numpy_helper.from_array(arrays[i], name))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(name, elem_type(dtype), list(shape)))
+    out = helper.make_tensor_value_info("dst", onnx.TensorProto.FLOAT, list(case.src[1]))
+    graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
+    imports = [helper.make_opsetid("", opset), dyndq.opset_import(domain_version)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.build.ir_version_for(imports))

@@ -1,0 +1,71 @@
+"""The schema inside ONNX: registry, checker and shape inference understand the op."""
+import subprocess
+import sys
+
+import onnx
+import onnx.defs
+import pytest
+from cases import INVALID, VALID, case_model, ids
+from onnx import TensorProto, helper
+
+import dyndq
+from dyndq.schema import MARK
+
+
+def test_schema_is_registered_with_onnx():
+    s = onnx.defs.get_schema("DynamicDequantize", 1, dyndq.DOMAIN)
+    assert s.since_version == 1 and s.domain == dyndq.DOMAIN
+    assert [(i.name, i.type_str, i.option.name) for i in s.inputs] == [
+        ("src", "T1", "Single"), ("scales", "T2", "Single"), ("zps", "T3", "Optional")]
+    assert [(o.name, o.type_str) for o in s.outputs] == [("dst", "T2")]
+    assert {c.type_param_str: sorted(c.allowed_type_strs) for c in s.type_constraints} == {
+        "T1": ["tensor(int8)", "tensor(uint8)"], "T2": ["tensor(float)"],
+        "T3": ["tensor(int32)", "tensor(int8)", "tensor(uint8)"]}
+    assert s.attributes["qtype"].default_value.s == b"per_tensor"
+    assert s.attributes["axis"].default_value.i == 1
+    assert s.has_type_and_shape_inference_function
+
+
+def test_importing_twice_and_from_two_modules_is_harmless():
+    code = (
+        "import importlib, onnx.defs, dyndq, dyndq.schema\n"
+        "importlib.reload(dyndq)\n"
+        "dyndq.schema.register_all()\n"
+        "import dyndq.check\n"
+        "print(len([s for s in onnx.defs.get_all_schemas_with_history() if s.domain == dyndq.DOMAIN]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("case", VALID, ids=ids(VALID))
+def test_valid_graphs_pass_full_check_and_strict_inference(case):
+    model = case_model(case)
+    onnx.checker.check_model(model, full_check=True)
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # let inference fill it in
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    [out] = inferred.graph.output
+    assert out.type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def test_inference_keeps_symbolic_dims():
+    node = dyndq.make_node(["x", "s"], ["y"], qtype="per_channel", axis=1, name="dq")
+    relu = helper.make_node("Relu", ["y"], ["r"])
+    graph = helper.make_graph(
+        [node, relu], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, ["N", 16]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [16])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    inferred = onnx.shape_inference.infer_shapes(dyndq.make_model(graph), strict_mode=True)
+    y = next(v for v in inferred.graph.value_info if v.name == "y")
+    assert y.type.tensor_type.elem_type == TensorProto.FLOAT
+    assert [d.dim_param or d.dim_value for d in y.type.tensor_type.shape.dim] == ["N", 16]
+
+
+@pytest.mark.parametrize("case", INVALID, ids=ids(INVALID))
+def test_invalid_graphs_fail_strict_inference_with_the_node_named(case):
+    with pytest.raises((onnx.shape_inference.InferenceError, onnx.checker.ValidationError)) as e:
+        onnx.checker.check_model(case_model(case, node_name="bad_dq"), full_check=True)
+    assert "bad_dq" in str(e.value)
+    if MARK in str(e.value):  # our own rules, not ONNX's type-constraint check
+        assert all(arg in str(e.value) for arg in case.bad)

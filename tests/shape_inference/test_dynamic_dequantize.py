@@ -1,0 +1,84 @@
+"""The shape function on its own: no ONNX, just specs and attributes."""
+import pytest
+from cases import CASES, VALID, ids
+
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
+from dyndq.opdefs import TensorSpec, ValidationError
+
+
+def specs(case):
+    return (TensorSpec(*case.src), TensorSpec(*case.scales), None if case.zps is None else TensorSpec(*case.zps))
+
+
+def problems_of(*args, **attrs):
+    try:
+        OP.shape_inference(*args, **attrs)
+    except ValidationError as e:
+        return e.problems
+    return []
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_table(case):
+    found = {p.argument for p in problems_of(*specs(case), **case.attrs)}
+    assert found == (case.bad or set())
+
+
+@pytest.mark.parametrize("case", VALID, ids=ids(VALID))
+def test_valid_gives_float32_of_src_shape(case):
+    assert OP.shape_inference(*specs(case), **case.attrs) == TensorSpec("float32", case.src[1])
+
+
+def test_symbolic_and_unknown_dims_pass_through():
+    out = OP.shape_inference(TensorSpec("int8", ("N", None, 4)), TensorSpec("float32", (None,)),
+                             TensorSpec("int8", ("C",)), qtype="per_channel", axis=1)
+    assert out == TensorSpec("float32", ("N", None, 4))
+
+
+def test_unknown_rank_passes_through_and_skips_axis_check():
+    out = OP.shape_inference(TensorSpec("uint8", None), TensorSpec("float32", (3,)), None,
+                             qtype="per_channel", axis=5)
+    assert out == TensorSpec("float32", None)
+
+
+def test_unknown_dtypes_are_not_judged():
+    assert OP.shape_inference(TensorSpec(None, (2,)), TensorSpec(None, (1,))) == TensorSpec("float32", (2,))
+
+
+def test_symbolic_channel_against_known_scales_is_not_judged():
+    assert not problems_of(TensorSpec("int8", (2, "C")), TensorSpec("float32", (7,)), qtype="per_channel", axis=1)
+
+
+def test_per_tensor_symbolic_scale_length_is_not_judged_but_rank_is():
+    assert not problems_of(TensorSpec("int8", (2,)), TensorSpec("float32", ("K",)))
+    [p] = problems_of(TensorSpec("int8", (2,)), TensorSpec("float32", ("K", 1)))
+    assert p.argument == "scales" and "[1] or []" in p.allowed
+
+
+@pytest.mark.parametrize("axis", ["1", 1.0, True, None])
+def test_axis_must_be_an_integer(axis):
+    [p] = problems_of(TensorSpec("int8", (2, 3)), TensorSpec("float32", (3,)), qtype="per_channel", axis=axis)
+    assert p.argument == "axis" and p.allowed == "an integer"
+
+
+@pytest.mark.parametrize("qtype", ["per_group", "PER_TENSOR", 1, b"per_tensor", None])
+def test_qtype_must_be_known(qtype):
+    [p] = problems_of(TensorSpec("int8", (2, 3)), TensorSpec("float32", (1,)), qtype=qtype)
+    assert p.argument == "qtype"
+    assert "'per_tensor'" in p.allowed and "'per_channel'" in p.allowed
+
+
+def test_messages_say_what_was_found_and_what_is_allowed():
+    [p] = problems_of(TensorSpec("int8", (2, 3)), TensorSpec("float32", (2,)), qtype="per_channel", axis=-1)
+    assert p.found == "2 elements"
+    assert "3 elements" in p.allowed and "src.shape[-1]" in p.allowed
+    [p] = problems_of(TensorSpec("int8", (2, 3)), TensorSpec("float32", (3,)), qtype="per_channel", axis=2)
+    assert p.found == "2" and p.allowed == "an integer in [-2, 1] for src of rank 2"
+    [p] = problems_of(TensorSpec("int16", (2, 3)), TensorSpec("float32", (1,)))
+    assert (p.found, p.allowed) == ("dtype int16", "T1 = int8 | uint8")
+
+
+def test_every_problem_at_once():
+    problems = problems_of(TensorSpec("bool", (2, 3)), TensorSpec("float64", (2,)), TensorSpec("uint16", (4,)),
+                           qtype="per_channel", axis=1)
+    assert [p.argument for p in problems] == ["src", "scales", "zps", "scales", "zps"]
