@@ -1,0 +1,24 @@
+"""The README's Python examples run, in order, in one namespace, as a reader would paste them."""
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_starts_with_the_two_commands():
+    head = README.read_text().splitlines()[:6]
+    assert any(line.startswith("make demo") for line in head)
+    assert any(line.startswith("make test") for line in head)
+
+
+def test_readme_examples_run(tmp_path, monkeypatch):
+    blocks = python_blocks()
+    assert blocks
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    namespace = {"__name__": "readme"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md python block {i}", "exec"), namespace)
