@@ -8,6 +8,9 @@ from dyndq import shape_inference as _shape_inference  # noqa: F401  (attaches t
 from dyndq.schema import register_all as _register_all
 from dyndq.build import make_model, make_node, opset_import
 from dyndq.check import check, validate
+# The NumPy kernel and the reference evaluator (kernels/dynamic_dequantize.py, dyndq/reference.py).
+from dyndq.kernels.dynamic_dequantize import dynamic_dequantize  # attaches the kernel
+from dyndq.reference import reference_evaluator
 
 _register_all()
 
@@ -24,4 +27,6 @@ __all__ = [
     "make_model",
     "make_node",
     "opset_import",
+    "dynamic_dequantize",
+    "reference_evaluator",
 ]

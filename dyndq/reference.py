@@ -1,0 +1,130 @@
+"""Running graphs that hold our op in `onnx.reference.ReferenceEvaluator`.
+
+`reference_evaluator(model)` builds an evaluator that runs DynamicDequantize
+through our kernel wherever the op stands: the main graph, If/Loop/Scan
+bodies, model-local functions.  ONNX's evaluator hands custom ops down to
+subgraphs but not to model-local functions, which it builds with its own class;
+our subclass adds our ops to every evaluator it builds, nested ones included.
+
+It also runs DequantizeLinear at opsets 10 and 13, which `onnx.reference`
+lacks, with the kernel's exact arithmetic; at opset 19 and later ONNX's own
+implementation runs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from dyndq.kernels.dynamic_dequantize import dequantize, dynamic_dequantize
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, Problem, ValidationError
+
+__all__ = ["DynamicDequantize", "DequantizeLinear", "DyndqReferenceEvaluator", "reference_evaluator", "NEW_OPS"]
+
+
+class DynamicDequantize(OpRun):
+    """DynamicDequantize-1 of our domain, computed by `dyndq.dynamic_dequantize`."""
+
+    op_domain = DOMAIN
+    op_schema = None  # attributes come from the node; defaults from the op's definition
+
+    def _run(self, src, scales, zps=None, qtype=None, axis=None):  # noqa: D401
+        attrs = DYNAMIC_DEQUANTIZE_1.defaults()
+        if qtype is not None:
+            attrs["qtype"] = qtype.decode() if isinstance(qtype, bytes) else qtype
+        if axis is not None:
+            attrs["axis"] = axis
+        return (dynamic_dequantize(src, scales, zps, **attrs),)
+
+
+class DequantizeLinear(OpRun):
+    """ai.onnx DequantizeLinear: ours at opsets 10 and 13 (onnx.reference has none
+    for them), ONNX's own from opset 19 on."""
+
+    op_domain = ""
+    op_schema = None
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        self._version = run_params["opsets"].get("", onnx.defs.onnx_opset_version())
+        self._delegate = None
+        if self._version >= 19:
+            from onnx.reference.ops import load_op
+
+            cls = load_op("", "DequantizeLinear", self._version, evaluator_cls=run_params.get("evaluator_cls"))
+            self._delegate = cls(onnx_node, run_params)
+
+    def run(self, *args, **kwargs):
+        if self._delegate is not None:
+            return self._delegate.run(*args, **kwargs)
+        return super().run(*args, **kwargs)
+
+    def _run(self, x, x_scale, x_zero_point=None, axis=None):
+        return (dequantize_linear(x, x_scale, x_zero_point, axis=axis, opset=self._version),)
+
+
+_DQL_X = ("int8", "uint8", "int32")
+
+
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 13) -> np.ndarray:
+    """ONNX DequantizeLinear-10/13: y = float32(int64(x) - int64(x_zero_point)) * x_scale.
+
+    Opset 10: scalar scale and zero point.  Opset 13: also 1-D per-axis ones (axis, default 1).
+    """
+    problems = []
+    x, x_scale = np.asarray(x), np.asarray(x_scale)
+    if x.dtype.name not in _DQL_X:
+        problems.append(Problem("x", f"dtype {x.dtype.name}", " | ".join(_DQL_X)))
+    if x_scale.dtype != np.float32:
+        problems.append(Problem("x_scale", f"dtype {x_scale.dtype.name}", "float32"))
+    if x_zero_point is not None:
+        x_zero_point = np.asarray(x_zero_point)
+        if x_zero_point.dtype != x.dtype:
+            problems.append(Problem("x_zero_point", f"dtype {x_zero_point.dtype.name}", f"x's dtype {x.dtype.name}"))
+        elif x.dtype.name == "int32" and np.any(x_zero_point != 0):
+            problems.append(Problem("x_zero_point", "non-zero int32 zero points", "0 for int32 x"))
+    channel_axis = None
+    if x_scale.ndim == 0 or (x_scale.ndim == 1 and x_scale.size == 1):  # per tensor, as ONNX Runtime reads it
+        if x_zero_point is not None and x_zero_point.size != 1:
+            problems.append(Problem("x_zero_point", f"shape {list(x_zero_point.shape)}", "x_scale's shape"))
+    elif opset >= 13 and x_scale.ndim == 1:
+        a = 1 if axis is None else int(axis)
+        if not -x.ndim <= a < x.ndim:
+            problems.append(Problem("axis", str(a), f"[{-x.ndim}, {x.ndim - 1}]"))
+        else:
+            channel_axis = a % x.ndim
+            if x_scale.shape[0] != x.shape[channel_axis]:
+                problems.append(Problem("x_scale", f"{x_scale.shape[0]} elements", f"x.shape[axis] = {x.shape[channel_axis]}"))
+            if x_zero_point is not None and x_zero_point.shape != x_scale.shape:
+                problems.append(Problem("x_zero_point", f"shape {list(x_zero_point.shape)}", "x_scale's shape"))
+    else:
+        allowed = "a scalar" if opset < 13 else "a scalar or a 1-D tensor"
+        problems.append(Problem("x_scale", f"shape {list(x_scale.shape)}", allowed))
+    if problems:
+        raise ValidationError(problems)
+    out = np.empty(x.shape, np.float32)
+    return dequantize(x, x_scale, x_zero_point, channel_axis, out)
+
+
+NEW_OPS: list[type[OpRun]] = [DynamicDequantize, DequantizeLinear]
+
+
+class DyndqReferenceEvaluator(ReferenceEvaluator):
+    """A ReferenceEvaluator that knows our ops in every graph and function it builds."""
+
+    def __init__(self, proto: Any, *args, new_ops: list[type[OpRun]] | None = None, **kwargs):
+        # Caller's classes first: for a key given twice, ONNX keeps the first.
+        ops = list(new_ops or []) + [c for c in NEW_OPS if c not in (new_ops or [])]
+        super().__init__(proto, *args, new_ops=ops, **kwargs)
+
+
+def reference_evaluator(model, **kwargs) -> ReferenceEvaluator:
+    """An `onnx.reference.ReferenceEvaluator` for `model` (a ModelProto, GraphProto,
+    FunctionProto, NodeProto, or a path) that runs our ops through our kernel.
+
+    Keyword arguments go to ReferenceEvaluator (verbose, functions, new_ops, ...).
+    """
+    return DyndqReferenceEvaluator(model, **kwargs)
