@@ -30,3 +30,10 @@ __all__ = [
     "dynamic_dequantize",
     "reference_evaluator",
 ]
+
+# Export to standard ONNX and lifting DequantizeLinear (dyndq/export.py, dyndq/lift.py).
+from dyndq import converters as _converters  # noqa: E402,F401  (attaches the converters)
+from dyndq.export import ExportError, ExportReport, export, export_with_report  # noqa: E402
+from dyndq.lift import LiftReport, lift, lift_with_report  # noqa: E402
+
+__all__ += ["ExportError", "ExportReport", "export", "export_with_report", "LiftReport", "lift", "lift_with_report"]

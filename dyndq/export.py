@@ -1,0 +1,332 @@
+"""`export(model)`: a copy of the model in standard ONNX, every DynamicDequantize lowered.
+
+The whole model: the main graph, every If/Loop/Scan body (at any depth) and
+every model-local function.  The ai.onnx opset is kept when it is high enough
+(per_channel lowers to DequantizeLinear with `axis`, which needs opset 13);
+otherwise it is raised to the lowest that works, the other nodes converted by
+`onnx.version_converter`.  Our domain leaves `opset_import` when nothing uses
+it any more, and `ir_version` becomes the lowest the opsets need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import AttributeProto
+
+from dyndq.build import ORT_MAX_OPSET, ir_version_for
+from dyndq.check import value_types
+from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, required_opset
+from dyndq.onnx_types import attribute_values, spec_of_type
+from dyndq.opdefs import DOMAIN, PER_TENSOR, ValidationError, resolve
+from dyndq.opdefs.registry import domains
+
+# Model-local functions need at least this IR version.
+_FUNCTIONS_IR = 8
+
+
+class ExportError(ValueError):
+    """The model cannot be exported as asked (e.g. `opset=` below what the graph needs)."""
+
+
+@dataclass(frozen=True)
+class LoweredNode:
+    graph: str  # where the node stood: "main", "main/if_node.then_branch", "function dom::Name"
+    node: str  # its name (or its output's name when it had none)
+    qtype: str
+    form: str  # "DequantizeLinear" or "integer arithmetic"
+    nodes: int  # how many standard nodes replaced it
+
+
+@dataclass
+class ExportReport:
+    """What `export` did: the nodes lowered, the opset and IR version written."""
+
+    lowered: list[LoweredNode] = field(default_factory=list)
+    opset_before: int | None = None
+    opset: int | None = None  # the ai.onnx opset written
+    ir_version_before: int = 0
+    ir_version: int = 0
+    converted: bool = False  # whether onnx.version_converter ran
+    domain_removed: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(self.lowered)
+
+    def summary(self) -> str:
+        opset = f"ai.onnx opset {self.opset}"
+        if self.converted:
+            opset += f" (converted from {self.opset_before})"
+        return f"lowered {self.count} DynamicDequantize node(s); {opset}, IR version {self.ir_version}"
+
+
+def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelProto:
+    """A copy of `model` in standard ONNX: every DynamicDequantize lowered (see the module doc)."""
+    return export_with_report(model, opset=opset)[0]
+
+
+def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"export() takes an onnx.ModelProto, not {type(model).__name__}")
+    from dyndq.check import check
+
+    problems = check(model)
+    if problems:
+        raise ValidationError(problems)
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    report = ExportReport(ir_version_before=model.ir_version)
+    current = _ai_onnx(out.opset_import)
+    report.opset_before = current
+    ours = [site for site in _our_nodes(out)]
+    need = max((required_opset(_qtype(node)) for _, node in ours), default=0)
+    target = _target_opset(opset, current, need, ours)
+    report.opset = target
+
+    if current is not None and target is not None and target != current:
+        out = _convert(out, target)
+        report.converted = True
+
+    names = NameScope(_all_names(out))
+    types = value_types(out)
+
+    def specs(name):
+        return spec_of_type(types.get(name))
+
+    opsets = {o.domain: o.version for o in out.opset_import}
+    _lower_graph(out.graph, "main", opsets, target, names, specs, report)
+    for f in out.functions:
+        f_opsets = {o.domain: o.version for o in f.opset_import}
+        path = f"function {f.domain}::{f.name}"
+        before = len(report.lowered)
+        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda name: None, report)
+        del f.node[:]
+        f.node.extend(new)
+        if len(report.lowered) > before:
+            _set_opset(f.opset_import, "", target)
+        if not _uses_domain_nodes(f.node, DOMAIN):
+            report.domain_removed |= _drop_opset(f.opset_import, DOMAIN)
+
+    if target is not None:
+        _set_opset(out.opset_import, "", target)
+    if not _model_uses_domain(out, DOMAIN):
+        report.domain_removed |= _drop_opset(out.opset_import, DOMAIN)
+    ir = ir_version_for(out.opset_import)
+    if len(out.functions):
+        ir = max(ir, _FUNCTIONS_IR)
+    out.ir_version = ir
+    report.ir_version = ir
+    return out, report
+
+
+# -- opsets -------------------------------------------------------------------------------------
+
+def _qtype(node: onnx.NodeProto) -> str:
+    return attribute_values(node).get("qtype", PER_TENSOR)
+
+
+def _ai_onnx(imports) -> int | None:
+    return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
+
+
+def _target_opset(opset, current, need, ours) -> int | None:
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None:
+        if isinstance(opset, bool) or not isinstance(opset, int):
+            raise TypeError(f"opset must be an int, not {type(opset).__name__}")
+        if opset < need:
+            why = [f"{node.name or node.output[0]!r} ({_qtype(node)})" for _, node in ours if required_opset(_qtype(node)) > opset]
+            raise ExportError(
+                f"opset {opset} is too low for this graph: it needs ai.onnx opset >= {need} "
+                f"(per_channel DynamicDequantize lowers to DequantizeLinear with axis, opset >= 13; "
+                f"per_tensor needs >= 10); nodes: {', '.join(why[:5])}{' ...' if len(why) > 5 else ''}"
+            )
+        if opset > newest:
+            raise ExportError(f"opset {opset} is newer than this onnx knows ({newest})")
+        return opset
+    if current is None:
+        return need or None
+    if current >= need:
+        return current
+    return need  # the lowest that works (never above ORT_MAX_OPSET: need is 10 or 13)
+
+
+def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """onnx.version_converter on the model; it skips our nodes (lowered afterwards at the
+    target opset), drops model-local functions (converted here one by one) and adds
+    inferred value_info (dropped again: the model keeps its own)."""
+    functions = list(model.functions)
+    kept = [{vi.name for vi in g.value_info} for g in _graphs(model.graph)]
+    try:
+        converted = onnx.version_converter.convert_version(model, target)
+    except Exception as e:  # noqa: BLE001 - the converter raises several kinds
+        raise ExportError(f"onnx.version_converter could not convert the model to opset {target}: {e}") from e
+    # the converter returns new protos: match graphs by their position in the walk
+    for g, names in zip(_graphs(converted.graph), kept):
+        extra = [vi for vi in g.value_info if vi.name not in names]
+        for vi in extra:
+            g.value_info.remove(vi)
+    del converted.functions[:]
+    converted.functions.extend(_convert_function(f, target) for f in functions)
+    return converted
+
+
+def _convert_function(f: onnx.FunctionProto, target: int) -> onnx.FunctionProto:
+    version = _ai_onnx(f.opset_import)
+    if version is None or version == target:
+        return f
+    graph = onnx.helper.make_graph(
+        list(f.node), f.name,
+        [onnx.helper.make_empty_tensor_value_info(i) for i in f.input],
+        [onnx.helper.make_empty_tensor_value_info(o) for o in f.output],
+    )
+    wrapper = onnx.helper.make_model(graph, opset_imports=list(f.opset_import))
+    try:
+        converted = onnx.version_converter.convert_version(wrapper, target)
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(
+            f"onnx.version_converter could not convert function {f.domain}::{f.name} to opset {target}: {e}"
+        ) from e
+    g = onnx.FunctionProto()
+    g.CopyFrom(f)
+    del g.node[:]
+    g.node.extend(converted.graph.node)
+    _set_opset(g.opset_import, "", target)
+    return g
+
+
+def _set_opset(imports, domain: str, version: int) -> None:
+    for o in imports:
+        if o.domain == domain or (domain == "" and o.domain == "ai.onnx"):
+            o.version = version
+            return
+    imports.append(onnx.helper.make_opsetid(domain, version))
+
+
+def _drop_opset(imports, domain: str) -> bool:
+    drop = [o for o in imports if o.domain == domain]
+    for o in drop:
+        imports.remove(o)
+    return bool(drop)
+
+
+# -- walking ------------------------------------------------------------------------------------
+
+def _subgraphs(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            for j, g in enumerate(attr.graphs):
+                yield f"{attr.name}[{j}]", g
+
+
+def _graphs(graph: onnx.GraphProto):
+    """The graph and every graph nested in it, depth first."""
+    yield graph
+    for node in graph.node:
+        for _, g in _subgraphs(node):
+            yield from _graphs(g)
+
+
+def _all_nodes(model: onnx.ModelProto):
+    for g in _graphs(model.graph):
+        yield from g.node
+    for f in model.functions:
+        for node in f.node:
+            yield node
+            for _, g in _subgraphs(node):
+                for sub in _graphs(g):
+                    yield from sub.node
+
+
+def _our_nodes(model: onnx.ModelProto):
+    for node in _all_nodes(model):
+        if node.domain == DOMAIN:
+            yield None, node
+
+
+def _uses_domain_nodes(nodes, domain: str) -> bool:
+    for node in nodes:
+        if node.domain == domain:
+            return True
+        for _, g in _subgraphs(node):
+            if any(n.domain == domain for sub in _graphs(g) for n in sub.node):
+                return True
+    return False
+
+
+def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:
+    return any(node.domain == domain for node in _all_nodes(model)) or any(f.domain == domain for f in model.functions)
+
+
+def _all_names(model: onnx.ModelProto) -> set[str]:
+    names = set()
+
+    def graph_names(g):
+        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
+        names.update(t.name for t in g.initializer)
+        names.update(t.values.name for t in g.sparse_initializer)
+
+    for g in _graphs(model.graph):
+        graph_names(g)
+    for node in _all_nodes(model):
+        names.add(node.name)
+        names.update(node.input)
+        names.update(node.output)
+    for f in model.functions:
+        names.update(f.input)
+        names.update(f.output)
+    names.discard("")
+    return names
+
+
+# -- lowering -----------------------------------------------------------------------------------
+
+def _lower_graph(graph, path, opsets, target, names, specs, report) -> None:
+    new = _lower_nodes(list(graph.node), path, opsets, target, names, specs, report)
+    del graph.node[:]
+    graph.node.extend(new)
+
+
+def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx.NodeProto]:
+    out = []
+    for i, node in enumerate(nodes):
+        label = node.name or f"{node.op_type}#{i}"
+        for attr_name, g in _subgraphs(node):
+            _lower_graph(g, f"{path}/{label}.{attr_name}", opsets, target, names, specs, report)
+        op = resolve(node.domain, node.op_type, opsets.get(node.domain, 0)) if node.domain in domains() else None
+        if op is None or node.domain != DOMAIN:
+            out.append(node)
+            continue
+        out.extend(_lower_node(op, node, path, target, names, specs, report))
+    return out
+
+
+def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeProto]:
+    attrs = op.defaults()
+    attrs.update({k: v for k, v in attribute_values(node).items() if k in attrs})
+    inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
+    base = node.name or node.output[0]
+    ctx = LoweringContext(opset=target, base=base, names=names, specs=specs)
+    result = op.converter(ctx, *inputs[: len(op.inputs)], **attrs)
+    dst = node.output[0]
+    new = list(ctx.nodes)
+    if result != dst:
+        for n in new:
+            for k, name in enumerate(n.output):
+                if name == result:
+                    n.output[k] = dst
+            for k, name in enumerate(n.input):
+                if name == result:
+                    n.input[k] = dst
+    if new:  # the last node stands where the original stood: it keeps its name and doc string
+        names.used.discard(new[-1].name)
+        if node.name:
+            new[-1].name = node.name
+        new[-1].doc_string = node.doc_string
+    form = "DequantizeLinear" if any(n.op_type == "DequantizeLinear" for n in new) else "integer arithmetic"
+    report.lowered.append(LoweredNode(path, base, attrs["qtype"], form, len(new)))
+    return new
