@@ -31,6 +31,11 @@ __all__ = [
     "reference_evaluator",
 ]
 
+# Running graphs (dyndq/run.py); the command line lives in dyndq/cli.py.
+from dyndq.run import run  # noqa: E402
+
+__all__ += ["run"]
+
 # Export to standard ONNX and lifting DequantizeLinear (dyndq/export.py, dyndq/lift.py).
 from dyndq import converters as _converters  # noqa: E402,F401  (attaches the converters)
 from dyndq.export import ExportError, ExportReport, export, export_with_report  # noqa: E402

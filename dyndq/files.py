@@ -122,6 +122,29 @@ def save_model(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def save_array(path: str | os.PathLike, array) -> None:
+    """`numpy.save` to exactly `path` (no ".npy" added), atomically."""
+    import numpy as np
+
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.asarray(array), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _location(tensor: onnx.TensorProto) -> str:
     return next((e.value for e in tensor.external_data if e.key == "location"), "")
 

@@ -1,0 +1,362 @@
+"""The `dyndq` command (also `python -m dyndq`): every job of the package from a shell.
+
+    dyndq demo   [--out DIR]
+    dyndq check  MODEL [--json]
+    dyndq export IN OUT [--opset N]
+    dyndq lift   IN OUT
+    dyndq run    MODEL --input NAME=FILE.npy ... [--engine reference|onnxruntime] [--output-dir DIR]
+    dyndq schema
+
+Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.
+Mistakes a user can make (a missing or non-ONNX file, a bad --input) are told
+in one or two plain lines on stderr, never with a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import textwrap
+
+import numpy as np
+
+OK, PROBLEMS, USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called, or a file it cannot use (exit 2)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from dyndq.run import ENGINES
+
+    p = argparse.ArgumentParser(
+        prog="dyndq",
+        description="oneDNN Graph's DynamicDequantize as an ONNX custom-domain op: check, export, lift and run models that use it.",
+        epilog="Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    d = sub.add_parser("demo", help="build, check, run and export a small weight-only-quantized MLP",
+                       description="Build a small weight-only-quantized MLP holding DynamicDequantize, check it, "
+                                   "infer its shapes, run it on both engines, export it, and write both models.")
+    d.add_argument("--out", metavar="DIR", default="dyndq-demo", help="where to write the models (default: ./dyndq-demo)")
+
+    c = sub.add_parser("check", help="list every problem with the use of DynamicDequantize in a model",
+                       description="Print every problem found in MODEL (node, argument, found, allowed). "
+                                   "Exit 0 when it is valid, 1 when problems were found.")
+    c.add_argument("model", metavar="MODEL")
+    c.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    e = sub.add_parser("export", help="lower every DynamicDequantize to standard ONNX",
+                       description="Write OUT: IN with every DynamicDequantize lowered to standard ONNX operators.")
+    e.add_argument("input", metavar="IN")
+    e.add_argument("output", metavar="OUT")
+    e.add_argument("--opset", metavar="N", type=int, help="the ai.onnx opset to write (default: the model's, raised if needed)")
+
+    l = sub.add_parser("lift", help="turn DequantizeLinear nodes into DynamicDequantize",
+                       description="Write OUT: IN with every DequantizeLinear that DynamicDequantize expresses exactly lifted to it.")
+    l.add_argument("input", metavar="IN")
+    l.add_argument("output", metavar="OUT")
+
+    r = sub.add_parser("run", help="run a model on .npy inputs",
+                       description="Run MODEL's graph. Outputs are saved as OUTPUT_NAME.npy in --output-dir, "
+                                   "or described (shape, dtype, summary) when no folder is given.")
+    r.add_argument("model", metavar="MODEL")
+    r.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="a graph input and the .npy file holding it (repeat for each input)")
+    r.add_argument("--engine", choices=ENGINES, default="reference",
+                   help="reference: ONNX's reference evaluator with our kernel (default); "
+                        "onnxruntime: export, then ONNX Runtime on the CPU")
+    r.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/NAME.npy")
+
+    sub.add_parser("schema", help="print the op's schema",
+                   description="Print each registered op version: inputs, outputs, attributes with defaults, type constraints.")
+    return p
+
+
+def _version() -> str:
+    import dyndq
+
+    return dyndq.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2, already printed)
+        return e.code if isinstance(e.code, int) else USAGE
+    try:
+        return _COMMANDS[args.command](args)
+    except UsageError as e:
+        _err(str(e))
+        return USAGE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:  # e.g. `dyndq schema | head -1`
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return OK
+
+
+def _err(message: str) -> None:
+    print(f"dyndq: {message}", file=sys.stderr)
+
+
+def _load(path: str):
+    from dyndq.files import ModelFileError, read_model
+
+    try:
+        return read_model(path)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
+
+
+def _save(model, path: str, loaded) -> None:
+    from dyndq.files import ModelFileError, save_model
+
+    location = None
+    if loaded.external_data and len(loaded.locations) == 1 and os.path.abspath(path) == os.path.abspath(loaded.path):
+        location = loaded.locations[0]  # rewriting the model in place: keep its data file's name
+    try:
+        save_model(model, path, external_data=loaded.external_data, location=location)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
+
+
+def _print_problems(path: str, problems, stream) -> None:
+    print(f"{path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}", file=stream)
+    for p in problems:
+        print(f"  - {p}", file=stream)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_demo(args) -> int:
+    from dyndq.demo import run_demo
+    from dyndq.files import ModelFileError
+
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"{args.out}: exists and is not a folder")
+    try:
+        result = run_demo(args.out)
+    except (ModelFileError, OSError) as e:
+        raise UsageError(str(e)) from None
+    return OK if result.agree else PROBLEMS
+
+
+def cmd_check(args) -> int:
+    import dyndq
+
+    loaded = _load(args.model)
+    problems = dyndq.check(loaded.model)
+    if args.json:
+        print(json.dumps({"model": args.model, "valid": not problems, "problems": [p.as_dict() for p in problems]}, indent=2))
+    elif problems:
+        _print_problems(args.model, problems, sys.stdout)
+    else:
+        print(f"{args.model}: valid (no problems found)")
+    return PROBLEMS if problems else OK
+
+
+def _domain_nodes(model) -> int:
+    from dyndq.check import walk
+    from dyndq.opdefs.registry import domains
+
+    ours = domains()
+    return sum(1 for s in walk(model) if s.node.domain in ours)
+
+
+def _opset_and_ir(model) -> str:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return f"ai.onnx opset {opset}, IR version {model.ir_version}"
+
+
+def cmd_export(args) -> int:
+    import dyndq
+    from dyndq.export import export_with_report
+
+    loaded = _load(args.input)
+    try:
+        out, report = export_with_report(loaded.model, opset=args.opset)
+    except dyndq.ValidationError as e:
+        _print_problems(args.input, e.problems, sys.stderr)
+        return PROBLEMS
+    except ValueError as e:  # ExportError: e.g. --opset too low for the graph
+        raise UsageError(f"{args.input}: {_first_line(e)}") from None
+    _save(out, args.output, loaded)
+    print(f"wrote {args.output}: {report.summary()}")
+    return OK
+
+
+def cmd_lift(args) -> int:
+    from dyndq.lift import lift_with_report
+
+    loaded = _load(args.input)
+    out, report = lift_with_report(loaded.model)
+    _save(out, args.output, loaded)
+    print(f"wrote {args.output}: {report.summary()}; {_opset_and_ir(out)}")
+    for s in report.skipped:
+        print(f"  {s}")
+    return OK
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--input {spec!r}: expected NAME=FILE.npy")
+        if name in feeds:
+            raise UsageError(f"--input {spec!r}: input {name!r} given twice")
+        if not os.path.isfile(path):
+            raise UsageError(f"--input {spec!r}: {path}: no such file")
+        try:
+            value = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise UsageError(f"--input {spec!r}: {path}: not a .npy file ({_first_line(e)})") from None
+        if not isinstance(value, np.ndarray):  # an .npz archive
+            value.close()
+            raise UsageError(f"--input {spec!r}: {path}: an .npz archive; give one array per .npy file")
+        feeds[name] = value
+    return feeds
+
+
+def _summary(name: str, a: np.ndarray) -> str:
+    head = f"{name}: {a.dtype.name}{list(a.shape)}"
+    if a.size == 0:
+        return f"{head}  (empty)"
+    if a.dtype.kind in "fiub":
+        numeric = a.astype(np.float64) if a.dtype.kind != "b" else a.astype(np.int8)
+        finite = numeric[np.isfinite(numeric)] if a.dtype.kind == "f" else numeric.ravel()
+        stats = "no finite values" if finite.size == 0 else (
+            f"min {finite.min():.6g}  max {finite.max():.6g}  mean {finite.mean():.6g}"
+        )
+        first = np.array2string(a.ravel()[:6], precision=6, separator=", ")
+        more = ", ...]" if a.size > 6 else ""
+        return f"{head}  {stats}  first {first[:-1] + more if more else first}"
+    return head
+
+
+def cmd_run(args) -> int:
+    import dyndq
+    from dyndq.run import runner
+
+    loaded = _load(args.model)
+    feeds = _parse_inputs(args.input)
+    if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
+    try:
+        r = runner(loaded.model, args.engine)
+    except dyndq.ValidationError as e:
+        _print_problems(args.model, e.problems, sys.stderr)
+        return PROBLEMS
+    try:
+        outputs = r(feeds)
+    except dyndq.ValidationError as e:  # the feeds do not fit the graph's inputs
+        lines = [str(p) for p in e.problems]
+        raise UsageError(f"{args.model}: wrong inputs: " + "; ".join(lines)) from None
+    except Exception as e:  # the engine failed on this model
+        _err(f"{args.model}: the {args.engine} engine failed: {_first_line(e)}")
+        return PROBLEMS
+    if args.output_dir:
+        from dyndq.files import ModelFileError, save_array
+
+        try:
+            os.makedirs(args.output_dir, exist_ok=True)
+            for name, value in outputs.items():
+                path = os.path.join(args.output_dir, _SAFE_NAME.sub("_", name) + ".npy")
+                save_array(path, value)
+                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+        except (ModelFileError, OSError) as e:
+            raise UsageError(str(e)) from None
+    else:
+        for name, value in outputs.items():
+            print(_summary(name, value))
+    return OK
+
+
+def cmd_schema(args) -> int:
+    print(schema_text())
+    return OK
+
+
+def schema_text() -> str:
+    """Every registered op version as readable tables."""
+    from dyndq.opdefs import all_versions
+
+    blocks = []
+    for op in all_versions():
+        lines = [f"{op.domain}::{op.name}, version {op.since_version}"]
+        lines += textwrap.wrap(op.doc, width=88, initial_indent="  ", subsequent_indent="  ")
+        lines += ["", "inputs"]
+        lines += _table(
+            ["name", "type", "use", "description"],
+            [[p.name, p.type_var, "optional" if p.optional else "required", p.doc] for p in op.inputs],
+        )
+        lines += ["", "outputs"]
+        lines += _table(["name", "type", "description"], [[p.name, p.type_var, p.doc] for p in op.outputs])
+        lines += ["", "attributes"]
+        lines += _table(
+            ["name", "type", "default", "allowed", "description"],
+            [
+                [
+                    a.name,
+                    {str: "string", int: "int"}.get(a.type, a.type.__name__),
+                    json.dumps(a.default),
+                    " | ".join(json.dumps(v) for v in a.allowed) if a.allowed else "",
+                    a.doc,
+                ]
+                for a in op.attributes
+            ],
+        )
+        lines += ["", "type constraints"]
+        lines += _table(["name", "types", "description"], [[c.name, ", ".join(c.dtypes), c.doc] for c in op.type_constraints])
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str]:
+    """Aligned columns; the last column (a description) wraps at `wrap` characters."""
+    wrapped = [r[:-1] + [textwrap.wrap(str(r[-1]), wrap) or [""]] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header[:-1], *(r[:-1] for r in wrapped))]
+    last = max([len(header[-1])] + [len(x) for r in wrapped for x in r[-1]])
+
+    def line(cells):
+        return ("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, widths + [0]))).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths + [last]])]
+    for r in wrapped:
+        out.append(line(r[:-1] + [r[-1][0]]))
+        out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+_COMMANDS = {
+    "demo": cmd_demo,
+    "check": cmd_check,
+    "export": cmd_export,
+    "lift": cmd_lift,
+    "run": cmd_run,
+    "schema": cmd_schema,
+}
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""`run(model, feeds, engine=...)`: run a graph holding our ops, on either engine.
+
+- "reference": ONNX's `ReferenceEvaluator`, with our kernel for our ops.
+- "onnxruntime": the model is exported to standard ONNX (`dyndq.export`) and
+  run by ONNX Runtime on the CPU, with its basic graph optimizations only
+  (its extended level fuses MatMul+Add and pre-packs weights, which changes
+  float32 results in the last bits).
+
+Both give identical outputs for our ops (see DESIGN.md section 1).  What an
+engine builds for a model (an evaluator, or an export and an ORT session) is
+cached, keyed on the SHA-256 of the serialized model, so repeated calls with
+the same model (or an identical copy) do not build it again, while a model
+changed in place gets a new one.  The cache holds the last `CACHE_SIZE` models.
+Hashing costs one serialization per call; for a tight loop over a big model,
+keep the `Runner` from `runner(model, engine)` and call it directly.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import threading
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from dyndq.onnx_types import spec_of_type
+from dyndq.opdefs import Problem, TensorSpec, ValidationError
+
+ENGINES = ("reference", "onnxruntime")
+CACHE_SIZE = 8
+
+
+class Runner:
+    """One model made ready on one engine; call it with feeds."""
+
+    def __init__(self, model: onnx.ModelProto, engine: str):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
+        self.engine = engine
+        self.model = model
+        self.inputs = _graph_inputs(model)
+        self.output_names = [o.name for o in model.graph.output]
+        _validate_our_nodes(model)
+        if engine == "reference":
+            from dyndq.reference import reference_evaluator
+
+            evaluator = reference_evaluator(model)
+            self._run = lambda feeds: evaluator.run(None, feeds)
+        else:
+            import onnxruntime as ort
+
+            from dyndq.export import export
+
+            self.exported = export(model)
+            options = ort.SessionOptions()
+            options.log_severity_level = 3  # errors only: no warnings on stderr
+            # Basic optimizations only (constant folding, redundant-node removal): ONNX
+            # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
+            # weights, which changes float32 results in their last bits, and the two
+            # engines must agree to the bit.
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            session = ort.InferenceSession(
+                self.exported.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+            self._run = lambda feeds: session.run(self.output_names, feeds)
+
+    def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        arrays = check_feeds(self.inputs, feeds)
+        if self.engine == "onnxruntime":
+            arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+        results = self._run(arrays)
+        return {name: np.asarray(value) for name, value in zip(self.output_names, results)}
+
+
+_cache: collections.OrderedDict[tuple[str, str], Runner] = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+def model_key(model: onnx.ModelProto) -> str:
+    """A key that changes whenever the model does: the SHA-256 of its serialization."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference") -> Runner:
+    """The cached Runner for this model and engine, built on first use."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
+    if isinstance(model, (str, os.PathLike)):
+        from dyndq.files import load_model
+
+        model = load_model(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"run() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
+    key = (engine, model_key(model))
+    with _lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+            return found
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # the runner keeps its own: later edits to `model` cannot reach it
+    built = Runner(copy, engine)
+    with _lock:
+        _cache[key] = built
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return built
+
+
+def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference") -> dict[str, np.ndarray]:
+    """Run the model's main graph on `feeds` (input name -> array); returns output name -> array.
+
+    Feeds are checked against the graph's inputs first: a missing or unknown
+    input, or a feed of the wrong dtype, rank or fixed dimension, raises
+    `dyndq.ValidationError` naming the input.  A model using our ops wrongly
+    raises `dyndq.ValidationError` with every problem.
+    """
+    return runner(model, engine)(feeds)
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
+
+
+# -- feeds -------------------------------------------------------------------------------
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
+    """(name, spec or None for non-tensor types, required) of each graph input."""
+    initializers = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
+    return [(vi.name, spec_of_type(vi.type), vi.name not in initializers) for vi in model.graph.input]
+
+
+def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
+    """The feeds as arrays, or ValidationError with every problem (each naming its input)."""
+    if not isinstance(feeds, Mapping):
+        raise TypeError(f"feeds must be a mapping of input name to array, not {type(feeds).__name__}")
+    known = {name: (spec, required) for name, spec, required in inputs}
+    problems: list[Problem] = []
+    arrays: dict[str, object] = {}
+    for name, value in feeds.items():
+        if name not in known:
+            names = ", ".join(repr(n) for n in known) or "none"
+            problems.append(Problem(name, "a feed for no graph input", f"the graph's inputs: {names}"))
+            continue
+        spec, _ = known[name]
+        if spec is None:  # a sequence, map or optional input: the engine judges it
+            arrays[name] = value
+            continue
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        problem = _feed_problem(name, spec, array)
+        if problem:
+            problems.append(problem)
+        arrays[name] = array
+    for name, (spec, required) in known.items():
+        if required and name not in feeds:
+            problems.append(Problem(name, "missing", f"a feed for graph input {name!r}: {_describe(spec)}"))
+    if problems:
+        raise ValidationError(problems)
+    return arrays
+
+
+def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:
+    found = f"a {array.dtype.name} array of shape {list(array.shape)}"
+    allowed = f"{_describe(spec)}, the type of graph input {name!r}"
+    if spec.dtype is not None and array.dtype.name != spec.dtype:
+        return Problem(name, found, allowed)
+    if spec.shape is not None:
+        if array.ndim != len(spec.shape):
+            return Problem(name, f"{found} (rank {array.ndim})", f"rank {len(spec.shape)}: {allowed}")
+        for i, (want, got) in enumerate(zip(spec.shape, array.shape)):
+            if isinstance(want, int) and want != got:
+                return Problem(name, f"{found} (dimension {i} is {got})", f"dimension {i} = {want}: {allowed}")
+    return None
+
+
+def _describe(spec: TensorSpec | None) -> str:
+    if spec is None:
+        return "a value"
+    return str(spec)
+
+
+# -- the model -----------------------------------------------------------------------------
+
+
+def _validate_our_nodes(model: onnx.ModelProto) -> None:
+    """Refuse a model that uses our ops wrongly, with every problem.  (ONNX's own
+    checker findings are left to the engine: a model ONNX would not fully check,
+    e.g. one without output shapes, may still run.)"""
+    from dyndq.check import check
+
+    problems = [p for p in check(model) if p.op is not None]
+    if problems:
+        raise ValidationError(problems)
