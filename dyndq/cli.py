@@ -29,16 +29,23 @@ class UsageError(Exception):
     """A mistake in how the command was called, or a file it cannot use (exit 2)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors told in two lines instead of the whole usage text."""
+
+    def error(self, message: str):
+        self.exit(USAGE, f"{self.prog}: {message}\n(see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from dyndq.run import ENGINES
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="dyndq",
         description="oneDNN Graph's DynamicDequantize as an ONNX custom-domain op: check, export, lift and run models that use it.",
         epilog="Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     d = sub.add_parser("demo", help="build, check, run and export a small weight-only-quantized MLP",
@@ -224,13 +231,15 @@ def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
         if not os.path.isfile(path):
             raise UsageError(f"--input {spec!r}: {path}: no such file")
         try:
-            value = np.load(path, allow_pickle=False)
+            with open(path, "rb") as f:
+                magic = f.read(6)
+                if magic != b"\x93NUMPY":
+                    what = "an .npz archive; give one array per .npy file" if magic.startswith(b"PK") else "not a .npy file"
+                    raise UsageError(f"--input {spec!r}: {path}: {what}")
+                f.seek(0)
+                feeds[name] = np.load(f, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
-            raise UsageError(f"--input {spec!r}: {path}: not a .npy file ({_first_line(e)})") from None
-        if not isinstance(value, np.ndarray):  # an .npz archive
-            value.close()
-            raise UsageError(f"--input {spec!r}: {path}: an .npz archive; give one array per .npy file")
-        feeds[name] = value
+            raise UsageError(f"--input {spec!r}: {path}: cannot read it ({_first_line(e)})") from None
     return feeds
 
 
@@ -266,8 +275,10 @@ def cmd_run(args) -> int:
     try:
         outputs = r(feeds)
     except dyndq.ValidationError as e:  # the feeds do not fit the graph's inputs
-        lines = [str(p) for p in e.problems]
-        raise UsageError(f"{args.model}: wrong inputs: " + "; ".join(lines)) from None
+        if len(e.problems) == 1:
+            raise UsageError(f"{args.model}: input {e.problems[0]}") from None
+        lines = [f"{args.model}: {len(e.problems)} problems with the inputs"] + [f"  - input {p}" for p in e.problems]
+        raise UsageError("\n".join(lines)) from None
     except Exception as e:  # the engine failed on this model
         _err(f"{args.model}: the {args.engine} engine failed: {_first_line(e)}")
         return PROBLEMS

@@ -69,9 +69,16 @@ class Runner:
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays = check_feeds(self.inputs, feeds)
         if self.engine == "onnxruntime":
-            arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+            # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
+            arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
         results = self._run(arrays)
         return {name: np.asarray(value) for name, value in zip(self.output_names, results)}
+
+
+def _c_contiguous(value):
+    if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
+        return value.copy(order="C")
+    return value
 
 
 _cache: collections.OrderedDict[tuple[str, str], Runner] = collections.OrderedDict()
@@ -144,7 +151,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
     for name, value in feeds.items():
         if name not in known:
             names = ", ".join(repr(n) for n in known) or "none"
-            problems.append(Problem(name, "a feed for no graph input", f"the graph's inputs: {names}"))
+            problems.append(Problem(name, "a feed, but the graph has no input of that name", f"the graph's inputs: {names}"))
             continue
         spec, _ = known[name]
         if spec is None:  # a sequence, map or optional input: the engine judges it
@@ -157,7 +164,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
         arrays[name] = array
     for name, (spec, required) in known.items():
         if required and name not in feeds:
-            problems.append(Problem(name, "missing", f"a feed for graph input {name!r}: {_describe(spec)}"))
+            problems.append(Problem(name, "no feed", f"a {_describe(spec)} array, the type of graph input {name!r}"))
     if problems:
         raise ValidationError(problems)
     return arrays
