@@ -122,11 +122,11 @@ def dynamic_dequantize(
     scales,
     zps=None,
     *,
-    qtype: str = PER_TENSOR,
-    axis: int = 1,
+    qtype=PER_TENSOR,
+    axis=1,
     out=None,
-    threads: int | None = None,
-) -> np.ndarray:
+    threads=None,
+):
     """DynamicDequantize-1: `float32(int64(src) - int64(zp)) * scale`, as a float32 array of src's shape.
 
     src: int8 or uint8 array.  scales: float32, one element ([1] or []) for
@@ -188,7 +188,8 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
     if zval is not None:
         zval = zval.reshape(pshape)
     if src_v.ndim == 0:
-        _block(src_v, out_v, scale, zval, mode)
+        with np.errstate(all="ignore"):
+            _block(src_v, out_v, scale, zval, mode)
         return out
     blocks = _blocks(shape, _CHUNK)
     n = _threads_for(src.size, len(blocks), threads)
@@ -270,9 +271,10 @@ def _param_index(idx, pshape):
 
 def _run_blocks(blocks, src, out, scale, zval, mode):
     pshape = scale.shape
-    for idx in blocks:
-        pidx = _param_index(idx, pshape) if pshape else ()
-        _block(src[idx], out[idx], scale[pidx], None if zval is None else zval[pidx], mode)
+    with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+        for idx in blocks:
+            pidx = _param_index(idx, pshape) if pshape else ()
+            _block(src[idx], out[idx], scale[pidx], None if zval is None else zval[pidx], mode)
 
 
 def _block(s, o, scale, zval, mode):

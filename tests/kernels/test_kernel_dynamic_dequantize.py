@@ -1,0 +1,592 @@
+"""The NumPy kernel of DynamicDequantize-1, against an oracle written plainly here.
+
+The oracle is the formula of DESIGN.md section 1, with int64 arithmetic and
+nothing clever: (int64(src) - int64(zp)).astype(float32) * scales, broadcast
+along the axis.  Results are compared bit for bit (NaN payloads, -0 included).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+import sys
+from contextlib import contextmanager
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import dyndq
+from dyndq import DYNAMIC_DEQUANTIZE_1, TensorSpec, ValidationError, dynamic_dequantize
+from dyndq.kernels import dynamic_dequantize as kmod
+
+from cases import INVALID, VALID, ids
+
+
+# -- the oracle ------------------------------------------------------------------------------
+
+
+def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
+    src = np.asarray(src)
+    scales = np.asarray(scales).astype(np.float32)
+    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
+    if qtype == "per_channel":
+        shape = [1] * src.ndim
+        shape[axis] = src.shape[axis]
+        scales = scales.reshape(shape)
+        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
+    else:
+        scales = scales.reshape(())
+        zp = zp.reshape(())
+    with np.errstate(all="ignore"):
+        return (src.astype(np.int64) - zp).astype(np.float32) * scales
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return (
+        a.dtype == np.float32
+        and b.dtype == np.float32
+        and a.shape == b.shape
+        and np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
+    )
+
+
+@contextmanager
+def tiny_blocks(chunk, parallel_min=0):
+    """Cut even small arrays into many blocks, shared among threads: every fast path's
+    block and thread boundaries get exercised on arrays of a few elements."""
+    with mock.patch.object(kmod, "_CHUNK", chunk), mock.patch.object(kmod, "_PARALLEL_MIN", parallel_min), \
+            mock.patch.object(kmod, "_cores", lambda: 2):
+        yield
+
+
+f32 = np.float32
+u8 = np.uint8
+i8 = np.int8
+i32 = np.int32
+
+
+# -- the golden values of oneDNN's own tests (test_dequantize.cpp) ---------------------------
+
+
+@pytest.mark.parametrize("zp_dtype", [np.int32, np.int8, np.uint8])
+def test_onednn_golden_with_zps(zp_dtype):
+    src = np.array([0, 10, 20, 30], u8)
+    got = dynamic_dequantize(src, np.array([0.1], f32), np.array([10], zp_dtype))
+    assert same_bits(got, np.array([-1, 0, 1, 2], f32))
+
+
+def test_onednn_golden_without_zps():
+    got = dynamic_dequantize(np.array([0, 10, 20, 30], u8), np.array([0.1], f32))
+    assert same_bits(got, (np.array([0, 10, 20, 30], f32) * f32(0.1)))
+    assert np.allclose(got, [0, 1, 2, 3])
+
+
+def test_multiplies_never_divides():
+    got = dynamic_dequantize(np.array([4], u8), np.array([0.5], f32), np.array([2], u8))
+    assert got.tolist() == [1.0]  # (4 - 2) * 0.5, not (4 - 2) / 0.5
+
+
+def test_onednn_conv_weights_per_channel():
+    rng = np.random.default_rng(1)
+    src = rng.integers(-128, 128, (2, 64, 3, 3), dtype=i8)
+    scales = rng.random(64, dtype=f32)
+    assert same_bits(dynamic_dequantize(src, scales, qtype="per_channel", axis=1), oracle(src, scales, None, "per_channel", 1))
+
+
+def test_onednn_transposed_src_per_channel_one_zp():
+    # sdpa-compressed-k: s8 K [1,32,128,32] with stride [..,1,128], per_channel axis=3, zps [1]
+    rng = np.random.default_rng(2)
+    src = rng.integers(-128, 128, (1, 32, 32, 128), dtype=i8).transpose(0, 1, 3, 2)
+    assert src.shape == (1, 32, 128, 32) and not src.flags.c_contiguous
+    scales = rng.random(32, dtype=f32)
+    zps = np.array([3], i8)
+    got = dynamic_dequantize(src, scales, zps, qtype="per_channel", axis=3)
+    assert same_bits(got, oracle(src, scales, zps, "per_channel", 3))
+
+
+# -- the shared table of cases -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", VALID, ids=ids(VALID))
+def test_valid_cases_match_oracle_and_shape_function(case):
+    src, scales, zps = case.arrays(seed=3)
+    before = [None if a is None else a.copy() for a in (src, scales, zps)]
+    got = dynamic_dequantize(src, scales, zps, **case.attrs)
+    attrs = {"qtype": "per_tensor", "axis": 1, **case.attrs}
+    axis = attrs["axis"]
+    assert same_bits(got, oracle(src, scales, zps, attrs["qtype"], axis))
+    # opcheck: the shape function's spec is the kernel's output spec
+    assert DYNAMIC_DEQUANTIZE_1.shape_inference(
+        TensorSpec.of(src), TensorSpec.of(scales), None if zps is None else TensorSpec.of(zps), **case.attrs
+    ) == TensorSpec.of(got)
+    for a, b in zip(before, (src, scales, zps)):
+        assert a is None or np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=ids(INVALID))
+def test_invalid_cases_name_the_bad_arguments(case):
+    src, scales, zps = case.arrays(seed=4)
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(src, scales, zps, **case.attrs)
+    named = {p.argument for p in e.value.problems}
+    assert named == set(case.bad), str(e.value)
+    for p in e.value.problems:
+        assert p.found and p.allowed
+
+
+@pytest.mark.parametrize("case", INVALID, ids=ids(INVALID))
+def test_invalid_cases_with_out_still_refused(case):
+    src, scales, zps = case.arrays(seed=5)
+    out = np.empty(src.shape, f32)
+    with pytest.raises(ValidationError):
+        dynamic_dequantize(src, scales, zps, out=out, **case.attrs)
+
+
+def test_error_is_dyndq_validation_error_and_value_error():
+    with pytest.raises(dyndq.ValidationError) as e:
+        dynamic_dequantize(np.zeros(3, np.int16), np.ones(1, f32))
+    assert isinstance(e.value, ValueError)
+    assert "src" in str(e.value) and "int16" in str(e.value)
+
+
+# -- the signature agreed by the registry -------------------------------------------------------
+
+
+def test_kernel_is_attached_and_signature_agrees():
+    assert DYNAMIC_DEQUANTIZE_1.kernel is dynamic_dequantize
+    ours = list(inspect.signature(dynamic_dequantize).parameters.values())
+    theirs = list(DYNAMIC_DEQUANTIZE_1.signature().parameters.values())
+    assert ours[: len(theirs)] == theirs
+    extra = ours[len(theirs):]
+    assert [p.name for p in extra] == ["out", "threads"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in extra)
+
+
+def test_kernel_module_imports_no_onnx():
+    tree = ast.parse(pathlib.Path(kmod.__file__).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    assert "onnx" not in names and "onnxruntime" not in names
+
+
+# -- exactness at the edges ----------------------------------------------------------------------
+
+EDGE_ZPS = [-(2**31), -(2**31) + 1, -(2**24) - 1, -(2**23) - 1, -(2**23), -128, -1, 0, 1, 255, 2**23, 2**23 + 1,
+            2**24 - 1, 2**24, 2**24 + 1, 2**30 + 3, 2**31 - 2, 2**31 - 1]
+
+
+@pytest.mark.parametrize("src_dtype", [i8, u8])
+@pytest.mark.parametrize("zp", EDGE_ZPS)
+def test_int32_zero_points_at_the_edges_per_tensor(src_dtype, zp):
+    info = np.iinfo(src_dtype)
+    src = np.arange(info.min, info.max + 1, dtype=np.int64).astype(src_dtype)
+    scales = np.array([1.0], f32)
+    got = dynamic_dequantize(src, scales, np.array([zp], i32))
+    expect = oracle(src, scales, np.array([zp], i32))
+    assert same_bits(got, expect)
+    # with scale 1 the result is the int64 difference rounded once to float32
+    assert same_bits(got, (src.astype(np.int64) - zp).astype(f32))
+
+
+@pytest.mark.parametrize("src_dtype", [i8, u8])
+def test_int32_zero_points_at_the_edges_per_channel(src_dtype):
+    info = np.iinfo(src_dtype)
+    values = np.arange(info.min, info.max + 1, dtype=np.int64).astype(src_dtype)
+    src = np.tile(values[:, None], (1, len(EDGE_ZPS)))
+    scales = np.linspace(-3, 3, len(EDGE_ZPS)).astype(f32)
+    zps = np.array(EDGE_ZPS, i32)
+    for s, ax in ((src, 1), (src.T.copy(), 0), (src.T, 0), (src[::-1], -1)):
+        assert same_bits(dynamic_dequantize(s, scales, zps, qtype="per_channel", axis=ax),
+                         oracle(s, scales, zps, "per_channel", ax))
+
+
+SPECIAL = np.array(
+    [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.17549435e-38,
+     np.finfo(f32).max, -np.finfo(f32).max, 0.1, -2.5],
+    f32,
+)
+PAYLOAD_NAN = np.array([0x7FC12345, 0xFFA00001, 0x7F800001], np.uint32).view(f32)  # quiet/signalling payloads
+
+
+@pytest.mark.parametrize("zps", [None, np.array([0], u8), np.array([7], i8), np.array([-5], i32), np.array([2**31 - 1], i32)])
+@pytest.mark.parametrize("src_dtype", [i8, u8])
+def test_special_scales_bitwise(zps, src_dtype):
+    info = np.iinfo(src_dtype)
+    src = np.arange(info.min, info.max + 1, dtype=np.int64).astype(src_dtype)
+    for s in list(SPECIAL) + list(PAYLOAD_NAN):
+        scale = np.array([s], f32)
+        assert same_bits(dynamic_dequantize(src, scale, zps), oracle(src, scale, zps)), s
+    # per channel, every special value on its own channel
+    scales = np.concatenate([SPECIAL, PAYLOAD_NAN])
+    srcc = np.tile(src[:, None], (1, scales.size))
+    z = None if zps is None else np.full(scales.size, zps[0], zps.dtype)
+    assert same_bits(dynamic_dequantize(srcc, scales, z, qtype="per_channel", axis=1),
+                     oracle(srcc, scales, z, "per_channel", 1))
+
+
+def test_negative_zero_and_subnormal_results():
+    got = dynamic_dequantize(np.array([5, 6, 4], u8), np.array([-1e-45], f32), np.array([5], u8))
+    assert got.view(np.uint32).tolist() == [0x80000000, 0x80000001, 0x00000001]
+
+
+# -- layouts, views and ownership ---------------------------------------------------------------
+
+
+def _layouts(a):
+    yield "contiguous", a
+    yield "fortran", np.asfortranarray(a)
+    if a.ndim:
+        yield "reversed", a[::-1]
+        yield "last-reversed", a[..., ::-1]
+        big = np.repeat(a, 2, axis=-1)
+        yield "strided", big[..., ::2]
+        yield "transposed", np.ascontiguousarray(a.T).T
+    ro = a.copy()
+    ro.flags.writeable = False
+    yield "read-only", ro
+
+
+@pytest.mark.parametrize("qtype,axis", [("per_tensor", 1), ("per_channel", 0), ("per_channel", 1), ("per_channel", -1)])
+@pytest.mark.parametrize("zp_dtype", [None, i8, u8, i32])
+def test_views_and_layouts(qtype, axis, zp_dtype):
+    rng = np.random.default_rng(6)
+    src = rng.integers(-128, 128, (5, 6, 7), dtype=i8)
+    C = src.shape[axis] if qtype == "per_channel" else 1
+    scales = rng.standard_normal(C).astype(f32)
+    zps = None if zp_dtype is None else rng.integers(0, 100, C).astype(zp_dtype)
+    expect_by = {}
+    for name, s in _layouts(src):
+        expect = oracle(s, scales, zps, qtype, axis)
+        got = dynamic_dequantize(s, scales, zps, qtype=qtype, axis=axis)
+        assert same_bits(got, expect), name
+        expect_by[name] = expect
+    # parameters as views too: reversed, strided, read-only, non-native byte order
+    for name, sc in _layouts(scales):
+        if sc.ndim == 1:
+            assert same_bits(dynamic_dequantize(src, sc, zps, qtype=qtype, axis=axis), oracle(src, sc, zps, qtype, axis)), name
+    be_scales = scales.astype(">f4")
+    be_zps = None if zps is None else zps.astype(zps.dtype.newbyteorder(">"))
+    assert same_bits(dynamic_dequantize(src, be_scales, be_zps, qtype=qtype, axis=axis), oracle(src, scales, zps, qtype, axis))
+
+
+def test_inputs_never_modified_and_out_filled():
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, (300, 40), dtype=u8)
+    scales = rng.random(40, dtype=f32)
+    zps = rng.integers(0, 256, 40, dtype=u8)
+    copies = [a.copy() for a in (src, scales, zps)]
+    out = np.full(src.shape, 123.0, f32)
+    ret = dynamic_dequantize(src, scales, zps, qtype="per_channel", axis=1, out=out)
+    assert ret is out
+    assert same_bits(out, oracle(src, scales, zps, "per_channel", 1))
+    for a, b in zip(copies, (src, scales, zps)):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("make_out", [
+    lambda shape: np.empty(shape, f32),
+    lambda shape: np.empty(shape[::-1], f32).T,
+    lambda shape: np.empty(shape, ">f4"),
+    lambda shape: np.empty((shape[0] * 2,) + shape[1:], f32)[::-2],
+])
+def test_out_any_layout(make_out):
+    rng = np.random.default_rng(8)
+    src = rng.integers(-128, 128, (9, 11), dtype=i8)
+    scales = rng.random(11, dtype=f32)
+    out = make_out(src.shape)
+    ret = dynamic_dequantize(src, scales, np.array([4], i8), qtype="per_channel", axis=-1, out=out)
+    assert ret is out
+    assert np.array_equal(out, oracle(src, scales, np.array([4], i8), "per_channel", -1))
+
+
+def test_bad_out():
+    src = np.zeros((2, 3), i8)
+    scales = np.ones(1, f32)
+    for out, what in [
+        (np.empty((2, 3), np.float64), "float64"),
+        (np.empty((3, 2), f32), "shape"),
+        (np.empty((2, 3), np.float16), "float16"),
+        ([[0.0] * 3] * 2, "list"),
+    ]:
+        with pytest.raises(ValidationError) as e:
+            dynamic_dequantize(src, scales, out=out)
+        assert [p.argument for p in e.value.problems] == ["out"], what
+        assert what in str(e.value)
+    ro = np.empty((2, 3), f32)
+    ro.flags.writeable = False
+    with pytest.raises(ValidationError, match="read-only"):
+        dynamic_dequantize(src, scales, out=ro)
+
+
+def test_out_overlapping_an_input_is_refused():
+    buf = np.zeros(64, u8)
+    src = buf[:16]
+    out = buf.view(f32)[:16]
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(src, np.ones(1, f32), out=out)
+    assert {p.argument for p in e.value.problems} == {"out"} and "src" in str(e.value)
+    scales = np.ones(16, f32)
+    with pytest.raises(ValidationError, match="scales"):
+        dynamic_dequantize(np.zeros((1, 16), u8), scales[:1], out=scales.reshape(1, 16))
+    # a neighbour in the same buffer that does not overlap is fine
+    buf = np.zeros(32 + 64, u8)
+    src = buf[:16]
+    out = buf[32:].view(f32)
+    assert dynamic_dequantize(src, np.ones(1, f32), out=out) is out
+
+
+# -- lists, scalars, and other non-arrays ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg", ["src", "scales", "zps"])
+@pytest.mark.parametrize("value", [[1, 2], 3, 0.5, (1,), "x"])
+def test_lists_and_python_scalars_are_refused(arg, value):
+    args = {"src": np.zeros(2, u8), "scales": np.ones(1, f32), "zps": np.zeros(1, u8)}
+    args[arg] = value
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(args["src"], args["scales"], args["zps"])
+    assert [p.argument for p in e.value.problems] == [arg]
+    assert "numpy.asarray" in str(e.value)
+
+
+def test_masked_arrays_are_refused():
+    with pytest.raises(ValidationError, match="masked"):
+        dynamic_dequantize(np.ma.masked_array(np.zeros(2, u8)), np.ones(1, f32))
+
+
+def test_numpy_scalars_are_zero_d_arrays():
+    got = dynamic_dequantize(np.uint8(30), np.float32(0.5), np.uint8(10))
+    assert got.shape == () and got.dtype == f32 and float(got) == 10.0
+    with pytest.raises(ValidationError, match="int64"):
+        dynamic_dequantize(np.int64(3), np.float32(0.5))
+
+
+def test_every_problem_at_once():
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize([1], np.ones(2, np.float64), np.zeros(1, np.int64), qtype="per_tensor", out=np.zeros(1, np.int8))
+    assert {p.argument for p in e.value.problems} == {"src", "scales", "zps", "out"}
+
+
+@pytest.mark.parametrize("axis", [1.0, "1", None, True, np.float32(1)])
+def test_axis_must_be_an_integer(axis):
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(np.zeros((2, 3), i8), np.ones(3, f32), qtype="per_channel", axis=axis)
+    assert [p.argument for p in e.value.problems] == ["axis"]
+
+
+def test_numpy_integer_axis_accepted():
+    src = np.arange(6, dtype=i8).reshape(2, 3)
+    got = dynamic_dequantize(src, np.arange(3, dtype=f32), qtype="per_channel", axis=np.int64(-1))
+    assert same_bits(got, oracle(src, np.arange(3, dtype=f32), None, "per_channel", 1))
+
+
+@pytest.mark.parametrize("qtype", ["per_group", "PER_TENSOR", None, 1, b"per_tensor"])
+def test_unknown_qtype(qtype):
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(np.zeros(2, i8), np.ones(1, f32), qtype=qtype)
+    assert [p.argument for p in e.value.problems] == ["qtype"]
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "2", True])
+def test_bad_threads(threads):
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(np.zeros(2, i8), np.ones(1, f32), threads=threads)
+    assert [p.argument for p in e.value.problems] == ["threads"]
+
+
+# -- blocks and threads: every fast path at its boundaries --------------------------------------------
+
+
+@pytest.mark.parametrize("shape,qtype,axis", [
+    ((kmod._CHUNK - 1,), "per_tensor", 1), ((kmod._CHUNK,), "per_tensor", 1), ((kmod._CHUNK + 1,), "per_tensor", 1),
+    ((kmod._PARALLEL_MIN + 3,), "per_tensor", 1),
+    ((3, kmod._CHUNK + 5), "per_channel", 0),
+    ((1, kmod._PARALLEL_MIN + 7), "per_channel", 1),
+    ((kmod._PARALLEL_MIN // 64 + 1, 67), "per_channel", 1),
+    ((513, 517), "per_channel", -1), ((517, 513), "per_channel", 0),
+    ((7, 3, kmod._EXPAND_MAX // 3 + 1), "per_channel", 1),
+    ((7, 3, kmod._EXPAND_MAX // 3), "per_channel", 1),
+    ((33, 130, 3, 3), "per_channel", 1),
+])
+@pytest.mark.parametrize("zp_dtype", [None, u8, i32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_block_and_thread_boundaries(shape, qtype, axis, zp_dtype, threads):
+    rng = np.random.default_rng(sum(shape))
+    src = rng.integers(0, 256, shape, dtype=u8)
+    C = shape[axis] if qtype == "per_channel" else 1
+    scales = rng.standard_normal(C).astype(f32)
+    zps = None
+    if zp_dtype is not None:
+        zps = rng.integers(0, 256, C).astype(zp_dtype)
+        if zp_dtype is i32:
+            zps[0] = 2**31 - 1  # the exact-through-float64 path
+    expect = oracle(src, scales, zps, qtype, axis)
+    with mock.patch.object(kmod, "_cores", lambda: 2):
+        got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, threads=threads)
+        assert same_bits(got, expect)
+        out = np.empty_like(got)
+        assert same_bits(dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads), expect)
+
+
+def test_threads_env_variable_caps(monkeypatch):
+    monkeypatch.setenv(kmod.THREADS_ENV, "1")
+    assert kmod._threads_for(10**8, 100, None) == 1
+    monkeypatch.setenv(kmod.THREADS_ENV, "64")
+    monkeypatch.setattr(kmod, "_cores", lambda: 2)
+    assert kmod._threads_for(10**8, 100, None) == 2
+    assert kmod._threads_for(10**8, 100, 1) == 1
+    assert kmod._threads_for(100, 100, 2) == 1  # small tensors: no pool
+
+
+def test_small_tensors_never_touch_the_pool(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the thread pool was used for a small tensor")
+
+    monkeypatch.setattr(kmod, "_get_pool", boom)
+    src = np.zeros((1, 64), i8)
+    dynamic_dequantize(src, np.ones(64, f32), np.zeros(64, i8), qtype="per_channel", axis=1, threads=8)
+    dynamic_dequantize(np.zeros(kmod._PARALLEL_MIN - 1, u8), np.ones(1, f32))
+
+
+# -- property-based: everything against the oracle -------------------------------------------------
+
+_ZP_ELEMENTS = {
+    "int8": st.integers(-128, 127),
+    "uint8": st.integers(0, 255),
+    "int32": st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from(EDGE_ZPS), st.integers(-300, 300)),
+}
+_SCALE_ELEMENTS = st.one_of(
+    st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.sampled_from([float(x) for x in SPECIAL if not np.isnan(x)]),
+)
+
+
+@st.composite
+def dequantize_problems(draw):
+    src_dtype = draw(st.sampled_from(["int8", "uint8"]))
+    qtype = draw(st.sampled_from(["per_tensor", "per_channel"]))
+    rank = draw(st.integers(0 if qtype == "per_tensor" else 1, 8))
+    max_dim = 6 if rank <= 3 else 3
+    shape = tuple(draw(st.lists(st.integers(0, max_dim), min_size=rank, max_size=rank)))
+    if draw(st.booleans()) and 0 in shape:  # mostly non-empty, sometimes empty
+        shape = tuple(d or 1 for d in shape)
+    axis = draw(st.integers(-rank, rank - 1)) if rank else 1
+    if qtype == "per_channel":
+        C = shape[axis]
+        scale_shape = (C,)
+    else:
+        C = 1
+        scale_shape = draw(st.sampled_from([(1,), ()]))
+    zp_dtype = draw(st.sampled_from([None, "int8", "uint8", "int32"]))
+    zp_shape = None
+    if zp_dtype is not None:
+        zp_shape = scale_shape if qtype == "per_channel" and draw(st.booleans()) else draw(st.sampled_from([(1,), ()]))
+    src = draw(hnp.arrays(src_dtype, shape))
+    scales = draw(hnp.arrays("float32", scale_shape, elements=_SCALE_ELEMENTS))
+    zps = None if zp_dtype is None else draw(hnp.arrays(zp_dtype, zp_shape, elements=_ZP_ELEMENTS[zp_dtype]))
+    layout = draw(st.sampled_from(["c", "f", "reversed", "strided", "readonly"]))
+    if layout == "f":
+        src = np.asfortranarray(src)
+    elif layout == "reversed" and rank:
+        src = np.ascontiguousarray(src[::-1])[::-1]
+    elif layout == "strided" and rank:
+        src = np.repeat(src, 2, axis=-1)[..., ::2]
+    elif layout == "readonly":
+        src.flags.writeable = False
+    if draw(st.booleans()):
+        scales = scales.astype(">f4")
+    if zps is not None and draw(st.booleans()):
+        zps = zps.astype(zps.dtype.newbyteorder(">"))
+    use_out = draw(st.sampled_from([None, "c", "strided"]))
+    chunk = draw(st.sampled_from([None, 1, 2, 5, 64]))
+    threads = draw(st.sampled_from([None, 1, 2]))
+    return src, scales, zps, qtype, axis, use_out, chunk, threads
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(dequantize_problems())
+def test_property_matches_oracle_bitwise(problem):
+    src, scales, zps, qtype, axis, use_out, chunk, threads = problem
+    copies = [None if a is None else a.copy() for a in (src, scales, zps)]
+    expect = oracle(src, scales, zps, qtype, axis)
+    out = None
+    if use_out == "c":
+        out = np.empty(src.shape, f32)
+    elif use_out == "strided" and src.ndim:
+        out = np.empty(src.shape[:-1] + (src.shape[-1] * 2,), f32)[..., ::2]
+    if chunk is None:
+        got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
+    else:
+        with tiny_blocks(chunk):
+            got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
+    if out is not None:
+        assert got is out
+    assert same_bits(got, expect)
+    # opcheck: shape function and kernel agree
+    spec = DYNAMIC_DEQUANTIZE_1.shape_inference(
+        TensorSpec.of(src), TensorSpec.of(scales), None if zps is None else TensorSpec.of(zps), qtype=qtype, axis=axis
+    )
+    assert spec == TensorSpec("float32", got.shape) == TensorSpec.of(got)
+    for a, b in zip(copies, (src, scales, zps)):
+        assert a is None or (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    src=hnp.arrays(st.sampled_from(["int8", "uint8"]), hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=9)),
+    data=st.data(),
+)
+def test_property_shape_function_agrees_on_random_attributes(src, data):
+    """Random (valid or not) parameter shapes: the kernel raises exactly when the shape function does."""
+    qtype = data.draw(st.sampled_from(["per_tensor", "per_channel"]))
+    axis = data.draw(st.integers(-src.ndim - 1, src.ndim))
+    scales = np.ones(data.draw(st.sampled_from([(), (1,), (2,), (3,), (1, 1)])) or (), f32)
+    if qtype == "per_channel" and data.draw(st.booleans()) and -src.ndim <= axis < src.ndim:
+        scales = np.ones(src.shape[axis], f32)
+    zps = data.draw(st.sampled_from([None, (), (1,), scales.shape, (4,)]))
+    zps = None if zps is None else np.zeros(zps, u8)
+    try:
+        spec = DYNAMIC_DEQUANTIZE_1.shape_inference(
+            TensorSpec.of(src), TensorSpec.of(scales), None if zps is None else TensorSpec.of(zps), qtype=qtype, axis=axis
+        )
+    except ValidationError as e:
+        with pytest.raises(ValidationError) as k:
+            dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis)
+        assert [p.argument for p in k.value.problems] == [p.argument for p in e.problems]
+    else:
+        got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis)
+        assert spec == TensorSpec.of(got)
+        assert same_bits(got, oracle(src, scales, zps, qtype, axis))
+
+
+@pytest.mark.parametrize("rank", range(0, 9))
+def test_ranks_zero_to_eight(rank):
+    rng = np.random.default_rng(rank)
+    shape = tuple(int(d) for d in rng.integers(1, 4, rank))
+    src = rng.integers(-128, 128, shape, dtype=i8)
+    zps = np.array([-3], i32)
+    assert same_bits(dynamic_dequantize(src, np.array([0.25], f32), zps), oracle(src, np.array([0.25], f32), zps))
+    for axis in range(-rank, rank):
+        scales = rng.standard_normal(shape[axis]).astype(f32)
+        z = rng.integers(-128, 128, shape[axis]).astype(i8)
+        assert same_bits(dynamic_dequantize(src, scales, z, qtype="per_channel", axis=axis),
+                         oracle(src, scales, z, "per_channel", axis))
+
+
+def test_empty_tensors():
+    for shape, qtype, axis, C in [((0,), "per_tensor", 1, 1), ((0, 3), "per_channel", 1, 3), ((4, 0), "per_channel", 1, 0),
+                                  ((0, 0, 5), "per_channel", -1, 5), ((2, 0, 2), "per_channel", 1, 0)]:
+        src = np.zeros(shape, u8)
+        got = dynamic_dequantize(src, np.ones(C, f32), np.zeros(C, u8), qtype=qtype, axis=axis)
+        assert got.shape == shape and got.dtype == f32
+        out = np.empty(shape, f32)
+        assert dynamic_dequantize(src, np.ones(C, f32), qtype=qtype, axis=axis, out=out) is out
