@@ -69,9 +69,7 @@ def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelPro
 def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"export() takes an onnx.ModelProto, not {type(model).__name__}")
-    from dyndq.check import check
-
-    problems = check(model)
+    problems = _problems(model)
     if problems:
         raise ValidationError(problems)
 
@@ -121,6 +119,25 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     return out, report
 
 
+def _problems(model: onnx.ModelProto):
+    """dyndq.check's problems, less onnx.checker's complaint that it cannot find the file of a
+    tensor whose external data is not loaded: export keeps such references as they are."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    from dyndq.check import check
+
+    problems = check(model)
+    external = {t.name for t in _get_all_tensors(model) if uses_external_data(t)}
+    if not external:
+        return problems
+
+    def about_missing_file(p) -> bool:
+        return p.argument == "model" and any(f"tensor name: {name})" in p.found for name in external) \
+            and "should be stored in" in p.found
+
+    return [p for p in problems if not about_missing_file(p)]
+
+
 # -- opsets -------------------------------------------------------------------------------------
 
 def _qtype(node: onnx.NodeProto) -> str:
@@ -148,9 +165,9 @@ def _target_opset(opset, current, need, ours) -> int | None:
         return opset
     if current is None:
         return need or None
-    if current >= need:
-        return current
-    return need  # the lowest that works (never above ORT_MAX_OPSET: need is 10 or 13)
+    if current > ORT_MAX_OPSET:  # newer than ONNX Runtime runs: convert down, by default
+        return max(need, ORT_MAX_OPSET)
+    return max(current, need)  # kept when high enough, else the lowest that works
 
 
 def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
@@ -162,7 +179,10 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     try:
         converted = onnx.version_converter.convert_version(model, target)
     except Exception as e:  # noqa: BLE001 - the converter raises several kinds
-        raise ExportError(f"onnx.version_converter could not convert the model to opset {target}: {e}") from e
+        raise ExportError(
+            f"onnx.version_converter could not convert the model from opset {_ai_onnx(model.opset_import)} "
+            f"to {target}: {e} (pass opset= to choose another target)"
+        ) from e
     # the converter returns new protos: match graphs by their position in the walk
     for g, names in zip(_graphs(converted.graph), kept):
         extra = [vi for vi in g.value_info if vi.name not in names]
