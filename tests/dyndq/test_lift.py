@@ -1,0 +1,186 @@
+"""dyndq.lift: DequantizeLinear nodes that DynamicDequantize expresses become DynamicDequantize;
+the rest are left alone and reported."""
+import logging
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import dyndq
+from dyndq.build import ORT_MAX_OPSET
+
+_OPTS = ort.SessionOptions()
+_OPTS.intra_op_num_threads = 1
+_OPTS.log_severity_level = 3
+
+
+def run_ort(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), _OPTS, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+
+
+def vi(name, dtype, shape):
+    elem = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _backend_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return collect_testcases("DequantizeLinear")
+
+
+BACKEND = _backend_cases()
+LIFTABLE = {"test_dequantizelinear", "test_dequantizelinear_axis"}
+
+
+def test_onnx_backend_cases_are_there():
+    assert LIFTABLE <= {c.name for c in BACKEND} and len(BACKEND) > len(LIFTABLE)
+
+
+@pytest.mark.parametrize("case", BACKEND, ids=[c.name for c in BACKEND])
+def test_onnx_backend_cases_lift_when_they_fit_and_are_left_alone_otherwise(case):
+    lifted, report = dyndq.lift_with_report(case.model)
+    if case.name not in LIFTABLE:
+        assert report.count == 0 and len(report.skipped) == 1
+        assert lifted.SerializeToString() == case.model.SerializeToString()
+        return
+    assert report.count == 1 and not report.skipped
+    assert [(n.domain, n.op_type) for n in lifted.graph.node] == [(dyndq.DOMAIN, "DynamicDequantize")]
+    assert dyndq.check(lifted) == []
+    for inputs, outputs in case.data_sets:
+        feeds = {i.name: np.asarray(v) for i, v in zip(lifted.graph.input, inputs)}
+        got = dyndq.reference_evaluator(lifted).run(None, feeds)  # our kernel
+        assert all(same(g, w) for g, w in zip(got, outputs))
+        exported = dyndq.export(lifted)  # the cases use an opset newer than ONNX Runtime's: it comes down
+        assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
+        got = run_ort(exported, feeds)
+        assert all(same(g, w) for g, w in zip(got, outputs))
+
+
+def _dql_model(x, s, z=None, *, opset=21, **attrs):
+    names = ["x", "s"] + (["z"] if z is not None else [])
+    inputs = [vi("x", *x), vi("s", *s)] + ([vi("z", *z)] if z is not None else [])
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", names, ["y"], name="dql", **attrs)], "g",
+                              inputs, [vi("y", "float32", list(x[1]))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=onnx.helper.find_min_ir_version_for([helper.make_opsetid("", opset)]))
+
+
+def test_lifted_nodes_keep_name_inputs_outputs_and_write_axis():
+    model = _dql_model(("int8", [2, 3]), ("float32", [3]), ("int8", [3]), axis=-1)
+    model.graph.node[0].doc_string = "weights"
+    lifted = dyndq.lift(model)
+    [node] = lifted.graph.node
+    assert (node.name, list(node.input), list(node.output), node.doc_string) == ("dql", ["x", "s", "z"], ["y"], "weights")
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"qtype": b"per_channel", "axis": -1}
+    assert (dyndq.DOMAIN, 1) in [(o.domain, o.version) for o in lifted.opset_import]
+    assert dyndq.check(lifted) == []
+
+
+def test_lift_never_mutates_and_logs_what_it_left_alone(caplog):
+    model = _dql_model(("int32", [4]), ("float32", []), ("int32", []))
+    before = model.SerializeToString()
+    with caplog.at_level(logging.INFO, logger="dyndq.lift"):
+        lifted = dyndq.lift(model)
+    assert model.SerializeToString() == before
+    assert lifted.SerializeToString() == before  # nothing lifted: the copy is the same model
+    assert "'dql'" in caplog.text and "x is int32" in caplog.text
+
+
+def test_lift_report_lists_every_skipped_node_with_its_reason_in_every_graph():
+    then = helper.make_graph([helper.make_node("DequantizeLinear", ["x", "s"], ["t"], name="in_then")], "then", [],
+                             [vi("t", "float32", [4])])
+    els = helper.make_graph([helper.make_node("DequantizeLinear", ["x16", "s"], ["e"], name="in_else")], "else", [],
+                            [vi("e", "float32", [4])])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els, name="pick")],
+                              "g", [vi("c", "bool", []), vi("x", "uint8", [4]), vi("x16", "int16", [4]),
+                                    vi("s", "float32", [])], [vi("y", "float32", [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.lifted == [("main/pick.then_branch", "in_then", "per_tensor")]
+    assert [(s.graph, s.node) for s in report.skipped] == [("main/pick.else_branch", "in_else")]
+    assert "int16" in report.skipped[0].reason
+    assert report.summary() == "lifted 1 DequantizeLinear node(s); left 1 alone"
+    exported = dyndq.export(lifted)
+    feeds = {"x": np.array([0, 1, 128, 255], np.uint8), "x16": np.arange(4, dtype=np.int16), "s": np.array(0.5, np.float32)}
+    for c in (True, False):
+        feeds["c"] = np.array(c)
+        assert same(run_ort(exported, feeds)[0], run_ort(model, feeds)[0])
+
+
+@st.composite
+def dql_graphs(draw):
+    dtype = draw(st.sampled_from(["int8", "uint8"]))
+    opset = draw(st.sampled_from([10, 13, 19, 21]))
+    rank = draw(st.integers(1, 4))
+    shape = draw(st.lists(st.integers(0, 4), min_size=rank, max_size=rank))
+    per_channel = opset >= 13 and draw(st.booleans())
+    axis = draw(st.integers(-rank, rank - 1)) if per_channel else None
+    sshape = [shape[axis]] if per_channel else draw(st.sampled_from([[], [1]] if opset >= 13 else [[]]))
+    with_zp = draw(st.booleans())
+    as_init = draw(st.booleans())
+    return dtype, opset, shape, axis, sshape, with_zp, as_init, draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(dql_graphs())
+def test_export_of_lift_runs_the_same_as_the_original_in_onnxruntime(p):
+    dtype, opset, shape, axis, sshape, with_zp, as_init, seed = p
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    x = np.asarray(rng.integers(info.min, info.max, shape, endpoint=True), dtype)
+    s = np.asarray(rng.standard_normal(sshape) * 0.1, np.float32)
+    z = np.asarray(rng.integers(info.min, info.max, sshape, endpoint=True), dtype) if with_zp else None
+    attrs = {} if axis is None else {"axis": axis}
+    names = ["x", "s"] + (["z"] if with_zp else [])
+    arrays = {"x": x, "s": s, "z": z}
+    inputs, inits, feeds = [vi("x", dtype, shape)], [], {"x": x}
+    for name in names[1:]:
+        if as_init:
+            inits.append(numpy_helper.from_array(arrays[name], name))
+        else:
+            inputs.append(vi(name, arrays[name].dtype, list(arrays[name].shape)))
+            feeds[name] = arrays[name]
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", names, ["y"], name="dql", **attrs),
+         helper.make_node("Relu", ["y"], ["r"], name="relu")], "g", inputs,
+        [vi("y", "float32", shape), vi("r", "float32", shape)], initializer=inits)
+    imports = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=imports, ir_version=onnx.helper.find_min_ir_version_for(imports))
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1, report.skipped
+    assert dyndq.check(lifted) == []
+    exported = dyndq.export(lifted)
+    onnx.checker.check_model(exported, full_check=True)
+    want = run_ort(model, feeds)
+    assert all(same(g, w) for g, w in zip(run_ort(exported, feeds), want))
+    # and our kernel on the lifted graph agrees too
+    assert all(same(g, w) for g, w in zip(dyndq.reference_evaluator(lifted).run(None, feeds), want))
+
+
+def test_lift_of_export_gives_back_the_op():
+    graph = helper.make_graph([dyndq.make_node(["q", "s", "z"], ["d"], qtype="per_channel", axis=0, name="w")], "g",
+                              [vi("q", "uint8", [3, 2]), vi("s", "float32", [3]), vi("z", "uint8", [3])],
+                              [vi("d", "float32", [3, 2])])
+    model = dyndq.make_model(graph)
+    again = dyndq.lift(dyndq.export(model))
+    [node] = again.graph.node
+    assert (node.domain, node.op_type, node.name, list(node.input)) == (dyndq.DOMAIN, "DynamicDequantize", "w", ["q", "s", "z"])
+
+
+def test_lift_refuses_what_is_not_a_model():
+    with pytest.raises(TypeError):
+        dyndq.lift(onnx.GraphProto())
