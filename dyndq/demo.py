@@ -99,9 +99,18 @@ def describe_node(node: onnx.NodeProto, types: dict[str, str] | None = None) -> 
     op = node.op_type if not node.domain else f"{node.domain}::{node.op_type}"
     ins = ", ".join(f"{n} {types[n]}" if n in types else (n or "''") for n in node.input)
     outs = ", ".join(node.output)
-    attrs = attribute_values(node)
-    shown = "  " + " ".join(f"{k}={v}" for k, v in attrs.items() if not hasattr(v, "ByteSize")) if attrs else ""
-    return f"{op}({ins}) -> {outs}{shown}"
+    shown = " ".join(f"{k}={_attribute_text(v)}" for k, v in attribute_values(node).items())
+    return f"{op}({ins}) -> {outs}" + (f"  {shown}" if shown else "")
+
+
+def _attribute_text(value) -> str:
+    from dyndq.onnx_types import dtype_name
+
+    if isinstance(value, onnx.TensorProto):
+        return f"{dtype_name(value.data_type)}{list(value.dims)}"
+    if isinstance(value, onnx.GraphProto):
+        return f"<graph {value.name}>"
+    return str(value)
 
 
 def initializer_types(model: onnx.ModelProto) -> dict[str, str]:
