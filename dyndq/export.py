@@ -95,7 +95,10 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
 
     opsets = {o.domain: o.version for o in out.opset_import}
     _lower_graph(out.graph, "main", opsets, target, names, specs, report)
-    for f in out.functions:
+    for k, f in enumerate(out.functions):
+        if _uses_domain_nodes(f.node, DOMAIN) and _ai_onnx(f.opset_import) not in (None, target):
+            out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
+            f = out.functions[k]
         f_opsets = {o.domain: o.version for o in f.opset_import}
         path = f"function {f.domain}::{f.name}"
         before = len(report.lowered)

@@ -467,3 +467,24 @@ def test_report_counts_and_summary():
     assert report.count == 1 and report.lowered[0].node == "weights" and report.lowered[0].qtype == "per_channel"
     assert (report.opset, report.ir_version) == (13, 7)
     assert report.summary() == "lowered 1 DynamicDequantize node(s); ai.onnx opset 13 (converted from 11), IR version 7"
+
+
+def test_a_function_at_an_older_opset_than_the_model_is_converted_when_lowered_into():
+    fn = helper.make_function(
+        "my.fns", "DqSqueeze", ["q", "s"], ["y"],
+        [dyndq.make_node(["q", "s"], ["d"], qtype="per_channel", axis=1, name="fn_dq"),
+         helper.make_node("Unsqueeze", ["d"], ["d3"], axes=[0]),
+         helper.make_node("Squeeze", ["d3"], ["y"], axes=[0])],
+        [helper.make_opsetid("", 11), dyndq.opset_import()])
+    graph = helper.make_graph(
+        [helper.make_node("DqSqueeze", ["q", "s"], ["y"], domain="my.fns")], "g",
+        [vi("q", "int8", [2, 3]), vi("s", "float32", [3])], [vi("y", "float32", [2, 3])])
+    model = dyndq.make_model(graph, opset=13, functions=[fn])
+    model.opset_import.append(helper.make_opsetid("my.fns", 1))
+    exported = dyndq.export(model)
+    [f] = exported.functions
+    assert [(o.domain, o.version) for o in f.opset_import] == [("", 13)]
+    assert [len(n.input) for n in f.node if n.op_type in ("Squeeze", "Unsqueeze")] == [2, 2]
+    onnx.checker.check_model(exported, full_check=True)
+    [got] = run_ort(exported, _feeds())
+    assert same(got, dyndq.dynamic_dequantize(*_feeds().values(), qtype="per_channel", axis=1))
