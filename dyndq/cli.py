@@ -156,6 +156,8 @@ def cmd_demo(args) -> int:
         raise UsageError(f"{args.out}: exists and is not a folder")
     try:
         result = run_demo(args.out)
+    except BrokenPipeError:
+        raise
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
     return OK if result.agree else PROBLEMS
@@ -291,6 +293,8 @@ def cmd_run(args) -> int:
                 path = os.path.join(args.output_dir, _SAFE_NAME.sub("_", name) + ".npy")
                 save_array(path, value)
                 print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+        except BrokenPipeError:
+            raise
         except (ModelFileError, OSError) as e:
             raise UsageError(str(e)) from None
     else:
