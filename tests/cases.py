@@ -40,7 +40,12 @@ class Case:
         return src, scales, zps
 
 
-def _random(rng, dtype, shape):
+def _random(rng, dtype, shape) -> np.ndarray:
+    """Always an ndarray: NumPy gives scalars for shape (), which ONNX Runtime refuses as feeds."""
+    return np.asarray(_draw(rng, dtype, shape))
+
+
+def _draw(rng, dtype, shape):
     dt = np.dtype(dtype)
     if dt.kind in "iu":
         info = np.iinfo(dt)
