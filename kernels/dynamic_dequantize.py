@@ -30,6 +30,7 @@ to a kernel: non-array inputs, and `out` and `threads`.
 """
 from __future__ import annotations
 
+import math
 import operator
 import os
 import threading
@@ -116,6 +117,50 @@ def _check_threads(threads, problems: list[Problem]) -> None:
 # -- the op ---------------------------------------------------------------------------------
 
 
+_VALID: dict = {}  # argument signatures the shape function accepted (a cache of its verdicts)
+_VALID_MAX = 512
+
+
+def _signature(src, scales, zps, qtype, axis):
+    """What the shape function sees of a call, as a dict key; None when not plain arrays.
+
+    Types ride along with values so that axis=True or axis=1.0 never pass for axis=1."""
+    if type(src) is not np.ndarray or type(scales) is not np.ndarray:
+        return None
+    if zps is None:
+        z = None
+    elif type(zps) is np.ndarray:
+        z = (zps.dtype, zps.shape)
+    else:
+        return None
+    key = (src.dtype, src.shape, scales.dtype, scales.shape, z, type(qtype), qtype, type(axis), axis)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _validate(src, scales, zps, qtype, axis, out, threads):
+    """Every problem with the arguments, raised at once; the arrays, NumPy scalars made 0-d."""
+    problems: list[Problem] = []
+    src_a = _array_or_problem(src, "src", problems)
+    scales_a = _array_or_problem(scales, "scales", problems)
+    zps_a = None if zps is None else _array_or_problem(zps, "zps", problems)
+    try:
+        OP.shape_inference(
+            _spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), qtype=qtype, axis=axis
+        )
+    except ValidationError as e:
+        problems += e.problems
+    if out is not None:
+        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), problems)
+    _check_threads(threads, problems)
+    if problems:
+        raise ValidationError(problems)
+    return src_a, scales_a, zps_a
+
+
 @OP.def_kernel
 def dynamic_dequantize(
     src,
@@ -139,32 +184,22 @@ def dynamic_dequantize(
 
     Raises dyndq.ValidationError naming every bad argument.  Inputs are never modified.
     """
-    problems: list[Problem] = []
-    src_a = _array_or_problem(src, "src", problems)
-    scales_a = _array_or_problem(scales, "scales", problems)
-    zps_a = None if zps is None else _array_or_problem(zps, "zps", problems)
-    try:
-        OP.shape_inference(
-            _spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), qtype=qtype, axis=axis
-        )
-    except ValidationError as e:
-        problems += e.problems
-    if out is not None:
-        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), problems)
-    _check_threads(threads, problems)
-    if problems:
-        raise ValidationError(problems)
-
+    key = _signature(src, scales, zps, qtype, axis)
+    if key is None or key not in _VALID or out is not None or threads is not None:
+        src, scales, zps = _validate(src, scales, zps, qtype, axis, out, threads)
+        if key is not None:
+            if len(_VALID) >= _VALID_MAX:
+                _VALID.clear()
+            _VALID[key] = True
     if out is None:
-        out = np.empty(src_a.shape, _F32)
-    channel_axis = None
-    if qtype == PER_CHANNEL:
-        channel_axis = operator.index(axis) % src_a.ndim
-    dequantize(src_a, scales_a, zps_a, channel_axis, out, threads=threads)
+        out = np.empty(src.shape, _F32)
+    dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
     return out
 
 
 # -- the arithmetic, shared with onnx.reference's DequantizeLinear (dyndq.reference) ------------
+
+_SMALL = 1 << 15  # up to this many elements: one shot, no blocks
 
 
 def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int | None,
@@ -175,28 +210,39 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
     zp: None or an integer array shaped like scale (or one element); axis: None
     for per tensor, else a non-negative axis of src; out: float32, src's shape.
     """
-    if src.size == 0:
+    n = src.size
+    if n == 0:
         return out
-    scale = np.asarray(scale, dtype=_F32).reshape(-1)  # native byte order, exact
+    if scale.dtype != _F32 or scale.ndim != 1:
+        scale = np.asarray(scale, dtype=_F32).reshape(-1)  # native byte order, exact
     if zp is not None:
-        zp = zp.reshape(-1)
         if not zp.dtype.isnative:
             zp = zp.astype(zp.dtype.newbyteorder("="))
+        zp = zp.reshape(-1)
     mode, zval = _zp_mode(src, zp)
-    shape, pshape, scale, zval, src_v, out_v = _layout(src, out, scale, zval, axis)
-    scale = scale.reshape(pshape)
-    if zval is not None:
-        zval = zval.reshape(pshape)
-    if src_v.ndim == 0:
-        with np.errstate(all="ignore"):
-            _block(src_v, out_v, scale, zval, mode)
+    if axis is not None and scale.size == 1 and (zval is None or zval.size == 1):
+        axis = None  # one channel: the same arithmetic as per tensor
+    if n <= _SMALL:
+        if axis is None:
+            sc = scale.reshape(())
+            z = None if zval is None else zval.reshape(())
+            if mode != "f64" and -1e30 < float(sc) < 1e30:  # finite and no overflow: no FP flags
+                _block(src, out, sc, z, mode)
+                return out
+        else:
+            pshape = [1] * src.ndim
+            pshape[axis] = -1
+            sc = scale.reshape(pshape)
+            z = None if zval is None else zval.reshape(pshape) if zval.size > 1 else zval.reshape(())
+        with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+            _block(src, out, sc, z, mode)
         return out
-    blocks = _blocks(shape, _CHUNK)
-    n = _threads_for(src.size, len(blocks), threads)
-    if n <= 1:
-        _run_blocks(blocks, src_v, out_v, scale, zval, mode)
+    jobs, bufsize = _jobs(src, out, scale, zval, axis, max(1, _CHUNK // 4) if mode == "f64" else _CHUNK)
+    n_threads = _threads_for(n, len(jobs), threads)
+    if n_threads <= 1:
+        _run_jobs(jobs, mode, bufsize)
     else:
-        _parallel(blocks, n, src_v, out_v, scale, zval, mode)
+        _parallel(jobs, n_threads, mode, bufsize)
     return out
 
 
@@ -204,46 +250,98 @@ def _zp_mode(src: np.ndarray, zp: np.ndarray | None):
     """How to subtract the zero point exactly: (mode, zero points converted for it)."""
     if zp is None:
         return None, None
-    if zp.size == 0:
-        return "f32", zp.astype(_F32)
-    if src.dtype.itemsize == 1 and zp.dtype.itemsize == 1:
+    if src.dtype.itemsize == 1 and (zp.dtype.itemsize == 1 or zp.size == 0):
         return "f32", zp.astype(_F32)
     if src.dtype.itemsize == 1:
-        lo, hi = int(zp.min()), int(zp.max())
+        lo, hi = (int(zp[0]), int(zp[0])) if zp.size == 1 else (int(zp.min()), int(zp.max()))
         if -_F32_EXACT_ZP <= lo and hi <= _F32_EXACT_ZP:
             return "f32", zp.astype(_F32)
     return "f64", zp.astype(np.float64)
 
 
-def _layout(src, out, scale, zval, axis):
-    """Views of src and out, their common shape for blocking, and the parameters'
-    broadcast shape.  Contiguous arrays are collapsed to as few axes as possible."""
-    contiguous = src.flags.c_contiguous and out.flags.c_contiguous and out.dtype.isnative
-    r = src.ndim
+def _jobs(src, out, scale, zval, axis, chunk):
+    """Cut the work into blocks of about `chunk` elements: [(src, out, scale, zp)], and the
+    ufunc buffer size their broadcasting needs (None: no broadcasting across rows).
+
+    Contiguous arrays are handled as flat runs of memory, with the parameters laid out
+    to match so that every ufunc call is a plain 1-D loop; other layouts go through
+    NumPy's broadcasting, block by block."""
+    n = src.size
+    if not (src.flags.c_contiguous and out.flags.c_contiguous and out.dtype.isnative):
+        return _strided_jobs(src, out, scale, zval, axis, chunk), None
+    s1, o1 = src.reshape(-1), out.reshape(-1)
     if axis is None:
-        if contiguous:
-            shape = (src.size,)
-            return shape, (), scale, zval, src.reshape(shape), out.reshape(shape)
-        return src.shape, (), scale, zval, src, out
-    C = src.shape[axis]
-    if scale.size == 1 and C != 1:
-        scale = np.broadcast_to(scale, (C,))
-    if zval is not None and zval.size == 1 and C != 1:
+        sc = scale.reshape(())
+        z = None if zval is None else zval.reshape(())
+        return [(s1[i:i + chunk], o1[i:i + chunk], sc, z) for i in range(0, n, chunk)], None
+    shape = src.shape
+    C = shape[axis]
+    pre = math.prod(shape[:axis])
+    post = math.prod(shape[axis + 1:])
+    if zval is not None and zval.size == 1:
         zval = np.broadcast_to(zval, (C,))
-    if contiguous:
-        pre = int(np.prod(src.shape[:axis], dtype=np.int64))
-        post = int(np.prod(src.shape[axis + 1:], dtype=np.int64))
-        if post == 1:
-            shape, pshape = (pre, C), (1, C)
-        elif C * post <= _EXPAND_MAX:
+    if post == 1 or C * post <= _EXPAND_MAX:
+        # each row of L = C * post elements has the same parameters: lay them out as a row
+        if post > 1:
             scale = np.repeat(scale, post)
             zval = None if zval is None else np.repeat(zval, post)
-            shape, pshape = (pre, C * post), (1, C * post)
-        else:
-            shape, pshape = (pre, C, post), (1, C, 1)
-        return shape, pshape, scale, zval, src.reshape(shape), out.reshape(shape)
-    pshape = tuple(C if i == axis else 1 for i in range(r))
-    return src.shape, pshape, scale, zval, src, out
+        L = C * post
+        if L <= chunk:
+            R = chunk // L
+            sc_t = np.tile(scale, R)
+            z_t = None if zval is None else np.tile(zval, R)
+            jobs = []
+            for r0 in range(0, pre, R):
+                m = min(R, pre - r0) * L
+                a = r0 * L
+                jobs.append((s1[a:a + m], o1[a:a + m], sc_t[:m], None if z_t is None else z_t[:m]))
+            return jobs, None
+        return [
+            (s1[r * L + c0:r * L + c1], o1[r * L + c0:r * L + c1], scale[c0:c1], None if zval is None else zval[c0:c1])
+            for r in range(pre)
+            for c0 in range(0, L, chunk)
+            for c1 in (min(c0 + chunk, L),)
+        ], None
+    # rows of `post` elements, row i on channel i % C, one scale per row
+    rows = pre * C
+    s2, o2 = src.reshape(rows, post), out.reshape(rows, post)
+    if post >= chunk:
+        return [
+            (s2[i, c0:c0 + chunk], o2[i, c0:c0 + chunk], scale[i % C:i % C + 1],
+             None if zval is None else zval[i % C:i % C + 1])
+            for i in range(rows)
+            for c0 in range(0, post, chunk)
+        ], None
+    R = max(1, chunk // post)
+    jobs = []
+    for r0 in range(0, rows, R):
+        r1 = min(r0 + R, rows)
+        ch = slice(r0, r1) if pre == 1 else np.arange(r0, r1) % C
+        jobs.append((s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1),
+                     None if zval is None else zval[ch].reshape(-1, 1)))
+    # NumPy buffers a broadcast operand across rows shorter than its buffer, slowly;
+    # a buffer no longer than a row keeps every inner loop a plain 1-D loop.
+    return jobs, max(16, min(8192, post // 16 * 16))
+
+
+def _strided_jobs(src, out, scale, zval, axis, chunk):
+    """Blocks of any layout, with parameters shaped to broadcast along `axis`."""
+    r = src.ndim
+    if axis is None:
+        pshape = ()
+    else:
+        pshape = tuple(src.shape[axis] if i == axis else 1 for i in range(r))
+        if zval is not None and zval.size == 1:
+            zval = np.broadcast_to(zval, (src.shape[axis],))
+    sc = scale.reshape(pshape)
+    z = None if zval is None else zval.reshape(pshape)
+    if r == 0:
+        return [(src, out, sc, z)]
+    jobs = []
+    for idx in _blocks(src.shape, chunk):
+        pidx = _param_index(idx, pshape) if pshape else ()
+        jobs.append((src[idx], out[idx], sc[pidx], None if z is None else z[pidx]))
+    return jobs
 
 
 def _blocks(shape, chunk):
@@ -269,23 +367,30 @@ def _param_index(idx, pshape):
     )
 
 
-def _run_blocks(blocks, src, out, scale, zval, mode):
-    pshape = scale.shape
-    with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-        for idx in blocks:
-            pidx = _param_index(idx, pshape) if pshape else ()
-            _block(src[idx], out[idx], scale[pidx], None if zval is None else zval[pidx], mode)
+def _run_jobs(jobs, mode, bufsize):
+    old = None
+    if bufsize is not None:
+        old = np.getbufsize()
+        np.setbufsize(bufsize)
+    try:
+        with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+            for s, o, sc, z in jobs:
+                _block(s, o, sc, z, mode)
+    finally:
+        if old is not None:
+            np.setbufsize(old)
 
 
 def _block(s, o, scale, zval, mode):
-    if mode is None:
-        np.multiply(s, scale, out=o, dtype=_F32)
-    elif mode == "f32":
-        np.subtract(s, zval, out=o, dtype=_F32)
-        np.multiply(o, scale, out=o)
+    # A plain cast first (no ufunc casting buffers), then float32 ufuncs in place,
+    # while the block is still in cache.
+    if mode == "f64":
+        np.copyto(o, np.subtract(s, zval, dtype=np.float64))  # exact; one rounding to float32
     else:
-        o[...] = np.subtract(s, zval, dtype=np.float64)  # exact; one rounding to float32
-        np.multiply(o, scale, out=o)
+        np.copyto(o, s)
+        if mode == "f32":
+            np.subtract(o, zval, out=o)
+    np.multiply(o, scale, out=o)
 
 
 # -- threads ----------------------------------------------------------------------------------
@@ -340,13 +445,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_pool_after_fork)
 
 
-def _parallel(blocks, n, src, out, scale, zval, mode):
-    per = -(-len(blocks) // n)
-    groups = [blocks[i:i + per] for i in range(0, len(blocks), per)]
+def _parallel(jobs, n, mode, bufsize):
+    per = -(-len(jobs) // n)
+    groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
     pool = _get_pool(len(groups) - 1)
-    futures = [pool.submit(_run_blocks, g, src, out, scale, zval, mode) for g in groups[1:]]
+    futures = [pool.submit(_run_jobs, g, mode, bufsize) for g in groups[1:]]
     try:
-        _run_blocks(groups[0], src, out, scale, zval, mode)
+        _run_jobs(groups[0], mode, bufsize)
     finally:
         for f in futures:
             f.result()

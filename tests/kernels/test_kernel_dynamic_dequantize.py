@@ -56,11 +56,12 @@ def same_bits(a, b) -> bool:
 
 
 @contextmanager
-def tiny_blocks(chunk, parallel_min=0):
+def tiny_blocks(chunk, parallel_min=0, expand_max=None):
     """Cut even small arrays into many blocks, shared among threads: every fast path's
     block and thread boundaries get exercised on arrays of a few elements."""
     with mock.patch.object(kmod, "_CHUNK", chunk), mock.patch.object(kmod, "_PARALLEL_MIN", parallel_min), \
-            mock.patch.object(kmod, "_cores", lambda: 2):
+            mock.patch.object(kmod, "_SMALL", 0), mock.patch.object(kmod, "_cores", lambda: 2), \
+            mock.patch.object(kmod, "_EXPAND_MAX", kmod._EXPAND_MAX if expand_max is None else expand_max):
         yield
 
 
@@ -430,7 +431,7 @@ def test_block_and_thread_boundaries(shape, qtype, axis, zp_dtype, threads):
         if zp_dtype is i32:
             zps[0] = 2**31 - 1  # the exact-through-float64 path
     expect = oracle(src, scales, zps, qtype, axis)
-    with mock.patch.object(kmod, "_cores", lambda: 2):
+    with mock.patch.object(kmod, "_cores", lambda: 2), mock.patch.object(kmod, "_SMALL", 0):
         got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, threads=threads)
         assert same_bits(got, expect)
         out = np.empty_like(got)
@@ -507,9 +508,10 @@ def dequantize_problems(draw):
     if zps is not None and draw(st.booleans()):
         zps = zps.astype(zps.dtype.newbyteorder(">"))
     use_out = draw(st.sampled_from([None, "c", "strided"]))
-    chunk = draw(st.sampled_from([None, 1, 2, 5, 64]))
+    chunk = draw(st.sampled_from([None, 1, 2, 5, 16, 64]))
+    expand_max = draw(st.sampled_from([None, 0, 4]))
     threads = draw(st.sampled_from([None, 1, 2]))
-    return src, scales, zps, qtype, axis, use_out, chunk, threads
+    return src, scales, zps, qtype, axis, use_out, (chunk, expand_max), threads
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -523,10 +525,11 @@ def test_property_matches_oracle_bitwise(problem):
         out = np.empty(src.shape, f32)
     elif use_out == "strided" and src.ndim:
         out = np.empty(src.shape[:-1] + (src.shape[-1] * 2,), f32)[..., ::2]
+    chunk, expand_max = chunk
     if chunk is None:
         got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
     else:
-        with tiny_blocks(chunk):
+        with tiny_blocks(chunk, expand_max=expand_max):
             got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
     if out is not None:
         assert got is out
