@@ -185,16 +185,48 @@ def dynamic_dequantize(
     Raises dyndq.ValidationError naming every bad argument.  Inputs are never modified.
     """
     key = _signature(src, scales, zps, qtype, axis)
-    if key is None or key not in _VALID or out is not None or threads is not None:
+    if key is None or key not in _VALID or not _extras_ok(src, scales, zps, out, threads):
         src, scales, zps = _validate(src, scales, zps, qtype, axis, out, threads)
         if key is not None:
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
             _VALID[key] = True
+    if qtype == PER_TENSOR and src.size <= _SMALL and (zps is None or zps.dtype.itemsize == 1):
+        scale = scales.item()
+        if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
+            # The one-shot path for small tensors.  Exact: float32(src) and the 8-bit zp are
+            # exact in float32, so is their difference (|d| < 2**9); the Python float holds the
+            # float32 scale exactly and NumPy converts it back to that float32.
+            if out is None:
+                out = src.astype(_F32)
+            else:
+                np.copyto(out, src)
+            if zps is not None:
+                np.subtract(out, zps.item(), out=out)
+            np.multiply(out, scale, out=out)
+            return out
     if out is None:
         out = np.empty(src.shape, _F32)
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
     return out
+
+
+def _extras_ok(src, scales, zps, out, threads) -> bool:
+    """Cheap checks of out and threads for the common case; False sends the call to
+    the full validation, which judges them exactly (and says what is wrong)."""
+    if threads is not None and (type(threads) is not int or threads < 1):
+        return False
+    if out is None:
+        return True
+    return (
+        type(out) is np.ndarray
+        and out.dtype == _F32
+        and out.shape == src.shape
+        and out.flags.writeable
+        and not np.may_share_memory(out, src)
+        and not np.may_share_memory(out, scales)
+        and (zps is None or not np.may_share_memory(out, zps))
+    )
 
 
 # -- the arithmetic, shared with onnx.reference's DequantizeLinear (dyndq.reference) ------------
@@ -237,12 +269,12 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
         with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
             _block(src, out, sc, z, mode)
         return out
-    jobs, bufsize = _jobs(src, out, scale, zval, axis, max(1, _CHUNK // 4) if mode == "f64" else _CHUNK)
-    n_threads = _threads_for(n, len(jobs), threads)
+    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, _CHUNK // 4) if mode == "f64" else _CHUNK)
+    n_threads = _threads_for(n, count, threads)
     if n_threads <= 1:
-        _run_jobs(jobs, mode, bufsize)
+        _run_jobs(make, 0, count, mode, bufsize)
     else:
-        _parallel(jobs, n_threads, mode, bufsize)
+        _parallel(make, count, n_threads, mode, bufsize)
     return out
 
 
@@ -260,20 +292,22 @@ def _zp_mode(src: np.ndarray, zp: np.ndarray | None):
 
 
 def _jobs(src, out, scale, zval, axis, chunk):
-    """Cut the work into blocks of about `chunk` elements: [(src, out, scale, zp)], and the
-    ufunc buffer size their broadcasting needs (None: no broadcasting across rows).
+    """Cut the work into blocks of about `chunk` elements.
 
-    Contiguous arrays are handled as flat runs of memory, with the parameters laid out
-    to match so that every ufunc call is a plain 1-D loop; other layouts go through
-    NumPy's broadcasting, block by block."""
+    Returns (count, make, bufsize): make(i) gives block i as (src, out, scale, zp)
+    views, built only when it runs (no list of views held in memory); bufsize is the
+    ufunc buffer size the blocks' broadcasting needs (None: NumPy's default).
+
+    Contiguous arrays are handled as flat runs of memory so that every ufunc call is
+    a plain loop; other layouts go through NumPy's broadcasting, block by block."""
     n = src.size
     if not (src.flags.c_contiguous and out.flags.c_contiguous and out.dtype.isnative):
-        return _strided_jobs(src, out, scale, zval, axis, chunk), None
+        return _strided_jobs(src, out, scale, zval, axis, chunk)
     s1, o1 = src.reshape(-1), out.reshape(-1)
     if axis is None:
         sc = scale.reshape(())
         z = None if zval is None else zval.reshape(())
-        return [(s1[i:i + chunk], o1[i:i + chunk], sc, z) for i in range(0, n, chunk)], None
+        return -(-n // chunk), lambda i: (s1[i * chunk:(i + 1) * chunk], o1[i * chunk:(i + 1) * chunk], sc, z), None
     shape = src.shape
     C = shape[axis]
     pre = math.prod(shape[:axis])
@@ -281,47 +315,68 @@ def _jobs(src, out, scale, zval, axis, chunk):
     if zval is not None and zval.size == 1:
         zval = np.broadcast_to(zval, (C,))
     if post == 1 or C * post <= _EXPAND_MAX:
-        # each row of L = C * post elements has the same parameters: lay them out as a row
+        # every row of L = C * post elements has the same parameters: lay them out as a row
         if post > 1:
             scale = np.repeat(scale, post)
             zval = None if zval is None else np.repeat(zval, post)
         L = C * post
-        if L <= chunk:
-            R = chunk // L
-            sc_t = np.tile(scale, R)
-            z_t = None if zval is None else np.tile(zval, R)
-            jobs = []
-            for r0 in range(0, pre, R):
-                m = min(R, pre - r0) * L
-                a = r0 * L
-                jobs.append((s1[a:a + m], o1[a:a + m], sc_t[:m], None if z_t is None else z_t[:m]))
-            return jobs, None
-        return [
-            (s1[r * L + c0:r * L + c1], o1[r * L + c0:r * L + c1], scale[c0:c1], None if zval is None else zval[c0:c1])
-            for r in range(pre)
-            for c0 in range(0, L, chunk)
-            for c1 in (min(c0 + chunk, L),)
-        ], None
+        if L > chunk:  # long rows: segments of a row, with the matching segment of the params
+            per_row = -(-L // chunk)
+
+            def make(i):
+                r, c0 = divmod(i, per_row)
+                c0 *= chunk
+                c1 = min(c0 + chunk, L)
+                return (s1[r * L + c0:r * L + c1], o1[r * L + c0:r * L + c1], scale[c0:c1],
+                        None if zval is None else zval[c0:c1])
+
+            return pre * per_row, make, None
+        R = chunk // L
+        s2, o2 = s1.reshape(pre, L), o1.reshape(pre, L)
+        if L >= _ROW_BROADCAST_MIN:
+            # rows long enough to broadcast the params over, with a buffer no longer than a row
+            sc, z = scale.reshape(1, L), None if zval is None else zval.reshape(1, L)
+            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), _bufsize_for(L)
+        # short rows: the params tiled over R rows (at most `chunk` elements), flat loops
+        sc_t = np.tile(scale, R)
+        z_t = None if zval is None else np.tile(zval, R)
+
+        def make(i):
+            m = min(R, pre - i * R) * L
+            return s1[i * R * L:i * R * L + m], o1[i * R * L:i * R * L + m], sc_t[:m], None if z_t is None else z_t[:m]
+
+        return -(-pre // R), make, None
     # rows of `post` elements, row i on channel i % C, one scale per row
     rows = pre * C
     s2, o2 = src.reshape(rows, post), out.reshape(rows, post)
     if post >= chunk:
-        return [
-            (s2[i, c0:c0 + chunk], o2[i, c0:c0 + chunk], scale[i % C:i % C + 1],
-             None if zval is None else zval[i % C:i % C + 1])
-            for i in range(rows)
-            for c0 in range(0, post, chunk)
-        ], None
+        per_row = -(-post // chunk)
+
+        def make(i):
+            r, c0 = divmod(i, per_row)
+            c0 *= chunk
+            ch = r % C
+            return (s2[r, c0:c0 + chunk], o2[r, c0:c0 + chunk], scale[ch:ch + 1],
+                    None if zval is None else zval[ch:ch + 1])
+
+        return rows * per_row, make, None
     R = max(1, chunk // post)
-    jobs = []
-    for r0 in range(0, rows, R):
-        r1 = min(r0 + R, rows)
+
+    def make(i):
+        r0, r1 = i * R, min(i * R + R, rows)
         ch = slice(r0, r1) if pre == 1 else np.arange(r0, r1) % C
-        jobs.append((s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1),
-                     None if zval is None else zval[ch].reshape(-1, 1)))
-    # NumPy buffers a broadcast operand across rows shorter than its buffer, slowly;
-    # a buffer no longer than a row keeps every inner loop a plain 1-D loop.
-    return jobs, max(16, min(8192, post // 16 * 16))
+        return s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1), None if zval is None else zval[ch].reshape(-1, 1)
+
+    return -(-rows // R), make, _bufsize_for(post)
+
+
+_ROW_BROADCAST_MIN = 1024
+
+
+def _bufsize_for(row: int) -> int:
+    """NumPy buffers a broadcast operand across rows shorter than its buffer, slowly;
+    a buffer no longer than a row keeps every inner loop a plain 1-D loop."""
+    return max(16, min(8192, row // 16 * 16))
 
 
 def _strided_jobs(src, out, scale, zval, axis, chunk):
@@ -336,12 +391,15 @@ def _strided_jobs(src, out, scale, zval, axis, chunk):
     sc = scale.reshape(pshape)
     z = None if zval is None else zval.reshape(pshape)
     if r == 0:
-        return [(src, out, sc, z)]
-    jobs = []
-    for idx in _blocks(src.shape, chunk):
+        return 1, lambda i: (src, out, sc, z), None
+    blocks = _blocks(src.shape, chunk)
+
+    def make(i):
+        idx = blocks[i]
         pidx = _param_index(idx, pshape) if pshape else ()
-        jobs.append((src[idx], out[idx], sc[pidx], None if z is None else z[pidx]))
-    return jobs
+        return src[idx], out[idx], sc[pidx], None if z is None else z[pidx]
+
+    return len(blocks), make, None
 
 
 def _blocks(shape, chunk):
@@ -367,15 +425,15 @@ def _param_index(idx, pshape):
     )
 
 
-def _run_jobs(jobs, mode, bufsize):
+def _run_jobs(make, start, stop, mode, bufsize):
     old = None
     if bufsize is not None:
         old = np.getbufsize()
         np.setbufsize(bufsize)
     try:
         with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-            for s, o, sc, z in jobs:
-                _block(s, o, sc, z, mode)
+            for i in range(start, stop):
+                _block(*make(i), mode)
     finally:
         if old is not None:
             np.setbufsize(old)
@@ -445,13 +503,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_pool_after_fork)
 
 
-def _parallel(jobs, n, mode, bufsize):
-    per = -(-len(jobs) // n)
-    groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
-    pool = _get_pool(len(groups) - 1)
-    futures = [pool.submit(_run_jobs, g, mode, bufsize) for g in groups[1:]]
+def _parallel(make, count, n, mode, bufsize):
+    per = -(-count // n)
+    bounds = [(i, min(i + per, count)) for i in range(0, count, per)]
+    pool = _get_pool(len(bounds) - 1)
+    futures = [pool.submit(_run_jobs, make, a, b, mode, bufsize) for a, b in bounds[1:]]
     try:
-        _run_jobs(groups[0], mode, bufsize)
+        _run_jobs(make, *bounds[0], mode, bufsize)
     finally:
         for f in futures:
             f.result()

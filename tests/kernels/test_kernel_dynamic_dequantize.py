@@ -56,12 +56,13 @@ def same_bits(a, b) -> bool:
 
 
 @contextmanager
-def tiny_blocks(chunk, parallel_min=0, expand_max=None):
+def tiny_blocks(chunk, parallel_min=0, expand_max=None, row_min=None):
     """Cut even small arrays into many blocks, shared among threads: every fast path's
     block and thread boundaries get exercised on arrays of a few elements."""
     with mock.patch.object(kmod, "_CHUNK", chunk), mock.patch.object(kmod, "_PARALLEL_MIN", parallel_min), \
             mock.patch.object(kmod, "_SMALL", 0), mock.patch.object(kmod, "_cores", lambda: 2), \
-            mock.patch.object(kmod, "_EXPAND_MAX", kmod._EXPAND_MAX if expand_max is None else expand_max):
+            mock.patch.object(kmod, "_EXPAND_MAX", kmod._EXPAND_MAX if expand_max is None else expand_max), \
+            mock.patch.object(kmod, "_ROW_BROADCAST_MIN", kmod._ROW_BROADCAST_MIN if row_min is None else row_min):
         yield
 
 
@@ -414,6 +415,8 @@ def test_bad_threads(threads):
     ((1, kmod._PARALLEL_MIN + 7), "per_channel", 1),
     ((kmod._PARALLEL_MIN // 64 + 1, 67), "per_channel", 1),
     ((513, 517), "per_channel", -1), ((517, 513), "per_channel", 0),
+    ((70, kmod._ROW_BROADCAST_MIN + 6), "per_channel", -1), ((70, kmod._ROW_BROADCAST_MIN), "per_channel", 1),
+    ((3, 70, kmod._ROW_BROADCAST_MIN + 6), "per_channel", 0), ((5, 7, 1031), "per_channel", 1),
     ((7, 3, kmod._EXPAND_MAX // 3 + 1), "per_channel", 1),
     ((7, 3, kmod._EXPAND_MAX // 3), "per_channel", 1),
     ((33, 130, 3, 3), "per_channel", 1),
@@ -510,8 +513,9 @@ def dequantize_problems(draw):
     use_out = draw(st.sampled_from([None, "c", "strided"]))
     chunk = draw(st.sampled_from([None, 1, 2, 5, 16, 64]))
     expand_max = draw(st.sampled_from([None, 0, 4]))
+    row_min = draw(st.sampled_from([None, 1, 3]))
     threads = draw(st.sampled_from([None, 1, 2]))
-    return src, scales, zps, qtype, axis, use_out, (chunk, expand_max), threads
+    return src, scales, zps, qtype, axis, use_out, (chunk, expand_max, row_min), threads
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -525,11 +529,11 @@ def test_property_matches_oracle_bitwise(problem):
         out = np.empty(src.shape, f32)
     elif use_out == "strided" and src.ndim:
         out = np.empty(src.shape[:-1] + (src.shape[-1] * 2,), f32)[..., ::2]
-    chunk, expand_max = chunk
+    chunk, expand_max, row_min = chunk
     if chunk is None:
         got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
     else:
-        with tiny_blocks(chunk, expand_max=expand_max):
+        with tiny_blocks(chunk, expand_max=expand_max, row_min=row_min):
             got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads)
     if out is not None:
         assert got is out
