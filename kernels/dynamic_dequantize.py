@@ -46,7 +46,8 @@ __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 
 _F32 = np.dtype(np.float32)
-_CHUNK = 1 << 16  # elements per block: 256 KiB of float32 output, cache-resident
+_CHUNK = 1 << 18  # elements per block: 1 MiB of float32 output, resident in a core's L2
+_TILE_MAX = 1 << 15  # params tiled over short rows up to this many elements (128 KiB each)
 _PARALLEL_MIN = 1 << 18  # below this many elements, no thread pool
 _EXPAND_MAX = 1 << 14  # per-channel params repeated up to this length (64 KiB)
 _F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 arithmetic is exact for 8-bit src
@@ -337,7 +338,8 @@ def _jobs(src, out, scale, zval, axis, chunk):
             # rows long enough to broadcast the params over, with a buffer no longer than a row
             sc, z = scale.reshape(1, L), None if zval is None else zval.reshape(1, L)
             return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), _bufsize_for(L)
-        # short rows: the params tiled over R rows (at most `chunk` elements), flat loops
+        # short rows: the params tiled over R rows (at most _TILE_MAX elements), flat loops
+        R = max(1, min(chunk, _TILE_MAX) // L)
         sc_t = np.tile(scale, R)
         z_t = None if zval is None else np.tile(zval, R)
 

@@ -1,0 +1,18 @@
+"""The benchmark runs end to end on a small size (its oracle checks included); timings are never asserted."""
+import importlib.util
+import pathlib
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernel.py"
+
+
+def test_bench_kernel_runs_small(capsys):
+    pytest.importorskip("onnxruntime")
+    spec = importlib.util.spec_from_file_location("bench_kernel", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--size", "64", "--reps", "1", "--no-tiny"]) == 0
+    text = capsys.readouterr().out
+    assert "geometric means" in text and "targets (issue 6)" in text
+    assert text.count("| uint8 ") == 6 and text.count("| int8 ") == 6
