@@ -148,3 +148,53 @@ def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=Non
     graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
     imports = [helper.make_opsetid("", opset), dyndq.opset_import(domain_version)]
     return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.build.ir_version_for(imports))
+
+
+# -- the independent oracle and how outputs are compared, for every engine's tests ----------------
+
+
+def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
+    """The op's arithmetic written plainly: float32(int64(src) - int64(zp)) * scale."""
+    src = np.asarray(src)
+    scales = np.asarray(scales).astype(np.float32)
+    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
+    if qtype == "per_channel":
+        shape = [1] * src.ndim
+        shape[axis] = src.shape[axis]
+        scales = scales.reshape(shape)
+        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
+    else:
+        scales, zp = scales.reshape(()), zp.reshape(())
+    with np.errstate(all="ignore"):
+        return (src.astype(np.int64) - zp).astype(np.float32) * scales
+
+
+def same_bits(a, b) -> bool:
+    """float32 arrays of one shape with the very same bits (NaN payloads and -0 included)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return (
+        a.dtype == np.float32 and b.dtype == np.float32 and a.shape == b.shape
+        and np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
+    )
+
+
+def same_values(a, b) -> bool:
+    """Arrays of one dtype and shape, equal element for element (a NaN equals a NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+def run_ort(model, feeds: dict) -> list:
+    """Run a model (a ModelProto, or a path: external data is found beside it) in ONNX Runtime, CPU, one thread."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:
+    """A tensor value info; dtype is an ONNX element type or anything NumPy names."""
+    return helper.make_tensor_value_info(name, dtype if isinstance(dtype, int) else elem_type(dtype), shape)

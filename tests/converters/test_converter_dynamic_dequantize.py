@@ -4,39 +4,14 @@ import inspect
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from cases import VALID, case_model, ids
+from cases import VALID, case_model, ids, oracle, run_ort
 from onnx import TensorProto, helper
 
 import dyndq
 from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, dynamic_dequantize as lower
 from dyndq.converters.dynamic_dequantize import LiftPlan, lift as lift_node
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, TensorSpec
-
-_OPTS = ort.SessionOptions()
-_OPTS.intra_op_num_threads = 1
-_OPTS.log_severity_level = 3
-
-
-def run_ort(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(), _OPTS, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-@np.errstate(over="ignore", invalid="ignore")
-def oracle(src, scales, zps, qtype="per_tensor", axis=1):
-    """The op's arithmetic written plainly: float32(int64(src) - int64(zp)) * scale."""
-    zp = np.zeros((), np.int64) if zps is None else zps.astype(np.int64)
-    if qtype == "per_channel":
-        shape = [1] * src.ndim
-        shape[axis] = -1
-        scales = scales.reshape(shape)
-        zp = zp.reshape(shape) if zp.size != 1 else zp.reshape(())
-    else:
-        scales, zp = scales.reshape(()), zp.reshape(())
-    return (src.astype(np.int64) - zp).astype(np.float32) * scales
-
 
 def bits_equal(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)

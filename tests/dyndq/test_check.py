@@ -3,14 +3,10 @@ import json
 
 import onnx
 import pytest
-from cases import INVALID, VALID, Case, PC, case_model, ids
+from cases import Case, INVALID, VALID, case_model, ids, vi
 from onnx import TensorProto, helper
 
 import dyndq
-
-
-def vi(name, dtype, shape):
-    return helper.make_tensor_value_info(name, dtype, shape)
 
 
 @pytest.mark.parametrize("case", VALID, ids=ids(VALID))

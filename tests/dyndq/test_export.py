@@ -1,47 +1,15 @@
 """dyndq.export: whole models lowered to standard ONNX that ONNX Runtime runs bit-exactly."""
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from cases import oracle, run_ort, same_values as same, vi
+
 import dyndq
 from dyndq.build import ORT_MAX_OPSET
-
-_OPTS = ort.SessionOptions()
-_OPTS.intra_op_num_threads = 1
-_OPTS.log_severity_level = 3
-
-
-def run_ort(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(), _OPTS, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def same(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
-
-
-@np.errstate(over="ignore", invalid="ignore")
-def oracle(src, scales, zps, qtype="per_tensor", axis=1):
-    zp = np.zeros((), np.int64) if zps is None else zps.astype(np.int64)
-    if qtype == "per_channel":
-        shape = [1] * src.ndim
-        shape[axis] = -1
-        scales = scales.reshape(shape)
-        zp = zp.reshape(shape) if zp.size != 1 else zp.reshape(())
-    else:
-        scales, zp = scales.reshape(()), zp.reshape(())
-    return (src.astype(np.int64) - zp).astype(np.float32) * scales
-
-
-def vi(name, dtype, shape):
-    elem = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    return helper.make_tensor_value_info(name, elem, shape)
-
 
 def ai_onnx(model):
     return next(o.version for o in model.opset_import if o.domain == "")
@@ -424,8 +392,7 @@ def test_everything_else_is_kept(tmp_path):
     assert by_name["mm"].doc_string == "the layer" and by_name["weights"].doc_string == "dequantize the weights"
     assert by_name["weights"].op_type == "DequantizeLinear"  # the original name stays on the last node
     onnx.save(exported, tmp_path / "out.onnx")
-    sess = ort.InferenceSession(str(tmp_path / "out.onnx"), _OPTS, providers=["CPUExecutionProvider"])
-    [got] = sess.run(None, _feeds())
+    [got] = run_ort(tmp_path / "out.onnx", _feeds())
     d = dyndq.dynamic_dequantize(*_feeds().values(), np.array([1, 2, 3], np.int8), qtype="per_channel", axis=1)
     assert same(got, d @ w)
 

@@ -5,34 +5,15 @@ import warnings
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+
+from cases import run_ort, same_values as same, vi
 
 import dyndq
 from dyndq.build import ORT_MAX_OPSET
-
-_OPTS = ort.SessionOptions()
-_OPTS.intra_op_num_threads = 1
-_OPTS.log_severity_level = 3
-
-
-def run_ort(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(), _OPTS, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def same(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
-
-
-def vi(name, dtype, shape):
-    elem = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    return helper.make_tensor_value_info(name, elem, shape)
-
 
 def _backend_cases():
     from onnx.backend.test.case.node import collect_testcases

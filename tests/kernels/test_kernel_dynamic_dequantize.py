@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import inspect
 import pathlib
-import sys
 from contextlib import contextmanager
 from unittest import mock
 
@@ -23,36 +22,10 @@ import dyndq
 from dyndq import DYNAMIC_DEQUANTIZE_1, TensorSpec, ValidationError, dynamic_dequantize
 from dyndq.kernels import dynamic_dequantize as kmod
 
-from cases import INVALID, VALID, ids
+from cases import INVALID, VALID, ids, oracle, same_bits
 
 
 # -- the oracle ------------------------------------------------------------------------------
-
-
-def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
-    src = np.asarray(src)
-    scales = np.asarray(scales).astype(np.float32)
-    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
-    if qtype == "per_channel":
-        shape = [1] * src.ndim
-        shape[axis] = src.shape[axis]
-        scales = scales.reshape(shape)
-        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
-    else:
-        scales = scales.reshape(())
-        zp = zp.reshape(())
-    with np.errstate(all="ignore"):
-        return (src.astype(np.int64) - zp).astype(np.float32) * scales
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return (
-        a.dtype == np.float32
-        and b.dtype == np.float32
-        and a.shape == b.shape
-        and np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
-    )
 
 
 @contextmanager
