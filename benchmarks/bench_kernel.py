@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import platform
 import statistics
 import sys
@@ -119,7 +118,6 @@ def dql_feeds(case):
 def floor_fn(src, out, threads=None):
     """Write every float32 of out (no cast) and read every byte of src, in our kernel's
     blocks, on our kernel's threads: what memory costs before any arithmetic."""
-    shape = out.shape
     flat_out = out.reshape(-1)
     flat_src = src.reshape(-1).view(np.uint64) if src.size % 8 == 0 else src.reshape(-1)
     n_out = flat_out.size

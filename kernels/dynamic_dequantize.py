@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import PER_TENSOR, Problem, TensorSpec, ValidationError
 
 __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 
@@ -90,7 +90,7 @@ def _check_out(out, src, others, problems: list[Problem]):
         problems.append(Problem("out", "a read-only array", "a writeable array"))
     for name, a in others:
         if a is not None and _overlaps(out, a):
-            problems.append(Problem("out", f"memory shared with {name}", f"an array that overlaps no input"))
+            problems.append(Problem("out", f"memory shared with {name}", "an array that overlaps no input"))
 
 
 def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:

@@ -119,7 +119,7 @@ def test_default_folder_and_python_dash_m(tmp_path):
 
 def test_try_line_works(demo, capsys):
     """The command the demo suggests runs."""
-    text, out = demo[1], demo[3]
+    text = demo[1]
     line = next(l for l in text.splitlines() if l.startswith("try:"))
     argv = line.split()[2:]  # after "try:  dyndq"
     assert argv[0] == "run"
