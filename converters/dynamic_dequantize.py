@@ -39,9 +39,21 @@ PER_CHANNEL_DQL_OPSET = 13
 DQL_OPSET = 10
 
 
-def required_opset(qtype: str) -> int:
-    """The lowest ai.onnx opset a node of this qtype lowers to (per_channel: DequantizeLinear with axis)."""
-    return PER_CHANNEL_DQL_OPSET if qtype == PER_CHANNEL else DQL_OPSET
+def takes_zero_point(src: TensorSpec | None, zps: TensorSpec | None, has_zps: bool) -> bool:
+    """Whether DequantizeLinear can take the node's zero point: absent, or known to have src's dtype."""
+    if not has_zps:
+        return True
+    return src is not None and zps is not None and src.dtype is not None and src.dtype == zps.dtype
+
+
+def required_opset(qtype: str, src: TensorSpec | None = None, zps: TensorSpec | None = None,
+                   has_zps: bool = False) -> int:
+    """The lowest ai.onnx opset at which a node lowers to its preferred form: 13 for
+    per_channel DequantizeLinear (with axis); 10 for per_tensor DequantizeLinear and
+    for the integer-arithmetic route (zps of another dtype, or dtypes not known)."""
+    if qtype == PER_CHANNEL and takes_zero_point(src, zps, has_zps):
+        return PER_CHANNEL_DQL_OPSET
+    return DQL_OPSET
 
 
 class NameScope:
@@ -112,14 +124,6 @@ def _scalar(ctx: LoweringContext, name: str, hint: str) -> str:
     return ctx.op("Reshape", name, ctx.const(np.zeros((0,), np.int64), "scalar_shape"), hint=hint)
 
 
-def _same_dtype(ctx: LoweringContext, src: str, zps: str | None) -> bool:
-    """Whether DequantizeLinear can take this zero point: absent, or known to have src's dtype."""
-    if not zps:
-        return True
-    s, z = ctx.spec(src), ctx.spec(zps)
-    return s is not None and z is not None and s.dtype is not None and s.dtype == z.dtype
-
-
 def _channel_shape(ctx: LoweringContext, src: str, axis: int) -> str | None:
     """A shape [-1, 1, ..., 1] that aligns a 1-D per-channel tensor with src's `axis`
     (None when axis is the last one: the tensor broadcasts as it is)."""
@@ -156,7 +160,9 @@ def dynamic_dequantize(
 ) -> str:
     """Lower one DynamicDequantize-1; return the name of the value holding dst."""
     zps = zps or None
-    if _same_dtype(ctx, src, zps) and (qtype == PER_TENSOR or ctx.opset >= PER_CHANNEL_DQL_OPSET):
+    if takes_zero_point(ctx.spec(src), ctx.spec(zps), bool(zps)) and (
+        qtype == PER_TENSOR or ctx.opset >= PER_CHANNEL_DQL_OPSET
+    ):
         if qtype == PER_TENSOR:
             inputs = [src, _scalar(ctx, scales, "scale")]
             if zps:

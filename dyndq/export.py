@@ -2,7 +2,8 @@
 
 The whole model: the main graph, every If/Loop/Scan body (at any depth) and
 every model-local function.  The ai.onnx opset is kept when it is high enough
-(per_channel lowers to DequantizeLinear with `axis`, which needs opset 13);
+(a per_channel node whose zps are absent or of src's dtype lowers to
+DequantizeLinear with `axis`, which needs opset 13; every other form needs 10);
 otherwise it is raised to the lowest that works, the other nodes converted by
 `onnx.version_converter`.  Our domain leaves `opset_import` when nothing uses
 it any more, and `ir_version` becomes the lowest the opsets need.
@@ -78,9 +79,9 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     report = ExportReport(ir_version_before=model.ir_version)
     current = _ai_onnx(out.opset_import)
     report.opset_before = current
-    ours = [site for site in _our_nodes(out)]
-    need = max((required_opset(_qtype(node)) for _, node in ours), default=0)
-    target = _target_opset(opset, current, need, ours)
+    types = value_types(out)
+    needs = [(node, _required_opset(node, types, in_function)) for in_function, node in _our_nodes(out)]
+    target = _target_opset(opset, current, needs)
     report.opset = target
 
     if current is not None and target is not None and target != current:
@@ -88,7 +89,8 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
         report.converted = True
 
     names = NameScope(_all_names(out))
-    types = value_types(out)
+    if report.converted:
+        types = value_types(out)
 
     def specs(name):
         return spec_of_type(types.get(name))
@@ -151,17 +153,31 @@ def _ai_onnx(imports) -> int | None:
     return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
 
 
-def _target_opset(opset, current, need, ours) -> int | None:
+def _required_opset(node: onnx.NodeProto, types, in_function: bool) -> int:
+    """What the node's lowering needs; inside a function no dtype is known (the exact
+    integer route is taken there)."""
+    def spec(i):
+        if in_function or i >= len(node.input) or not node.input[i]:
+            return None
+        return spec_of_type(types.get(node.input[i]))
+
+    has_zps = len(node.input) > 2 and bool(node.input[2])
+    return required_opset(_qtype(node), spec(0), spec(2), has_zps)
+
+
+def _target_opset(opset, current, needs) -> int | None:
     newest = onnx.defs.onnx_opset_version()
+    need = max((n for _, n in needs), default=0)
     if opset is not None:
         if isinstance(opset, bool) or not isinstance(opset, int):
             raise TypeError(f"opset must be an int, not {type(opset).__name__}")
         if opset < need:
-            why = [f"{node.name or node.output[0]!r} ({_qtype(node)})" for _, node in ours if required_opset(_qtype(node)) > opset]
+            why = [f"{node.name or node.output[0]!r} ({_qtype(node)})" for node, n in needs if n > opset]
             raise ExportError(
                 f"opset {opset} is too low for this graph: it needs ai.onnx opset >= {need} "
-                f"(per_channel DynamicDequantize lowers to DequantizeLinear with axis, opset >= 13; "
-                f"per_tensor needs >= 10); nodes: {', '.join(why[:5])}{' ...' if len(why) > 5 else ''}"
+                f"(per_channel DynamicDequantize with zps absent or of src's dtype lowers to "
+                f"DequantizeLinear with axis, opset >= 13; every other form needs >= 10); "
+                f"nodes: {', '.join(why[:5])}{' ...' if len(why) > 5 else ''}"
             )
         if opset > newest:
             raise ExportError(f"opset {opset} is newer than this onnx knows ({newest})")
@@ -255,20 +271,22 @@ def _graphs(graph: onnx.GraphProto):
 
 
 def _all_nodes(model: onnx.ModelProto):
+    """(whether it stands in a model-local function, node) for every node, at any depth."""
     for g in _graphs(model.graph):
-        yield from g.node
+        yield from ((False, n) for n in g.node)
     for f in model.functions:
         for node in f.node:
-            yield node
+            yield True, node
             for _, g in _subgraphs(node):
                 for sub in _graphs(g):
-                    yield from sub.node
+                    yield from ((True, n) for n in sub.node)
 
 
 def _our_nodes(model: onnx.ModelProto):
-    for node in _all_nodes(model):
+    """(whether it stands in a model-local function, node) for each node of our domain."""
+    for in_function, node in _all_nodes(model):
         if node.domain == DOMAIN:
-            yield None, node
+            yield in_function, node
 
 
 def _uses_domain_nodes(nodes, domain: str) -> bool:
@@ -282,7 +300,7 @@ def _uses_domain_nodes(nodes, domain: str) -> bool:
 
 
 def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:
-    return any(node.domain == domain for node in _all_nodes(model)) or any(f.domain == domain for f in model.functions)
+    return any(node.domain == domain for _, node in _all_nodes(model)) or any(f.domain == domain for f in model.functions)
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
@@ -295,7 +313,7 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
 
     for g in _graphs(model.graph):
         graph_names(g)
-    for node in _all_nodes(model):
+    for _, node in _all_nodes(model):
         names.add(node.name)
         names.update(node.input)
         names.update(node.output)

@@ -111,7 +111,9 @@ def test_random_single_node_graphs_run_bit_exactly_in_onnxruntime(p):
     onnx.checker.check_model(exported, full_check=True)
     assert dyndq.DOMAIN not in domains(exported)
     assert all(n.domain == "" for n in exported.graph.node)
-    need = 13 if p["attrs"]["qtype"] == "per_channel" else 10
+    # per_channel DequantizeLinear needs 13; zps of another dtype take the integer route (10)
+    dql = p["zp_dtype"] is None or p["zp_dtype"] == p["src_dtype"]
+    need = 13 if p["attrs"]["qtype"] == "per_channel" and dql else 10
     assert ai_onnx(exported) == max(p["opset"], need)
     assert exported.ir_version == onnx.helper.find_min_ir_version_for(list(exported.opset_import), True)
     [got] = run_ort(exported, feeds)
@@ -237,6 +239,20 @@ def test_per_tensor_only_models_need_opset_10():
         assert ai_onnx(exported) == expected
         [got] = run_ort(exported, {"q": np.arange(4, dtype=np.uint8), "s": np.array([2.0], np.float32)})
         assert same(got, np.arange(4, dtype=np.float32) * 2)
+
+
+def test_per_channel_with_zps_of_another_dtype_takes_the_integer_route_and_needs_only_opset_10():
+    graph = helper.make_graph([dyndq.make_node(["q", "s", "z"], ["d"], qtype="per_channel", axis=0, name="dq")], "g",
+                              [vi("q", "uint8", [3, 2]), vi("s", "float32", [3]), vi("z", "int32", [3])],
+                              [vi("d", "float32", [3, 2])])
+    feeds = {"q": np.array([[0, 255], [7, 9], [128, 1]], np.uint8), "s": np.array([0.5, 3.0, -1.0], np.float32),
+             "z": np.array([-2**31, 2**31 - 1, 5], np.int32)}
+    for opset, expected in ((10, 10), (11, 11), (13, 13)):
+        exported, report = dyndq.export_with_report(dyndq.make_model(graph, opset=opset))
+        assert (ai_onnx(exported), report.converted) == (expected, False)
+        assert report.lowered[0].form == "integer arithmetic"
+        [got] = run_ort(exported, feeds)
+        assert same(got, oracle(feeds["q"], feeds["s"], feeds["z"], "per_channel", 0))
 
 
 def test_opset_argument_asks_for_a_target_and_fails_clearly_when_too_low():
