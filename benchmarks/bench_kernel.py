@@ -287,7 +287,8 @@ def main(argv=None) -> int:
         rows.append((case["label"], med, mem_out, mem_alloc))
 
     cols = ["out=", "alloc", "ORT"] + ([] if args.no_reference else ["onnx-ref"]) + ["naive", "floor"]
-    head = f"| {'case':<22} | " + " | ".join(f"{c:>8}" for c in cols) + " | out=/ORT | alloc/ORT | out=/floor | peak out= | peak alloc |"
+    width = max(len(label) for label, *_ in rows)
+    head = f"| {'case':<{width}} | " + " | ".join(f"{c:>8}" for c in cols) + " | out=/ORT | alloc/ORT | out=/floor | peak out= | peak alloc |"
     print(head)
     print("|" + "|".join("-" * (len(p)) for p in head.split("|")[1:-1]) + "|")
     out_ort, alloc_ort, out_floor = [], [], []
@@ -297,7 +298,7 @@ def main(argv=None) -> int:
         out_ort.append(r1)
         alloc_ort.append(r2)
         out_floor.append(r3)
-        print(f"| {label:<22} | " + " | ".join(f"{med[c]:8.2f}" for c in cols)
+        print(f"| {label:<{width}} | " + " | ".join(f"{med[c]:8.2f}" for c in cols)
               + f" | {r1:8.2f} | {r2:9.2f} | {r3:10.2f} | {mem_out / 2**20:6.3f} MiB | {mem_alloc / 2**20:6.2f} MiB |")
     g1, g2, g3 = geomean(out_ort), geomean(alloc_ort), geomean(out_floor)
     print(f"\ngeometric means: out=/ORT {g1:.2f}, alloc/ORT {g2:.2f}, out=/floor {g3:.2f}; "
