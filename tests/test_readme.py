@@ -1,5 +1,7 @@
 """The README's Python examples run, in order, in one namespace, as a reader would paste them."""
 import re
+import sys
+import types
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -19,6 +21,12 @@ def test_readme_examples_run(tmp_path, monkeypatch):
     blocks = python_blocks()
     assert blocks
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
-    namespace = {"__name__": "readme"}
+    # one module, as a reader's session would be (onnxscript looks the module of a function up)
+    module = types.ModuleType("readme")
+    monkeypatch.setitem(sys.modules, "readme", module)
+    namespace = module.__dict__
     for i, block in enumerate(blocks):
-        exec(compile(block, f"README.md python block {i}", "exec"), namespace)
+        # a real file, so that tools reading a function's source (onnxscript's @script) find it
+        path = tmp_path / f"readme_block_{i}.py"
+        path.write_text(block)
+        exec(compile(block, str(path), "exec"), namespace)
