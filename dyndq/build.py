@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import onnx
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, PER_CHANNEL, Problem, QTYPES, ValidationError, newest_domain_version
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, PER_CHANNEL, Problem, TensorSpec, ValidationError, newest_domain_version
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; models are made no newer.
 ORT_MAX_OPSET = 26
@@ -14,11 +14,14 @@ def make_node(inputs, outputs, *, qtype: str = "per_tensor", axis: int = 1, name
 
     A bad qtype or axis is refused here, at once, rather than at check time.
     """
-    problems = []
-    if not isinstance(qtype, str) or qtype not in QTYPES:
-        problems.append(Problem("qtype", repr(qtype), " | ".join(repr(q) for q in QTYPES)))
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        problems.append(Problem("axis", f"{axis!r} ({type(axis).__name__})", "an integer"))
+    # The op's shape function judges the attributes; with nothing known of the
+    # inputs, attributes are all it judges.
+    unknown = TensorSpec(None, None)
+    try:
+        DYNAMIC_DEQUANTIZE_1.shape_inference(unknown, unknown, qtype=qtype, axis=axis)
+        problems = []
+    except ValidationError as e:
+        problems = e.problems
     inputs, outputs = list(inputs), list(outputs)
     if not 2 <= len(inputs) <= 3:
         problems.append(Problem("inputs", f"{len(inputs)} inputs", "[src, scales] or [src, scales, zps]"))
