@@ -7,12 +7,10 @@ shape function, and then let `onnx.checker` judge the rest of the model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
-
 import onnx
 from onnx import AttributeProto
 
+from dyndq.graphs import Site, subgraphs, walk
 from dyndq.onnx_types import attribute_values, spec_of_type
 from dyndq.opdefs import (
     OpVersion,
@@ -28,37 +26,6 @@ from dyndq.opdefs.registry import domains
 from dyndq.schema import MARK, lenient_inference
 
 _ATTR_TYPE = {str: AttributeProto.STRING, int: AttributeProto.INT}
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a node stands: its graph (a readable path) and its index in it."""
-
-    graph: str
-    index: int
-    node: onnx.NodeProto
-    opsets: dict[str, int]
-
-
-def walk(model: onnx.ModelProto) -> Iterator[Site]:
-    """Every node of the model: main graph, nested graphs (depth first), then functions."""
-    opsets = {o.domain: o.version for o in model.opset_import}
-    yield from _walk_nodes(model.graph.node, "main", opsets)
-    for f in model.functions:
-        f_opsets = {o.domain: o.version for o in f.opset_import}
-        yield from _walk_nodes(f.node, f"function {f.domain}::{f.name}", f_opsets)
-
-
-def _walk_nodes(nodes, path: str, opsets) -> Iterator[Site]:
-    for i, node in enumerate(nodes):
-        yield Site(path, i, node, opsets)
-        label = node.name or f"{node.op_type}#{i}"
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from _walk_nodes(attr.g.node, f"{path}/{label}.{attr.name}", opsets)
-            elif attr.type == AttributeProto.GRAPHS:
-                for j, g in enumerate(attr.graphs):
-                    yield from _walk_nodes(g.node, f"{path}/{label}.{attr.name}[{j}]", opsets)
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -81,9 +48,8 @@ def _collect_types(graph: onnx.GraphProto, types: dict) -> None:
         tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
         types[init.name] = tp
     for node in graph.node:
-        for attr in node.attribute:
-            for g in [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs):
-                _collect_types(g, types)
+        for _, g in subgraphs(node):
+            _collect_types(g, types)
 
 
 def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:

@@ -178,7 +178,7 @@ def cmd_check(args) -> int:
 
 
 def _domain_nodes(model) -> int:
-    from dyndq.check import walk
+    from dyndq.graphs import walk
     from dyndq.opdefs.registry import domains
 
     ours = domains()

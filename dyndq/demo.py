@@ -172,7 +172,7 @@ def _ms(seconds: float) -> str:
 def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     """Do the whole demo, print what was done to `stream` (stdout), and return the results."""
     import dyndq
-    from dyndq.check import walk
+    from dyndq.graphs import walk
     from dyndq.files import save_array, save_model
     from dyndq.opdefs.registry import domains
 

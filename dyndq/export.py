@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import AttributeProto
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.check import value_types
 from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, required_opset
+from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
 from dyndq.onnx_types import attribute_values, spec_of_type
 from dyndq.opdefs import DOMAIN, PER_TENSOR, ValidationError, resolve
 from dyndq.opdefs.registry import domains
@@ -194,7 +194,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     target opset), drops model-local functions (converted here one by one) and adds
     inferred value_info (dropped again: the model keeps its own)."""
     functions = list(model.functions)
-    kept = [{vi.name for vi in g.value_info} for g in _graphs(model.graph)]
+    kept = [{vi.name for vi in g.value_info} for g in graphs(model.graph)]
     try:
         converted = onnx.version_converter.convert_version(model, target)
     except Exception as e:  # noqa: BLE001 - the converter raises several kinds
@@ -203,7 +203,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
             f"to {target}: {e} (pass opset= to choose another target)"
         ) from e
     # the converter returns new protos: match graphs by their position in the walk
-    for g, names in zip(_graphs(converted.graph), kept):
+    for g, names in zip(graphs(converted.graph), kept):
         extra = [vi for vi in g.value_info if vi.name not in names]
         for vi in extra:
             g.value_info.remove(vi)
@@ -253,54 +253,25 @@ def _drop_opset(imports, domain: str) -> bool:
 
 # -- walking ------------------------------------------------------------------------------------
 
-def _subgraphs(node: onnx.NodeProto):
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            yield attr.name, attr.g
-        elif attr.type == AttributeProto.GRAPHS:
-            for j, g in enumerate(attr.graphs):
-                yield f"{attr.name}[{j}]", g
-
-
-def _graphs(graph: onnx.GraphProto):
-    """The graph and every graph nested in it, depth first."""
-    yield graph
-    for node in graph.node:
-        for _, g in _subgraphs(node):
-            yield from _graphs(g)
-
-
-def _all_nodes(model: onnx.ModelProto):
-    """(whether it stands in a model-local function, node) for every node, at any depth."""
-    for g in _graphs(model.graph):
-        yield from ((False, n) for n in g.node)
-    for f in model.functions:
-        for node in f.node:
-            yield True, node
-            for _, g in _subgraphs(node):
-                for sub in _graphs(g):
-                    yield from ((True, n) for n in sub.node)
-
-
 def _our_nodes(model: onnx.ModelProto):
     """(whether it stands in a model-local function, node) for each node of our domain."""
-    for in_function, node in _all_nodes(model):
-        if node.domain == DOMAIN:
-            yield in_function, node
+    for site in walk(model):
+        if site.node.domain == DOMAIN:
+            yield site.in_function, site.node
 
 
 def _uses_domain_nodes(nodes, domain: str) -> bool:
     for node in nodes:
         if node.domain == domain:
             return True
-        for _, g in _subgraphs(node):
-            if any(n.domain == domain for sub in _graphs(g) for n in sub.node):
+        for _, g in subgraphs(node):
+            if any(n.domain == domain for sub in graphs(g) for n in sub.node):
                 return True
     return False
 
 
 def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:
-    return any(node.domain == domain for _, node in _all_nodes(model)) or any(f.domain == domain for f in model.functions)
+    return any(site.node.domain == domain for site in walk(model)) or any(f.domain == domain for f in model.functions)
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
@@ -311,9 +282,10 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
         names.update(t.name for t in g.initializer)
         names.update(t.values.name for t in g.sparse_initializer)
 
-    for g in _graphs(model.graph):
+    for g in graphs(model.graph):
         graph_names(g)
-    for _, node in _all_nodes(model):
+    for site in walk(model):
+        node = site.node
         names.add(node.name)
         names.update(node.input)
         names.update(node.output)
@@ -335,9 +307,8 @@ def _lower_graph(graph, path, opsets, target, names, specs, report) -> None:
 def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx.NodeProto]:
     out = []
     for i, node in enumerate(nodes):
-        label = node.name or f"{node.op_type}#{i}"
-        for attr_name, g in _subgraphs(node):
-            _lower_graph(g, f"{path}/{label}.{attr_name}", opsets, target, names, specs, report)
+        for label, g in subgraphs(node):
+            _lower_graph(g, subgraph_path(path, node, i, label), opsets, target, names, specs, report)
         op = resolve(node.domain, node.op_type, opsets.get(node.domain, 0)) if node.domain in domains() else None
         if op is None or node.domain != DOMAIN:
             out.append(node)

@@ -16,6 +16,7 @@ import onnx
 from dyndq.build import make_node, opset_import
 from dyndq.check import value_types
 from dyndq.converters.dynamic_dequantize import LiftPlan, lift as lift_node
+from dyndq.graphs import walk
 from dyndq.onnx_types import spec_of_type
 from dyndq.opdefs import DOMAIN, PER_CHANNEL
 
@@ -66,44 +67,33 @@ def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftRepor
     def spec(name):
         return spec_of_type(types.get(name))
 
-    _lift_nodes(out.graph.node, "main", spec, report)
-    if report.lifted:
-        _ensure_domain(out.opset_import)
-    for f in out.functions:
-        before = report.count
-        # a function's inputs have no types: only what is computed inside it can be known
-        _lift_nodes(f.node, f"function {f.domain}::{f.name}", lambda name: None, report)
-        if report.count > before:
-            _ensure_domain(f.opset_import)
-            _ensure_domain(out.opset_import)
-    return out, report
-
-
-def _ensure_domain(imports) -> None:
-    if not any(o.domain == DOMAIN for o in imports):
-        imports.append(opset_import())
-
-
-def _lift_nodes(nodes, path: str, spec, report: LiftReport) -> None:
-    for i, node in enumerate(nodes):
-        label = node.name or f"{node.op_type}#{i}"
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _lift_nodes(attr.g.node, f"{path}/{label}.{attr.name}", spec, report)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for j, g in enumerate(attr.graphs):
-                    _lift_nodes(g.node, f"{path}/{label}.{attr.name}[{j}]", spec, report)
+    no_types = lambda name: None  # noqa: E731  (a function's inputs have no types)
+    for site in walk(out):
+        node = site.node
         if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
             continue
         who = node.name or node.output[0]
-        plan = lift_node(node, spec)
+        plan = lift_node(node, no_types if site.in_function else spec)
         if not isinstance(plan, LiftPlan):
-            report.skipped.append(SkippedNode(path, who, plan))
+            report.skipped.append(SkippedNode(site.graph, who, plan))
             continue
         kwargs = {"qtype": plan.qtype}
         if plan.qtype == PER_CHANNEL:
             kwargs["axis"] = plan.axis
         new = make_node(list(plan.inputs), list(node.output), name=node.name or None, **kwargs)
         new.doc_string = node.doc_string
-        nodes[i].CopyFrom(new)
-        report.lifted.append((path, who, plan.qtype))
+        node.CopyFrom(new)  # in place: the walk hands out the model's own protos
+        report.lifted.append((site.graph, who, plan.qtype))
+    if report.lifted:
+        _ensure_domain(out.opset_import)
+    # a function whose nodes (at any depth) were lifted imports our domain itself
+    lifted_in = {graph.split("/")[0] for graph, _, _ in report.lifted}
+    for f in out.functions:
+        if f"function {f.domain}::{f.name}" in lifted_in:
+            _ensure_domain(f.opset_import)
+    return out, report
+
+
+def _ensure_domain(imports) -> None:
+    if not any(o.domain == DOMAIN for o in imports):
+        imports.append(opset_import())
