@@ -1,4 +1,6 @@
 """The README's Python examples run, in order, in one namespace, as a reader would paste them."""
+import contextlib
+import io
 import re
 import sys
 import types
@@ -17,7 +19,26 @@ def test_readme_starts_with_the_two_commands():
     assert any(line.startswith("make test") for line in head)
 
 
-def test_readme_examples_run(tmp_path, monkeypatch):
+def printed_claims(block: str) -> list[str]:
+    """What the README says a print shows: the comment lines right after a print(...) call."""
+    claims, lines = [], block.splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("print("):
+            continue
+        comment = []
+        for follow in lines[i + 1:]:
+            if not follow.startswith("# "):
+                break
+            comment.append(follow[2:])
+        trailing = line.split("#", 1)[1] if "#" in line and ")" in line.split("#", 1)[0] else None
+        if trailing:
+            comment.insert(0, trailing)
+        if comment:
+            claims.append(" ".join(" ".join(comment).split()))
+    return claims
+
+
+def test_readme_examples_run_and_print_what_they_say(tmp_path, monkeypatch):
     blocks = python_blocks()
     assert blocks
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
@@ -29,4 +50,9 @@ def test_readme_examples_run(tmp_path, monkeypatch):
         # a real file, so that tools reading a function's source (onnxscript's @script) find it
         path = tmp_path / f"readme_block_{i}.py"
         path.write_text(block)
-        exec(compile(block, str(path), "exec"), namespace)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            exec(compile(block, str(path), "exec"), namespace)
+        shown = " ".join(stdout.getvalue().split())
+        for claim in printed_claims(block):
+            assert claim in shown, f"README block {i} says a print shows {claim!r}; it showed {shown!r}"
