@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
-from dyndq.check import value_types
+from dyndq.check import check, value_types
 from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, required_opset
 from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
 from dyndq.onnx_types import attribute_values, spec_of_type
@@ -70,7 +70,7 @@ def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelPro
 def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"export() takes an onnx.ModelProto, not {type(model).__name__}")
-    problems = _problems(model)
+    problems = check(model)
     if problems:
         raise ValidationError(problems)
 
@@ -122,25 +122,6 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     out.ir_version = ir
     report.ir_version = ir
     return out, report
-
-
-def _problems(model: onnx.ModelProto):
-    """dyndq.check's problems, less onnx.checker's complaint that it cannot find the file of a
-    tensor whose external data is not loaded: export keeps such references as they are."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    from dyndq.check import check
-
-    problems = check(model)
-    external = {t.name for t in _get_all_tensors(model) if uses_external_data(t)}
-    if not external:
-        return problems
-
-    def about_missing_file(p) -> bool:
-        return p.argument == "model" and any(f"tensor name: {name})" in p.found for name in external) \
-            and "should be stored in" in p.found
-
-    return [p for p in problems if not about_missing_file(p)]
 
 
 # -- opsets -------------------------------------------------------------------------------------

@@ -158,3 +158,16 @@ def test_check_does_not_mutate_the_model():
 def test_check_refuses_what_is_not_a_model():
     with pytest.raises(TypeError, match="ModelProto"):
         dyndq.check(b"not a model")
+
+
+def test_unloaded_external_data_is_not_a_problem_of_the_model(tmp_path, monkeypatch):
+    """A ModelProto loaded without its external data does not know its folder: its data file
+    is judged when it is loaded from its path, not by check (from whatever the current folder is)."""
+    case = VALID[0]
+    model = case_model(case, inputs_as="initializers", arrays=case.arrays())
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    monkeypatch.chdir("/")
+    lazy = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    assert any(t.data_location == TensorProto.EXTERNAL for t in lazy.graph.initializer)
+    assert dyndq.check(lazy) == []
+    assert dyndq.check(onnx.load(tmp_path / "m.onnx")) == []
