@@ -54,7 +54,11 @@ class Runner:
 
             from dyndq.export import export
 
-            self.exported = export(model)  # ValidationError with every problem from dyndq.check
+            _validate_our_nodes(model)
+            # export asks for what check_model(full_check=True) asks, graph outputs with
+            # shapes among it; the reference engine runs without them, so this one
+            # lets ONNX's inference fill them in rather than refuse the model.
+            self.exported = export(_with_inferred_outputs(model))
             options = ort.SessionOptions()
             options.log_severity_level = 3  # errors only: no warnings on stderr
             # Basic optimizations only (constant folding, redundant-node removal): ONNX
@@ -192,6 +196,20 @@ def _describe(spec: TensorSpec | None) -> str:
 
 
 # -- the model -----------------------------------------------------------------------------
+
+
+def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose graph outputs carry the types and shapes ONNX infers, where they had none."""
+    if all(o.type.tensor_type.HasField("shape") for o in model.graph.output
+           if o.type.WhichOneof("value") == "tensor_type"):
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for mine, theirs in zip(out.graph.output, inferred.graph.output):
+        if not mine.type.tensor_type.HasField("shape"):
+            mine.type.CopyFrom(theirs.type)
+    return out
 
 
 def _validate_our_nodes(model: onnx.ModelProto) -> None:

@@ -265,3 +265,19 @@ def test_invalid_model_names_every_problem(engine):
         dyndq.run(dyndq.make_model(graph), {}, engine=engine)
     assert {"src", "zps"} <= {p.argument for p in e.value.problems}
     assert all(p.node == "dq" for p in e.value.problems)
+
+
+def test_both_engines_run_a_model_whose_outputs_have_no_shape():
+    """onnx.checker's full check wants graph outputs with shapes; the reference engine runs
+    without them, and so does ONNX Runtime's path (ONNX's inference fills them in)."""
+    graph = helper.make_graph(
+        [dyndq.make_node(["x", "s"], ["y"], name="dq"), helper.make_node("Relu", ["y"], ["r"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    model = dyndq.make_model(graph)
+    before = model.SerializeToString()
+    feeds = {"x": np.array([[-2, 0, 3], [127, -128, 1]], np.int8), "s": np.array([0.5], np.float32)}
+    ref, ort = dyndq.run(model, feeds), dyndq.run(model, feeds, engine="onnxruntime")
+    assert np.array_equal(ref["r"], ort["r"]) and ref["r"][1, 0] == 63.5
+    assert model.SerializeToString() == before
