@@ -6,6 +6,7 @@ checks the type constraints itself and calls our Python shape function.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 
@@ -100,11 +101,31 @@ def to_onnx_schema(op: OpVersion) -> OpSchema:
     return schema
 
 
+_registered: list[OpVersion] = []
+
+
 def register_all() -> None:
     """Register every op version with ONNX; already registered ones are left as they are."""
     for op in all_versions():
         if not onnx.defs.has(op.name, op.since_version, op.domain) or _registered_version(op) != op.since_version:
             onnx.defs.register_schema(to_onnx_schema(op))
+            if not _registered:
+                atexit.register(_deregister_all)
+            _registered.append(op)
+
+
+def _deregister_all() -> None:
+    """Take our schemas out of ONNX's registry while Python is still alive.
+
+    Each holds a Python shape-inference function; left in ONNX's static registry, it
+    is destroyed after the interpreter has finalized, and with onnx 1.19 the process
+    then hangs at exit instead of ending."""
+    while _registered:
+        op = _registered.pop()
+        try:
+            onnx.defs.deregister_schema(op.name, op.since_version, op.domain)
+        except Exception:  # noqa: BLE001 - at exit, a schema already gone is fine
+            pass
 
 
 def _registered_version(op: OpVersion) -> int | None:

@@ -69,3 +69,11 @@ def test_invalid_graphs_fail_strict_inference_with_the_node_named(case):
     assert "bad_dq" in str(e.value)
     if MARK in str(e.value):  # our own rules, not ONNX's type-constraint check
         assert all(arg in str(e.value) for arg in case.bad)
+
+
+def test_a_process_that_registered_the_schema_ends():
+    """Our schemas hold a Python inference function; they are deregistered at exit, or with
+    some onnx versions (1.19) the interpreter hangs while shutting down."""
+    code = "import dyndq, onnx.defs; assert onnx.defs.has('DynamicDequantize', 1, dyndq.DOMAIN)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
