@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test bench install clean
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
