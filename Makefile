@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install test-oldest clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -26,5 +26,17 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py
 
+# The whole suite on the oldest releases pyproject.toml allows (each ">=X.Y" read as
+# "==X.Y.*"), in a venv of its own: keeps those lower bounds true.
+OLDEST := .venv-oldest
+test-oldest:
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		print('\n'.join(d.replace('>=', '==') + '.*' for d in p['dependencies'] + p['optional-dependencies']['test']))" \
+		> $(OLDEST)/oldest.txt
+	$(OLDEST)/bin/python -m pip install --quiet -r $(OLDEST)/oldest.txt
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
+	$(OLDEST)/bin/python -m pytest -q
+
 clean:
-	rm -rf $(VENV) build *.egg-info dyndq-demo
+	rm -rf $(VENV) $(OLDEST) build *.egg-info dyndq-demo
