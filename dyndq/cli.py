@@ -177,14 +177,6 @@ def cmd_check(args) -> int:
     return PROBLEMS if problems else OK
 
 
-def _domain_nodes(model) -> int:
-    from dyndq.graphs import walk
-    from dyndq.opdefs.registry import domains
-
-    ours = domains()
-    return sum(1 for s in walk(model) if s.node.domain in ours)
-
-
 def _opset_and_ir(model) -> str:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return f"ai.onnx opset {opset}, IR version {model.ir_version}"

@@ -172,9 +172,7 @@ def _ms(seconds: float) -> str:
 def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     """Do the whole demo, print what was done to `stream` (stdout), and return the results."""
     import dyndq
-    from dyndq.graphs import walk
     from dyndq.files import save_array, save_model
-    from dyndq.opdefs.registry import domains
 
     out = stream or sys.stdout
 
@@ -206,15 +204,11 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     shapes = {vi.name: value_type(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
     say(f"shape inference: w1 {shapes.get('w1', '?')}, w2 {shapes.get('w2', '?')}, output y {shapes.get('y', '?')}")
 
-    exported = dyndq.export(model)
-    ours = domains()
-    before = sum(1 for s in walk(model) if s.node.domain in ours)
-    after = sum(1 for s in walk(exported) if s.node.domain in ours)
-    ai_onnx = next((o.version for o in exported.opset_import if o.domain in ("", "ai.onnx")), None)
+    exported, report = dyndq.export_with_report(model)
     say()
     say(
-        f"exported to standard ONNX: {before - after} DynamicDequantize lowered; "
-        f"{len(exported.graph.node)} nodes (opset {ai_onnx}, IR {exported.ir_version})"
+        f"exported to standard ONNX: {report.count} DynamicDequantize lowered; "
+        f"{len(exported.graph.node)} nodes (opset {report.opset}, IR {report.ir_version})"
     )
     exported_types = initializer_types(exported)
     for node in exported.graph.node:
