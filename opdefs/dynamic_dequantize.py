@@ -1,13 +1,14 @@
-"""DynamicDequantize, as data: oneDNN Graph's op (specs/001..003), version 1.
+"""DynamicDequantize, as data: oneDNN Graph's op, version 1.
 
 dst = (src - zps) * scales, per tensor or per channel, with scales and zero
-points given at run time as inputs.  One source document (specs/000, an early
-preview of oneDNN's docs) divides by the scale; oneDNN's backend, its tests and
+points given at run time as inputs.  One source document of the op (an early
+preview of oneDNN's documentation) divides by the scale; oneDNN's backend, its tests and
 every later document multiply, as ONNX's DequantizeLinear does.  We multiply.
 """
 from __future__ import annotations
 
-from .registry import Attribute, OpVersion, Param, TypeConstraint, register
+from .attributes import AttrKind, Attribute
+from .registry import OpVersion, Param, TypeConstraint, register
 
 DOMAIN = "org.dyndq"
 
@@ -45,14 +46,14 @@ DYNAMIC_DEQUANTIZE_1 = register(
         attributes=(
             Attribute(
                 "qtype",
-                str,
+                AttrKind.STRING,
                 PER_TENSOR,
                 "Which dequantization: per_tensor or per_channel.",
                 allowed=QTYPES,
             ),
             Attribute(
                 "axis",
-                int,
+                AttrKind.INT,
                 1,
                 "The channel axis for per_channel, in [-r, r-1] with r = rank(src); ignored for per_tensor.",
             ),

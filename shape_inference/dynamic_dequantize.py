@@ -32,12 +32,10 @@ def _fmt(shape) -> str:
 def _check_dtype(spec: TensorSpec | None, arg: str, problems: list[Problem]) -> None:
     if spec is None or spec.dtype is None:
         return
-    param = next(p for p in OP.inputs if p.name == arg)
-    allowed = OP.constraint(param.type_var).dtypes
+    allowed = OP.allowed_dtypes(arg)
     if spec.dtype not in allowed:
-        problems.append(
-            Problem(arg, f"dtype {spec.dtype}", f"{param.type_var} = {' | '.join(allowed)}")
-        )
+        type_var = next(p.type_var for p in OP.inputs if p.name == arg)
+        problems.append(Problem(arg, f"dtype {spec.dtype}", f"{type_var} = {' | '.join(allowed)}"))
 
 
 def _normalize_axis(axis, problems: list[Problem]) -> int | None:
