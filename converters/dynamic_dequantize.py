@@ -16,22 +16,18 @@ Lowering, per node form:
 
 Scales and zero points are always treated as values computed at run time: the
 lowering reshapes and expands them with ops, never by reading their data.
-
-The converter receives a lowering context first (`LoweringContext`), then the
-op's inputs as value names and its attributes; it adds nodes to the context
-and returns the name of the value that holds dst.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, TensorSpec
+from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec
+
+from .lowering_context import LoweringContext
+from .onnx_types import attribute_values
 
 # DequantizeLinear's per-axis form (1-D scale with `axis`) needs this ai.onnx opset.
 PER_CHANNEL_DQL_OPSET = 13
@@ -39,78 +35,31 @@ PER_CHANNEL_DQL_OPSET = 13
 DQL_OPSET = 10
 
 
-def takes_zero_point(src: TensorSpec | None, zps: TensorSpec | None, has_zps: bool) -> bool:
-    """Whether DequantizeLinear can take the node's zero point: absent, or known to have src's dtype."""
-    if not has_zps:
+def takes_zero_point(src: TensorSpec | None, zps: TensorSpec | None) -> bool:
+    """Whether DequantizeLinear can take the node's zero point: absent (None), or known
+    to have src's dtype."""
+    if zps is None:
         return True
-    return src is not None and zps is not None and src.dtype is not None and src.dtype == zps.dtype
+    return src is not None and src.dtype is not None and src.dtype == zps.dtype
 
 
-def required_opset(qtype: str, src: TensorSpec | None = None, zps: TensorSpec | None = None,
-                   has_zps: bool = False) -> int:
-    """The lowest ai.onnx opset at which a node lowers to its preferred form: 13 for
-    per_channel DequantizeLinear (with axis); 10 for per_tensor DequantizeLinear and
-    for the integer-arithmetic route (zps of another dtype, or dtypes not known)."""
-    if qtype == PER_CHANNEL and takes_zero_point(src, zps, has_zps):
-        return PER_CHANNEL_DQL_OPSET
-    return DQL_OPSET
-
-
-class NameScope:
-    """Every name already in use in a model (values and nodes); hands out fresh readable ones."""
-
-    def __init__(self, used: set[str] | None = None):
-        self.used = set(used or ())
-
-    def fresh(self, hint: str) -> str:
-        name, i = hint, 1
-        while name in self.used or not name:
-            name = f"{hint}_{i}"
-            i += 1
-        self.used.add(name)
-        return name
-
-
-@dataclass
-class LoweringContext:
-    """What a converter needs to lower one node.
-
-    `opset` is the target ai.onnx opset; `spec(name)` the known dtype and shape
-    of a value (None when unknown); `op(...)` adds a node and returns its output
-    name; `const(array)` adds a Constant node.  New names derive from `base`
-    (the original node's name, or its output's) and are unique in the model.
-    """
-
-    opset: int
-    base: str
-    names: NameScope
-    specs: Callable[[str], TensorSpec | None] = lambda name: None
-    nodes: list[onnx.NodeProto] = field(default_factory=list)
-    _consts: dict = field(default_factory=dict, repr=False)
-
-    def spec(self, name: str | None) -> TensorSpec | None:
-        return self.specs(name) if name else None
-
-    def fresh(self, hint: str) -> str:
-        return self.names.fresh(f"{self.base}/{hint}")
-
-    def op(self, op_type: str, *inputs: str, hint: str | None = None, **attrs) -> str:
-        """Add one single-output node of ai.onnx; return the name of its output."""
-        hint = hint or op_type.lower()
-        out = self.fresh(hint)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.fresh(op_type), **attrs))
-        return out
-
-    def const(self, array, hint: str) -> str:
-        """A Constant node (one per distinct value per lowered node); works in functions too."""
-        array = np.asarray(array)
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self._consts:
-            out = self.fresh(hint)
-            tensor = onnx.numpy_helper.from_array(array, name=out)
-            self.nodes.append(helper.make_node("Constant", [], [out], name=self.fresh("Constant"), value=tensor))
-            self._consts[key] = out
-        return self._consts[key]
+@OP.def_lowering_needs
+def dynamic_dequantize_needs(
+    src: TensorSpec | None,
+    scales: TensorSpec | None,
+    zps: TensorSpec | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+) -> Needs:
+    """The ai.onnx opset a node's lowering needs (inputs: their specs; an unknown one is
+    TensorSpec(None, None), an absent one None): 13 for per_channel DequantizeLinear
+    with `axis`; 10 for per_tensor DequantizeLinear and for the integer route."""
+    if qtype == PER_CHANNEL and takes_zero_point(src, zps):
+        return Needs(PER_CHANNEL_DQL_OPSET, why="per_channel DequantizeLinear with axis")
+    if takes_zero_point(src, zps):
+        return Needs(DQL_OPSET, why="DequantizeLinear")
+    return Needs(DQL_OPSET, why="Cast, Sub and Mul (zero points of another dtype than src)")
 
 
 def _known_shape(spec: TensorSpec | None):
@@ -148,7 +97,7 @@ def _channel_shape(ctx: LoweringContext, src: str, axis: int) -> str | None:
     return ctx.const(np.array([-1] + [1] * trailing, np.int64), "channel_shape")
 
 
-@OP.def_converter
+@OP.def_lowering
 def dynamic_dequantize(
     ctx: LoweringContext,
     src: str,
@@ -160,14 +109,17 @@ def dynamic_dequantize(
 ) -> str:
     """Lower one DynamicDequantize-1; return the name of the value holding dst."""
     zps = zps or None
-    if takes_zero_point(ctx.spec(src), ctx.spec(zps), bool(zps)) and (
+    zps_spec = (ctx.spec(zps) or TensorSpec(None, None)) if zps else None
+    if takes_zero_point(ctx.spec(src), zps_spec) and (
         qtype == PER_TENSOR or ctx.opset >= PER_CHANNEL_DQL_OPSET
     ):
         if qtype == PER_TENSOR:
             inputs = [src, _scalar(ctx, scales, "scale")]
             if zps:
                 inputs.append(_scalar(ctx, zps, "zero_point"))
+            ctx.form = "DequantizeLinear"
             return ctx.op("DequantizeLinear", *inputs, hint="dst")
+        ctx.form = "DequantizeLinear"
         inputs = [src, scales]
         if zps:
             zshape, sshape = _known_shape(ctx.spec(zps)), _known_shape(ctx.spec(scales))
@@ -177,6 +129,7 @@ def dynamic_dequantize(
         return ctx.op("DequantizeLinear", *inputs, axis=int(axis), hint="dst")
 
     # Exact integer arithmetic: float32(int64(src) - int64(zp)) * scale.
+    ctx.form = "integer arithmetic"
     if qtype == PER_TENSOR:
         scale = _scalar(ctx, scales, "scale")
         zp = _scalar(ctx, zps, "zero_point") if zps else None
@@ -196,24 +149,20 @@ def dynamic_dequantize(
 _LIFTABLE_X = ("int8", "uint8")
 
 
-@dataclass(frozen=True)
-class LiftPlan:
-    """How one DequantizeLinear becomes a DynamicDequantize: its inputs and attributes."""
-
-    inputs: tuple[str, ...]
-    qtype: str
-    axis: int | None = None
-
-
-def lift(node: onnx.NodeProto, spec: Callable[[str], TensorSpec | None]) -> LiftPlan | str:
-    """The plan to lift a DequantizeLinear node, or the reason it cannot be lifted.
+@OP.def_lifting(source=("", "DequantizeLinear"))
+def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
+    """The plan to lift a DequantizeLinear node (`spec(name)` gives a value's TensorSpec
+    or None), or the reason it cannot be lifted.
 
     Liftable: x int8/uint8, x_scale float32 with one element (per tensor) or 1-D
     (per channel, with the node's axis), zero point absent or of x's dtype, no
     block_size, float32 output.
     """
-    from dyndq.onnx_types import attribute_values
+    plan = _plan_or_reason(node, spec)
+    return LiftRefusal(plan) if isinstance(plan, str) else plan
 
+
+def _plan_or_reason(node, spec) -> LiftPlan | str:
     attrs = attribute_values(node)
     names = list(node.input)
     while names and not names[-1]:
@@ -247,7 +196,7 @@ def lift(node: onnx.NodeProto, spec: Callable[[str], TensorSpec | None]) -> Lift
     if ss.shape in ((), (1,)):
         if zp and zs.shape not in ((), (1,)):
             return f"x_zero_point has shape {list(zs.shape) if zs.shape is not None else 'unknown'} for a one-element scale"
-        return LiftPlan(inputs, PER_TENSOR)
+        return LiftPlan(inputs, {"qtype": PER_TENSOR})
     if len(ss.shape) != 1:
         return f"x_scale has rank {len(ss.shape)} (blocked), not 0 or 1"
     axis = int(attrs.get("axis", 1))
@@ -256,4 +205,4 @@ def lift(node: onnx.NodeProto, spec: Callable[[str], TensorSpec | None]) -> Lift
             return f"axis {axis} out of range for x of rank {xs.rank}"
     if zp and (zs.shape is None or len(zs.shape) != 1):
         return "x_zero_point's shape is not known to be 1-D"
-    return LiftPlan(inputs, PER_CHANNEL, axis)
+    return LiftPlan(inputs, {"qtype": PER_CHANNEL, "axis": axis})

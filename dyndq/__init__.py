@@ -1,28 +1,65 @@
 """dyndq: oneDNN Graph's DynamicDequantize as a first-class ONNX op.
 
-Importing dyndq attaches every part (shape function, kernel, converter) to its
-op handle and registers every op version with ONNX's schema registry, so
-`onnx.checker` and `onnx.shape_inference` understand graphs that hold them.
+Importing dyndq attaches the shape functions and kernels to their op handles
+and registers every op version with ONNX's schema registry as soon as onnx is
+imported (at once if it already is), so `onnx.checker` and
+`onnx.shape_inference` understand graphs that hold them.
+
+The face is loaded lazily: `import dyndq.kernels` or `dyndq.shape_inference`
+needs NumPy (and ml_dtypes) only and never imports onnx; `dyndq.check`,
+`dyndq.export` and the other graph operations import their module on first use.
 """
+from importlib import import_module, metadata
+
 from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, Problem, TensorSpec, ValidationError
 
-# The parts attach themselves to the op handles when imported.
+# The parts that need no onnx attach themselves to the op handles when imported.
 from dyndq import shape_inference as _shape_inference  # noqa: F401
 from dyndq import kernels as _kernels  # noqa: F401
-from dyndq import converters as _converters  # noqa: F401
-from dyndq.schema import register_all as _register_all
-
-from dyndq.build import make_model, make_node, opset_import
-from dyndq.check import check, validate
 from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
-from dyndq.reference import reference_evaluator
-from dyndq.export import ExportError, ExportReport, export, export_with_report
-from dyndq.lift import LiftReport, lift, lift_with_report
-from dyndq.run import run
+from dyndq import registration as _registration
 
-_register_all()
+try:
+    __version__ = metadata.version("dyndq")
+except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
-__version__ = "0.1.0"
+# public name -> the module that defines it, imported on first use
+_LAZY = {
+    "make_model": "dyndq.build",
+    "make_node": "dyndq.build",
+    "opset_import": "dyndq.build",
+    "check": "dyndq.checker",
+    "validate": "dyndq.checker",
+    "reference_evaluator": "dyndq.reference",
+    "ExportError": "dyndq.exporter",
+    "ExportReport": "dyndq.exporter",
+    "export": "dyndq.exporter",
+    "export_with_report": "dyndq.exporter",
+    "LiftReport": "dyndq.lifter",
+    "lift": "dyndq.lifter",
+    "lift_with_report": "dyndq.lifter",
+    "run": "dyndq.runner",
+    "ModelFileError": "dyndq.files",
+    "load_model": "dyndq.files",
+    "save_model": "dyndq.files",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dyndq' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+_registration.install()
 
 __all__ = [
     "DOMAIN",
@@ -30,22 +67,6 @@ __all__ = [
     "Problem",
     "TensorSpec",
     "ValidationError",
-    # building and checking graphs
-    "make_model",
-    "make_node",
-    "opset_import",
-    "check",
-    "validate",
-    # running
     "dynamic_dequantize",
-    "reference_evaluator",
-    "run",
-    # standard ONNX
-    "ExportError",
-    "ExportReport",
-    "export",
-    "export_with_report",
-    "LiftReport",
-    "lift",
-    "lift_with_report",
+    *_LAZY,
 ]

@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from dyndq.run import ENGINES
+    from dyndq.runner import ENGINES
 
     p = _Parser(
         prog="dyndq",
@@ -184,7 +184,7 @@ def _opset_and_ir(model) -> str:
 
 def cmd_export(args) -> int:
     import dyndq
-    from dyndq.export import export_with_report
+    from dyndq.exporter import export_with_report
 
     loaded = _load(args.input)
     try:
@@ -200,7 +200,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_lift(args) -> int:
-    from dyndq.lift import lift_with_report
+    from dyndq.lifter import lift_with_report
 
     loaded = _load(args.input)
     out, report = lift_with_report(loaded.model)
@@ -255,7 +255,7 @@ def _summary(name: str, a: np.ndarray) -> str:
 
 def cmd_run(args) -> int:
     import dyndq
-    from dyndq.run import runner
+    from dyndq.runner import runner
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
@@ -302,11 +302,12 @@ def cmd_schema(args) -> int:
 
 def schema_text() -> str:
     """Every registered op version as readable tables."""
+    from dyndq.converters.onnx_types import attribute_type_name
     from dyndq.opdefs import all_versions
 
     blocks = []
     for op in all_versions():
-        lines = [f"{op.domain}::{op.name}, version {op.since_version}"]
+        lines = [f"{op.qualname}, version {op.since_version}"]
         lines += textwrap.wrap(op.doc, width=88, initial_indent="  ", subsequent_indent="  ")
         lines += ["", "inputs"]
         lines += _table(
@@ -321,8 +322,8 @@ def schema_text() -> str:
             [
                 [
                     a.name,
-                    {str: "string", int: "int"}.get(a.type, a.type.__name__),
-                    json.dumps(a.default),
+                    attribute_type_name(a.kind),
+                    "(required)" if a.required else ("(none)" if a.default is None else json.dumps(a.default)),
                     " | ".join(json.dumps(v) for v in a.allowed) if a.allowed else "",
                     a.doc,
                 ]

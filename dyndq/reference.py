@@ -1,7 +1,7 @@
 """Running graphs that hold our op in `onnx.reference.ReferenceEvaluator`.
 
-`reference_evaluator(model)` builds an evaluator that runs DynamicDequantize
-through our kernel wherever the op stands: the main graph, If/Loop/Scan
+`reference_evaluator(model)` builds an evaluator that runs each of our ops
+through its kernel wherever the op stands: the main graph, If/Loop/Scan
 bodies, model-local functions.  ONNX's evaluator hands custom ops down to
 subgraphs but not to model-local functions, which it builds with its own class;
 our subclass adds our ops to every evaluator it builds, nested ones included.
@@ -19,25 +19,55 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from dyndq.kernels.dynamic_dequantize import dequantize, dynamic_dequantize
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, Problem, ValidationError
+from dyndq.kernels.dynamic_dequantize import dequantize
+from dyndq.opdefs import Problem, ValidationError, all_versions, newest_domain_version, resolve
 
-__all__ = ["DynamicDequantize", "DequantizeLinear", "DyndqReferenceEvaluator", "reference_evaluator", "NEW_OPS"]
+__all__ = ["DequantizeLinear", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
 
-class DynamicDequantize(OpRun):
-    """DynamicDequantize-1 of our domain, computed by `dyndq.dynamic_dequantize`."""
+class OurOp(OpRun):
+    """The base of the evaluator's class for each op of ours (one class per domain and op
+    type, as ReferenceEvaluator keys them): it resolves the op version from the opset
+    imports in force, as ONNX does, and runs that version's kernel with its defaults."""
 
-    op_domain = DOMAIN
-    op_schema = None  # attributes come from the node; defaults from the op's definition
+    op_domain = ""
+    op_type = ""
+    op_schema = None  # attributes come from the node; defaults from the op version's definition
 
-    def _run(self, src, scales, zps=None, qtype=None, axis=None):  # noqa: D401
-        attrs = DYNAMIC_DEQUANTIZE_1.defaults()
-        if qtype is not None:
-            attrs["qtype"] = qtype.decode() if isinstance(qtype, bytes) else qtype
-        if axis is not None:
-            attrs["axis"] = axis
-        return (dynamic_dequantize(src, scales, zps, **attrs),)
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        opsets = run_params.get("opsets") or {}
+        version = opsets.get(self.op_domain) or newest_domain_version(self.op_domain)
+        self.op_version = resolve(self.op_domain, self.op_type, version)
+        if self.op_version is None:
+            raise ValidationError([Problem("opset_import", f"{self.op_domain!r} at version {version}",
+                                           f"a version at which {self.op_type} exists")])
+
+    def _run(self, *inputs, **attributes):
+        op = self.op_version
+        attrs = op.defaults()
+        for name, value in attributes.items():
+            spec = op.attribute(name)
+            if spec is not None and value is not None:
+                attrs[name] = spec.kind.coerce(value.decode() if isinstance(value, bytes) else value)
+        return (op.kernel(*inputs, **attrs),)
+
+
+_CLASSES: dict[tuple[str, str], type[OpRun]] = {}
+
+
+def op_class(domain: str, op_type: str) -> type[OpRun]:
+    """The OpRun class for one op of ours (made once; named as the op, as ONNX requires)."""
+    key = (domain, op_type)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(op_type, (OurOp,), {"op_domain": domain, "op_type": op_type,
+                                                "__doc__": f"{domain}::{op_type}, run by our kernel."})
+    return _CLASSES[key]
+
+
+def our_ops() -> list[type[OpRun]]:
+    """An OpRun class for each op of ours now registered."""
+    return [op_class(d, n) for d, n in sorted({(o.domain, o.name) for o in all_versions()})]
 
 
 class DequantizeLinear(OpRun):
@@ -109,15 +139,13 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 
     return dequantize(x, x_scale, x_zero_point, channel_axis, out)
 
 
-NEW_OPS: list[type[OpRun]] = [DynamicDequantize, DequantizeLinear]
-
-
 class DyndqReferenceEvaluator(ReferenceEvaluator):
     """A ReferenceEvaluator that knows our ops in every graph and function it builds."""
 
     def __init__(self, proto: Any, *args, new_ops: list[type[OpRun]] | None = None, **kwargs):
         # Caller's classes first: for a key given twice, ONNX keeps the first.
-        ops = list(new_ops or []) + [c for c in NEW_OPS if c not in (new_ops or [])]
+        ours = our_ops() + [DequantizeLinear]
+        ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
         super().__init__(proto, *args, new_ops=ops, **kwargs)
 
 

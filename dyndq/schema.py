@@ -3,6 +3,7 @@
 Registration is what makes `onnx.checker.check_model(full_check=True)` and
 `onnx.shape_inference.infer_shapes(strict_mode=True)` understand our ops: ONNX
 checks the type constraints itself and calls our Python shape function.
+`sync()` keeps ONNX's registry in step with ours; it runs whenever ours changes.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import onnx.defs
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
-from dyndq.opdefs import OpVersion, ValidationError, all_versions
-from dyndq.onnx_types import attribute_values, onnx_type_string, spec_of_type, type_of_spec
+from dyndq.converters.onnx_types import SCHEMA_ATTR_TYPE, attribute_value, make_attribute, onnx_type_string, spec_of_type, type_of_spec
+from dyndq.opdefs import OpVersion, TensorSpec, ValidationError, all_versions
+from dyndq.opdefs import registry
 
 MARK = "[dyndq]"  # starts every message our inference raises inside ONNX
 
@@ -40,40 +42,38 @@ def lenient_inference():
 
 
 def _inference_for(op: OpVersion):
-    n_inputs = len(op.inputs)
-
     def infer(ctx) -> None:
-        specs = [
-            spec_of_type(ctx.get_input_type(i)) if i < ctx.get_num_inputs() and ctx.has_input(i) else None
-            for i in range(n_inputs)
-        ]
-        if specs[0] is None:
-            return  # nothing known of src: nothing to infer
+        specs = []
+        for i, param in enumerate(op.inputs):
+            present = i < ctx.get_num_inputs() and ctx.has_input(i)
+            specs.append((spec_of_type(ctx.get_input_type(i)) or TensorSpec(None, None)) if present else None)
         attrs = op.defaults()
-        for name in attrs:
-            a = ctx.get_attribute(name)
-            if a is not None:
-                attrs[name] = attribute_values_of(a)
+        for a in op.attributes:
+            proto = ctx.get_attribute(a.name)
+            if proto is not None:
+                attrs[a.name] = attribute_value(proto)
+            elif a.required:
+                return  # ONNX's checker names a missing required attribute itself
         try:
             out = op.shape_inference(*specs, **attrs)
         except ValidationError as e:
             if getattr(_state, "lenient", False):
                 return
             raise InferenceError(f"{MARK} {ctx.get_display_name()}: {e}") from None
-        ctx.set_output_type(0, type_of_spec(out, like=ctx.get_input_type(0)))
+        if out.dtype is not None:  # (an input of unknown type leaves the output's unknown too)
+            ctx.set_output_type(0, type_of_spec(out, like=ctx.get_input_type(0)))
 
     return infer
 
 
-def attribute_values_of(attr: onnx.AttributeProto):
-    node = onnx.NodeProto()
-    node.attribute.append(attr)
-    return attribute_values(node)[attr.name]
-
-
-_ATTR_TYPES = {str: OpSchema.AttrType.STRING, int: OpSchema.AttrType.INT}
 _PARAM = OpSchema.FormalParameter
 _OPTION = OpSchema.FormalParameterOption
+
+
+def _attribute(a) -> OpSchema.Attribute:
+    if a.has_default:
+        return OpSchema.Attribute(a.name, make_attribute(a.name, a.default, a.kind), a.doc)
+    return OpSchema.Attribute(a.name, SCHEMA_ATTR_TYPE[a.kind], a.doc, required=a.required)
 
 
 def to_onnx_schema(op: OpVersion) -> OpSchema:
@@ -88,44 +88,56 @@ def to_onnx_schema(op: OpVersion) -> OpSchema:
         op.doc,
         inputs=[param(p) for p in op.inputs],
         outputs=[param(p) for p in op.outputs],
-        type_constraints=[
-            (c.name, [onnx_type_string(d) for d in c.dtypes], c.doc)
-            for c in op.type_constraints
-        ],
-        attributes=[
-            OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc)
-            for a in op.attributes
-        ],
+        type_constraints=[(c.name, [onnx_type_string(d) for d in c.dtypes], c.doc) for c in op.type_constraints],
+        attributes=[_attribute(a) for a in op.attributes],
     )
     schema.set_type_and_shape_inference_function(_inference_for(op))
     return schema
 
 
-_registered: list[OpVersion] = []
+_registered: dict[tuple[str, str, int], OpVersion] = {}
+_lock = threading.Lock()
+
+
+def sync() -> None:
+    """Register with ONNX every op version of ours it lacks; deregister those we registered
+    that have left our registry (a test's scoped toy ops)."""
+    with _lock:
+        current = {op.key: op for op in all_versions()}
+        for key, op in list(_registered.items()):
+            if current.get(key) is not op:
+                _deregister(op)
+                del _registered[key]
+        for key, op in current.items():
+            if key not in _registered and _registered_version(op) != op.since_version:
+                onnx.defs.register_schema(to_onnx_schema(op))
+                _registered[key] = op
 
 
 def register_all() -> None:
-    """Register every op version with ONNX; already registered ones are left as they are."""
-    for op in all_versions():
-        if not onnx.defs.has(op.name, op.since_version, op.domain) or _registered_version(op) != op.since_version:
-            onnx.defs.register_schema(to_onnx_schema(op))
-            if not _registered:
-                atexit.register(_deregister_all)
-            _registered.append(op)
+    """Register every op version with ONNX now, and again whenever our registry changes."""
+    registry.subscribe(sync)
+    sync()
 
 
+def _deregister(op: OpVersion) -> None:
+    try:
+        onnx.defs.deregister_schema(op.name, op.since_version, op.domain)
+    except Exception:  # noqa: BLE001 - a schema already gone is fine
+        pass
+
+
+@atexit.register
 def _deregister_all() -> None:
     """Take our schemas out of ONNX's registry while Python is still alive.
 
     Each holds a Python shape-inference function; left in ONNX's static registry, it
     is destroyed after the interpreter has finalized, and with onnx 1.19 the process
     then hangs at exit instead of ending."""
-    while _registered:
-        op = _registered.pop()
-        try:
-            onnx.defs.deregister_schema(op.name, op.since_version, op.domain)
-        except Exception:  # noqa: BLE001 - at exit, a schema already gone is fine
-            pass
+    with _lock:
+        while _registered:
+            _, op = _registered.popitem()
+            _deregister(op)
 
 
 def _registered_version(op: OpVersion) -> int | None:

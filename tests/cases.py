@@ -2,9 +2,9 @@
 kernel and export all run the same rows, so a rule cannot hold in one layer and
 be forgotten in another.
 
-A row describes one use of DynamicDequantize-1: the dtypes and shapes of its
-inputs, its attributes, and either None (valid) or the argument names that the
-problems must name.
+A row describes one use of one op version (`op`, DynamicDequantize-1 unless it
+says otherwise): the dtypes and shapes of its inputs, its attributes, and
+either None (valid) or the argument names that the problems must name.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import onnx
 from onnx import helper
 
 import dyndq
-from dyndq.onnx_types import elem_type
+from dyndq.converters.onnx_types import elem_type
+from dyndq.opdefs import dtypes
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Case:
     zps: tuple[str, tuple] | None = None
     attrs: dict = field(default_factory=dict)
     bad: frozenset[str] | None = None  # arguments the problems must name; None = valid
+    version: int = 1  # the version of org.dyndq the row is judged by (and its model imports)
+
+    @property
+    def op(self):
+        return dyndq.opdefs.resolve(dyndq.DOMAIN, "DynamicDequantize", self.version)
 
     @property
     def valid(self) -> bool:
@@ -46,14 +52,14 @@ def _random(rng, dtype, shape) -> np.ndarray:
 
 
 def _draw(rng, dtype, shape):
-    dt = np.dtype(dtype)
-    if dt.kind in "iu":
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
-    if dt.kind == "f":
-        return (rng.standard_normal(shape) * 0.05).astype(dt)
-    if dt.kind == "b":
+    dt = dtypes.by_name(dtype) if isinstance(dtype, str) else dtypes.of(dtype)
+    if dt.name == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
+    if dt.is_integer:
+        info = dtypes.integer_range(dt)
+        return rng.integers(info[0], info[1], size=shape, endpoint=True).astype(dt.numpy)
+    if dt.is_float:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32).astype(dt.numpy)
     raise ValueError(dtype)
 
 
@@ -144,9 +150,10 @@ def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=Non
             inits.append(onnx.numpy_helper.from_array(arrays[i], name))
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, elem_type(dtype), list(shape)))
-    out = helper.make_tensor_value_info("dst", onnx.TensorProto.FLOAT, list(case.src[1]))
+    out = helper.make_tensor_value_info("dst", elem_type(case.scales[0]) if case.valid else onnx.TensorProto.FLOAT,
+                                        list(case.src[1]))
     graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
-    imports = [helper.make_opsetid("", opset), dyndq.opset_import(domain_version)]
+    imports = [helper.make_opsetid("", opset), dyndq.opset_import(case.version if domain_version is None else domain_version)]
     return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.build.ir_version_for(imports))
 
 

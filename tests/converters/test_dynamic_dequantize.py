@@ -9,16 +9,20 @@ from cases import VALID, case_model, ids, oracle, run_ort
 from onnx import TensorProto, helper
 
 import dyndq
-from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, dynamic_dequantize as lower
-from dyndq.converters.dynamic_dequantize import LiftPlan, lift as lift_node
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, TensorSpec
+from dyndq.converters.dynamic_dequantize import dynamic_dequantize as lower
+from dyndq.converters.dynamic_dequantize import dynamic_dequantize_lifting as lift_node
+from dyndq.converters.dynamic_dequantize import dynamic_dequantize_needs
+from dyndq.converters.lowering_context import LoweringContext, NameScope
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, LiftPlan, LiftRefusal, TensorSpec
 
 def bits_equal(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
 
 
-def test_converter_is_attached_with_a_leading_context():
-    assert DYNAMIC_DEQUANTIZE_1.converter is lower
+def test_lowering_is_attached_with_a_leading_context():
+    assert DYNAMIC_DEQUANTIZE_1.lowering is lower
+    assert DYNAMIC_DEQUANTIZE_1.lowering_needs is dynamic_dequantize_needs
+    assert DYNAMIC_DEQUANTIZE_1.lifting is lift_node
     params = list(inspect.signature(lower).parameters)
     assert params == ["ctx", "src", "scales", "zps", "qtype", "axis"]
 
@@ -182,11 +186,11 @@ def _dql_node(**attrs):
 
 
 @pytest.mark.parametrize("x, s, z, attrs, expected", [
-    (("int8", (2, 3)), ("float32", ()), ("int8", ()), {}, LiftPlan(("x", "s", "z"), "per_tensor")),
-    (("uint8", (2, 3)), ("float32", (1,)), ("uint8", (1,)), {}, LiftPlan(("x", "s", "z"), "per_tensor")),
-    (("int8", (2, 3)), ("float32", (3,)), ("int8", (3,)), {}, LiftPlan(("x", "s", "z"), "per_channel", 1)),
-    (("int8", (2, 3)), ("float32", (2,)), ("int8", (2,)), {"axis": 0}, LiftPlan(("x", "s", "z"), "per_channel", 0)),
-    (("int8", (2, 3)), ("float32", (3,)), ("int8", (3,)), {"axis": -1}, LiftPlan(("x", "s", "z"), "per_channel", -1)),
+    (("int8", (2, 3)), ("float32", ()), ("int8", ()), {}, LiftPlan(("x", "s", "z"), {"qtype": "per_tensor"})),
+    (("uint8", (2, 3)), ("float32", (1,)), ("uint8", (1,)), {}, LiftPlan(("x", "s", "z"), {"qtype": "per_tensor"})),
+    (("int8", (2, 3)), ("float32", (3,)), ("int8", (3,)), {}, LiftPlan(("x", "s", "z"), {"qtype": "per_channel", "axis": 1})),
+    (("int8", (2, 3)), ("float32", (2,)), ("int8", (2,)), {"axis": 0}, LiftPlan(("x", "s", "z"), {"qtype": "per_channel", "axis": 0})),
+    (("int8", (2, 3)), ("float32", (3,)), ("int8", (3,)), {"axis": -1}, LiftPlan(("x", "s", "z"), {"qtype": "per_channel", "axis": -1})),
 ])
 def test_lift_plans(x, s, z, attrs, expected):
     specs = {"x": TensorSpec(*x), "s": TensorSpec(*s), "z": TensorSpec(*z)}
@@ -210,4 +214,4 @@ def test_lift_refusals_say_why(x, s, z, attrs, reason):
     if z:
         specs["z"] = TensorSpec(*z)
     plan = lift_node(_dql_node(**attrs), specs.get)
-    assert isinstance(plan, str) and reason in plan
+    assert isinstance(plan, LiftRefusal) and reason in plan.reason

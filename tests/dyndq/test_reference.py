@@ -16,7 +16,9 @@ from cases import vi
 
 import dyndq
 from dyndq import DOMAIN, ValidationError, dynamic_dequantize, reference_evaluator
-from dyndq.reference import DynamicDequantize, dequantize_linear
+from dyndq.reference import dequantize_linear, op_class
+
+DynamicDequantize = op_class(DOMAIN, "DynamicDequantize")
 
 f32, u8, i8, i32 = np.float32, np.uint8, np.int8, np.int32
 ELEM = {np.dtype(u8): T.UINT8, np.dtype(i8): T.INT8, np.dtype(i32): T.INT32, np.dtype(f32): T.FLOAT}

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dyndq
 from cases import VALID, ids
 
-run_module = importlib.import_module("dyndq.run")  # `dyndq.run` is the function
+from dyndq import runner as run_module
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ def test_importing_twice_and_from_two_modules_is_harmless():
         "import importlib, onnx.defs, dyndq, dyndq.schema\n"
         "importlib.reload(dyndq)\n"
         "dyndq.schema.register_all()\n"
-        "import dyndq.check\n"
+        "import dyndq.checker\n"
         "print(len([s for s in onnx.defs.get_all_schemas_with_history() if s.domain == dyndq.DOMAIN]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

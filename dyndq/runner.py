@@ -25,7 +25,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from dyndq.onnx_types import spec_of_type
+from dyndq.converters.onnx_types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError
 
 ENGINES = ("reference", "onnxruntime")
@@ -52,7 +52,7 @@ class Runner:
         else:
             import onnxruntime as ort
 
-            from dyndq.export import export
+            from dyndq.exporter import export
 
             _validate_our_nodes(model)
             # export asks for what check_model(full_check=True) asks, graph outputs with
@@ -216,7 +216,7 @@ def _validate_our_nodes(model: onnx.ModelProto) -> None:
     """Refuse a model that uses our ops wrongly, with every problem.  (ONNX's own
     checker findings are left to the engine: a model ONNX would not fully check,
     e.g. one without output shapes, may still run.)"""
-    from dyndq.check import check
+    from dyndq.checker import check
 
     problems = [p for p in check(model) if p.op is not None]
     if problems:

@@ -10,22 +10,22 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, external_data_helper
 
+from dyndq.converters.onnx_types import ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, spec_of_type
 from dyndq.graphs import Site, subgraphs, walk
-from dyndq.onnx_types import attribute_values, spec_of_type
 from dyndq.opdefs import (
     OpVersion,
     Problem,
-    all_versions,
     TensorSpec,
     ValidationError,
+    all_versions,
+    domains,
     newest_domain_version,
+    ops_of,
+    qualname,
     resolve,
     versions_of,
 )
-from dyndq.opdefs.registry import domains
 from dyndq.schema import MARK, lenient_inference
-
-_ATTR_TYPE = {str: AttributeProto.STRING, int: AttributeProto.INT}
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -57,23 +57,15 @@ def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
     node = site.node
     if node.domain not in domains():
         return []
-    where = dict(op=f"{node.domain}::{node.op_type}", node=node.name, node_index=site.index, graph=site.graph)
+    where = dict(op=qualname(node.domain, node.op_type), node=node.name, node_index=site.index, graph=site.graph)
     op, problems = _resolve(node, site.opsets)
     if op is None:
         return [p.at(**where) for p in problems]
     problems += _arity(op, node)
     attrs, attr_problems = _attributes(op, node)
     problems += attr_problems
-    inputs = list(node.input)
-    specs = []
-    for i, param in enumerate(op.inputs):
-        name = inputs[i] if i < len(inputs) else ""
-        if not name:
-            specs.append(None)
-            continue
-        spec = spec_of_type(types.get(name))
-        specs.append(spec if spec is not None else TensorSpec(None, None))
-    if specs and specs[0] is not None and all(s is not None for s, p in zip(specs, op.inputs) if not p.optional):
+    specs = input_specs(op, node, lambda name: spec_of_type(types.get(name)))
+    if attrs is not None and all(s is not None for s, p in zip(specs, op.inputs) if not p.optional):
         try:
             op.shape_inference(*specs, **attrs)
         except ValidationError as e:
@@ -81,12 +73,23 @@ def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
     return [p.at(**where) for p in problems]
 
 
+def input_specs(op: OpVersion, node: onnx.NodeProto, spec_of) -> list[TensorSpec | None]:
+    """The spec of each of the op's inputs as its parts take them: None for an absent
+    input, TensorSpec(None, None) for one whose type is not known."""
+    names = list(node.input)
+    return [
+        (spec_of(names[i]) or TensorSpec(None, None)) if i < len(names) and names[i] else None
+        for i in range(len(op.inputs))
+    ]
+
+
 def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
     if not versions_of(node.domain, node.op_type):
-        ops = sorted({o.name for o in all_versions() if o.domain == node.domain})
+        ops = ops_of(node.domain)
         return None, [Problem("op_type", repr(node.op_type), f"an op of domain {node.domain!r}: {', '.join(ops)}")]
     newest = newest_domain_version(node.domain)
-    allowed = f"an opset import of {node.domain!r} at version {_versions(newest)}"
+    oldest = versions_of(node.domain, node.op_type)[0]
+    allowed = f"an opset import of {node.domain!r} at version {oldest if oldest == newest else f'{oldest}..{newest}'}"
     if node.domain not in opsets:
         return None, [Problem("opset_import", f"no opset import for domain {node.domain!r}", allowed)]
     version = opsets[node.domain]
@@ -94,10 +97,6 @@ def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
     if op is None or version > newest:
         return None, [Problem("opset_import", f"{node.domain!r} at version {version}", allowed)]
     return op, []
-
-
-def _versions(newest: int) -> str:
-    return "1" if newest == 1 else f"1..{newest}"
 
 
 def _arity(op: OpVersion, node) -> list[Problem]:
@@ -120,21 +119,34 @@ def _names(params) -> str:
     return ", ".join(p.name + (" (optional)" if p.optional else "") for p in params)
 
 
-def _attributes(op: OpVersion, node) -> tuple[dict, list[Problem]]:
+def _attributes(op: OpVersion, node) -> tuple[dict | None, list[Problem]]:
+    """The node's attributes as the op's parts take them, a bad one left at its default
+    (None when a required one is missing: then the parts cannot be asked)."""
     attrs = op.defaults()
     problems = []
-    values = attribute_values(node)
+    seen = set()
     for a in node.attribute:
         spec = op.attribute(a.name)
+        if a.name in seen:
+            problems.append(Problem(a.name, "the attribute given more than once", "each attribute at most once"))
+            continue
+        seen.add(a.name)
         if spec is None:
             known = ", ".join(x.name for x in op.attributes)
             problems.append(Problem(a.name, "an unknown attribute", f"attributes {known}"))
-        elif a.type != _ATTR_TYPE[spec.type]:
+        elif a.ref_attr_name:
+            problems.append(Problem(a.name, f"a reference to the function's attribute {a.ref_attr_name!r}",
+                                    f"a {attribute_type_name(spec.kind)} value written on the node"))
+        elif a.type != ATTRIBUTE_PROTO_TYPE[spec.kind]:
             found = AttributeProto.AttributeType.Name(a.type)
-            problems.append(Problem(a.name, f"an attribute of type {found} ({values[a.name]!r})", f"type {AttributeProto.AttributeType.Name(_ATTR_TYPE[spec.type])}"))
+            problems.append(Problem(a.name, f"an attribute of type {found} ({attribute_value(a)!r})",
+                                    f"type {attribute_type_name(spec.kind)}"))
         else:
-            attrs[a.name] = values[a.name]
-    return attrs, problems
+            attrs[a.name] = attribute_value(a)
+    missing = [spec for spec in op.attributes if spec.required and spec.name not in attrs]
+    for spec in missing:
+        problems.append(Problem(spec.name, "missing", f"a {attribute_type_name(spec.kind)} attribute (required)"))
+    return (None if missing else attrs), problems
 
 
 def _about_our_ops(message: str) -> bool:

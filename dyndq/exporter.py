@@ -1,12 +1,13 @@
 """`export(model)`: a copy of the model in standard ONNX, every DynamicDequantize lowered.
 
 The whole model: the main graph, every If/Loop/Scan body (at any depth) and
-every model-local function.  The ai.onnx opset is kept when it is high enough
-(a per_channel node whose zps are absent or of src's dtype lowers to
-DequantizeLinear with `axis`, which needs opset 13; every other form needs 10);
-otherwise it is raised to the lowest that works, the other nodes converted by
-`onnx.version_converter`.  Our domain leaves `opset_import` when nothing uses
-it any more, and `ir_version` becomes the lowest the opsets need.
+every model-local function.  Each node of a registered domain is lowered by its
+op version's `lowering` part; its `lowering_needs` part says which ai.onnx
+opset and IR version that lowering needs.  The ai.onnx opset is kept when it is
+high enough, otherwise raised to the lowest that works, the other nodes
+converted by `onnx.version_converter`.  A domain leaves `opset_import` when
+nothing uses it any more, and `ir_version` becomes the lowest the opsets and
+the lowered nodes need.
 """
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
-from dyndq.check import check, value_types
-from dyndq.converters.dynamic_dequantize import LoweringContext, NameScope, required_opset
+from dyndq.checker import check, input_specs, value_types
+from dyndq.converters.lowering_context import LoweringContext, NameScope
+from dyndq.converters.onnx_types import attribute_values, spec_of_type
 from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
-from dyndq.onnx_types import attribute_values, spec_of_type
-from dyndq.opdefs import DOMAIN, PER_TENSOR, ValidationError, resolve
-from dyndq.opdefs.registry import domains
+from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
 # Model-local functions need at least this IR version.
 _FUNCTIONS_IR = 8
@@ -34,9 +34,14 @@ class ExportError(ValueError):
 class LoweredNode:
     graph: str  # where the node stood: "main", "main/if_node.then_branch", "function dom::Name"
     node: str  # its name (or its output's name when it had none)
-    qtype: str
-    form: str  # "DequantizeLinear" or "integer arithmetic"
+    op: str  # "org.dyndq::DynamicDequantize-1"
+    attrs: dict  # its attributes, defaults filled in
+    form: str  # what the lowering chose (e.g. "DequantizeLinear", "integer arithmetic")
     nodes: int  # how many standard nodes replaced it
+
+    @property
+    def qtype(self) -> str | None:
+        return self.attrs.get("qtype")
 
 
 @dataclass
@@ -59,7 +64,8 @@ class ExportReport:
         opset = f"ai.onnx opset {self.opset}"
         if self.converted:
             opset += f" (converted from {self.opset_before})"
-        return f"lowered {self.count} DynamicDequantize node(s); {opset}, IR version {self.ir_version}"
+        ops = sorted({n.op.split("::")[-1].rsplit("-", 1)[0] for n in self.lowered}) or ["custom-domain"]
+        return f"lowered {self.count} {'/'.join(ops)} node(s); {opset}, IR version {self.ir_version}"
 
 
 def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelProto:
@@ -80,7 +86,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     current = _ai_onnx(out.opset_import)
     report.opset_before = current
     types = value_types(out)
-    needs = [(node, _required_opset(node, types, in_function)) for in_function, node in _our_nodes(out)]
+    needs = [(site, _needs(site, types)) for site in _our_sites(out)]
     target = _target_opset(opset, current, needs)
     report.opset = target
 
@@ -98,7 +104,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     opsets = {o.domain: o.version for o in out.opset_import}
     _lower_graph(out.graph, "main", opsets, target, names, specs, report)
     for k, f in enumerate(out.functions):
-        if _uses_domain_nodes(f.node, DOMAIN) and _ai_onnx(f.opset_import) not in (None, target):
+        if _uses_domain_nodes(f.node, domains()) and _ai_onnx(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
             f = out.functions[k]
         f_opsets = {o.domain: o.version for o in f.opset_import}
@@ -109,14 +115,16 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
         f.node.extend(new)
         if len(report.lowered) > before:
             _set_opset(f.opset_import, "", target)
-        if not _uses_domain_nodes(f.node, DOMAIN):
-            report.domain_removed |= _drop_opset(f.opset_import, DOMAIN)
+        for domain in domains():
+            if not _uses_domain_nodes(f.node, {domain}):
+                report.domain_removed |= _drop_opset(f.opset_import, domain)
 
     if target is not None:
         _set_opset(out.opset_import, "", target)
-    if not _model_uses_domain(out, DOMAIN):
-        report.domain_removed |= _drop_opset(out.opset_import, DOMAIN)
-    ir = ir_version_for(out.opset_import)
+    for domain in domains():
+        if not _model_uses_domain(out, domain):
+            report.domain_removed |= _drop_opset(out.opset_import, domain)
+    ir = max([ir_version_for(out.opset_import)] + [n.ir_version for _, n in needs])
     if len(out.functions):
         ir = max(ir, _FUNCTIONS_IR)
     out.ir_version = ir
@@ -126,39 +134,48 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
 
 # -- opsets -------------------------------------------------------------------------------------
 
-def _qtype(node: onnx.NodeProto) -> str:
-    return attribute_values(node).get("qtype", PER_TENSOR)
-
-
 def _ai_onnx(imports) -> int | None:
     return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
 
 
-def _required_opset(node: onnx.NodeProto, types, in_function: bool) -> int:
-    """What the node's lowering needs; inside a function no dtype is known (the exact
-    integer route is taken there)."""
-    def spec(i):
-        if in_function or i >= len(node.input) or not node.input[i]:
-            return None
-        return spec_of_type(types.get(node.input[i]))
+def _op_of(node: onnx.NodeProto, opsets) -> OpVersion | None:
+    """The op version a node of a registered domain resolves to (check has judged it)."""
+    if node.domain not in domains():
+        return None
+    return resolve(node.domain, node.op_type, opsets.get(node.domain, 0))
 
-    has_zps = len(node.input) > 2 and bool(node.input[2])
-    return required_opset(_qtype(node), spec(0), spec(2), has_zps)
+
+def _attrs(op: OpVersion, node: onnx.NodeProto) -> dict:
+    """The node's attributes as the op's parts take them: the version's defaults, then the node's own."""
+    attrs = op.defaults()
+    attrs.update({k: v for k, v in attribute_values(node).items() if k in attrs or op.attribute(k)})
+    return attrs
+
+
+def _needs(site, types) -> Needs:
+    """What the node's lowering needs, asked of its op version; inside a function no
+    dtype is known (TensorSpec(None, None) for every present input)."""
+    op = _op_of(site.node, site.opsets)
+    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.get(name)))
+    return op.lowering_needs(*input_specs(op, site.node, spec_of), **_attrs(op, site.node))
+
+
+def _who(site) -> str:
+    node = site.node
+    return f"{site.graph}: {node.op_type} {node.name or node.output[0]!r}"
 
 
 def _target_opset(opset, current, needs) -> int | None:
     newest = onnx.defs.onnx_opset_version()
-    need = max((n for _, n in needs), default=0)
+    need = max((n.opset for _, n in needs), default=0)
     if opset is not None:
         if isinstance(opset, bool) or not isinstance(opset, int):
             raise TypeError(f"opset must be an int, not {type(opset).__name__}")
         if opset < need:
-            why = [f"{node.name or node.output[0]!r} ({_qtype(node)})" for node, n in needs if n > opset]
+            low = [f"{_who(site)} needs {n.opset} ({n.why})" for site, n in needs if n.opset > opset]
             raise ExportError(
-                f"opset {opset} is too low for this graph: it needs ai.onnx opset >= {need} "
-                f"(per_channel DynamicDequantize with zps absent or of src's dtype lowers to "
-                f"DequantizeLinear with axis, opset >= 13; every other form needs >= 10); "
-                f"nodes: {', '.join(why[:5])}{' ...' if len(why) > 5 else ''}"
+                f"opset {opset} is too low for this graph: it needs ai.onnx opset >= {need}; "
+                + "; ".join(low[:5]) + (f"; and {len(low) - 5} more" if len(low) > 5 else "")
             )
         if opset > newest:
             raise ExportError(f"opset {opset} is newer than this onnx knows ({newest})")
@@ -234,19 +251,18 @@ def _drop_opset(imports, domain: str) -> bool:
 
 # -- walking ------------------------------------------------------------------------------------
 
-def _our_nodes(model: onnx.ModelProto):
-    """(whether it stands in a model-local function, node) for each node of our domain."""
-    for site in walk(model):
-        if site.node.domain == DOMAIN:
-            yield site.in_function, site.node
+def _our_sites(model: onnx.ModelProto):
+    """Every node of a registered domain, where it stands."""
+    ours = domains()
+    return [site for site in walk(model) if site.node.domain in ours]
 
 
-def _uses_domain_nodes(nodes, domain: str) -> bool:
+def _uses_domain_nodes(nodes, ours) -> bool:
     for node in nodes:
-        if node.domain == domain:
+        if node.domain in ours:
             return True
         for _, g in subgraphs(node):
-            if any(n.domain == domain for sub in graphs(g) for n in sub.node):
+            if any(n.domain in ours for sub in graphs(g) for n in sub.node):
                 return True
     return False
 
@@ -290,8 +306,8 @@ def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx
     for i, node in enumerate(nodes):
         for label, g in subgraphs(node):
             _lower_graph(g, subgraph_path(path, node, i, label), opsets, target, names, specs, report)
-        op = resolve(node.domain, node.op_type, opsets.get(node.domain, 0)) if node.domain in domains() else None
-        if op is None or node.domain != DOMAIN:
+        op = _op_of(node, opsets)
+        if op is None:
             out.append(node)
             continue
         out.extend(_lower_node(op, node, path, target, names, specs, report))
@@ -299,12 +315,11 @@ def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx
 
 
 def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeProto]:
-    attrs = op.defaults()
-    attrs.update({k: v for k, v in attribute_values(node).items() if k in attrs})
-    inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
+    attrs = _attrs(op, node)
+    inputs = [name or None for name in list(node.input) + [""] * (len(op.inputs) - len(node.input))]
     base = node.name or node.output[0]
     ctx = LoweringContext(opset=target, base=base, names=names, specs=specs)
-    result = op.converter(ctx, *inputs[: len(op.inputs)], **attrs)
+    result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs)
     dst = node.output[0]
     new = list(ctx.nodes)
     if result != dst:
@@ -320,6 +335,6 @@ def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeP
         if node.name:
             new[-1].name = node.name
         new[-1].doc_string = node.doc_string
-    form = "DequantizeLinear" if any(n.op_type == "DequantizeLinear" for n in new) else "integer arithmetic"
-    report.lowered.append(LoweredNode(path, base, attrs["qtype"], form, len(new)))
+    form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
+    report.lowered.append(LoweredNode(path, base, f"{op.qualname}-{op.since_version}", attrs, form, len(new)))
     return new

@@ -1,0 +1,79 @@
+"""What every lowering gets: a context to add standard nodes to, with fresh names.
+
+Shared by the lowerings of every op (one module per op beside this one): a
+lowering receives a `LoweringContext` first, then the op's inputs as value
+names and its attributes; it adds nodes with `ctx.op(...)` and `ctx.const(...)`
+and returns the name of the value holding its output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from dyndq.opdefs import TensorSpec
+
+
+class NameScope:
+    """Every name already in use in a model (values and nodes); hands out fresh readable ones."""
+
+    def __init__(self, used: set[str] | None = None):
+        self.used = set(used or ())
+
+    def fresh(self, hint: str) -> str:
+        name, i = hint, 1
+        while name in self.used or not name:
+            name = f"{hint}_{i}"
+            i += 1
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class LoweringContext:
+    """What a lowering needs to lower one node.
+
+    `opset` is the target ai.onnx opset; `spec(name)` the known dtype and shape
+    of a value (None when unknown); `op(...)` adds a node and returns its output
+    name; `const(array)` adds a Constant node.  New names derive from `base`
+    (the original node's name, or its output's) and are unique in the model.
+    A lowering may set `form` to say in a few words what it chose (the export
+    report shows it); by default the report lists the standard op types used.
+    """
+
+    opset: int
+    base: str
+    names: NameScope
+    specs: Callable[[str], TensorSpec | None] = lambda name: None
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    form: str | None = None
+    _consts: dict = field(default_factory=dict, repr=False)
+
+    def spec(self, name: str | None) -> TensorSpec | None:
+        return self.specs(name) if name else None
+
+    def fresh(self, hint: str) -> str:
+        return self.names.fresh(f"{self.base}/{hint}")
+
+    def op(self, op_type: str, *inputs: str, hint: str | None = None, **attrs) -> str:
+        """Add one single-output node of ai.onnx; return the name of its output."""
+        hint = hint or op_type.lower()
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.fresh(op_type), **attrs))
+        return out
+
+    def const(self, array, hint: str) -> str:
+        """A Constant node (one per distinct value per lowered node); works in functions too."""
+        array = np.asarray(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            out = self.fresh(hint)
+            tensor = onnx.numpy_helper.from_array(array, name=out)
+            self.nodes.append(helper.make_node("Constant", [], [out], name=self.fresh("Constant"), value=tensor))
+            self._consts[key] = out
+        return self._consts[key]
+
+

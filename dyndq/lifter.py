@@ -1,0 +1,121 @@
+"""`lift(model)`: a copy of the model with standard nodes as ours, where ours express them exactly.
+
+Which standard nodes are liftable, and how, is asked of the op versions whose
+`lifting` part takes them (today: DequantizeLinear, lifted to DynamicDequantize
+when x is int8/uint8, x_scale float32 with one element or 1-D, zero point absent
+or of x's dtype, no block_size, float32 output).  The oldest version that takes
+a node gets it, and the model imports our domain at the lowest version that
+covers every lifted node (a version it already imports is kept when it is
+newer).  Every node left alone is listed in the report (and logged by `lift`).
+`export(lift(m))` computes what `m` computes.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import onnx
+
+from dyndq.build import make_node, opset_import
+from dyndq.checker import value_types
+from dyndq.converters.onnx_types import spec_of_type
+from dyndq.graphs import walk
+from dyndq.opdefs import LiftPlan, all_versions, lifters
+
+log = logging.getLogger("dyndq.lift")
+
+
+@dataclass(frozen=True)
+class SkippedNode:
+    graph: str  # "main", "main/if_node.then_branch", "function dom::Name"
+    node: str  # its name, or its output's name when it had none
+    reason: str
+    op_type: str = "DequantizeLinear"
+
+    def __str__(self) -> str:
+        return f"{self.graph}: {self.op_type} {self.node!r} left alone: {self.reason}"
+
+
+@dataclass
+class LiftReport:
+    """What `lift` did: how many DequantizeLinear nodes it lifted, and each one it left alone, with why."""
+
+    lifted: list[tuple[str, str, str]] = field(default_factory=list)  # (graph, node, qtype or op)
+    sources: list[str] = field(default_factory=list)  # the op type of each lifted node
+    skipped: list[SkippedNode] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.lifted)
+
+    def summary(self) -> str:
+        kinds = sorted(set(self.sources)) or sorted({op.lifts_from[1] for op in all_versions() if op.lifts_from})
+        return f"lifted {self.count} {'/'.join(kinds)} node(s); left {len(self.skipped)} alone"
+
+
+def lift(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with every liftable DequantizeLinear as DynamicDequantize; the others are logged."""
+    out, report = lift_with_report(model)
+    for s in report.skipped:
+        log.info("%s", s)
+    return out
+
+
+def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftReport]:
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"lift() takes an onnx.ModelProto, not {type(model).__name__}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    report = LiftReport()
+    types = value_types(out)
+
+    def spec_of(name):
+        return spec_of_type(types.get(name))
+
+    no_types = lambda name: None  # noqa: E731  (a function's inputs have no types)
+    imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
+    for site in walk(out):
+        node = site.node
+        candidates = lifters(node.domain, node.op_type)
+        if not candidates:
+            continue
+        who = node.name or node.output[0]
+        spec = no_types if site.in_function else spec_of
+        reasons = []
+        for op in candidates:  # oldest first: the lowest version that expresses the node
+            plan = op.lifting(node, spec)
+            if isinstance(plan, LiftPlan):
+                break
+            reasons.append(str(plan))
+        else:
+            reason = reasons[-1] if len(set(reasons)) == 1 else "; ".join(
+                f"{op.qualname}-{op.since_version}: {r}" for op, r in zip(candidates, reasons))
+            report.skipped.append(SkippedNode(site.graph, who, reason, node.op_type))
+            continue
+        new = make_node(list(plan.inputs), list(node.output), name=node.name or None, op_type=op.name,
+                        domain=op.domain, version=op.since_version, **plan.attrs)
+        new.doc_string = node.doc_string
+        report.sources.append(node.op_type)
+        node.CopyFrom(new)  # in place: the walk hands out the model's own protos
+        report.lifted.append((site.graph, who, plan.attrs.get("qtype", op.name)))
+        scope = site.graph.split("/")[0]
+        for key in ((op.domain, "main"), (op.domain, scope)):
+            imports[key] = max(imports.get(key, 0), op.since_version)
+    for (domain, scope), version in imports.items():
+        if scope == "main":
+            _ensure_domain(out.opset_import, domain, version)
+    # a function whose nodes (at any depth) were lifted imports the domain itself
+    for f in out.functions:
+        for (domain, scope), version in imports.items():
+            if scope == f"function {f.domain}::{f.name}":
+                _ensure_domain(f.opset_import, domain, version)
+    return out, report
+
+
+def _ensure_domain(imports, domain: str, version: int) -> None:
+    """Import `domain` at `version` at least (an import already there is kept when newer)."""
+    for o in imports:
+        if o.domain == domain:
+            o.version = max(o.version, version)
+            return
+    imports.append(opset_import(version, domain))
