@@ -24,7 +24,8 @@ import onnx
 from onnx import TensorProto
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
+from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec, dtypes
 
 from .lowering_context import LoweringContext
 from .onnx_types import attribute_values
@@ -146,23 +147,28 @@ def dynamic_dequantize(
 
 # -- lifting: DequantizeLinear -> DynamicDequantize --------------------------------------------
 
-_LIFTABLE_X = ("int8", "uint8")
+# What each version can take: x dtypes, x_scale dtypes, and whether blocks (per_group) are possible.
+_LIFTABLE = {
+    1: (("int8", "uint8"), ("float32",), False),
+    2: (("int8", "uint8", "int4", "uint4"), ("float32", "float16", "bfloat16"), True),
+}
 
 
 @OP.def_lifting(source=("", "DequantizeLinear"))
 def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
     """The plan to lift a DequantizeLinear node (`spec(name)` gives a value's TensorSpec
-    or None), or the reason it cannot be lifted.
+    or None) to version 1, or the reason it cannot be lifted.
 
     Liftable: x int8/uint8, x_scale float32 with one element (per tensor) or 1-D
     (per channel, with the node's axis), zero point absent or of x's dtype, no
     block_size, float32 output.
     """
-    plan = _plan_or_reason(node, spec)
+    plan = _plan_or_reason(node, spec, 1)
     return LiftRefusal(plan) if isinstance(plan, str) else plan
 
 
-def _plan_or_reason(node, spec) -> LiftPlan | str:
+def _plan_or_reason(node, spec, version: int) -> LiftPlan | str:
+    x_dtypes, scale_dtypes, blocks = _LIFTABLE[version]
     attrs = attribute_values(node)
     names = list(node.input)
     while names and not names[-1]:
@@ -173,18 +179,20 @@ def _plan_or_reason(node, spec) -> LiftPlan | str:
     zp = names[2] if len(names) > 2 else None
     xs, ss = spec(x), spec(scale)
     zs = spec(zp) if zp else None
-    if attrs.get("block_size", 0):
-        return f"blocked quantization (block_size={attrs['block_size']})"
-    if attrs.get("output_dtype", TensorProto.UNDEFINED) not in (TensorProto.UNDEFINED, TensorProto.FLOAT):
-        return f"output_dtype {TensorProto.DataType.Name(attrs['output_dtype'])}, not FLOAT"
+    block = attrs.get("block_size", 0)
+    if block and not blocks:
+        return f"blocked quantization (block_size={block})"
     if xs is None or xs.dtype is None:
         return "x's dtype is unknown"
-    if xs.dtype not in _LIFTABLE_X:
-        return f"x is {xs.dtype}, not int8/uint8"
+    if xs.dtype not in x_dtypes:
+        return f"x is {xs.dtype}, not {'/'.join(x_dtypes)}"
     if ss is None or ss.dtype is None:
         return "x_scale's dtype is unknown"
-    if ss.dtype != "float32":
-        return f"x_scale is {ss.dtype}, not float32"
+    if ss.dtype not in scale_dtypes:
+        return f"x_scale is {ss.dtype}, not {'/'.join(scale_dtypes)}"
+    out = attrs.get("output_dtype", TensorProto.UNDEFINED)
+    if out != TensorProto.UNDEFINED and dtypes.by_onnx(out).name != ss.dtype:
+        return f"output_dtype {TensorProto.DataType.Name(out)}, not x_scale's dtype {ss.dtype}"
     if zp:
         if zs is None or zs.dtype is None:
             return "x_zero_point's dtype is unknown"
@@ -193,16 +201,221 @@ def _plan_or_reason(node, spec) -> LiftPlan | str:
     if ss.shape is None:
         return "x_scale's shape is unknown"
     inputs = (x, scale) + ((zp,) if zp else ())
+    axis = int(attrs.get("axis", 1))
+    if block:
+        return _blocked_plan(inputs, xs, ss, zs, axis, block)
     if ss.shape in ((), (1,)):
         if zp and zs.shape not in ((), (1,)):
             return f"x_zero_point has shape {list(zs.shape) if zs.shape is not None else 'unknown'} for a one-element scale"
         return LiftPlan(inputs, {"qtype": PER_TENSOR})
     if len(ss.shape) != 1:
         return f"x_scale has rank {len(ss.shape)} (blocked), not 0 or 1"
-    axis = int(attrs.get("axis", 1))
     if xs.rank is not None:
         if xs.rank == 0 or not -xs.rank <= axis < xs.rank:
             return f"axis {axis} out of range for x of rank {xs.rank}"
     if zp and (zs.shape is None or len(zs.shape) != 1):
         return "x_zero_point's shape is not known to be 1-D"
     return LiftPlan(inputs, {"qtype": PER_CHANNEL, "axis": axis})
+
+
+def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
+    """Blocked DequantizeLinear-21 as per_group: groups of `block` along axis, 1 elsewhere
+    (only when every dim of x is known and divides exactly: ONNX rounds the block count up)."""
+    if xs.shape is None or not all(isinstance(d, int) for d in xs.shape):
+        return "x's shape is not fully known (per_group needs exact division)"
+    r = len(xs.shape)
+    if r == 0 or not -r <= axis < r:
+        return f"axis {axis} out of range for x of rank {r}"
+    a = axis % r
+    if xs.shape[a] % block:
+        return f"x.shape[{a}] = {xs.shape[a]} is not a multiple of block_size {block}"
+    want = tuple(d // block if i == a else d for i, d in enumerate(xs.shape))
+    if tuple(ss.shape) != want:
+        return f"x_scale has shape {list(ss.shape)}, not {list(want)}"
+    if zs is not None and (zs.shape is None or tuple(zs.shape) != want):
+        return "x_zero_point is not shaped like x_scale"
+    return LiftPlan(inputs, {"qtype": PER_GROUP, "group_shape": tuple(block if i == a else 1 for i in range(r))})
+
+
+# == DynamicDequantize-2 ==========================================================================
+#
+# Version 2's forms, each lowered bit-exact for ONNX Runtime (whose DequantizeLinear takes
+# float32 and float16 scales only, has no int4 Reshape/Expand and no bfloat16 arithmetic):
+#
+# - "dql": zps absent or of src's dtype, float32/float16 scales: one DequantizeLinear
+#   (per_tensor and per_channel as version 1; per_group with at most one grouped dim as
+#   DequantizeLinear-21 with axis and block_size).  int4 needs opset 21, float16 19.
+# - bfloat16 scales: the same with the scales Cast to float32 and the result Cast to
+#   bfloat16 (exact: the float32 product rounds once, to bfloat16).
+# - "integer": everything else (zps of another dtype, more than one grouped dim, an int4
+#   one-element zero point that would need a Reshape, unknown dtypes): Cast src and zps to
+#   int64, Sub, Cast to float32, Mul by the float32 scales, Cast to T2.  Broadcasting is
+#   done on the float32 scales and int64 zps only.
+
+
+INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
+FLOAT16_DQL_OPSET = 19  # DequantizeLinear with float16 scales
+BFLOAT16_OPSET = 13  # Cast to and from bfloat16
+UNSQUEEZE_AXES_INPUT_OPSET = 13  # per_group broadcasting (Unsqueeze with axes as an input)
+CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
+INT4_IR = 10
+_V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
+_INT4 = ("int4", "uint4")
+
+
+def _dtype(spec: TensorSpec | None) -> str | None:
+    return None if spec is None else spec.dtype
+
+
+def _grouped(group_shape) -> list[int]:
+    return [i for i, g in enumerate(group_shape or ()) if g > 1]
+
+
+def _route(src, scales, zps, qtype, group_shape) -> str:
+    """"v1" (version 1's lowering, exactly), "dql" or "integer"."""
+    s, t, z = _dtype(src), _dtype(scales), _dtype(zps)
+    if qtype != PER_GROUP and s in _V1_SRC and t == "float32" and (zps is None or z in _V1_ZPS):
+        return "v1"
+    if t not in ("float32", "float16", "bfloat16") or not takes_zero_point(src, zps):
+        return "integer"
+    if qtype == PER_GROUP and len(_grouped(group_shape)) > 1:
+        return "integer"
+    if z in _INT4 and qtype != PER_GROUP:
+        # a one-element int4 zero point would need a Reshape (per_tensor) or an Expand
+        # (per_channel), which ONNX Runtime lacks for int4: unless it is known to need neither
+        zshape, sshape = _known_shape(zps), _known_shape(scales)
+        if qtype == PER_TENSOR and zshape != ():
+            return "integer"
+        if qtype == PER_CHANNEL and (zshape is None or zshape != sshape):
+            return "integer"
+    return "dql"
+
+
+@OP2.def_lowering_needs
+def dynamic_dequantize_2_needs(
+    src: TensorSpec | None,
+    scales: TensorSpec | None,
+    zps: TensorSpec | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+) -> Needs:
+    route = _route(src, scales, zps, qtype, group_shape)
+    if route == "v1":
+        return dynamic_dequantize_needs(src, scales, zps, qtype=qtype, axis=axis)
+    int4 = _dtype(src) in _INT4 or _dtype(zps) in _INT4
+    t = _dtype(scales)
+    why, opset = [], DQL_OPSET
+    if route == "dql":
+        if qtype == PER_GROUP:
+            opset, why = INT4_OPSET, ["blocked DequantizeLinear (block_size)"]
+        elif qtype == PER_CHANNEL:
+            opset, why = PER_CHANNEL_DQL_OPSET, ["per_channel DequantizeLinear with axis"]
+        else:
+            why = ["DequantizeLinear"]
+        if t == "float16":
+            opset, why = max(opset, FLOAT16_DQL_OPSET), why + ["float16 scales"]
+    else:
+        why = ["Cast, Sub and Mul"]
+        if qtype == PER_GROUP:
+            opset, why = UNSQUEEZE_AXES_INPUT_OPSET, why + ["per_group broadcasting (Unsqueeze-13)"]
+        if t is None:
+            opset, why = max(opset, CASTLIKE_OPSET), why + ["CastLike to the unknown dtype of scales"]
+    if t == "bfloat16":
+        opset, why = max(opset, BFLOAT16_OPSET), why + ["Cast to bfloat16"]
+    if int4:
+        opset, why = max(opset, INT4_OPSET), why + ["int4/uint4 tensors"]
+    return Needs(opset, INT4_IR if int4 else 3, ", ".join(why))
+
+
+@OP2.def_lowering
+def dynamic_dequantize_2(
+    ctx: LoweringContext,
+    src: str,
+    scales: str,
+    zps: str | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+) -> str:
+    """Lower one DynamicDequantize-2; return the name of the value holding dst."""
+    zps = zps or None
+    zps_spec = (ctx.spec(zps) or TensorSpec(None, None)) if zps else None
+    scales_spec = ctx.spec(scales) or TensorSpec(None, None)
+    route = _route(ctx.spec(src) or TensorSpec(None, None), scales_spec, zps_spec, qtype, group_shape)
+    if route == "v1":
+        return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
+    t = scales_spec.dtype
+    if route == "dql":
+        scale = scales if t != "bfloat16" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+        if qtype == PER_GROUP:
+            grouped = _grouped(group_shape)
+            a = grouped[0] if grouped else 0
+            inputs = [src, scale] + ([zps] if zps else [])
+            y = ctx.op("DequantizeLinear", *inputs, axis=a, block_size=int(group_shape[a]), hint="dst")
+        elif qtype == PER_TENSOR:
+            inputs = [src, _scalar(ctx, scale, "scale")] + ([_scalar(ctx, zps, "zero_point")] if zps else [])
+            y = ctx.op("DequantizeLinear", *inputs, hint="dst")
+        else:
+            inputs = [src, scale]
+            if zps:
+                zshape, sshape = _known_shape(zps_spec), _known_shape(scales_spec)
+                if zshape is None or zshape != sshape:  # 8-bit only (_route): one zero point for every channel
+                    zps = ctx.op("Expand", zps, ctx.op("Shape", scales, hint="scales_shape"), hint="zero_point")
+                inputs.append(zps)
+            y = ctx.op("DequantizeLinear", *inputs, axis=int(axis), hint="dst")
+        ctx.form = "DequantizeLinear" + (" (blocked)" if qtype == PER_GROUP else "")
+    else:
+        ctx.form = "integer arithmetic"
+        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+        zp = ctx.op("Cast", zps, to=TensorProto.INT64, hint="zero_point_int64") if zps else None
+        scale, zp = _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape)
+        x = ctx.op("Cast", src, to=TensorProto.INT64, hint="src_int64")
+        if zp is not None:
+            x = ctx.op("Sub", x, zp, hint="centered")
+        x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
+        y = ctx.op("Mul", x, scale, hint="dst_float" if t != "float32" else "dst")
+        if t is None:
+            return ctx.op("CastLike", y, scales, hint="dst")
+    if t == "bfloat16":
+        return ctx.op("Cast", y, to=TensorProto.BFLOAT16, hint="dst")
+    if t == "float16" and route == "integer":
+        return ctx.op("Cast", y, to=TensorProto.FLOAT16, hint="dst")
+    return y
+
+
+def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
+    """The float32 scales and int64 zero points shaped to broadcast against src."""
+    if qtype == PER_TENSOR:
+        return _scalar(ctx, scale, "scale"), None if zp is None else _scalar(ctx, zp, "zero_point")
+    if qtype == PER_CHANNEL:
+        shape = _channel_shape(ctx, src, int(axis))
+        if shape is None:
+            return scale, zp
+        scale = ctx.op("Reshape", scale, shape, hint="scale")
+        if zp is not None:
+            zp = ctx.op("Reshape", zp, shape, hint="zero_point")  # a one-element zp stays one element
+        return scale, zp
+    # per_group: (n0, n1, ...) -> Unsqueeze (n0, 1, n1, 1, ...) -> Expand (n0, g0, n1, g1, ...) -> src's shape
+    r = len(group_shape)
+    axes = ctx.const(np.arange(1, 2 * r, 2, dtype=np.int64), "group_axes")
+    blocks = ctx.const(np.array([x for g in group_shape for x in (1, g)], np.int64), "group_blocks")
+    src_shape = ctx.op("Shape", src, hint="src_shape")
+
+    def spread(name, hint):
+        u = ctx.op("Unsqueeze", name, axes, hint=f"{hint}_unsqueezed")
+        e = ctx.op("Expand", u, blocks, hint=f"{hint}_expanded")
+        return ctx.op("Reshape", e, src_shape, hint=hint)
+
+    return spread(scale, "scale"), None if zp is None else spread(zp, "zero_point")
+
+
+@OP2.def_lifting(source=("", "DequantizeLinear"))
+def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
+    """Version 2 takes what version 1 does and also: int4/uint4 x, float16/bfloat16 x_scale
+    (with output_dtype absent or equal), and blocked DequantizeLinear-21 (block_size) as
+    per_group when every dim of x is known and divides exactly."""
+    plan = _plan_or_reason(node, spec, 2)
+    return LiftRefusal(plan) if isinstance(plan, str) else plan

@@ -11,7 +11,7 @@ needs NumPy (and ml_dtypes) only and never imports onnx; `dyndq.check`,
 """
 from importlib import import_module, metadata
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, Problem, TensorSpec, ValidationError
 
 # The parts that need no onnx attach themselves to the op handles when imported.
 from dyndq import shape_inference as _shape_inference  # noqa: F401
@@ -64,6 +64,7 @@ _registration.install()
 __all__ = [
     "DOMAIN",
     "DYNAMIC_DEQUANTIZE_1",
+    "DYNAMIC_DEQUANTIZE_2",
     "Problem",
     "TensorSpec",
     "ValidationError",

@@ -67,10 +67,25 @@ def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
     specs = input_specs(op, node, lambda name: spec_of_type(types.get(name)))
     if attrs is not None and all(s is not None for s, p in zip(specs, op.inputs) if not p.optional):
         try:
-            op.shape_inference(*specs, **attrs)
+            inferred = op.shape_inference(*specs, **attrs)
         except ValidationError as e:
             problems += e.problems
+        else:
+            problems += _declared_outputs(op, node, inferred, types)
     return [p.at(**where) for p in problems]
+
+
+def _declared_outputs(op: OpVersion, node, inferred, types) -> list[Problem]:
+    """A declared output dtype other than the one the op infers (e.g. a float32 dst beside
+    float16 scales): ONNX would report it as a clash of types, far from the node."""
+    inferred = inferred if isinstance(inferred, (list, tuple)) else [inferred]
+    problems = []
+    for param, name, spec in zip(op.outputs, node.output, inferred):
+        declared = spec_of_type(types.get(name))
+        if declared is not None and declared.dtype and spec.dtype and declared.dtype != spec.dtype:
+            problems.append(Problem(param.name, f"declared dtype {declared.dtype}",
+                                    f"{spec.dtype}, the dtype the op gives it ({param.type_var})"))
+    return problems
 
 
 def input_specs(op: OpVersion, node: onnx.NodeProto, spec_of) -> list[TensorSpec | None]:

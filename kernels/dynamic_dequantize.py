@@ -1,10 +1,14 @@
-"""The NumPy kernel of DynamicDequantize-1.
+"""The NumPy kernels of DynamicDequantize-1 and -2.
 
-    dst = float32(int64(src) - int64(zp)) * scale
+    dst = T2(float32(int64(src) - int64(zp)) * float32(scale))
 
-per tensor (one scale, one zero point) or per channel (one per index of src
-along `axis`), zp = 0 when `zps` is absent.  Exact to the bit, for every dtype
-pair, as ONNX Runtime's DequantizeLinear computes it.
+per tensor (one scale, one zero point), per channel (one per index of src
+along `axis`) or, from version 2, per group (one per block of `group_shape`),
+zp = 0 when `zps` is absent; T2 is the dtype of scales (float32 in version 1).
+Exact to the bit, for every dtype combination, as ONNX Runtime's
+DequantizeLinear computes it.  Version 1's forms (8-bit src, float32 scales)
+take the fast blocked path below; the other forms of version 2 take
+`_general`, block by block along the first axis.
 
 How it stays exact without int64 temporaries
 --------------------------------------------
@@ -38,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
-from dyndq.opdefs import PER_TENSOR, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
+from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
 __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 
@@ -78,12 +82,13 @@ def _spec(a):
     return TensorSpec(None, None) if a is None else TensorSpec.of(a)
 
 
-def _check_out(out, src, others, problems: list[Problem]):
+def _check_out(out, src, others, dst_dtype, problems: list[Problem]):
+    want = dst_dtype.name if dst_dtype is not None else "float32"
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
-        problems.append(Problem("out", f"a {type(out).__name__}", "a float32 numpy.ndarray of src's shape"))
+        problems.append(Problem("out", f"a {type(out).__name__}", f"a {want} numpy.ndarray of src's shape"))
         return
-    if out.dtype.kind != "f" or out.dtype.itemsize != 4:
-        problems.append(Problem("out", f"dtype {out.dtype.name}", "float32"))
+    if out.dtype.name != want:
+        problems.append(Problem("out", f"dtype {out.dtype.name}", f"{want} (the dtype of scales)"))
     if src is not None and out.shape != src.shape:
         problems.append(Problem("out", f"shape {list(out.shape)}", f"src's shape {list(src.shape)}"))
     if not out.flags.writeable:
@@ -122,7 +127,7 @@ _VALID: dict = {}  # argument signatures the shape function accepted (a cache of
 _VALID_MAX = 512
 
 
-def _signature(src, scales, zps, qtype, axis):
+def _signature(op, src, scales, zps, qtype, axis, group_shape):
     """What the shape function sees of a call, as a dict key; None when not plain arrays.
 
     Types ride along with values so that axis=True or axis=1.0 never pass for axis=1."""
@@ -134,7 +139,8 @@ def _signature(src, scales, zps, qtype, axis):
         z = (zps.dtype, zps.shape)
     else:
         return None
-    key = (src.dtype, src.shape, scales.dtype, scales.shape, z, type(qtype), qtype, type(axis), axis)
+    key = (op.since_version, src.dtype, src.shape, scales.dtype, scales.shape, z, type(qtype), qtype, type(axis), axis,
+           type(group_shape), group_shape if not isinstance(group_shape, list) else ("list", *group_shape))
     try:
         hash(key)
     except TypeError:
@@ -142,28 +148,27 @@ def _signature(src, scales, zps, qtype, axis):
     return key
 
 
-def _validate(src, scales, zps, qtype, axis, out, threads):
+def _validate(op, src, scales, zps, attrs, out, threads):
     """Every problem with the arguments, raised at once; the arrays, NumPy scalars made 0-d."""
     problems: list[Problem] = []
     src_a = _array_or_problem(src, "src", problems)
     scales_a = _array_or_problem(scales, "scales", problems)
     zps_a = None if zps is None else _array_or_problem(zps, "zps", problems)
     try:
-        OP.shape_inference(
-            _spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), qtype=qtype, axis=axis
-        )
+        op.shape_inference(_spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), **attrs)
     except ValidationError as e:
         problems += e.problems
     if out is not None:
-        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), problems)
+        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in op.allowed_dtypes("dst") else None
+        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, problems)
     _check_threads(threads, problems)
     if problems:
         raise ValidationError(problems)
     return src_a, scales_a, zps_a
 
 
-@OP.def_kernel
-def dynamic_dequantize(
+@DYNAMIC_DEQUANTIZE_1.def_kernel
+def dynamic_dequantize_1(
     src,
     scales,
     zps=None,
@@ -173,25 +178,61 @@ def dynamic_dequantize(
     out=None,
     threads=None,
 ):
-    """DynamicDequantize-1: `float32(int64(src) - int64(zp)) * scale`, as a float32 array of src's shape.
+    """DynamicDequantize-1: `float32(int64(src) - int64(zp)) * scale`, judged by version 1's rules
+    (int8/uint8 src, float32 scales, per_tensor or per_channel).  See `dynamic_dequantize`."""
+    return _kernel(DYNAMIC_DEQUANTIZE_1, src, scales, zps, {"qtype": qtype, "axis": axis}, out, threads)
 
-    src: int8 or uint8 array.  scales: float32, one element ([1] or []) for
-    qtype="per_tensor", or 1-D with src.shape[axis] elements for
-    qtype="per_channel".  zps (optional; absent means 0): int8, uint8 or int32,
-    shaped like scales, or one element shared by every channel.
-    out: a writeable float32 array of src's shape, overlapping no input; it is
-    filled and returned.  threads: at most this many threads (default: the
-    environment variable DYNDQ_NUM_THREADS, else every core available).
 
-    Raises dyndq.ValidationError naming every bad argument.  Inputs are never modified.
+@DYNAMIC_DEQUANTIZE_2.def_kernel
+def dynamic_dequantize(
+    src,
+    scales,
+    zps=None,
+    *,
+    qtype=PER_TENSOR,
+    axis=1,
+    group_shape=None,
+    out=None,
+    threads=None,
+):
+    """DynamicDequantize: `T2(float32(int64(src) - int64(zp)) * float32(scale))`, an array of
+    src's shape and of scales' dtype T2 (float32, float16 or bfloat16).
+
+    src: int8, uint8, int4 or uint4 array (int4/uint4 as ml_dtypes arrays, one element per
+    byte, as onnx.numpy_helper gives them).  scales: one element ([1] or []) for
+    qtype="per_tensor"; 1-D with src.shape[axis] elements for qtype="per_channel"; src's
+    rank with src.shape[i] / group_shape[i] in each dim for qtype="per_group".
+    zps (optional; absent means 0): int8, uint8, int32, int4 or uint4, shaped like scales
+    (or one element under per_channel).  out: a writeable T2 array of src's shape,
+    overlapping no input; it is filled and returned.  threads: at most this many threads
+    (default: the environment variable DYNDQ_NUM_THREADS, else every core available).
+
+    Every version-1 call computes exactly what version 1 does.  Raises
+    dyndq.ValidationError naming every bad argument.  Inputs are never modified.
     """
-    key = _signature(src, scales, zps, qtype, axis)
+    return _kernel(DYNAMIC_DEQUANTIZE_2, src, scales, zps,
+                   {"qtype": qtype, "axis": axis, "group_shape": group_shape}, out, threads)
+
+
+_FAST_SRC = (np.dtype(np.int8), np.dtype(np.uint8))
+_FAST_ZPS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32))
+
+
+def _kernel(op, src, scales, zps, attrs, out, threads):
+    qtype, axis = attrs["qtype"], attrs["axis"]
+    key = _signature(op, src, scales, zps, qtype, axis, attrs.get("group_shape"))
     if key is None or key not in _VALID or not _extras_ok(src, scales, zps, out, threads):
-        src, scales, zps = _validate(src, scales, zps, qtype, axis, out, threads)
+        src, scales, zps = _validate(op, src, scales, zps, attrs, out, threads)
         if key is not None:
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
             _VALID[key] = True
+    dst = np.dtype(scales.dtype.name)  # T2, in native byte order
+    if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
+            and (zps is None or zps.dtype in _FAST_ZPS)):
+        if out is None:
+            out = np.empty(src.shape, dst)
+        return _general(src, scales, zps, qtype, axis, attrs.get("group_shape"), out)
     if qtype == PER_TENSOR and src.size <= _SMALL and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
         if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
@@ -212,6 +253,80 @@ def dynamic_dequantize(
     return out
 
 
+# -- version 2's other forms: int4 src or zps, float16/bfloat16 scales, per_group ---------------
+
+# NumPy computes with int8/uint8; int4/uint4 arrays (ml_dtypes) are converted to them block by block.
+_WIDE = {"int4": np.dtype(np.int8), "uint4": np.dtype(np.uint8)}
+
+
+def _general(src, scales, zps, qtype, axis, group_shape, out):
+    """out[...] = T2(float32(int64(src) - int64(zp)) * float32(scale)), any form of version 2.
+
+    The work goes block by block along the first axis of a view in which every
+    parameter broadcasts: per_group views src of shape (d0, d1, ...) as
+    (d0/g0, g0, d1/g1, g1, ...) and its parameters as (d0/g0, 1, d1/g1, 1, ...).
+    The subtraction is exact in float32 when |src - zp| < 2**24 (every src dtype with
+    8-bit, 4-bit or small int32 zero points), else exact in float64 and rounded once;
+    the product is one float32 multiply; the conversion to T2 rounds to nearest even once.
+    """
+    if src.size == 0:
+        return out
+    r = src.ndim
+    sc = scales.astype(_F32)  # exact: float16 and bfloat16 are subsets of float32
+    z = None if zps is None else zps.astype(np.int64)  # small: the parameters' size
+    if qtype == PER_TENSOR:
+        vshape, pshape = (src.size,) if r else (1,), ()
+        sc, z = sc.reshape(()), None if z is None else z.reshape(())
+    elif qtype == PER_GROUP:
+        groups = tuple(int(g) for g in group_shape)
+        vshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, g))
+        pshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, 1))
+    else:
+        a = axis % r
+        vshape = src.shape
+        pshape = tuple(-1 if i == a else 1 for i in range(r))
+        if z is not None and z.size == 1:
+            z = z.reshape(())
+    if pshape:
+        sc = sc.reshape(pshape)
+        if z is not None and z.ndim:
+            z = z.reshape(pshape)
+    if z is not None:
+        exact_f32 = src.dtype.itemsize == 1 and (z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP)
+        z = z.astype(_F32 if exact_f32 else np.float64)
+    wide = _WIDE.get(src.dtype.name)
+    sv = src.reshape(vshape)  # a view when src is contiguous; a copy otherwise (read only)
+    target = out if out.flags.c_contiguous else np.empty(src.shape, out.dtype)
+    ov = target.reshape(vshape)
+    rows = max(1, _CHUNK // max(1, math.prod(vshape[1:])))
+
+    def part(p, b0, b1):
+        return p[b0:b1] if p is not None and p.ndim and p.shape[0] != 1 else p
+
+    with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+        for b0 in range(0, vshape[0], rows):
+            b1 = min(b0 + rows, vshape[0])
+            s = sv[b0:b1]
+            if wide is not None:
+                s = s.astype(wide)
+            zb = part(z, b0, b1)
+            if zb is None:
+                t = s.astype(_F32)
+            elif zb.dtype == _F32:
+                t = s.astype(_F32)
+                np.subtract(t, zb, out=t)
+            else:
+                t = np.subtract(s, zb, dtype=np.float64).astype(_F32)
+            np.multiply(t, part(sc, b0, b1), out=t)
+            if ov.dtype == _F32:
+                ov[b0:b1] = t
+            else:
+                ov[b0:b1] = t.astype(ov.dtype)  # one rounding to nearest even
+    if target is not out:
+        np.copyto(out, target)
+    return out
+
+
 def _extras_ok(src, scales, zps, out, threads) -> bool:
     """Cheap checks of out and threads for the common case; False sends the call to
     the full validation, which judges them exactly (and says what is wrong)."""
@@ -221,7 +336,7 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
         return True
     return (
         type(out) is np.ndarray
-        and out.dtype == _F32
+        and out.dtype == np.dtype(scales.dtype.name)
         and out.shape == src.shape
         and out.flags.writeable
         and not np.may_share_memory(out, src)

@@ -22,14 +22,18 @@ from .registry import (
     resolve,
     versions_of,
 )
-from .dynamic_dequantize import DOMAIN, DYNAMIC_DEQUANTIZE_1, PER_CHANNEL, PER_TENSOR, QTYPES
+from .dynamic_dequantize import (DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, PER_CHANNEL, PER_GROUP,
+                                 PER_TENSOR, QTYPES, QTYPES_2)
 
 __all__ = [
     "DOMAIN",
     "DYNAMIC_DEQUANTIZE_1",
+    "DYNAMIC_DEQUANTIZE_2",
     "PER_CHANNEL",
+    "PER_GROUP",
     "PER_TENSOR",
     "QTYPES",
+    "QTYPES_2",
     "REQUIRED",
     "AttrKind",
     "Attribute",

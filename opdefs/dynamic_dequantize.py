@@ -1,9 +1,14 @@
-"""DynamicDequantize, as data: oneDNN Graph's op, version 1.
+"""DynamicDequantize, as data: oneDNN Graph's op, versions 1 and 2.
 
-dst = (src - zps) * scales, per tensor or per channel, with scales and zero
-points given at run time as inputs.  One source document of the op (an early
-preview of oneDNN's documentation) divides by the scale; oneDNN's backend, its tests and
-every later document multiply, as ONNX's DequantizeLinear does.  We multiply.
+dst = (src - zps) * scales, with scales and zero points given at run time as
+inputs.  One source document of the op (an early preview of oneDNN's
+documentation) divides by the scale; oneDNN's backend, its tests and every
+later document multiply, as ONNX's DequantizeLinear does.  We multiply.
+
+Version 1: int8/uint8 src, float32 scales and dst, per tensor or per channel.
+Version 2 (oneDNN >= 3.7): also int4/uint4 src and zero points, float16 and
+bfloat16 scales and dst, and per-group quantization (`group_shape`).  Every
+node valid under version 1 means exactly the same under version 2.
 """
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ DOMAIN = "org.dyndq"
 
 PER_TENSOR = "per_tensor"
 PER_CHANNEL = "per_channel"
-QTYPES = (PER_TENSOR, PER_CHANNEL)
+PER_GROUP = "per_group"
+QTYPES = (PER_TENSOR, PER_CHANNEL)  # version 1's
+QTYPES_2 = (PER_TENSOR, PER_CHANNEL, PER_GROUP)
 
 DYNAMIC_DEQUANTIZE_1 = register(
     OpVersion(
@@ -62,6 +69,66 @@ DYNAMIC_DEQUANTIZE_1 = register(
             TypeConstraint("T1", ("int8", "uint8"), "The quantized src: int8 or uint8."),
             TypeConstraint("T2", ("float32",), "Scales and dst: float32."),
             TypeConstraint("T3", ("int8", "uint8", "int32"), "Zero points: int8, uint8 or int32."),
+        ),
+    )
+)
+
+
+DYNAMIC_DEQUANTIZE_2 = register(
+    OpVersion(
+        name="DynamicDequantize",
+        domain=DOMAIN,
+        since_version=2,
+        doc=(
+            "Converts a quantized int8/uint8/int4/uint4 tensor to float32, float16 or bfloat16 "
+            "(the dtype of scales) with scales and zero points given as inputs: "
+            "dst = T2(float32(int64(src) - int64(zps)) * float32(scales)), rounded to nearest even "
+            "once for the float32 product and once more to T2; per tensor, per channel (along axis) "
+            "or per group (one scale per block of group_shape elements). A missing zps means 0."
+        ),
+        inputs=(
+            Param("src", "T1", "The quantized tensor."),
+            Param(
+                "scales",
+                "T2",
+                "per_tensor: one element, shape [1] or []; per_channel: 1-D, src.shape[axis] elements; "
+                "per_group: src's rank, src.shape[i] / group_shape[i] in each dim i.",
+            ),
+            Param(
+                "zps",
+                "T3",
+                "Zero points. per_tensor: one element; per_channel: the shape of scales, or one element; "
+                "per_group: the shape of scales. Absent means 0.",
+                optional=True,
+            ),
+        ),
+        outputs=(Param("dst", "T2", "The dequantized tensor: src's shape, scales' dtype."),),
+        attributes=(
+            Attribute(
+                "qtype",
+                AttrKind.STRING,
+                PER_TENSOR,
+                "Which dequantization: per_tensor, per_channel or per_group.",
+                allowed=QTYPES_2,
+            ),
+            Attribute(
+                "axis",
+                AttrKind.INT,
+                1,
+                "The channel axis for per_channel, in [-r, r-1] with r = rank(src); ignored otherwise.",
+            ),
+            Attribute(
+                "group_shape",
+                AttrKind.INTS,
+                None,
+                "per_group (required there): the block of src sharing one scale, one entry >= 1 per "
+                "dim of src, each dividing src's dim exactly; ignored otherwise.",
+            ),
+        ),
+        type_constraints=(
+            TypeConstraint("T1", ("int8", "uint8", "int4", "uint4"), "The quantized src."),
+            TypeConstraint("T2", ("float32", "float16", "bfloat16"), "Scales and dst."),
+            TypeConstraint("T3", ("int8", "uint8", "int32", "int4", "uint4"), "Zero points, with any T1."),
         ),
     )
 )

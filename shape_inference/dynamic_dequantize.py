@@ -1,4 +1,4 @@
-"""Shape inference for DynamicDequantize-1: specs and attributes in, dst's spec out.
+"""Shape inference for DynamicDequantize-1 and -2: specs and attributes in, dst's spec out.
 
 This one function holds every rule about the op's arguments (types, ranks,
 lengths, attribute values).  ONNX's shape inference calls it through the schema,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import operator
 
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, QTYPES, Problem, TensorSpec, ValidationError
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
+from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
 
 def _one_element(spec: TensorSpec, arg: str, qtype: str, problems: list[Problem]) -> None:
@@ -29,12 +29,12 @@ def _fmt(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _check_dtype(spec: TensorSpec | None, arg: str, problems: list[Problem]) -> None:
+def _check_dtype(op, spec: TensorSpec | None, arg: str, problems: list[Problem]) -> None:
     if spec is None or spec.dtype is None:
         return
-    allowed = OP.allowed_dtypes(arg)
+    allowed = op.allowed_dtypes(arg)
     if spec.dtype not in allowed:
-        type_var = next(p.type_var for p in OP.inputs if p.name == arg)
+        type_var = next(p.type_var for p in op.inputs if p.name == arg)
         problems.append(Problem(arg, f"dtype {spec.dtype}", f"{type_var} = {' | '.join(allowed)}"))
 
 
@@ -49,7 +49,25 @@ def _normalize_axis(axis, problems: list[Problem]) -> int | None:
         return None
 
 
-@OP.def_shape_inference
+def _common(op, src, scales, zps, qtype, axis, problems) -> int | None:
+    """The rules both versions share: dtypes, qtype, axis, per_tensor and per_channel shapes."""
+    _check_dtype(op, src, "src", problems)
+    _check_dtype(op, scales, "scales", problems)
+    _check_dtype(op, zps, "zps", problems)
+    qtypes = op.attribute("qtype").allowed
+    if not isinstance(qtype, str) or qtype not in qtypes:
+        problems.append(Problem("qtype", repr(qtype), " | ".join(repr(q) for q in qtypes)))
+    axis = _normalize_axis(axis, problems)
+    if qtype == PER_TENSOR:
+        _one_element(scales, "scales", qtype, problems)
+        if zps is not None:
+            _one_element(zps, "zps", qtype, problems)
+    elif qtype == PER_CHANNEL:
+        _check_per_channel(src, scales, zps, axis, problems)
+    return axis
+
+
+@DYNAMIC_DEQUANTIZE_1.def_shape_inference
 def dynamic_dequantize(
     src: TensorSpec,
     scales: TensorSpec,
@@ -59,24 +77,94 @@ def dynamic_dequantize(
     axis: int = 1,
 ) -> TensorSpec:
     problems: list[Problem] = []
-    _check_dtype(src, "src", problems)
-    _check_dtype(scales, "scales", problems)
-    _check_dtype(zps, "zps", problems)
-
-    if not isinstance(qtype, str) or qtype not in QTYPES:
-        problems.append(Problem("qtype", repr(qtype), " | ".join(repr(q) for q in QTYPES)))
-    axis = _normalize_axis(axis, problems)
-
-    if qtype == PER_TENSOR:
-        _one_element(scales, "scales", qtype, problems)
-        if zps is not None:
-            _one_element(zps, "zps", qtype, problems)
-    elif qtype == PER_CHANNEL:
-        _check_per_channel(src, scales, zps, axis, problems)
-
+    _common(DYNAMIC_DEQUANTIZE_1, src, scales, zps, qtype, axis, problems)
     if problems:
         raise ValidationError(problems)
     return TensorSpec("float32", src.shape)
+
+
+@DYNAMIC_DEQUANTIZE_2.def_shape_inference
+def dynamic_dequantize_2(
+    src: TensorSpec,
+    scales: TensorSpec,
+    zps: TensorSpec | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+) -> TensorSpec:
+    """Version 2: dst has scales' dtype and src's shape; per_group judged here, the rest shared."""
+    problems: list[Problem] = []
+    _common(DYNAMIC_DEQUANTIZE_2, src, scales, zps, qtype, axis, problems)
+    if qtype == PER_GROUP:
+        _check_per_group(src, scales, zps, group_shape, problems)
+    if problems:
+        raise ValidationError(problems)
+    dtype = scales.dtype if scales.dtype in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("scales") else None
+    return TensorSpec(dtype, src.shape)
+
+
+def _group_shape(group_shape, problems) -> tuple[int, ...] | None:
+    """group_shape as a tuple of ints, or None after saying what is wrong with it."""
+    if group_shape is None:
+        problems.append(Problem("group_shape", "missing", "a list of ints, one >= 1 per dim of src (qtype='per_group')"))
+        return None
+    if isinstance(group_shape, (str, bytes)) or not hasattr(group_shape, "__iter__"):
+        problems.append(Problem("group_shape", f"{group_shape!r} ({type(group_shape).__name__})", "a list of ints"))
+        return None
+    items = list(group_shape)
+    if not all(not isinstance(g, bool) and _is_int(g) for g in items):
+        problems.append(Problem("group_shape", repr(group_shape), "a list of ints"))
+        return None
+    items = [operator.index(g) for g in items]
+    if any(g < 1 for g in items):
+        problems.append(Problem("group_shape", _fmt(items), "every entry >= 1"))
+        return None
+    return tuple(items)
+
+
+def _is_int(value) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_per_group(src, scales, zps, group_shape, problems) -> None:
+    groups = _group_shape(group_shape, problems)
+    rank = src.rank
+    if rank == 0:
+        problems.append(Problem("src", "rank 0 (a scalar)", "rank >= 1 for qtype='per_group'"))
+        return
+    if groups is not None and rank is not None and len(groups) != rank:
+        problems.append(Problem("group_shape", f"{len(groups)} entries {_fmt(groups)}",
+                                f"{rank} entries, one per dim of src (qtype='per_group')"))
+        groups = None
+    if scales.shape is not None:
+        if rank is not None and len(scales.shape) != rank:
+            problems.append(Problem("scales", f"shape {_fmt(scales.shape)} (rank {len(scales.shape)})",
+                                    f"src's rank {rank} (qtype='per_group')"))
+        elif groups is not None and len(scales.shape) == len(groups):
+            bad_dims = []
+            for i, (d, n, g) in enumerate(zip(src.shape, scales.shape, groups)):
+                if isinstance(d, int) and d % g:
+                    problems.append(Problem("group_shape", f"group_shape[{i}] = {g}",
+                                            f"a divisor of src.shape[{i}] = {d} (qtype='per_group')"))
+                elif isinstance(d, int) and isinstance(n, int) and n * g != d:
+                    bad_dims.append(i)
+            if bad_dims:
+                want = [d // g if isinstance(d, int) else "?" for d, g in zip(src.shape, groups)]
+                problems.append(Problem("scales", f"shape {_fmt(scales.shape)}",
+                                        f"shape [{','.join(map(str, want))}], src.shape / group_shape "
+                                        f"(qtype='per_group', dims {bad_dims} differ)"))
+    if zps is None or zps.shape is None or scales.shape is None:
+        return
+    if len(zps.shape) != len(scales.shape) or any(
+        isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(zps.shape, scales.shape)
+    ):
+        problems.append(Problem("zps", f"shape {_fmt(zps.shape)}",
+                                f"the shape of scales {_fmt(scales.shape)} (qtype='per_group')"))
 
 
 def _check_per_channel(src, scales, zps, axis, problems) -> None:

@@ -176,13 +176,41 @@ def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
         return (src.astype(np.int64) - zp).astype(np.float32) * scales
 
 
+def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None):
+    """Version 2's arithmetic written plainly with NumPy and ml_dtypes:
+    T2(float32(int64(src) - int64(zp)) * float32(scale)), parameters repeated to src's shape."""
+    src = np.asarray(src)
+    t2 = np.asarray(scales).dtype
+    scale = np.asarray(scales).astype(np.float32)
+    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
+    if qtype == "per_group":
+        for i, g in enumerate(group_shape):
+            scale = np.repeat(scale, g, axis=i)
+            zp = np.repeat(zp, g, axis=i) if zp.ndim else zp
+    elif qtype == "per_channel":
+        shape = [1] * src.ndim
+        shape[axis] = src.shape[axis]
+        scale = scale.reshape(shape)
+        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
+    else:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    with np.errstate(all="ignore"):
+        return ((src.astype(np.int64) - zp).astype(np.float32) * scale).astype(t2)
+
+
+def random_array(rng, dtype, shape, *, onednn=False) -> np.ndarray:
+    """Random values of a dtype (our name, or oneDNN's short name with onednn=True)."""
+    name = dtypes.by_onednn(dtype).name if onednn else dtype
+    return _random(rng, name, shape)
+
+
 def same_bits(a, b) -> bool:
-    """float32 arrays of one shape with the very same bits (NaN payloads and -0 included)."""
+    """Float arrays of one dtype and shape with the very same bits (NaN payloads and -0 included)."""
     a, b = np.asarray(a), np.asarray(b)
-    return (
-        a.dtype == np.float32 and b.dtype == np.float32 and a.shape == b.shape
-        and np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
-    )
+    if a.dtype != b.dtype or a.shape != b.shape or a.dtype.kind not in "fV" and a.dtype.name != "bfloat16":
+        return False
+    width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    return np.array_equal(np.ascontiguousarray(a).view(width), np.ascontiguousarray(b).view(width))
 
 
 def same_values(a, b) -> bool:

@@ -18,7 +18,7 @@ def test_make_node_in_our_domain_with_attributes():
 ])
 def test_make_node_refuses_bad_attributes_at_once(kwargs, arg):
     with pytest.raises(dyndq.ValidationError) as e:
-        dyndq.make_node(["x", "s"], ["y"], name="dq", **kwargs)
+        dyndq.make_node(["x", "s"], ["y"], name="dq", version=1, **kwargs)
     [p] = e.value.problems
     assert p.argument == arg and p.node == "dq"
 
@@ -31,8 +31,8 @@ def test_make_node_refuses_wrong_arity(inputs, outputs):
 
 def test_opset_import_and_ir_version():
     imp = dyndq.opset_import()
-    assert (imp.domain, imp.version) == (dyndq.DOMAIN, 1)
+    assert (imp.domain, imp.version) == (dyndq.DOMAIN, 2)  # the newest version
     graph = onnx.helper.make_graph([], "g", [], [])
     model = dyndq.make_model(graph, opset=21)
-    assert {o.domain: o.version for o in model.opset_import} == {"": 21, dyndq.DOMAIN: 1}
+    assert {o.domain: o.version for o in model.opset_import} == {"": 21, dyndq.DOMAIN: 2}
     assert model.ir_version == 10  # what opset 21 needs; ONNX Runtime refuses newer IRs than it knows

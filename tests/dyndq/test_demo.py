@@ -91,7 +91,7 @@ def test_what_it_prints(demo):
     code, text, _, out = demo
     assert text.startswith("dyndq demo: a weight-only-quantized MLP, x[batch,64] -> 128 -> 16")
     # the graph before export, and after
-    assert "graph 'weight_only_quantized_mlp': 7 nodes (opsets: ai.onnx 21, org.dyndq 1; IR 10)" in text
+    assert "graph 'weight_only_quantized_mlp': 7 nodes (opsets: ai.onnx 21, org.dyndq 2; IR 10)" in text
     assert ("org.dyndq::DynamicDequantize(w1_q int8[64,128], w1_scales float32[128], w1_zps int32[128]) -> w1"
             "  axis=1 qtype=per_channel") in text
     assert re.search(r"exported to standard ONNX: 2 DynamicDequantize lowered; \d+ nodes \(opset 21, IR 10\)", text)

@@ -455,10 +455,10 @@ def test_report_counts_and_summary():
 def test_a_function_at_an_older_opset_than_the_model_is_converted_when_lowered_into():
     fn = helper.make_function(
         "my.fns", "DqSqueeze", ["q", "s"], ["y"],
-        [dyndq.make_node(["q", "s"], ["d"], qtype="per_channel", axis=1, name="fn_dq"),
+        [dyndq.make_node(["q", "s"], ["d"], qtype="per_channel", axis=1, name="fn_dq", version=1),
          helper.make_node("Unsqueeze", ["d"], ["d3"], axes=[0]),
          helper.make_node("Squeeze", ["d3"], ["y"], axes=[0])],
-        [helper.make_opsetid("", 11), dyndq.opset_import()])
+        [helper.make_opsetid("", 11), dyndq.opset_import(1)])  # version 1: its integer route needs opset 10
     graph = helper.make_graph(
         [helper.make_node("DqSqueeze", ["q", "s"], ["y"], domain="my.fns")], "g",
         [vi("q", "int8", [2, 3]), vi("s", "float32", [3])], [vi("y", "float32", [2, 3])])

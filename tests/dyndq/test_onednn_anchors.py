@@ -1,10 +1,11 @@
 """oneDNN's own benchdnn graphs that hold DynamicDequantize (tests/data/onednn), as ONNX.
 
 Each oneDNN op becomes a DynamicDequantize node of ours with the same dtypes,
-shapes and attributes. The classic int8 case is DynamicDequantize-1 and must
-check, run and export bit-exactly; the newer per_group / int4 / f16 / bf16 forms
-belong to a later version of the op, and version 1 must refuse each of them
-with problems naming exactly what is out of its reach.
+shapes and attributes. Every one is valid under DynamicDequantize-2 and runs in
+the kernel, bit for bit as the oracle says; the classic int8 case is also
+DynamicDequantize-1 and must check, run and export bit-exactly; the newer
+per_group / int4 / f16 / bf16 forms are out of version 1's reach, and version 1
+must refuse each of them with problems naming exactly what is out of its reach.
 """
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cases import oracle, run_ort, same_bits
+from cases import oracle, oracle_2, random_array, run_ort, same_bits
 from onnx import TensorProto, helper
 
 import dyndq
@@ -34,18 +35,21 @@ def onednn_ops() -> list:
     ]
 
 
-def as_model(op, *, retype=None, attrs=None, shapes=None):
-    """One oneDNN op as a one-node ONNX model (inputs optionally re-typed or re-shaped)."""
+def as_model(op, *, retype=None, attrs=None, shapes=None, version=None):
+    """One oneDNN op as a one-node ONNX model importing org.dyndq at `version` (the newest
+    by default), inputs optionally re-typed or re-shaped."""
     retype, shapes = retype or {}, shapes or {}
     attributes = {k: v["value"] for k, v in op["attrs"].items()} if attrs is None else attrs
     inputs = []
     for role, lt in zip(ROLES, op["inputs"]):
         dtype = retype.get(role, lt["dtype"])
         inputs.append(helper.make_tensor_value_info(role, ONEDNN_TYPES[dtype], shapes.get(role, lt["shape"])))
-    out = helper.make_tensor_value_info("dst", TensorProto.FLOAT, op["outputs"][0]["shape"])
+    dst = TensorProto.FLOAT if version == 1 else ONEDNN_TYPES[retype.get("scales", op["inputs"][1]["dtype"])]
+    out = helper.make_tensor_value_info("dst", dst, op["outputs"][0]["shape"])
     node = helper.make_node("DynamicDequantize", [i.name for i in inputs], ["dst"], name=op["name"],
                             domain=dyndq.DOMAIN, **attributes)
-    return dyndq.make_model(helper.make_graph([node], "onednn", inputs, [out]))
+    versions = None if version is None else {dyndq.DOMAIN: version}
+    return dyndq.make_model(helper.make_graph([node], "onednn", inputs, [out]), versions=versions)
 
 
 def test_the_anchors_are_all_here():
@@ -54,8 +58,26 @@ def test_the_anchors_are_all_here():
 
 
 @pytest.mark.parametrize("op", onednn_ops())
+def test_each_onednn_op_is_valid_under_version_2(op):
+    assert dyndq.check(as_model(op)) == []
+
+
+@pytest.mark.parametrize("op", onednn_ops())
+def test_each_onednn_op_runs_in_the_kernel_bit_for_bit(op):
+    """The op on data drawn in its dtypes and shapes: the kernel and the reference evaluator
+    against the oracle (int64 subtraction, float32 product, one rounding to T2)."""
+    rng = np.random.default_rng(op["id"] % 2**32)
+    arrays = [random_array(rng, lt["dtype"], tuple(lt["shape"]), onednn=True) for lt in op["inputs"]]
+    attrs = {k: v["value"] for k, v in op["attrs"].items()}
+    want = oracle_2(*arrays + [None] * (3 - len(arrays)), **attrs)
+    assert same_bits(dyndq.dynamic_dequantize(*arrays, **attrs), want)
+    [ref] = dyndq.run(as_model(op), dict(zip(ROLES, arrays))).values()
+    assert same_bits(ref, want)
+
+
+@pytest.mark.parametrize("op", onednn_ops())
 def test_each_onednn_op_is_judged_by_version_1(op):
-    problems = dyndq.check(as_model(op))
+    problems = dyndq.check(as_model(op, version=1))
     assert all(p.node == op["name"] for p in problems)
     found = {p.argument for p in problems}
     types = [lt["dtype"] for lt in op["inputs"]]
@@ -79,7 +101,7 @@ def test_each_onednn_op_is_judged_by_version_1(op):
 def test_the_classic_int8_case_checks_runs_and_exports_bit_exactly():
     """op/f32/dynamicdq.json: s8 [2,64,3,3], per_channel on axis 1, f32 scales [64], no zps."""
     [op] = [p.values[0] for p in onednn_ops() if p.id.startswith("op/f32/dynamicdq.json")]
-    model = as_model(op)
+    model = as_model(op, version=1)
     assert dyndq.check(model) == []
     onnx.checker.check_model(model, full_check=True)
     rng = np.random.default_rng(3)
@@ -96,9 +118,9 @@ def test_the_harness_rewrites_of_the_compressed_k_case_fit_version_1_once_scales
     per_channel on axis 3 (scales [32], one zp broadcast): with f32 scales, both are version 1."""
     [op] = [p.values[0] for p in onednn_ops() if "compressed-k-int8" in p.id]
     per_tensor = as_model(op, retype={"scales": "f32"}, attrs={"qtype": "per_tensor"},
-                          shapes={"scales": [1], "zps": [1]})
+                          shapes={"scales": [1], "zps": [1]}, version=1)
     per_channel = as_model(op, retype={"scales": "f32"}, attrs={"qtype": "per_channel", "axis": 3},
-                           shapes={"scales": [32], "zps": [1]})
+                           shapes={"scales": [32], "zps": [1]}, version=1)
     rng = np.random.default_rng(4)
     src = rng.integers(-128, 128, (1, 32, 128, 32), dtype=np.int8)
     for model, scales, zps, qtype in (

@@ -10,10 +10,10 @@ from dyndq.opdefs import registry
 from dyndq.opdefs.registry import PARTS
 
 
-def test_dynamic_dequantize_1_is_registered_under_its_key():
+def test_both_versions_are_registered_under_their_keys():
     assert DYNAMIC_DEQUANTIZE_1.key == (DOMAIN, "DynamicDequantize", 1)
     assert DYNAMIC_DEQUANTIZE_1 in all_versions()
-    assert versions_of(DOMAIN, "DynamicDequantize") == [1]
+    assert versions_of(DOMAIN, "DynamicDequantize") == [1, 2]
 
 
 def test_domain_is_reverse_dns_and_exposed():
@@ -21,7 +21,7 @@ def test_domain_is_reverse_dns_and_exposed():
     assert "." in DOMAIN and DOMAIN == DOMAIN.lower()
 
 
-@pytest.mark.parametrize("opset, expected", [(0, None), (1, 1), (2, 1), (7, 1)])
+@pytest.mark.parametrize("opset, expected", [(0, None), (1, 1), (2, 2), (7, 2)])
 def test_resolve_picks_largest_version_not_above_the_import(opset, expected):
     op = resolve(DOMAIN, "DynamicDequantize", opset)
     assert (op.since_version if op else None) == expected
