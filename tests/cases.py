@@ -321,9 +321,11 @@ def same_bits(a, b) -> bool:
 
 
 def same_values(a, b) -> bool:
-    """Arrays of one dtype and shape, equal element for element (a NaN equals a NaN)."""
+    """Arrays of one dtype and shape with the very same bytes: for floats, the same bits
+    (the sign of zero and NaN payloads included), as every engine comparison must be."""
     a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
 
 
 def run_ort(model, feeds: dict) -> list:
@@ -409,3 +411,33 @@ def _bfloat16_output_as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     g.node.append(helper.make_node("Cast", [dst + "_bf16"], [dst], to=onnx.TensorProto.FLOAT))
     g.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return out
+
+
+# -- ONNX's own DequantizeLinear backend cases: named cheaply, built once, on first use ---------------
+
+
+def backend_case_names() -> list[str]:
+    """The names of ONNX's DequantizeLinear backend test cases, read from the source that
+    defines them (building them all takes seconds; collection needs only their names)."""
+    import inspect
+    import re
+
+    import onnx.backend.test.case.node.dequantizelinear as source
+
+    return sorted(set(re.findall(r'name="(test_dequantizelinear[a-z0-9_]*)"', inspect.getsource(source))))
+
+
+_BACKEND: dict = {}
+
+
+def backend_case(name: str):
+    """One of ONNX's DequantizeLinear backend cases (all are built on the first call, once per run)."""
+    if not _BACKEND:
+        import warnings
+
+        from onnx.backend.test.case.node import collect_testcases
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _BACKEND.update({c.name: c for c in collect_testcases("DequantizeLinear")})
+    return _BACKEND[name]
