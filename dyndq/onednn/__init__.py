@@ -12,13 +12,13 @@ table), emitter (what mappings write with), importer, writer, int4, examples.
 """
 from dyndq.onednn.importer import ImportReport, load
 
-__all__ = ["ImportReport", "load", "dump", "example_inputs", "pack_int4", "unpack_int4", "KINDS"]
+__all__ = ["ImportReport", "load", "dump", "save_json", "example_inputs", "pack_int4", "unpack_int4", "KINDS"]
 
 
 def __getattr__(name):
-    if name == "dump":
-        from dyndq.onednn.writer import dump
-        return dump
+    if name in ("dump", "save_json"):
+        from dyndq.onednn import writer
+        return getattr(writer, name)
     if name == "example_inputs":
         from dyndq.onednn.examples import example_inputs
         return example_inputs
