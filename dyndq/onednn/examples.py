@@ -4,7 +4,8 @@ What an input is for decides its values: the src of a dequantization gets intege
 over its dtype's whole range; scales are small and positive; zero points lie in the
 range of the src they are subtracted from (an u8 zp beside u4 weights stays in 0..15);
 a Select's condition is a random mask and a one-element value it selects (an attention
-mask's fill) is minus infinity; a divisor is positive (1 to 8, as sqrt(head size) is);
+mask's fill) is minus infinity; a divisor is positive (1 to 8, as sqrt(head size) is); the src of
+Sqrt and Pow is non-negative (0 to 4);
 other float inputs (activations) are drawn from N(0, 1).  The same seed gives the same
 arrays.
 """
@@ -42,7 +43,8 @@ def _roles(model: onnx.ModelProto) -> dict[str, tuple[str, int, list[str]]]:
 def _integers(rng, dtype: dtypes.DType, shape, lo=None, hi=None) -> np.ndarray:
     a, b = dtypes.integer_range(dtype)
     lo, hi = max(a, lo if lo is not None else a), min(b, hi if hi is not None else b)
-    return rng.integers(lo, hi + 1, size=shape, dtype=np.int64).astype(dtype.numpy)
+    draw = np.int16 if dtype.bits <= 8 else np.int64  # a quarter of the memory for the big int4 weights
+    return rng.integers(lo, hi + 1, size=shape, dtype=draw).astype(dtype.numpy)
 
 
 def _floats(rng, dtype: dtypes.DType, shape, lo=None, hi=None) -> np.ndarray:
@@ -65,6 +67,8 @@ def example_input(rng, name: str, dtype: dtypes.DType, shape, role, specs) -> np
         return _floats(rng, dtype, shape, 2.0**-8, 2.0**-4)
     if kind == "Select" and index == 2 and int(np.prod(shape)) == 1:
         return np.full(shape, -np.inf, np.float32).astype(dtype.numpy)
+    if kind in ("Sqrt", "Pow") and index == 0:  # real roots and powers of non-negative values
+        return _floats(rng, dtype, shape, 0.0, 4.0)
     if kind == "Divide" and index == 1:
         return _floats(rng, dtype, shape, 1.0, 8.0)
     return _floats(rng, dtype, shape)

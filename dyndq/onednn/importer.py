@@ -97,7 +97,11 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
     from dyndq.checker import value_types
     from dyndq.converters.onnx_types import spec_of_type
 
-    types = value_types(model)
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    for out in bare.graph.output:  # inferred from the inputs alone, not from what the JSON declares
+        out.ClearField("type")
+    types = value_types(bare)
     problems = []
     for op in graph.ops:
         for i, t in enumerate(op.outputs):

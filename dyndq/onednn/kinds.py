@@ -7,6 +7,7 @@ Float arithmetic runs in float32 between exact Casts (see emitter.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from dyndq.onednn.emitter import LOW_FLOATS, OpEmitter, Refused
@@ -218,12 +219,14 @@ def matmul(e: OpEmitter) -> None:
             value = e.node("Transpose", [value], what=f"transpose_{'ab'[i]}", perm=perm)
         operands.append(value)
     want = list(e.op.outputs[0].shape)
-    reshape = _numpy_matmul_shape(*(list(t.shape) for t in e.op.inputs[:2]), flags) != want
+    numpy_shape = _numpy_matmul_shape(*(list(t.shape) for t in e.op.inputs[:2]), flags)
+    # oneDNN keeps the unit dim a rank-1 operand was given where numpy drops it: the same elements
+    reshape = numpy_shape is not None and numpy_shape != want and math.prod(numpy_shape) == math.prod(want)
     if len(e.op.inputs) == 2 and not reshape:
         e.finish("dst", "MatMul", operands)
         return
     value = e.node("MatMul", operands, main=True, what="matmul")
-    if reshape:  # oneDNN keeps the unit dim a rank-1 operand was given; numpy drops it
+    if reshape:
         value = e.node("Reshape", [value, e.const(want, "int64", "dst_shape")], what="dst_shape")
     dst = e.op.outputs[0]
     if len(e.op.inputs) == 3:
