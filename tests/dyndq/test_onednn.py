@@ -35,6 +35,7 @@ def _anchors_module():
 
 run_onnxruntime = _anchors_module().run_onnxruntime
 KIND_FILES = sorted((DATA / "kinds").glob("*.json"))
+GOOD = sorted(p for p in DATA.rglob("*.json") if "bad" not in p.relative_to(DATA).parts)  # anchors and kinds
 MHA = DATA / "complex_fusion/mha/sdpa-compressed-kv-implicit-causal-mask-int8-gs128.json"
 
 
@@ -95,7 +96,7 @@ ORACLES = {
 
 def test_every_mapped_kind_has_a_file_and_an_oracle():
     assert {p.stem for p in KIND_FILES} == set(onednn.KINDS) == set(ORACLES)
-    anchor_kinds = {op["kind"] for p in DATA.rglob("*.json") for op in json.loads(p.read_text())["graph"]}
+    anchor_kinds = {op["kind"] for p in GOOD for op in json.loads(p.read_text())["graph"]}
     assert anchor_kinds <= set(onednn.KINDS)
 
 
@@ -275,7 +276,7 @@ def test_int4_packing_follows_physical_offsets():
 # -- round trips ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", sorted(DATA.rglob("*.json")), ids=lambda p: str(p.relative_to(DATA)))
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: str(p.relative_to(DATA)))
 def test_dump_of_load_keeps_kinds_attributes_dtypes_shapes_and_names(path):
     doc = json.loads(path.read_text())
     back = onednn.dump(onednn.load(doc)[0])
@@ -338,6 +339,11 @@ def test_cli_imports_runs_and_exports(tmp_path, capsys):
     assert main(["export-onednn", str(out), str(back)]) == 0
     kinds = lambda doc: sorted((op["id"], op["kind"]) for op in doc["graph"])  # noqa: E731
     assert kinds(json.loads(back.read_text())) == kinds(_doc())
+
+
+def test_the_bad_example_of_the_readme_is_refused_whole():
+    problems = _problems(str(DATA / "bad/unknown-kinds.json"))
+    assert [(p.node_index, p.op, p.argument) for p in problems] == [(3, "GenIndexFancy", "kind"), (7, "SoftMax", "mode")]
 
 
 def test_cli_names_every_problem_and_writes_nothing(tmp_path, capsys):
