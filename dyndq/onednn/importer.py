@@ -8,6 +8,7 @@ problem of the op that produced the value.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -173,8 +174,8 @@ def load(source) -> tuple[onnx.ModelProto, ImportReport]:
     Raises ValidationError with every problem found; never returns a partial model."""
     graph = read(source)
     name = "onednn"
-    if isinstance(source, (str,)) and not source.lstrip().startswith("{"):
-        name = re.sub(r"\.json$", "", source.replace("\\", "/").rsplit("/", 1)[-1]) or name
+    if isinstance(source, os.PathLike) or isinstance(source, str) and not source.lstrip().startswith("{"):
+        name = re.sub(r"\.json$", "", os.path.basename(os.fspath(source))) or name  # the graph is named after its file
     return build(graph, name)
 
 
