@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem, dtypes
-from dyndq.onednn.reader import Op, Tensor
+from dyndq.onednn_reader import Op, Tensor
 
 FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}

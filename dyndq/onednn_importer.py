@@ -1,6 +1,6 @@
 """`load(path_or_dict)`: a oneDNN graph as an ONNX model, with a report of what was done.
 
-All or nothing: every op is mapped (kinds.py) and every problem of every op is
+All or nothing: every op is mapped (onednn_kinds.py) and every problem of every op is
 collected; any problem raises `ValidationError` with all of them, and no model is
 returned.  The finished model must pass `dyndq.check`, and every value's dtype and
 shape as ONNX infers them must be what the JSON declares; a disagreement is a
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-from dyndq.onednn.emitter import OpEmitter, Refused
-from dyndq.onednn.kinds import KINDS, ROLES
-from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, read
+from dyndq.onednn_emitter import OpEmitter, Refused
+from dyndq.onednn_kinds import KINDS, ROLES
+from dyndq.onednn_reader import GRAPH, Graph, Op, Tensor, read
 from dyndq.opdefs import Problem, ValidationError
 
 OPSET = 21
@@ -48,7 +48,6 @@ def value_names(graph: Graph) -> dict[int, str]:
     names: dict[int, str] = {}
     for op in graph.ops:
         base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
-        roles = ROLES.get(op.kind, ())
         for i, t in enumerate(op.outputs):
             names[t.id] = f"{base}_{'dst' if i == 0 else f'dst{i}'}_{t.id}"
     for op in graph.ops:

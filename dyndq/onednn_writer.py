@@ -17,7 +17,7 @@ import tempfile
 import onnx
 
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
-from dyndq.onednn.int4 import dense_strides
+from dyndq.onednn_int4 import dense_strides
 from dyndq.opdefs import DOMAIN, Problem, ValidationError, dtypes
 
 FORMAT_VERSION = "3.7.0"  # written when the model does not say which version it came from

@@ -3,14 +3,14 @@
 Every mapping follows oneDNN's documented semantics (doc/graph/operations/*.md and
 the op schemas in src/graph/interface/op_def.hpp): attributes it cannot honour, and
 dtypes outside what the kind takes, are named as problems rather than guessed at.
-Float arithmetic runs in float32 between exact Casts (see emitter.py).
+Float arithmetic runs in float32 between exact Casts (see onednn_emitter.py).
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
 
-from dyndq.onednn.emitter import LOW_FLOATS, OpEmitter, Refused
+from dyndq.onednn_emitter import LOW_FLOATS, OpEmitter, Refused
 
 FLOATS = {"float32"} | LOW_FLOATS
 NUMPY_BROADCAST = ("numpy", "none")
