@@ -185,6 +185,10 @@ def dynamic_quantize(e: OpEmitter) -> None:
                 e.refuse(f"inputs[{i}]", f"{t.describe()}", "one element for qtype='per_tensor'")
             target = []
         else:
+            channels = src.shape[shape.index(-1)]
+            if len(t.shape) != 1 or n != channels:
+                e.refuse(f"inputs[{i}]", t.describe(), f"a 1-D tensor of {channels} elements, src's dimension "
+                                                       f"{shape.index(-1)} (qtype='per_channel')")
             target = shape
         value = e.input(i) if t.dtype.name == "float32" else e.cast(e.input(i), e.op.inputs[1].dtype, what=f"in{i}_f32")
         return e.node("Reshape", [value, e.const(target, "int64", f"in{i}_shape")], what=f"in{i}_broadcast")

@@ -168,6 +168,29 @@ def test_attributes_out_of_reach_are_named():
     assert [(p.op, p.argument) for p in problems] == [("Quantize", "scales")]
 
 
+def test_dynamic_quantize_per_channel_takes_one_scale_per_channel():
+    doc = _one_op("DynamicQuantize", {"qtype": "per_channel", "axis": 1},
+                  [("f32", [2, 3]), ("f32", [2])], ("s8", [2, 3]))
+    [p] = _problems(doc)
+    assert (p.op, p.argument) == ("DynamicQuantize", "inputs[1]") and "3 elements" in p.allowed
+    doc["graph"][0]["inputs"][1]["shape"] = [3]
+    model, _ = onednn.load(doc)
+    src, scales = onednn.example_inputs(model, 0).values()
+    [got] = dyndq.run(model, {model.graph.input[0].name: src, model.graph.input[1].name: scales}).values()
+    assert np.array_equal(got, _quantize(src, scales[None, :], 0, np.int8))
+
+
+def test_the_modules_ship_in_the_wheel():
+    """pyproject lists packages one by one: the interop's modules sit directly in dyndq/ (a
+    dyndq/onednn/ package would be left out of the wheel unless listed)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    modules = sorted((root / "dyndq").glob("onednn*"))
+    assert modules and all(m.is_file() and m.suffix == ".py" for m in modules) and "dyndq" in packages
+
+
 # -- bad graphs: every problem, naming the op ---------------------------------------------------
 
 
