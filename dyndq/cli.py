@@ -6,6 +6,8 @@
     dyndq lift   IN OUT
     dyndq run    MODEL --input NAME=FILE.npy ... [--engine reference|onnxruntime] [--output-dir DIR]
     dyndq schema
+    dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR]
+    dyndq export-onednn MODEL.onnx OUT.json
 
 Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.
 Mistakes a user can make (a missing or non-ONNX file, a bad --input) are told
@@ -80,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="reference: ONNX's reference evaluator with our kernel (default); "
                         "onnxruntime: export, then ONNX Runtime on the CPU")
     r.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/NAME.npy")
+
+    _onednn_parsers(sub)
 
     sub.add_parser("schema", help="print the op's schema",
                    description="Print each registered op version: inputs, outputs, attributes with defaults, type constraints.")
@@ -295,6 +299,72 @@ def cmd_run(args) -> int:
     return OK
 
 
+def _onednn_parsers(sub) -> None:
+    i = sub.add_parser("import-onednn", help="a oneDNN Graph JSON as an ONNX model",
+                       description="Write OUT.onnx: the oneDNN graph (benchdnn JSON, oneDNN's graph dump) as ONNX "
+                                   "holding DynamicDequantize and standard ops. Exit 1 with every problem when an "
+                                   "op cannot be mapped.")
+    i.add_argument("graph", metavar="GRAPH.json")
+    i.add_argument("output", metavar="OUT.onnx")
+    i.add_argument("--inputs-dir", metavar="DIR", help="also write one example NAME.npy per graph input into DIR")
+    i.add_argument("--seed", type=int, default=0, help="the seed of the example inputs (default 0)")
+    x = sub.add_parser("export-onednn", help="an ONNX model as a oneDNN Graph JSON",
+                       description="Write OUT.json: MODEL as a oneDNN graph (3.x format). Exit 1 with every "
+                                   "problem when oneDNN cannot express it.")
+    x.add_argument("model", metavar="MODEL.onnx")
+    x.add_argument("output", metavar="OUT.json")
+
+
+def cmd_import_onednn(args) -> int:
+    import dyndq
+    from dyndq import onednn
+    from dyndq.files import ModelFileError, save_array, save_model
+
+    if not os.path.isfile(args.graph):
+        raise UsageError(f"{args.graph}: no such file")
+    try:
+        model, report = onednn.load(args.graph)
+    except dyndq.ValidationError as e:
+        _print_problems(args.graph, e.problems, sys.stderr)
+        return PROBLEMS
+    try:
+        save_model(model, args.output)
+        print(f"wrote {args.output}: {report.summary()}")
+        for note in report.notes:
+            print(f"  note: {note}")
+        if args.inputs_dir:
+            os.makedirs(args.inputs_dir, exist_ok=True)
+            for name, value in onednn.example_inputs(model, args.seed).items():
+                path = os.path.join(args.inputs_dir, _SAFE_NAME.sub("_", name) + ".npy")
+                save_array(path, value)
+                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+                if value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: .npy keeps only the bytes
+                    print(f"  note: NumPy stores {value.dtype.name} as raw bytes; read it back with "
+                          f"numpy.load(path).view(ml_dtypes.{value.dtype.name})")
+    except (ModelFileError, OSError) as e:
+        raise UsageError(str(e)) from None
+    return OK
+
+
+def cmd_export_onednn(args) -> int:
+    import dyndq
+    from dyndq import onednn
+
+    loaded = _load(args.model)
+    try:
+        doc = onednn.dump(loaded.model)
+    except dyndq.ValidationError as e:
+        _print_problems(args.model, e.problems, sys.stderr)
+        return PROBLEMS
+    try:
+        onednn.save_json(doc, args.output)
+    except OSError as e:
+        raise UsageError(f"{args.output}: cannot write it ({e.strerror or e})") from None
+    print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "
+          f"{len(doc['input_ports'])} input ports, {len(doc['output_ports'])} output ports")
+    return OK
+
+
 def cmd_schema(args) -> int:
     print(schema_text())
     return OK
@@ -364,6 +434,8 @@ _COMMANDS = {
     "lift": cmd_lift,
     "run": cmd_run,
     "schema": cmd_schema,
+    "import-onednn": cmd_import_onednn,
+    "export-onednn": cmd_export_onednn,
 }
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,145 @@
+"""What a kind's mapping writes with: ONNX nodes for one oneDNN op, tagged with the op's id.
+
+Every node a mapping writes carries `onednn.id` in its metadata; the op's main node
+(the one that keeps the op's name) also carries `onednn.op`, the op as JSON (kind,
+attributes, tensor ids), so that `dump` can write the op back as it was.
+
+float16 and bfloat16 arithmetic is written as float32 arithmetic between exact Casts
+(`float_op`): ONNX Runtime's CPU has no bfloat16 kernels for these ops and runs its
+float16 ones by inserting the same Casts itself; one rounding to the output dtype
+at the end is what oneDNN's kernels do too (they compute in float32 and round once).
+For + - * / max min sqrt the result is then exactly the IEEE float16/bfloat16 result.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from dyndq.opdefs import Problem, dtypes
+from dyndq.onednn_reader import Op, Tensor
+
+FLOAT32 = dtypes.by_name("float32")
+LOW_FLOATS = {"float16", "bfloat16"}
+
+
+class Refused(Exception):
+    """The op cannot be mapped; its problems are in the OpEmitter."""
+
+
+class OpEmitter:
+    def __init__(self, op: Op, names: dict[int, str], taken: set[str], node_name: str | None = None):
+        self.op = op
+        self.node_name = op.name if node_name is None else node_name  # unique in the graph, as ONNX Runtime asks
+        self.names = names
+        self.taken = taken
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.problems: list[Problem] = []
+        self._main_done = False
+
+    # -- judging ------------------------------------------------------------------------
+
+    def problem(self, argument, found, allowed) -> None:
+        self.problems.append(self.op.problem(argument, found, allowed))
+
+    def refuse(self, argument, found, allowed):
+        self.problem(argument, found, allowed)
+        raise Refused()
+
+    def attrs(self, **defaults) -> dict:
+        """The op's attributes over `defaults`; an attribute not in `defaults` is one the
+        mapping cannot honour, and is named."""
+        for key in self.op.attrs:
+            if key not in defaults:
+                known = ", ".join(defaults) or "none"
+                self.problem(key, f"attribute {key}={self.op.attrs[key]!r}", f"the attributes this mapping honours: {known}")
+        return {**defaults, **self.op.attrs}
+
+    def arity(self, inputs, outputs=1) -> None:
+        """`inputs`: a count or (least, most)."""
+        lo, hi = (inputs, inputs) if isinstance(inputs, int) else inputs
+        if not lo <= len(self.op.inputs) <= hi:
+            self.problem("inputs", f"{len(self.op.inputs)} inputs", f"{lo}" if lo == hi else f"{lo} to {hi}")
+        if len(self.op.outputs) != outputs:
+            self.problem("outputs", f"{len(self.op.outputs)} outputs", f"{outputs}")
+        if self.problems:
+            raise Refused()
+
+    def dtype_in(self, tensor: Tensor, where: str, allowed: set[str]) -> None:
+        if tensor.dtype.name not in allowed:
+            names = ", ".join(sorted(dtypes.by_name(n).onednn for n in allowed))
+            self.problem(where, f"dtype {tensor.dtype.onednn}", names)
+
+    # -- names --------------------------------------------------------------------------
+
+    def input(self, i: int) -> str:
+        return self.names[self.op.inputs[i].id]
+
+    def output(self, i: int = 0) -> str:
+        return self.names[self.op.outputs[i].id]
+
+    def temp(self, what: str) -> str:
+        base = f"{self.node_name or self.op.kind}/{what}"
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    # -- writing ------------------------------------------------------------------------
+
+    def node(self, op_type: str, inputs: list[str], output: str | None = None, *, main=False, domain="",
+             what: str | None = None, **attrs) -> str:
+        """One node; returns its output's name (a fresh one unless `output` is given)."""
+        output = output or self.temp(what or op_type.lower())
+        name = self.node_name if main and not self._main_done else self.temp(f"{what or op_type.lower()}_node")
+        node = helper.make_node(op_type, inputs, [output], name=name, domain=domain, **attrs)
+        self.tag(node, main)
+        self.nodes.append(node)
+        return output
+
+    def tag(self, node: onnx.NodeProto, main: bool) -> None:
+        helper.set_metadata_props(node, {"onednn.id": str(self.op.id)})
+        if main and not self._main_done:
+            self._main_done = True
+            entry = {"id": self.op.id, "name": self.op.name, "kind": self.op.kind,
+                     "attrs": {k: {"type": self.op.attr_types.get(k, ""), "value": v} for k, v in self.op.attrs.items()},
+                     "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
+                     "input_names": [self.names[t.id] for t in self.op.inputs],
+                     "output_names": [self.names[t.id] for t in self.op.outputs]}
+            helper.set_metadata_props(node, {"onednn.id": str(self.op.id), "onednn.op": json.dumps(entry)})
+
+    def const(self, values, dtype: str, what: str = "const") -> str:
+        name = self.temp(what)
+        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=dtypes.by_name(dtype).numpy), name))
+        return name
+
+    def cast(self, name: str, dtype: dtypes.DType, what="cast") -> str:
+        return self.node("Cast", [name], what=what, to=dtype.onnx)
+
+    def f32(self, i: int) -> str:
+        """Input i as float32 (an exact Cast from float16/bfloat16)."""
+        t = self.op.inputs[i]
+        if t.dtype.name == "float32":
+            return self.input(i)
+        if t.dtype.name not in LOW_FLOATS:
+            self.refuse(f"inputs[{i}]", f"dtype {t.dtype.onednn}", "f32, f16, bf16")
+        return self.cast(self.input(i), FLOAT32, what=f"in{i}_f32")
+
+    def finish(self, value: str, op_type: str, inputs: list[str], out: int = 0, **attrs) -> None:
+        """`op_type` in float32 as the main node, then one rounding to output `out`'s dtype."""
+        dst = self.op.outputs[out]
+        if dst.dtype.name == "float32":
+            self.node(op_type, inputs, self.output(out), main=True, **attrs)
+        else:
+            if dst.dtype.name not in LOW_FLOATS:
+                self.refuse(f"outputs[{out}]", f"dtype {dst.dtype.onednn}", "f32, f16, bf16")
+            tmp = self.node(op_type, inputs, main=True, what=f"{value}_f32", **attrs)
+            self.node("Cast", [tmp], self.output(out), what="round_to_dst", to=dst.dtype.onnx)
+
+    def float_op(self, op_type: str, inputs: list[int], **attrs) -> None:
+        self.finish("dst", op_type, [self.f32(i) for i in inputs], **attrs)

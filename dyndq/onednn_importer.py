@@ -1,0 +1,181 @@
+"""`load(path_or_dict)`: a oneDNN graph as an ONNX model, with a report of what was done.
+
+All or nothing: every op is mapped (onednn_kinds.py) and every problem of every op is
+collected; any problem raises `ValidationError` with all of them, and no model is
+returned.  The finished model must pass `dyndq.check`, and every value's dtype and
+shape as ONNX infers them must be what the JSON declares; a disagreement is a
+problem of the op that produced the value.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper
+
+from dyndq.onednn_emitter import OpEmitter, Refused
+from dyndq.onednn_kinds import KINDS, ROLES
+from dyndq.onednn_reader import GRAPH, Graph, Op, Tensor, read
+from dyndq.opdefs import Problem, ValidationError
+
+OPSET = 21
+METADATA = ("version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int")
+
+
+@dataclass
+class ImportReport:
+    ops: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # kind -> how many ops
+    onnx_nodes: int = 0
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
+        return (f"{self.ops} oneDNN ops ({kinds}) -> {self.onnx_nodes} ONNX nodes; "
+                f"{len(self.inputs)} inputs, {len(self.outputs)} outputs")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def value_names(graph: Graph) -> dict[int, str]:
+    """Readable, unique names: the producer's (or first consumer's) op name, the tensor's role
+    there, and its id: `deq_gate_dst_3`, `fc_gate_src_5`."""
+    names: dict[int, str] = {}
+    for op in graph.ops:
+        base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
+        for i, t in enumerate(op.outputs):
+            names[t.id] = f"{base}_{'dst' if i == 0 else f'dst{i}'}_{t.id}"
+    for op in graph.ops:
+        base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
+        roles = ROLES.get(op.kind, ())
+        for i, t in enumerate(op.inputs):
+            names.setdefault(t.id, f"{base}_{roles[i] if i < len(roles) else f'in{i}'}_{t.id}")
+    return names
+
+
+def _value_info(name: str, t: Tensor) -> onnx.ValueInfoProto:
+    shape = [d if d >= 0 else None for d in t.shape]
+    return helper.make_tensor_value_info(name, t.dtype.onnx, shape)
+
+
+def node_names(graph: Graph) -> dict[int, str]:
+    """op id -> node name: the op's name, with `#id` added where several ops share it
+    (ONNX Runtime refuses two nodes of one name)."""
+    count: dict[str, int] = {}
+    for op in graph.ops:
+        count[op.name] = count.get(op.name, 0) + 1
+    return {op.id: op.name if op.name and count[op.name] == 1 else f"{op.name or op.kind}#{op.id}" for op in graph.ops}
+
+
+def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> tuple[list, list, list[Problem]]:
+    nodes, initializers, problems = [], [], []
+    taken = set(names.values()) | set(op_names.values())
+    for op in graph.ops:
+        mapping = KINDS.get(op.kind)
+        if mapping is None:
+            problems.append(op.problem("kind", repr(op.kind), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
+            continue
+        e = OpEmitter(op, names, taken, op_names[op.id])
+        try:
+            mapping(e)
+        except Refused:
+            pass
+        problems += e.problems
+        if not e.problems:
+            nodes += e.nodes
+            initializers += e.initializers
+    return nodes, initializers, problems
+
+
+def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> list[Problem]:
+    """Each op output whose inferred dtype or shape differs from the declared one."""
+    from dyndq.checker import value_types
+    from dyndq.converters.onnx_types import spec_of_type
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    for out in bare.graph.output:  # inferred from the inputs alone, not from what the JSON declares
+        out.ClearField("type")
+    types = value_types(bare)
+    problems = []
+    for op in graph.ops:
+        for i, t in enumerate(op.outputs):
+            spec = spec_of_type(types.get(names[t.id]))
+            if spec is None:
+                continue
+            if spec.dtype is not None and spec.dtype != t.dtype.name:
+                problems.append(op.problem(f"outputs[{i}]", f"declared dtype {t.dtype.onednn}",
+                                           f"{spec.dtype}, what the op computes from its inputs"))
+            elif spec.shape is not None and all(isinstance(d, int) for d in spec.shape) and tuple(spec.shape) != t.shape:
+                problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
+                                           f"{list(spec.shape)}, what the op computes from its inputs"))
+    return problems
+
+
+def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportReport]:
+    import dyndq
+
+    names, op_names = value_names(graph), node_names(graph)
+    nodes, initializers, problems = _map_ops(graph, names, op_names)
+    if problems:
+        raise ValidationError(problems)
+    inputs = [_value_info(names[t.id], t) for t in graph.inputs]
+    outputs = [_value_info(names[t.id], t) for t in graph.outputs]
+    g = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
+    model = dyndq.make_model(g, opset=OPSET)
+    problems = _disagreements(model, graph, names)
+    if problems:
+        raise ValidationError(problems)
+    io = {t.id for t in graph.inputs + graph.outputs}
+    declared = {t.id: t for op in graph.ops for t in op.outputs if t.id not in io}
+    model.graph.value_info.extend(_value_info(names[i], t) for i, t in declared.items())
+    meta = {f"onednn.{k}": getattr(graph, k) for k in METADATA}
+    meta["onednn.tensors"] = _tensor_notes(graph)
+    helper.set_model_props(model, meta)
+    by_name = {op_names[op.id]: op for op in graph.ops}
+    problems = [_at_op(p, by_name) for p in dyndq.check(model)]
+    if problems:
+        raise ValidationError(problems)
+    kinds: dict[str, int] = {}
+    for op in graph.ops:
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    report = ImportReport(len(graph.ops), kinds, len(nodes), [i.name for i in inputs], [o.name for o in outputs],
+                          list(graph.notes))
+    return model, report
+
+
+def _tensor_notes(graph: Graph) -> str:
+    """What ONNX has no place for, kept for `dump`: each tensor's property type and layout type."""
+    import json
+
+    seen = {}
+    for op in graph.ops:
+        for t in op.inputs + op.outputs:
+            seen.setdefault(str(t.id), [t.property_type, t.layout_type])
+    return json.dumps(seen, separators=(",", ":"))
+
+
+def _at_op(p: Problem, by_name: dict[str, Op]) -> Problem:
+    """A problem `dyndq.check` found, told as the oneDNN op's (id, name, kind) where it is one's."""
+    op = by_name.get(p.node)
+    if op is None:
+        return p
+    return op.problem(p.argument, p.found, p.allowed)
+
+
+def load(source) -> tuple[onnx.ModelProto, ImportReport]:
+    """The oneDNN graph in `source` (a path, a JSON text or a dict) as an ONNX model, and a report.
+    Raises ValidationError with every problem found; never returns a partial model."""
+    graph = read(source)
+    name = "onednn"
+    if isinstance(source, os.PathLike) or isinstance(source, str) and not source.lstrip().startswith("{"):
+        name = re.sub(r"\.json$", "", os.path.basename(os.fspath(source))) or name  # the graph is named after its file
+    return build(graph, name)
+
+
+__all__ = ["GRAPH", "ImportReport", "load", "value_names"]

@@ -1,0 +1,174 @@
+"""`dump(model) -> dict`: an ONNX model holding our op and mapped standard ops as a oneDNN graph.
+
+The JSON is oneDNN's 3.x graph format: dense row-major strides, `strided` layouts,
+property types, input and output ports.  Nodes that `load` wrote carry the oneDNN
+op they came from in their metadata (`onednn.op`): each such group of nodes is
+written back as that op, kind, attributes, name and tensor ids unchanged.  Other
+nodes are written by the inverse table below, one op per node.  What oneDNN cannot
+express (an ONNX op without a kind, data held in the model, a dtype oneDNN lacks)
+is refused with every problem named.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import onnx
+
+from dyndq.converters.onnx_types import attribute_values, spec_of_type
+from dyndq.onednn_int4 import dense_strides
+from dyndq.opdefs import DOMAIN, Problem, ValidationError, dtypes
+
+FORMAT_VERSION = "3.7.0"  # written when the model does not say which version it came from
+
+# ONNX op type -> (oneDNN kind, attributes from the node's: name -> (oneDNN name, oneDNN type))
+_BROADCAST = {"auto_broadcast": ("numpy", "string")}
+INVERSE = {
+    "MatMul": ("MatMul", {}),
+    "Add": ("Add", _BROADCAST), "Sub": ("Subtract", _BROADCAST), "Mul": ("Multiply", _BROADCAST),
+    "Div": ("Divide", _BROADCAST), "Max": ("Maximum", _BROADCAST), "Min": ("Minimum", _BROADCAST),
+    "Sigmoid": ("Sigmoid", {}), "Relu": ("ReLU", {}), "Exp": ("Exp", {}), "Sqrt": ("Sqrt", {}),
+    "Softmax": ("SoftMax", {}), "Cast": ("TypeCast", {}), "Transpose": ("StaticTranspose", {}),
+    "Identity": ("Reorder", {}), "Where": ("Select", _BROADCAST), "GreaterOrEqual": ("GreaterEqual", _BROADCAST),
+    "Concat": ("Concat", {}), "DynamicDequantize": ("DynamicDequantize", {}),
+}
+_DDQ_TYPES = {"qtype": "string", "axis": "s64", "group_shape": "s64[]"}
+
+
+def _attrs_of(node: onnx.NodeProto, kind: str, shapes: dict, problems: list, blame) -> dict:
+    values = attribute_values(node)
+    out = {k: {"type": t, "value": v} for k, (v, t) in INVERSE[node.op_type][1].items()}
+    if kind == "DynamicDequantize":
+        out.update({k: {"type": _DDQ_TYPES[k], "value": v} for k, v in values.items() if k in _DDQ_TYPES})
+    elif kind == "SoftMax":
+        rank = len(shapes.get(node.input[0]) or [])
+        out["axis"] = {"type": "s64", "value": values.get("axis", -1) % max(rank, 1) if rank else values.get("axis", -1)}
+    elif kind == "StaticTranspose":
+        out["order"] = {"type": "s64[]", "value": list(values["perm"])} if "perm" in values else None
+        if out["order"] is None:
+            rank = len(shapes.get(node.input[0]) or [])
+            out["order"] = {"type": "s64[]", "value": list(range(rank))[::-1]}
+    elif kind == "Concat":
+        out["axis"] = {"type": "s64", "value": values["axis"]}
+    elif values and kind not in ("TypeCast",):
+        problems.append(blame("attributes", f"{sorted(values)}", f"none: oneDNN's {kind} has no counterpart for them"))
+    if kind in ("Maximum", "Minimum") and len(node.input) != 2:
+        problems.append(blame("inputs", f"{len(node.input)} inputs", f"2 (oneDNN's {kind} is binary)"))
+    return out
+
+
+def dump(model: onnx.ModelProto) -> dict:
+    """The model's main graph as a oneDNN graph JSON object (see the module doc)."""
+    from dyndq.checker import value_types
+
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"dump() takes an onnx.ModelProto, not {type(model).__name__}")
+    g = model.graph
+    meta = {p.key: p.value for p in model.metadata_props}
+    types = value_types(model)
+    specs = {name: spec_of_type(tp) for name, tp in types.items()}
+    shapes = {name: (s.shape if s else None) for name, s in specs.items()}
+    notes = json.loads(meta.get("onednn.tensors", "{}"))
+    problems: list[Problem] = []
+    ids: dict[str, int] = {}
+
+    def blame_node(i, node):
+        return lambda arg, found, allowed: Problem(arg, found, allowed, op=node.op_type, node=node.name, node_index=i, graph=g.name)
+
+    # ids kept from load, then fresh ones above them
+    groups: dict[str, dict] = {}
+    for node in g.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        if "onednn.op" in props:
+            entry = json.loads(props["onednn.op"])
+            groups[props["onednn.id"]] = entry
+            for name, tid in zip(entry.get("input_names", []) + entry.get("output_names", []),
+                                 entry["inputs"] + entry["outputs"]):
+                ids.setdefault(name, tid)
+    counter = [max([*ids.values(), *(int(k) for k in notes)], default=-1) + 1]
+
+    def tid(name: str) -> int:
+        if name not in ids:
+            ids[name] = counter[0]
+            counter[0] += 1
+        return ids[name]
+
+    def tensor(name: str, blame) -> dict:
+        spec = specs.get(name)
+        if spec is None or spec.dtype is None:
+            problems.append(blame(name, "a value of unknown type", "a tensor whose dtype ONNX can infer"))
+            return {}
+        row = dtypes.by_name(spec.dtype)
+        if row.onednn is None:
+            problems.append(blame(name, f"dtype {spec.dtype}", "a dtype oneDNN has: " +
+                                  ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)))
+        shape = [d if isinstance(d, int) else -1 for d in (spec.shape or [])]
+        i = tid(name)
+        prop, layout = notes.get(str(i), ["undef", "strided"])
+        return {"id": i, "dtype": row.onednn, "shape": shape,
+                "stride": dense_strides(shape) if all(d >= 0 for d in shape) else [-1] * len(shape),
+                "layout_type": "strided" if layout in ("strided", "any", "undef") else layout, "property_type": prop}
+
+    initializers = {t.name for t in g.initializer}
+    ops, written = [], set()
+    next_op = [max([int(k) for k in groups] or [-1]) + 1]
+    for index, node in enumerate(g.node):
+        props = {p.key: p.value for p in node.metadata_props}
+        blame = blame_node(index, node)
+        if "onednn.id" in props and props["onednn.id"] in groups:
+            key = props["onednn.id"]
+            if key in written:
+                continue
+            written.add(key)
+            e = groups[key]
+            names = (e.get("input_names", []), e.get("output_names", []))
+            ops.append({"id": e["id"], "name": e["name"], "kind": e["kind"], "attrs": e["attrs"],
+                        "inputs": [tensor(n, blame) for n in names[0]], "outputs": [tensor(n, blame) for n in names[1]]})
+            continue
+        if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in INVERSE:
+            problems.append(blame("op_type", f"{node.domain + '::' if node.domain else ''}{node.op_type}",
+                                  "an op oneDNN has a kind for: " + ", ".join(sorted(INVERSE))))
+            continue
+        kind = INVERSE[node.op_type][0]
+        for name in node.input:
+            if name in initializers:
+                problems.append(blame(name, "an initializer (data held in the model)",
+                                      "a graph input: oneDNN's graph JSON holds no tensor data"))
+        attrs = _attrs_of(node, kind, shapes, problems, blame)
+        ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
+                    "attrs": attrs, "inputs": [tensor(n, blame) for n in node.input if n],
+                    "outputs": [tensor(n, blame) for n in node.output]})
+        next_op[0] += 1
+    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers]
+    for name in graph_inputs + [vi.name for vi in g.output]:
+        if name not in ids:
+            problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops", graph=g.name))
+    if problems:
+        raise ValidationError(problems)
+    return {
+        "version": meta.get("onednn.version") or FORMAT_VERSION,
+        "engine_kind": meta.get("onednn.engine_kind", "cpu"),
+        "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
+        "fpmath_mode_apply_to_int": meta.get("onednn.fpmath_mode_apply_to_int", "false"),
+        "input_ports": [ids[n] for n in graph_inputs],
+        "output_ports": [ids[vi.name] for vi in g.output],
+        "graph": ops,
+    }
+
+
+def save_json(doc: dict, path) -> None:
+    """Write `doc` to `path` as JSON, atomically (a temporary file beside it, then a rename)."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
