@@ -285,6 +285,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
             arrays[name] = value
             continue
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        array = _typed(array, spec)
         problem = _feed_problem(name, spec, array)
         if problem:
             problems.append(problem)
@@ -295,6 +296,21 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
     if problems:
         raise ValidationError(problems)
     return arrays
+
+
+# ml_dtypes' types that a .npy file stores as raw bytes ("|V2", "|V1"): np.load gives them back
+# as void arrays, which are taken as the input's dtype when the item size fits.
+_RAW_IN_NPY = {"bfloat16": 2, "int4": 1, "uint4": 1}
+
+
+def _typed(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A void array (as np.load gives an ml_dtypes array back) viewed as the input's dtype."""
+    size = _RAW_IN_NPY.get(spec.dtype)
+    if size is not None and array.dtype.kind == "V" and array.dtype.names is None and array.dtype.itemsize == size:
+        import ml_dtypes
+
+        return array.view(getattr(ml_dtypes, spec.dtype))
+    return array
 
 
 def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:
