@@ -427,9 +427,9 @@ def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
     for i in _grouped(group_shape):
         if src_shape is None:
             src_shape = ctx.op("Shape", src, hint="src_shape")
+            zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
         dim = ctx.op("Gather", src_shape, ctx.const(np.array(i, np.int64), f"dim{i}"), axis=0, hint=f"src_dim{i}")
-        positions = ctx.op("Range", ctx.const(np.array(0, np.int64), "zero"), dim,
-                           ctx.const(np.array(1, np.int64), "one"), hint=f"positions{i}")
+        positions = ctx.op("Range", zero, dim, one, hint=f"positions{i}")
         index = ctx.op("Div", positions, ctx.const(np.array(group_shape[i], np.int64), f"group{i}"), hint=f"group_index{i}")
         scale = ctx.op("Gather", scale, index, axis=i, hint=f"scale_along{i}")
         if zp is not None:
