@@ -125,7 +125,7 @@ def model_of(p, src, scales, zps):
     return helper.make_model(graph, opset_imports=imports, ir_version=10), feeds
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forms())
 def test_every_form_exports_and_runs_in_onnxruntime_bit_for_bit(p):
     src, scales, zps = arrays_of(p)

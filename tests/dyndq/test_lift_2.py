@@ -90,7 +90,7 @@ def ort_can_run(p) -> bool:
             and not (p["form"] == "blocked" and int(np.prod(p["sshape"])) == 1))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dql_graphs())
 def test_export_of_lift_runs_in_onnxruntime_with_the_bits_of_the_original(p):
     model, feeds, arrays = build(p)

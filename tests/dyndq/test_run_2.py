@@ -89,7 +89,7 @@ def build(src, t2, zp, attrs, shape, sshape, as_init, seed):
     return model, feeds, arrays
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs())
 def test_both_engines_return_the_same_arrays(p):
     model, feeds, arrays = build(*p)
