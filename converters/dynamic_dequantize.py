@@ -330,6 +330,9 @@ def dynamic_dequantize_2_needs(
     if route == "v1":
         return dynamic_dequantize_needs(src, scales, zps, qtype=qtype, axis=axis)
     int4 = _dtype(src) in _INT4 or _dtype(zps) in _INT4
+    # Inside a model-local function nothing is typed: src or zps may be int4, and the Cast from
+    # int4 needs opset 21 (and IR 10), so an unknown dtype is taken to need what int4 needs.
+    unknown = _dtype(src) is None or (zps is not None and _dtype(zps) is None)
     t = _dtype(scales)
     opset, why = {
         "tensor": (DQL_OPSET, ["DequantizeLinear"]),
@@ -348,7 +351,9 @@ def dynamic_dequantize_2_needs(
         opset, why = max(opset, BFLOAT16_OPSET), why + ["Cast to bfloat16"]
     if int4:
         opset, why = max(opset, INT4_OPSET), why + ["int4/uint4 tensors"]
-    return Needs(opset, INT4_IR if int4 else 3, ", ".join(why))
+    elif unknown:
+        opset, why = max(opset, INT4_OPSET), why + ["Cast from src/zps of unknown dtype, perhaps int4"]
+    return Needs(opset, INT4_IR if int4 or unknown else 3, ", ".join(why))
 
 
 @OP2.def_lowering

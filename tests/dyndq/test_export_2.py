@@ -162,3 +162,34 @@ def test_the_runner_exports_once_and_keeps_it():
     r = runner(model, "onnxruntime")
     assert [n.op_type for n in r.exported.graph.node] == ["DequantizeLinear"]
     assert runner(model, "onnxruntime") is r
+
+
+def test_a_function_at_a_low_opset_given_int4_is_raised_to_21():
+    """Inside a function src's dtype is unknown: it may be int4 (here it is), whose Cast needs 21."""
+    names = ["w", "s"]
+    f = helper.make_function("local", "Deq", names, ["y"],
+                             [dyndq.make_node(names, ["y"], name="in_function", version=2, qtype="per_tensor")],
+                             opset_imports=[helper.make_opsetid("", 15), dyndq.opset_import(2)])
+    graph = helper.make_graph([helper.make_node("Deq", names, ["y"], domain="local", name="call")], "g",
+                              [vi("w", "int4", [4]), vi("s", "float32", [1])], [vi("y", "float32", [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), dyndq.opset_import(2),
+                                                    helper.make_opsetid("local", 1)], functions=[f], ir_version=10)
+    exported, report = dyndq.export_with_report(model)
+    assert (report.opset, exported.ir_version) == (21, 10)
+    onnx.checker.check_model(exported, full_check=True)
+    feeds = {"w": np.array([1, -2, 3, 7], ml_dtypes.int4), "s": np.array([0.5], np.float32)}
+    assert same_bits(both(model, feeds)["y"], np.array([0.5, -1, 1.5, 3.5], np.float32))
+
+
+def test_ir_version_covers_int4_tensors_the_op_does_not_touch():
+    """A version-1 form (needs opset 10) at opset 13 beside an int4 initializer that is a graph
+    output: the opsets alone would give IR 7, the int4 tensor needs 10."""
+    graph = helper.make_graph(
+        [dyndq.make_node(["q", "s"], ["d"], name="dq", qtype="per_tensor")], "g",
+        [vi("q", "int8", [3]), vi("s", "float32", [1])], [vi("d", "float32", [3]), vi("packed", "int4", [2])],
+        [numpy_helper.from_array(np.array([-8, 7], ml_dtypes.int4), "packed")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), dyndq.opset_import(2)],
+                              ir_version=10)
+    exported = dyndq.export(model)
+    assert (ai_onnx(exported), exported.ir_version) == (13, 10)
+    onnx.checker.check_model(exported, full_check=True)
