@@ -6,7 +6,7 @@
   (its extended level fuses MatMul+Add and pre-packs weights, which changes
   float32 results in the last bits).
 
-Both give identical outputs for our ops (see DESIGN.md section 1).  What an
+Both give identical outputs for our ops (README, "The op").  What an
 engine builds for a model (an evaluator, or an export and an ORT session) is
 cached, keyed on the SHA-256 of the serialized model, so repeated calls with
 the same model (or an identical copy) do not build it again, while a model

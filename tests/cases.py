@@ -8,6 +8,7 @@ either None (valid) or the argument names that the problems must name.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +16,7 @@ import onnx
 from onnx import helper
 
 import dyndq
-from dyndq.converters.onnx_types import elem_type
+from dyndq.converters.onnx_types import elem_type, make_attribute
 from dyndq.opdefs import dtypes
 
 
@@ -28,6 +29,7 @@ class Case:
     attrs: dict = field(default_factory=dict)
     bad: frozenset[str] | None = None  # arguments the problems must name; None = valid
     version: int = 1  # the version of org.dyndq the row is judged by (and its model imports)
+    dst: str | None = None  # the dst dtype the model declares, when not the one the op gives
 
     @property
     def op(self):
@@ -133,25 +135,130 @@ VALID = [c for c in CASES if c.valid]
 INVALID = [c for c in CASES if not c.valid]
 
 
+# -- DynamicDequantize-2 ----------------------------------------------------------------------------
+
+
+def PG(*groups):
+    return {"qtype": "per_group", "group_shape": list(groups)}
+
+
+_SRC_2 = ("int8", "uint8", "int4", "uint4")
+_ZPS_2 = (None, "int8", "uint8", "int32", "int4", "uint4")
+_T2 = ("float32", "float16", "bfloat16")
+
+
+def _pg(src_shape, groups):
+    return tuple(d // g for d, g in zip(src_shape, groups))
+
+
+CASES_2 = [
+    # -- every version-1 row means the same under version 2 -----------------------------------------
+    *[dataclasses.replace(c, id=f"v1-{c.id}", version=2) for c in VALID],
+    # -- every T1 x T3 pair, with each T2 in turn ------------------------------------------------------
+    *[
+        Case(f"v2-pt-{s}-{z or 'nozp'}-{t}", (s, (2, 3, 4)), (t, (1,)), None if z is None else (z, (1,)), PT,
+             version=2)
+        for s in _SRC_2 for z in _ZPS_2 for t in _T2
+    ],
+    *[
+        Case(f"v2-pc-{s}-{z or 'nozp'}-{t}-axis{a}", (s, (2, 3, 4)), (t, ((2, 3, 4)[a],)),
+             None if z is None else (z, ((2, 3, 4)[a],)), PC(a), version=2)
+        for s in _SRC_2 for z in _ZPS_2 for t in _T2 for a in (0, -1)
+    ],
+    Case("v2-pc-int4-one-zp", ("int4", (4, 6)), ("float16", (6,)), ("int4", (1,)), PC(1), version=2),
+    Case("v2-pc-uint4-scalar-zp-int32", ("uint4", (4, 6)), ("bfloat16", (6,)), ("int32", ()), PC(-1), version=2),
+    # -- per_group: one grouped dim on every axis, several at once, ranks 1 to 5, zero-size dims ---------
+    *[
+        Case(f"v2-pg-{s}-{z or 'nozp'}-{t}-last", (s, (4, 64)), (t, (4, 2)), None if z is None else (z, (4, 2)),
+             PG(1, 32), version=2)
+        for s in _SRC_2 for z in _ZPS_2 for t in _T2
+    ],
+    *[
+        Case(f"v2-pg-uint4-uint8-float16-axis{a}-rank{len(shape)}", ("uint4", shape), ("float16", _pg(shape, g)),
+             ("uint8", _pg(shape, g)), PG(*g), version=2)
+        for shape in ((8,), (8, 6), (2, 8, 6), (2, 3, 8, 4), (2, 1, 3, 8, 2))
+        for a in range(len(shape))
+        for g in [tuple(4 if i == a and shape[i] % 4 == 0 else (2 if i == a and shape[i] % 2 == 0 else 1)
+                        for i in range(len(shape)))]
+    ],
+    Case("v2-pg-two-dims", ("int4", (8, 64)), ("float32", (2, 2)), ("int4", (2, 2)), PG(4, 32), version=2),
+    Case("v2-pg-three-dims", ("uint8", (4, 6, 8)), ("bfloat16", (2, 3, 2)), ("int32", (2, 3, 2)), PG(2, 2, 4),
+         version=2),
+    Case("v2-pg-all-ones", ("int8", (3, 5)), ("float16", (3, 5)), ("int8", (3, 5)), PG(1, 1), version=2),
+    Case("v2-pg-whole-tensor", ("uint4", (4, 8)), ("float32", (1, 1)), None, PG(4, 8), version=2),
+    Case("v2-pg-empty-dim", ("int4", (0, 64)), ("float16", (0, 2)), ("int4", (0, 2)), PG(1, 32), version=2),
+    Case("v2-pg-axis-ignored", ("uint4", (4, 64)), ("float16", (4, 2)), None, {**PG(1, 32), "axis": 9}, version=2),
+    Case("v2-pc-group-shape-ignored", ("int4", (4, 6)), ("float16", (6,)), None, {**PC(1), "group_shape": [7]},
+         version=2),
+    Case("onednn-gated-mlp-weights", ("uint4", (256, 64)), ("float16", (2, 64)), ("uint8", (2, 64)), PG(128, 1),
+         version=2),
+    # -- invalid forms --------------------------------------------------------------------------------
+    Case("v2-pg-no-group-shape", ("uint4", (4, 64)), ("float16", (4, 2)), None, {"qtype": "per_group"},
+         bad("group_shape"), version=2),
+    Case("v2-pg-group-shape-too-short", ("uint4", (4, 64)), ("float16", (4, 2)), None, PG(32), bad("group_shape"),
+         version=2),
+    Case("v2-pg-group-shape-zero", ("uint4", (4, 64)), ("float16", (4, 2)), None, PG(0, 32), bad("group_shape"),
+         version=2),
+    Case("v2-pg-group-not-dividing", ("uint4", (4, 64)), ("float16", (4, 2)), None, PG(1, 30), bad("group_shape"),
+         version=2),
+    Case("v2-pg-scales-wrong-rank", ("uint4", (4, 64)), ("float16", (8,)), None, PG(1, 32), bad("scales"),
+         version=2),
+    Case("v2-pg-scales-wrong-dims", ("uint4", (4, 64)), ("float16", (4, 4)), None, PG(1, 32), bad("scales"),
+         version=2),
+    Case("v2-pg-zps-unlike-scales", ("uint4", (4, 64)), ("float16", (4, 2)), ("uint8", (1,)), PG(1, 32),
+         bad("zps"), version=2),
+    Case("v2-pg-rank0-src", ("int4", ()), ("float16", ()), None, PG(), bad("src"), version=2),
+    *[
+        Case(f"v2-bad-src-{d}", (d, (2, 3)), ("float32", (1,)), None, PT, bad("src"), version=2)
+        for d in ("int16", "int32", "float16", "float8_e4m3fn", "int2", "bool")
+    ],
+    *[
+        Case(f"v2-bad-scales-{d}", ("int4", (2, 3)), (d, (1,)), None, PT, bad("scales"), version=2)
+        for d in ("float64", "float8_e4m3fn", "int8")
+    ],
+    *[
+        Case(f"v2-bad-zps-{d}", ("uint4", (2, 3)), ("float16", (1,)), (d, (1,)), PT, bad("zps"), version=2)
+        for d in ("int16", "int64", "float16", "uint2")
+    ],
+    Case("v2-dst-declared-float32", ("uint4", (2, 3)), ("float16", (1,)), None, PT, bad("dst"), version=2,
+         dst="float32"),
+    Case("v2-unknown-qtype", ("int8", (2, 3)), ("float32", (1,)), None, {"qtype": "per_block"}, bad("qtype"),
+         version=2),
+    Case("v2-several-at-once", ("int16", (4, 64)), ("float64", (4, 4)), ("int64", (4,)), PG(1, 30),
+         bad("src", "scales", "zps", "group_shape"), version=2),
+]
+VALID_2 = [c for c in CASES_2 if c.valid]
+INVALID_2 = [c for c in CASES_2 if not c.valid]
+ALL_CASES = CASES + CASES_2
+ALL_VALID = VALID + VALID_2
+ALL_INVALID = INVALID + INVALID_2
+
+
 def ids(cases):
     return [c.id for c in cases]
 
 
 
-def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=None, domain_version=None) -> onnx.ModelProto:
-    """The row as a model: src, scales (and zps) as graph inputs, or scales/zps as initializers."""
+def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=None, domain_version=None,
+               initializers=None) -> onnx.ModelProto:
+    """The row as a model: src, scales (and zps) as graph inputs, or scales/zps as initializers
+    (inputs_as="initializers"), or exactly the named ones (`initializers`, e.g. {"src"})."""
+    if initializers is None:
+        initializers = {"scales", "zps"} if inputs_as == "initializers" else set()
     names = ["src", "scales"] + ([] if case.zps is None else ["zps"])
     decls = [case.src, case.scales] + ([] if case.zps is None else [case.zps])
-    node = onnx.helper.make_node("DynamicDequantize", names, ["dst"], name=node_name, domain=dyndq.DOMAIN,
-                                 **case.attrs)
+    node = onnx.helper.make_node("DynamicDequantize", names, ["dst"], name=node_name, domain=dyndq.DOMAIN)
+    for key, value in case.attrs.items():  # typed by the op's own kinds (an empty list has no type of its own)
+        spec = case.op.attribute(key)
+        node.attribute.append(make_attribute(key, value, spec.kind) if spec else helper.make_attribute(key, value))
     graph_inputs, inits = [], []
     for i, (name, (dtype, shape)) in enumerate(zip(names, decls)):
-        if inputs_as == "initializers" and i > 0:
+        if name in initializers:
             inits.append(onnx.numpy_helper.from_array(arrays[i], name))
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, elem_type(dtype), list(shape)))
-    out = helper.make_tensor_value_info("dst", elem_type(case.scales[0]) if case.valid else onnx.TensorProto.FLOAT,
-                                        list(case.src[1]))
+    given = case.dst or (case.scales[0] if case.scales[0] in case.op.allowed_dtypes("dst") else "float32")
+    out = helper.make_tensor_value_info("dst", elem_type(given), list(case.src[1]))
     graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
     imports = [helper.make_opsetid("", opset), dyndq.opset_import(case.version if domain_version is None else domain_version)]
     return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.build.ir_version_for(imports))
@@ -214,9 +321,11 @@ def same_bits(a, b) -> bool:
 
 
 def same_values(a, b) -> bool:
-    """Arrays of one dtype and shape, equal element for element (a NaN equals a NaN)."""
+    """Arrays of one dtype and shape with the very same bytes: for floats, the same bits
+    (the sign of zero and NaN payloads included), as every engine comparison must be."""
     a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
 
 
 def run_ort(model, feeds: dict) -> list:
@@ -233,3 +342,102 @@ def run_ort(model, feeds: dict) -> list:
 def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:
     """A tensor value info; dtype is an ONNX element type or anything NumPy names."""
     return helper.make_tensor_value_info(name, dtype if isinstance(dtype, int) else elem_type(dtype), shape)
+
+
+# -- opcheck: one row through every layer, as torch.library.opcheck does for an op -----------------
+
+# ONNX Runtime's Python API takes no NumPy feeds of these: such arrays go in as initializers.
+_NOT_FEEDABLE = ("int4", "uint4", "bfloat16")
+
+
+def opcheck(case, *, seed: int = 0, onnxruntime: bool = True) -> None:
+    """Check one row of the table with its own op version (case.op), for any version:
+
+    valid rows: the kernel equals the independent oracle bit for bit; the shape function's
+    spec equals the kernel's output spec; `check` finds nothing; the reference evaluator and,
+    after export, ONNX Runtime give the kernel's bits.  Invalid rows: `check` and the kernel
+    both name exactly the row's bad arguments, each problem naming the node.
+    """
+    import pytest
+
+    from dyndq.reference import reference_evaluator
+
+    op = case.op
+    src, scales, zps = case.arrays(seed)
+    if not case.valid:
+        problems = dyndq.check(case_model(case, node_name="row"))
+        ours = [p for p in problems if p.op is not None]
+        assert {p.argument for p in ours} == set(case.bad), problems
+        assert all(p.node == "row" and p.found and p.allowed for p in ours)
+        if "dst" not in case.bad:  # a declared type is a graph's; the kernel has none
+            with pytest.raises(dyndq.ValidationError) as e:
+                op.kernel(src, scales, zps, **case.attrs)
+            assert {p.argument for p in e.value.problems} == set(case.bad), str(e.value)
+        return
+    got = op.kernel(src, scales, zps, **case.attrs)
+    attrs = {"qtype": "per_tensor", "axis": 1, **case.attrs}
+    axis = attrs["axis"] % max(1, src.ndim)
+    assert same_bits(got, oracle_2(src, scales, zps, attrs["qtype"], axis, attrs.get("group_shape"))), case.id
+    specs = [dyndq.TensorSpec.of(a) if a is not None else None for a in (src, scales, zps)]
+    assert op.shape_inference(*specs, **case.attrs) == dyndq.TensorSpec.of(got)
+    model = case_model(case)
+    assert dyndq.check(model) == []
+    feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
+    [ref] = reference_evaluator(model).run(None, feeds)
+    assert same_bits(ref, got), case.id
+    if not onnxruntime:
+        return
+    fixed = {name for name, a in feeds.items() if a.dtype.name in _NOT_FEEDABLE}
+    exported = dyndq.export(case_model(case, initializers=fixed, arrays=(src, scales, zps)))
+    out = got.dtype.name
+    if out == "bfloat16":  # ONNX Runtime returns no bfloat16: an exact Cast to float32 at the boundary
+        exported = _bfloat16_output_as_float32(exported)
+    [ort] = run_ort(exported, {k: v for k, v in feeds.items() if k not in fixed})
+    if out == "bfloat16":
+        ort = ort.astype(got.dtype)  # exact: every bfloat16 is a float32
+    assert same_bits(ort, got), case.id
+
+
+def _bfloat16_output_as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The bfloat16 dst followed by an exact Cast to float32, as the graph's output."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    dst = g.output[0].name
+    for n in g.node:
+        for k, name in enumerate(n.output):
+            if name == dst:
+                n.output[k] = dst + "_bf16"
+    g.node.append(helper.make_node("Cast", [dst + "_bf16"], [dst], to=onnx.TensorProto.FLOAT))
+    g.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return out
+
+
+# -- ONNX's own DequantizeLinear backend cases: named cheaply, built once, on first use ---------------
+
+
+def backend_case_names() -> list[str]:
+    """The names of ONNX's DequantizeLinear backend test cases, read from the source that
+    defines them (building them all takes seconds; collection needs only their names)."""
+    import inspect
+    import re
+
+    import onnx.backend.test.case.node.dequantizelinear as source
+
+    return sorted(set(re.findall(r'name="(test_dequantizelinear[a-z0-9_]*)"', inspect.getsource(source))))
+
+
+_BACKEND: dict = {}
+
+
+def backend_case(name: str):
+    """One of ONNX's DequantizeLinear backend cases (all are built on the first call, once per run)."""
+    if not _BACKEND:
+        import warnings
+
+        from onnx.backend.test.case.node import collect_testcases
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _BACKEND.update({c.name: c for c in collect_testcases("DequantizeLinear")})
+    return _BACKEND[name]

@@ -1,4 +1,4 @@
-"""The house's dependency rule (DESIGN.md section 2): dependencies point one way.
+"""The house's dependency rule (README, "The house"): dependencies point one way.
 
 opdefs/ needs nothing but the standard library, NumPy and ml_dtypes (the dtype
 table); kernels/ and shape_inference/ need nothing but those and dyndq.opdefs

@@ -3,23 +3,23 @@ import json
 
 import onnx
 import pytest
-from cases import Case, INVALID, VALID, case_model, ids, vi
+from cases import ALL_INVALID, ALL_VALID, Case, VALID, case_model, ids, vi
 from onnx import TensorProto, helper
 
 import dyndq
 
 
-@pytest.mark.parametrize("case", VALID, ids=ids(VALID))
+@pytest.mark.parametrize("case", ALL_VALID, ids=ids(ALL_VALID))
 def test_valid_rows_have_no_problems(case):
     assert dyndq.check(case_model(case)) == []
 
 
-@pytest.mark.parametrize("case", VALID[::7], ids=ids(VALID[::7]))
+@pytest.mark.parametrize("case", ALL_VALID[::7], ids=ids(ALL_VALID[::7]))
 def test_valid_rows_with_initializers_have_no_problems(case):
     assert dyndq.check(case_model(case, inputs_as="initializers", arrays=case.arrays())) == []
 
 
-@pytest.mark.parametrize("case", INVALID, ids=ids(INVALID))
+@pytest.mark.parametrize("case", ALL_INVALID, ids=ids(ALL_INVALID))
 def test_invalid_rows_name_node_argument_and_allowed(case):
     problems = dyndq.check(case_model(case, node_name="weights_dq"))
     assert {p.argument for p in problems} == case.bad

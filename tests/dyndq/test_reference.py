@@ -2,7 +2,6 @@
 DequantizeLinear runs at opsets 10 and 13 (which onnx.reference lacks)."""
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import onnx
@@ -12,7 +11,7 @@ from onnx import helper as h
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from cases import vi
+from cases import backend_case, vi
 
 import dyndq
 from dyndq import DOMAIN, ValidationError, dynamic_dequantize, reference_evaluator
@@ -274,23 +273,15 @@ def test_dequantize_linear_newer_opsets_use_onnx_own(opset):
     assert got.tolist() == [-1.5, 0.0, 1.0, 126.0]
 
 
-def _backend_cases():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from onnx.backend.test.case.node import collect_testcases
-
-        cases = collect_testcases("DequantizeLinear")
-    return [c for c in cases if c.name in ("test_dequantizelinear", "test_dequantizelinear_axis")]
-
-
 @pytest.mark.parametrize(
-    "case, opset",
+    "name, opset",
     # per-axis DequantizeLinear exists from opset 13 on, so the axis case is not stamped 10
-    [(c, o) for c in _backend_cases() for o in (10, 13, None) if not (o == 10 and c.name.endswith("axis"))],
-    ids=lambda x: x.name if hasattr(x, "name") else f"opset{x}",
+    [(n, o) for n in ("test_dequantizelinear", "test_dequantizelinear_axis") for o in (10, 13, None)
+     if not (o == 10 and n.endswith("axis"))],
 )
-def test_onnx_backend_cases_at_old_opsets(case, opset):
+def test_onnx_backend_cases_at_old_opsets(name, opset):
     """ONNX's own DequantizeLinear test data, stamped with opset 10 or 13 (or left as shipped)."""
+    case = backend_case(name)
     m = onnx.ModelProto()
     m.CopyFrom(case.model)
     if opset is not None:

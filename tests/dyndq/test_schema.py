@@ -5,7 +5,8 @@ import sys
 import onnx
 import onnx.defs
 import pytest
-from cases import INVALID, VALID, case_model, ids
+from cases import ALL_INVALID, ALL_VALID, case_model, ids
+from dyndq.converters.onnx_types import elem_type
 from onnx import TensorProto, helper
 
 import dyndq
@@ -38,14 +39,14 @@ def test_importing_twice_and_from_two_modules_is_harmless():
     assert out.stdout.strip() == str(len(dyndq.opdefs.versions_of(dyndq.DOMAIN, "DynamicDequantize")))
 
 
-@pytest.mark.parametrize("case", VALID, ids=ids(VALID))
+@pytest.mark.parametrize("case", ALL_VALID, ids=ids(ALL_VALID))
 def test_valid_graphs_pass_full_check_and_strict_inference(case):
     model = case_model(case)
     onnx.checker.check_model(model, full_check=True)
     model.graph.output[0].type.tensor_type.ClearField("shape")  # let inference fill it in
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     [out] = inferred.graph.output
-    assert out.type.tensor_type.elem_type == TensorProto.FLOAT
+    assert out.type.tensor_type.elem_type == elem_type("float32" if case.version == 1 else case.scales[0])
 
 
 def test_inference_keeps_symbolic_dims():
@@ -62,7 +63,7 @@ def test_inference_keeps_symbolic_dims():
     assert [d.dim_param or d.dim_value for d in y.type.tensor_type.shape.dim] == ["N", 16]
 
 
-@pytest.mark.parametrize("case", INVALID, ids=ids(INVALID))
+@pytest.mark.parametrize("case", ALL_INVALID, ids=ids(ALL_INVALID))
 def test_invalid_graphs_fail_strict_inference_with_the_node_named(case):
     with pytest.raises((onnx.shape_inference.InferenceError, onnx.checker.ValidationError)) as e:
         onnx.checker.check_model(case_model(case, node_name="bad_dq"), full_check=True)
