@@ -279,7 +279,7 @@ def test_export_error_names_every_node_and_what_each_needs():
 
 # -- the shared table's version-2 rows, and this file's own ---------------------------------------
 
-from cases import VALID, Case, case_model  # noqa: E402
+from cases import VALID_2, Case, case_model  # noqa: E402
 
 PG = {"qtype": "per_group"}
 OWN_V2_ROWS = [
@@ -297,13 +297,13 @@ OWN_V2_ROWS = [
     Case("v2-pg-per-element", ("int4", (3, 2)), ("float16", (3, 2)), ("int4", (3, 2)), {**PG, "group_shape": [1, 1]}, version=2),
     Case("v2-pg-empty", ("uint8", (0, 4)), ("float32", (0, 2)), ("uint8", (0, 2)), {**PG, "group_shape": [1, 2]}, version=2),
 ]
-V2_ROWS = OWN_V2_ROWS + [c for c in VALID if c.version == 2]
+V2_ROWS = OWN_V2_ROWS + VALID_2
 
 
 @pytest.mark.parametrize("inputs_as", ["inputs", "initializers"])
 @pytest.mark.parametrize("case", V2_ROWS, ids=[c.id for c in V2_ROWS])
 def test_every_version_2_row_exports_and_runs_bit_exactly(case, inputs_as):
-    """Rows of the shared table (tests/cases.py) of version 2, and this file's own: fully
+    """The shared table's version-2 rows (tests/cases.py VALID_2) and this file's own: fully
     checked, and ONNX Runtime's bits are the kernel's, scales/zps as initializers and as graph
     inputs (int4 and bfloat16 ones fed through the runner's exact boundary conversions)."""
     src, scales, zps = case.arrays(seed=len(case.id))
