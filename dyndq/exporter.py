@@ -6,8 +6,8 @@ op version's `lowering` part; its `lowering_needs` part says which ai.onnx
 opset and IR version that lowering needs.  The ai.onnx opset is kept when it is
 high enough, otherwise raised to the lowest that works, the other nodes
 converted by `onnx.version_converter`.  A domain leaves `opset_import` when
-nothing uses it any more, and `ir_version` becomes the lowest the opsets and
-the lowered nodes need.
+nothing uses it any more, and `ir_version` becomes the lowest the opsets, the
+lowered nodes and the element types the model holds need (int4 needs IR 10).
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
 - "onnxruntime": the model is exported to standard ONNX (`dyndq.export`) and
   run by ONNX Runtime on the CPU, with its basic graph optimizations only
   (its extended level fuses MatMul+Add and pre-packs weights, which changes
-  float32 results in the last bits).
+  float32 results in the last bits).  int4/uint4 and bfloat16 inputs and outputs,
+  which ONNX Runtime's Python API neither takes nor gives, pass through exact
+  conversions (`OrtBoundary`), so both engines return the same dtypes.
 
 Both give identical outputs for our ops (README, "The op").  What an
 engine builds for a model (an evaluator, or an export and an ORT session) is
