@@ -239,28 +239,38 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 
 # == DynamicDequantize-2 ==========================================================================
 #
-# Version 2's forms, each lowered bit-exact for ONNX Runtime (whose DequantizeLinear takes
-# float32 and float16 scales only, has no int4 Reshape/Expand and no bfloat16 arithmetic):
+# Version 2's forms, each lowered bit-exact for ONNX Runtime.  What decides the routes (checked
+# on ORT 1.27 to 1.32, CPU): ORT's DequantizeLinear takes float32 and float16 scales only, treats
+# any one-element scale as per tensor (and then refuses a block_size), refuses a one-element
+# zero point beside a per-axis scale; ORT has no int4 Reshape/Expand, no bfloat16 Expand, and no
+# float16/bfloat16 arithmetic of its own.
 #
-# - "dql": zps absent or of src's dtype, float32/float16 scales: one DequantizeLinear
-#   (per_tensor and per_channel as version 1; per_group with at most one grouped dim as
-#   DequantizeLinear-21 with axis and block_size).  int4 needs opset 21, float16 19.
-# - bfloat16 scales: the same with the scales Cast to float32 and the result Cast to
-#   bfloat16 (exact: the float32 product rounds once, to bfloat16).
-# - "integer": everything else (zps of another dtype, more than one grouped dim, an int4
-#   one-element zero point that would need a Reshape, unknown dtypes): Cast src and zps to
-#   int64, Sub, Cast to float32, Mul by the float32 scales, Cast to T2.  Broadcasting is
-#   done on the float32 scales and int64 zps only.
+# - "v1": a node version 1 expresses (int8/uint8 src, float32 scales, per_tensor/per_channel,
+#   zps absent or int8/uint8/int32): version 1's lowering, unchanged.
+# - "tensor", "channel", "block": zps absent or of src's dtype, float32/float16/bfloat16
+#   scales: one DequantizeLinear, per tensor (true scalars), per axis (explicit axis), or
+#   blocked (DequantizeLinear-21 axis + block_size; all group sizes 1 is block_size 1).  A
+#   per_group node whose scales hold one element is the per-tensor form (ORT would refuse the
+#   block_size).  bfloat16 scales are Cast to float32 first and the float32 result Cast to
+#   bfloat16: the float32 product rounds once to bfloat16, exactly the op's arithmetic.  float16
+#   scales go in as they are: ORT computes float32(x - zp) * float32(scale) and rounds once.
+# - "integer": everything else (zps of another dtype than src, a one-element zps under
+#   per_channel, more than one grouped dim, an int4 zero point that would need a Reshape, a
+#   per_group scales that may hold one element at run time, unknown dtypes): Cast src and zps to
+#   int64, Sub, Cast to float32, Mul by the float32 scales, Cast to T2.  The int64 subtraction
+#   is exact (never int32: full-range int32 zero points overflow; never float16/bfloat16);
+#   broadcasting is done by Reshape/Gather of the float32 scales and int64 zps only.
 
 
 INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
 FLOAT16_DQL_OPSET = 19  # DequantizeLinear with float16 scales
 BFLOAT16_OPSET = 13  # Cast to and from bfloat16
-UNSQUEEZE_AXES_INPUT_OPSET = 13  # per_group broadcasting (Unsqueeze with axes as an input)
+RANGE_OPSET = 11  # per_group broadcasting (Range)
 CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
 INT4_IR = 10
 _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
 _INT4 = ("int4", "uint4")
+_T2 = ("float32", "float16", "bfloat16")
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:
@@ -271,24 +281,35 @@ def _grouped(group_shape) -> list[int]:
     return [i for i, g in enumerate(group_shape or ()) if g > 1]
 
 
+def _may_hold_one_element(shape) -> bool:
+    """Whether a tensor of this (possibly partly symbolic) shape may hold one element at run time."""
+    return shape is None or all(not isinstance(d, int) or d == 1 for d in shape)
+
+
 def _route(src, scales, zps, qtype, group_shape) -> str:
-    """"v1" (version 1's lowering, exactly), "dql" or "integer"."""
+    """"v1", "tensor", "channel", "block" or "integer" (see the comment above)."""
     s, t, z = _dtype(src), _dtype(scales), _dtype(zps)
     if qtype != PER_GROUP and s in _V1_SRC and t == "float32" and (zps is None or z in _V1_ZPS):
         return "v1"
-    if t not in ("float32", "float16", "bfloat16") or not takes_zero_point(src, zps):
+    if t not in _T2 or not takes_zero_point(src, zps):
         return "integer"
-    if qtype == PER_GROUP and len(_grouped(group_shape)) > 1:
+    zshape, sshape = _known_shape(zps), _known_shape(scales)
+    if qtype == PER_GROUP:
+        if len(_grouped(group_shape)) > 1:
+            return "integer"
+        if sshape is not None and all(isinstance(d, int) for d in sshape) and int(np.prod(sshape)) == 1:
+            qtype = PER_TENSOR  # one scale for the whole tensor: DequantizeLinear per tensor
+        elif _may_hold_one_element(sshape):
+            return "integer"  # ORT would take a one-element scale as per tensor and refuse block_size
+        else:
+            return "block"
+    if qtype == PER_TENSOR:
+        # a zero point that is not a true scalar needs a Reshape, which ORT lacks for int4
+        return "integer" if zps is not None and z in _INT4 and zshape != () else "tensor"
+    # per_channel: a one-element zero point beside per-axis scales (ORT refuses it; int4 cannot be Expanded)
+    if zps is not None and (zshape is None or zshape != sshape):
         return "integer"
-    if z in _INT4 and qtype != PER_GROUP:
-        # a one-element int4 zero point would need a Reshape (per_tensor) or an Expand
-        # (per_channel), which ONNX Runtime lacks for int4: unless it is known to need neither
-        zshape, sshape = _known_shape(zps), _known_shape(scales)
-        if qtype == PER_TENSOR and zshape != ():
-            return "integer"
-        if qtype == PER_CHANNEL and (zshape is None or zshape != sshape):
-            return "integer"
-    return "dql"
+    return "channel"
 
 
 @OP2.def_lowering_needs
@@ -301,32 +322,38 @@ def dynamic_dequantize_2_needs(
     axis: int = 1,
     group_shape: tuple[int, ...] | None = None,
 ) -> Needs:
+    """The ai.onnx opset and IR version a node's lowering needs, and why: version 1's needs for
+    the forms version 1 expresses; 21 and IR 10 with int4/uint4; 21 for blocks; 19 for
+    DequantizeLinear with float16 scales; 13 for per-axis DequantizeLinear and Cast to bfloat16;
+    11 for per_group broadcasting; 15 for CastLike when the dtype of scales is unknown."""
     route = _route(src, scales, zps, qtype, group_shape)
     if route == "v1":
         return dynamic_dequantize_needs(src, scales, zps, qtype=qtype, axis=axis)
     int4 = _dtype(src) in _INT4 or _dtype(zps) in _INT4
+    # Inside a model-local function nothing is typed: src or zps may be int4, and the Cast from
+    # int4 needs opset 21 (and IR 10), so an unknown dtype is taken to need what int4 needs.
+    unknown = _dtype(src) is None or (zps is not None and _dtype(zps) is None)
     t = _dtype(scales)
-    why, opset = [], DQL_OPSET
-    if route == "dql":
+    opset, why = {
+        "tensor": (DQL_OPSET, ["DequantizeLinear"]),
+        "channel": (PER_CHANNEL_DQL_OPSET, ["per_channel DequantizeLinear with axis"]),
+        "block": (INT4_OPSET, ["blocked DequantizeLinear (block_size)"]),
+        "integer": (DQL_OPSET, ["Cast, Sub and Mul"]),
+    }[route]
+    if route == "integer":
         if qtype == PER_GROUP:
-            opset, why = INT4_OPSET, ["blocked DequantizeLinear (block_size)"]
-        elif qtype == PER_CHANNEL:
-            opset, why = PER_CHANNEL_DQL_OPSET, ["per_channel DequantizeLinear with axis"]
-        else:
-            why = ["DequantizeLinear"]
-        if t == "float16":
-            opset, why = max(opset, FLOAT16_DQL_OPSET), why + ["float16 scales"]
-    else:
-        why = ["Cast, Sub and Mul"]
-        if qtype == PER_GROUP:
-            opset, why = UNSQUEEZE_AXES_INPUT_OPSET, why + ["per_group broadcasting (Unsqueeze-13)"]
+            opset, why = RANGE_OPSET, why + ["per_group broadcasting (Range, Gather)"]
         if t is None:
             opset, why = max(opset, CASTLIKE_OPSET), why + ["CastLike to the unknown dtype of scales"]
+    elif t == "float16":
+        opset, why = max(opset, FLOAT16_DQL_OPSET), why + ["float16 scales"]
     if t == "bfloat16":
         opset, why = max(opset, BFLOAT16_OPSET), why + ["Cast to bfloat16"]
     if int4:
         opset, why = max(opset, INT4_OPSET), why + ["int4/uint4 tensors"]
-    return Needs(opset, INT4_IR if int4 else 3, ", ".join(why))
+    elif unknown:
+        opset, why = max(opset, INT4_OPSET), why + ["Cast from src/zps of unknown dtype, perhaps int4"]
+    return Needs(opset, INT4_IR if int4 or unknown else 3, ", ".join(why))
 
 
 @OP2.def_lowering
@@ -348,46 +375,45 @@ def dynamic_dequantize_2(
     if route == "v1":
         return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
     t = scales_spec.dtype
-    if route == "dql":
+    if route != "integer":
+        # ORT's DequantizeLinear has no bfloat16 kernel: float32 in, one rounding to bfloat16 after
         scale = scales if t != "bfloat16" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
-        if qtype == PER_GROUP:
-            grouped = _grouped(group_shape)
-            a = grouped[0] if grouped else 0
-            inputs = [src, scale] + ([zps] if zps else [])
-            y = ctx.op("DequantizeLinear", *inputs, axis=a, block_size=int(group_shape[a]), hint="dst")
-        elif qtype == PER_TENSOR:
+        if route == "tensor":
             inputs = [src, _scalar(ctx, scale, "scale")] + ([_scalar(ctx, zps, "zero_point")] if zps else [])
             y = ctx.op("DequantizeLinear", *inputs, hint="dst")
+            ctx.form = "DequantizeLinear"
+        elif route == "channel":
+            y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst")
+            ctx.form = "DequantizeLinear"
         else:
-            inputs = [src, scale]
-            if zps:
-                zshape, sshape = _known_shape(zps_spec), _known_shape(scales_spec)
-                if zshape is None or zshape != sshape:  # 8-bit only (_route): one zero point for every channel
-                    zps = ctx.op("Expand", zps, ctx.op("Shape", scales, hint="scales_shape"), hint="zero_point")
-                inputs.append(zps)
-            y = ctx.op("DequantizeLinear", *inputs, axis=int(axis), hint="dst")
-        ctx.form = "DequantizeLinear" + (" (blocked)" if qtype == PER_GROUP else "")
-    else:
-        ctx.form = "integer arithmetic"
-        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
-        zp = ctx.op("Cast", zps, to=TensorProto.INT64, hint="zero_point_int64") if zps else None
-        scale, zp = _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape)
-        x = ctx.op("Cast", src, to=TensorProto.INT64, hint="src_int64")
-        if zp is not None:
-            x = ctx.op("Sub", x, zp, hint="centered")
-        x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
-        y = ctx.op("Mul", x, scale, hint="dst_float" if t != "float32" else "dst")
-        if t is None:
-            return ctx.op("CastLike", y, scales, hint="dst")
-    if t == "bfloat16":
-        return ctx.op("Cast", y, to=TensorProto.BFLOAT16, hint="dst")
-    if t == "float16" and route == "integer":
-        return ctx.op("Cast", y, to=TensorProto.FLOAT16, hint="dst")
+            grouped = _grouped(group_shape)
+            a = grouped[0] if grouped else 0
+            y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=a,
+                       block_size=int(group_shape[a]), hint="dst")
+            ctx.form = "DequantizeLinear (blocked)"
+        if t == "bfloat16":
+            return ctx.op("Cast", y, to=TensorProto.BFLOAT16, hint="dst")
+        return y  # float32 or float16: DequantizeLinear's output has the scale's dtype
+
+    ctx.form = "integer arithmetic"
+    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+    zp = ctx.op("Cast", zps, to=TensorProto.INT64, hint="zero_point_int64") if zps else None
+    scale, zp = _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape)
+    x = ctx.op("Cast", src, to=TensorProto.INT64, hint="src_int64")
+    if zp is not None:
+        x = ctx.op("Sub", x, zp, hint="centered")
+    x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
+    y = ctx.op("Mul", x, scale, hint="dst" if t == "float32" else "dst_float")
+    if t is None:  # inside a function: dst takes the dtype of scales, whatever it is
+        return ctx.op("CastLike", y, scales, hint="dst")
+    if t != "float32":  # one rounding of the float32 product, to nearest even
+        return ctx.op("Cast", y, to=dtypes.by_name(t).onnx, hint="dst")
     return y
 
 
 def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
-    """The float32 scales and int64 zero points shaped to broadcast against src."""
+    """The float32 scales and int64 zero points shaped to broadcast against src (never an
+    int4 or bfloat16 tensor reshaped: ORT has no kernels for those)."""
     if qtype == PER_TENSOR:
         return _scalar(ctx, scale, "scale"), None if zp is None else _scalar(ctx, zp, "zero_point")
     if qtype == PER_CHANNEL:
@@ -398,18 +424,22 @@ def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
         if zp is not None:
             zp = ctx.op("Reshape", zp, shape, hint="zero_point")  # a one-element zp stays one element
         return scale, zp
-    # per_group: (n0, n1, ...) -> Unsqueeze (n0, 1, n1, 1, ...) -> Expand (n0, g0, n1, g1, ...) -> src's shape
-    r = len(group_shape)
-    axes = ctx.const(np.arange(1, 2 * r, 2, dtype=np.int64), "group_axes")
-    blocks = ctx.const(np.array([x for g in group_shape for x in (1, g)], np.int64), "group_blocks")
-    src_shape = ctx.op("Shape", src, hint="src_shape")
-
-    def spread(name, hint):
-        u = ctx.op("Unsqueeze", name, axes, hint=f"{hint}_unsqueezed")
-        e = ctx.op("Expand", u, blocks, hint=f"{hint}_expanded")
-        return ctx.op("Reshape", e, src_shape, hint=hint)
-
-    return spread(scale, "scale"), None if zp is None else spread(zp, "zero_point")
+    # per_group: along each grouped dim i, element j of src takes scale j // g_i: a Gather of
+    # the scales (and zps) with indices Range(0, src.shape[i]) / g_i, computed at run time.
+    # (Not Unsqueeze/Expand/Reshape to src's shape: Reshape reads a 0 in the target shape as
+    # "keep this dim", which breaks empty tensors.)
+    src_shape = None
+    for i in _grouped(group_shape):
+        if src_shape is None:
+            src_shape = ctx.op("Shape", src, hint="src_shape")
+            zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
+        dim = ctx.op("Gather", src_shape, ctx.const(np.array(i, np.int64), f"dim{i}"), axis=0, hint=f"src_dim{i}")
+        positions = ctx.op("Range", zero, dim, one, hint=f"positions{i}")
+        index = ctx.op("Div", positions, ctx.const(np.array(group_shape[i], np.int64), f"group{i}"), hint=f"group_index{i}")
+        scale = ctx.op("Gather", scale, index, axis=i, hint=f"scale_along{i}")
+        if zp is not None:
+            zp = ctx.op("Gather", zp, index, axis=i, hint=f"zero_point_along{i}")
+    return scale, zp
 
 
 @OP2.def_lifting(source=("", "DequantizeLinear"))

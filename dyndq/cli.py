@@ -245,9 +245,11 @@ def _summary(name: str, a: np.ndarray) -> str:
     head = f"{name}: {a.dtype.name}{list(a.shape)}"
     if a.size == 0:
         return f"{head}  (empty)"
-    if a.dtype.kind in "fiub":
+    # (ml_dtypes' bfloat16, int4 and uint4 are of NumPy kind "V": judged by name)
+    floating = a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+    if a.dtype.kind in "fiub" or a.dtype.name in ("bfloat16", "int4", "uint4"):
         numeric = a.astype(np.float64) if a.dtype.kind != "b" else a.astype(np.int8)
-        finite = numeric[np.isfinite(numeric)] if a.dtype.kind == "f" else numeric.ravel()
+        finite = numeric[np.isfinite(numeric)] if floating else numeric.ravel()
         stats = "no finite values" if finite.size == 0 else (
             f"min {finite.min():.6g}  max {finite.max():.6g}  mean {finite.mean():.6g}"
         )

@@ -6,8 +6,8 @@ op version's `lowering` part; its `lowering_needs` part says which ai.onnx
 opset and IR version that lowering needs.  The ai.onnx opset is kept when it is
 high enough, otherwise raised to the lowest that works, the other nodes
 converted by `onnx.version_converter`.  A domain leaves `opset_import` when
-nothing uses it any more, and `ir_version` becomes the lowest the opsets and
-the lowered nodes need.
+nothing uses it any more, and `ir_version` becomes the lowest the opsets, the
+lowered nodes and the element types the model holds need (int4 needs IR 10).
 """
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
 # Model-local functions need at least this IR version.
 _FUNCTIONS_IR = 8
+# Element types newer than the first IR versions: a model holding one (anywhere: an input, an
+# initializer, a value_info, a Constant) needs that IR version whatever its opsets are, and
+# onnx.helper.find_min_ir_version_for knows opsets only.  (IR 9 added float8, 10 int4/uint4,
+# 11 float4e2m1.)
+_TYPE_IR = {
+    onnx.TensorProto.FLOAT8E4M3FN: 9, onnx.TensorProto.FLOAT8E4M3FNUZ: 9,
+    onnx.TensorProto.FLOAT8E5M2: 9, onnx.TensorProto.FLOAT8E5M2FNUZ: 9,
+    onnx.TensorProto.INT4: 10, onnx.TensorProto.UINT4: 10,
+}
+if hasattr(onnx.TensorProto, "FLOAT4E2M1"):
+    _TYPE_IR[onnx.TensorProto.FLOAT4E2M1] = 11
 
 
 class ExportError(ValueError):
@@ -127,6 +138,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     ir = max([ir_version_for(out.opset_import)] + [n.ir_version for _, n in needs])
     if len(out.functions):
         ir = max(ir, _FUNCTIONS_IR)
+    ir = max(ir, _types_ir(out))
     out.ir_version = ir
     report.ir_version = ir
     return out, report
@@ -219,19 +231,37 @@ def _convert_function(f: onnx.FunctionProto, target: int) -> onnx.FunctionProto:
         [onnx.helper.make_empty_tensor_value_info(i) for i in f.input],
         [onnx.helper.make_empty_tensor_value_info(o) for o in f.output],
     )
-    wrapper = onnx.helper.make_model(graph, opset_imports=list(f.opset_import))
+    # Our nodes go through the converter under a domain no schema is registered for: nothing in
+    # a function is typed, and the converter's shape inference would hand our shape functions
+    # inputs without types (onnx 1.21 passes None there, and they fail); it skips our nodes anyway.
+    _rename_domains(graph, {d: _HIDDEN + d for d in domains()})
+    imports = [onnx.helper.make_opsetid(_HIDDEN + o.domain if o.domain in domains() else o.domain, o.version)
+               for o in f.opset_import]
+    wrapper = onnx.helper.make_model(graph, opset_imports=imports)
     try:
         converted = onnx.version_converter.convert_version(wrapper, target)
     except Exception as e:  # noqa: BLE001
         raise ExportError(
             f"onnx.version_converter could not convert function {f.domain}::{f.name} to opset {target}: {e}"
         ) from e
+    _rename_domains(converted.graph, {_HIDDEN + d: d for d in domains()})
     g = onnx.FunctionProto()
     g.CopyFrom(f)
     del g.node[:]
     g.node.extend(converted.graph.node)
     _set_opset(g.opset_import, "", target)
     return g
+
+
+_HIDDEN = "dyndq.hidden-from-inference."
+
+
+def _rename_domains(graph: onnx.GraphProto, names: dict) -> None:
+    """Rename the domains of the nodes of a graph and its subgraphs, in place."""
+    for g in graphs(graph):
+        for node in g.node:
+            if node.domain in names:
+                node.domain = names[node.domain]
 
 
 def _set_opset(imports, domain: str, version: int) -> None:
@@ -247,6 +277,41 @@ def _drop_opset(imports, domain: str) -> bool:
     for o in drop:
         imports.remove(o)
     return bool(drop)
+
+
+def _types_ir(model: onnx.ModelProto) -> int:
+    """The lowest IR version the element types the model holds need (0 when any will do)."""
+    found = set()
+
+    def visit_type(tp: onnx.TypeProto) -> None:
+        kind = tp.WhichOneof("value")
+        if kind == "tensor_type":
+            found.add(tp.tensor_type.elem_type)
+        elif kind == "sparse_tensor_type":
+            found.add(tp.sparse_tensor_type.elem_type)
+        elif kind in ("sequence_type", "optional_type"):
+            visit_type(getattr(tp, kind).elem_type)
+        elif kind == "map_type":
+            visit_type(tp.map_type.value_type)
+
+    for g in graphs(model.graph):
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            visit_type(vi.type)
+        found.update(t.data_type for t in g.initializer)
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    found.add(a.t.data_type)
+                elif a.name == "to" and a.type == onnx.AttributeProto.INT:
+                    found.add(a.i)
+    for f in model.functions:
+        for node in f.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    found.add(a.t.data_type)
+                elif a.name == "to" and a.type == onnx.AttributeProto.INT:
+                    found.add(a.i)
+    return max((_TYPE_IR.get(t, 0) for t in found), default=0)
 
 
 # -- walking ------------------------------------------------------------------------------------

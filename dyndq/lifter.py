@@ -1,13 +1,22 @@
 """`lift(model)`: a copy of the model with standard nodes as ours, where ours express them exactly.
 
 Which standard nodes are liftable, and how, is asked of the op versions whose
-`lifting` part takes them (today: DequantizeLinear, lifted to DynamicDequantize
-when x is int8/uint8, x_scale float32 with one element or 1-D, zero point absent
-or of x's dtype, no block_size, float32 output).  The oldest version that takes
-a node gets it, and the model imports our domain at the lowest version that
-covers every lifted node (a version it already imports is kept when it is
-newer).  Every node left alone is listed in the report (and logged by `lift`).
-`export(lift(m))` computes what `m` computes.
+`lifting` part takes them (today: DequantizeLinear, opsets 10 to 25):
+
+- version 1 takes x int8/uint8, x_scale float32 with one element (per_tensor)
+  or 1-D (per_channel, the node's axis), zero point absent or of x's dtype, no
+  block_size, float32 output;
+- version 2 also takes int4/uint4 x, float16/bfloat16 x_scale (output_dtype
+  absent or equal), and block_size (DequantizeLinear-21) as per_group with
+  group_shape block_size along axis and 1 elsewhere, when every dim of x is
+  known and divides exactly (ONNX rounds the block count up; our op does not).
+
+The oldest version that takes a node gets it, so forms version 1 expresses stay
+version 1, and the model imports our domain at the lowest version that covers
+every lifted node (a version it already imports is kept when it is newer: a
+model importing version 2 keeps it, and its version-1 forms mean the same
+there).  Every node left alone is listed in the report (and logged by `lift`).
+`export(lift(m))` computes what `m` computes, bit for bit.
 """
 from __future__ import annotations
 

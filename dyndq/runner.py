@@ -4,7 +4,9 @@
 - "onnxruntime": the model is exported to standard ONNX (`dyndq.export`) and
   run by ONNX Runtime on the CPU, with its basic graph optimizations only
   (its extended level fuses MatMul+Add and pre-packs weights, which changes
-  float32 results in the last bits).
+  float32 results in the last bits).  int4/uint4 and bfloat16 inputs and outputs,
+  which ONNX Runtime's Python API neither takes nor gives, pass through exact
+  conversions (`OrtBoundary`), so both engines return the same dtypes.
 
 Both give identical outputs for our ops (README, "The op").  What an
 engine builds for a model (an evaluator, or an export and an ORT session) is
@@ -66,10 +68,11 @@ class Runner:
             # weights, which changes float32 results in their last bits, and the two
             # engines must agree to the bit.
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            self._ort = OrtBoundary(self.exported)
             session = ort.InferenceSession(
-                self.exported.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                self._ort.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
-            self._run = lambda feeds: session.run(self.output_names, feeds)
+            self._run = lambda feeds: self._ort.run(session, self.output_names, feeds)
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays = check_feeds(self.inputs, feeds)
@@ -78,6 +81,127 @@ class Runner:
             arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
         results = self._run(arrays)
         return {name: np.asarray(value) for name, value in zip(self.output_names, results)}
+
+
+class OrtBoundary:
+    """What ONNX Runtime's Python API cannot pass, passed through exact conversions.
+
+    ORT's Python API refuses int4/uint4 and bfloat16 NumPy feeds and cannot return
+    bfloat16 or int4 outputs (checked on 1.27 to 1.32).  So, on a copy of the
+    exported model (the exported model itself is left as export wrote it):
+
+    - an int4/uint4 graph input becomes an int8/uint8 input followed by a Cast to
+      int4/uint4 that produces the original name (exact: every int4 value is an
+      int8 value); the feed is converted with NumPy, also exactly;
+    - a bfloat16 feed goes in as an OrtValue of ONNX type BFLOAT16 over the
+      array's 16-bit pattern (the bits as they are, NaN payloads included);
+    - an int4/uint4 graph output is Cast to int8/uint8 and a bfloat16 one to
+      float32 (ORT's bfloat16 -> float32 Cast shifts the bits: exact, NaN
+      payloads included), and converted back here: int4 by value, bfloat16 by
+      taking the upper 16 bits (no rounding involved).
+
+    Returned arrays have the graph's own dtypes, as the reference engine returns.
+    """
+
+    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
+
+    def __init__(self, exported: onnx.ModelProto):
+        from dyndq.converters.lowering_context import NameScope
+
+        graph = exported.graph
+        initializers = {t.name for t in graph.initializer}
+        int4_in = [vi for vi in graph.input
+                   if _elem(vi) in self._WIDE and vi.name not in initializers]
+        self.bfloat16_in = {vi.name for vi in graph.input if _elem(vi) == onnx.TensorProto.BFLOAT16}
+        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) == onnx.TensorProto.BFLOAT16]
+        self.model = exported
+        self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
+        self.renamed_out: dict[str, tuple[str, int]] = {}  # graph output -> (name ORT returns, ONNX type it had)
+        if not int4_in and not narrow_out:
+            return
+        model = onnx.ModelProto()
+        model.CopyFrom(exported)
+        names = NameScope(_value_names(model))
+        casts = []
+        for vi in model.graph.input:
+            if vi.name in {v.name for v in int4_in}:
+                narrow, wide = _elem(vi), self._WIDE[_elem(vi)]
+                fed = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
+                casts.append(onnx.helper.make_node("Cast", [fed], [vi.name], to=narrow,
+                                                   name=names.fresh(f"{vi.name}/Cast")))
+                self.renamed_in[vi.name] = (fed, onnx.helper.tensor_dtype_to_np_dtype(wide))
+                vi.name = fed
+                vi.type.tensor_type.elem_type = wide
+        for vi in model.graph.output:
+            narrow = _elem(vi)
+            if narrow not in self._WIDE and narrow != onnx.TensorProto.BFLOAT16:
+                continue
+            wide = self._WIDE.get(narrow, onnx.TensorProto.FLOAT)
+            out = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
+            model.graph.node.append(onnx.helper.make_node("Cast", [vi.name], [out], to=wide,
+                                                          name=names.fresh(f"{vi.name}/Cast")))
+            self.renamed_out[vi.name] = (out, narrow)
+            vi.name = out
+            vi.type.tensor_type.elem_type = wide
+        nodes = casts + list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        self.model = model
+
+    def feeds(self, feeds: Mapping[str, object]) -> dict:
+        import onnxruntime as ort
+
+        out = {}
+        for name, value in feeds.items():
+            if name in self.renamed_in:
+                fed, dtype = self.renamed_in[name]
+                out[fed] = np.asarray(value).astype(dtype)
+            elif name in self.bfloat16_in and isinstance(value, np.ndarray) and value.dtype.name == "bfloat16":
+                out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(value).view(np.uint16), onnx.TensorProto.BFLOAT16)
+            else:
+                out[name] = value
+        return out
+
+    def run(self, session, output_names: list[str], feeds: Mapping[str, object]) -> list:
+        import ml_dtypes
+
+        asked = [self.renamed_out.get(n, (n, None))[0] for n in output_names]
+        results = session.run(asked, self.feeds(feeds))
+        back = []
+        for name, value in zip(output_names, results):
+            if name in self.renamed_out:
+                narrow = self.renamed_out[name][1]
+                value = np.asarray(value)
+                if narrow == onnx.TensorProto.BFLOAT16:
+                    value = (value.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)
+                else:
+                    value = value.astype(ml_dtypes.int4 if narrow == onnx.TensorProto.INT4 else ml_dtypes.uint4)
+            back.append(value)
+        return back
+
+
+def _elem(vi: onnx.ValueInfoProto) -> int:
+    return vi.type.tensor_type.elem_type if vi.type.WhichOneof("value") == "tensor_type" else 0
+
+
+def _value_names(model: onnx.ModelProto) -> set[str]:
+    from dyndq.graphs import graphs
+
+    names = set()
+    for g in graphs(model.graph):
+        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
+        names.update(t.name for t in g.initializer)
+        for n in g.node:
+            names.update(n.input)
+            names.update(n.output)
+            names.add(n.name)
+    for f in model.functions:
+        for n in f.node:
+            names.update(n.input)
+            names.update(n.output)
+    names.discard("")
+    return names
 
 
 def _c_contiguous(value):
@@ -163,6 +287,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
             arrays[name] = value
             continue
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        array = _typed(array, spec)
         problem = _feed_problem(name, spec, array)
         if problem:
             problems.append(problem)
@@ -173,6 +298,21 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
     if problems:
         raise ValidationError(problems)
     return arrays
+
+
+# ml_dtypes' types that a .npy file stores as raw bytes ("|V2", "|V1"): np.load gives them back
+# as void arrays, which are taken as the input's dtype when the item size fits.
+_RAW_IN_NPY = {"bfloat16": 2, "int4": 1, "uint4": 1}
+
+
+def _typed(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A void array (as np.load gives an ml_dtypes array back) viewed as the input's dtype."""
+    size = _RAW_IN_NPY.get(spec.dtype)
+    if size is not None and array.dtype.kind == "V" and array.dtype.names is None and array.dtype.itemsize == size:
+        import ml_dtypes
+
+        return array.view(getattr(ml_dtypes, spec.dtype))
+    return array
 
 
 def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:

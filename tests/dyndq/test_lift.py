@@ -44,10 +44,11 @@ def test_onnx_backend_cases_lift_when_they_fit_and_are_left_alone_otherwise(name
         assert all(same(g, w) for g, w in zip(got, outputs))
         exported = dyndq.export(lifted)  # the cases use an opset newer than ONNX Runtime's: it comes down
         assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
-        if any(v.dtype.name in ("int4", "uint4") for v in feeds.values()):
-            continue  # ISSUE-12: ORT's Python API takes no int4 feeds; run through dyndq.run(engine="onnxruntime")
-        got = run_ort(exported, feeds)
-        assert all(same(g, w) for g, w in zip(got, outputs))
+        # ONNX Runtime on the export, int4 feeds included (the runner feeds them through exact Casts)
+        got = dyndq.run(exported, feeds, engine="onnxruntime")
+        assert all(same(g, w) for g, w in zip(got.values(), outputs))
+        got = dyndq.run(lifted, feeds, engine="onnxruntime")
+        assert all(same(g, w) for g, w in zip(got.values(), outputs))
 
 
 def _dql_model(x, s, z=None, *, opset=21, **attrs):

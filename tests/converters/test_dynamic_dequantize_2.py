@@ -1,0 +1,321 @@
+"""The DynamicDequantize-2 converter: every node form lowers to standard ONNX that
+`onnx.checker` fully checks and ONNX Runtime runs with, bit for bit, what our kernel,
+ONNX's reference evaluator (running our kernel) and a plain NumPy oracle compute."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from cases import oracle_2, same_bits, vi
+
+import dyndq
+from dyndq.build import ORT_MAX_OPSET
+from dyndq.converters.dynamic_dequantize import dynamic_dequantize_2_needs
+from dyndq.opdefs import TensorSpec
+from dyndq.runner import OrtBoundary
+
+SRC = ["int8", "uint8", "int4", "uint4"]
+T2 = ["float32", "float16", "bfloat16"]
+ZPS = [None, "int8", "uint8", "int32", "int4", "uint4"]
+NP = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4,
+      "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1), "int4": (-8, 7), "uint4": (0, 15)}
+
+
+def ints(rng, dtype, shape, extremes=True):
+    lo, hi = RANGE[dtype]
+    a = np.asarray(rng.integers(lo, hi, size=shape, endpoint=True, dtype=np.int64))
+    if extremes and a.size:
+        mask = rng.random(a.shape) < 0.3
+        a[mask] = rng.choice([lo, hi, lo + 1, hi - 1, 0], size=int(mask.sum()))
+    return a.astype(NP[dtype])
+
+
+def floats(rng, dtype, shape, kind):
+    if kind == "normal":
+        a = rng.standard_normal(shape) * 0.05
+    elif kind == "pow2":
+        a = np.ldexp(1.0, rng.integers(-30, 30, shape))
+    else:  # subnormal in float32, float16 and bfloat16; huge; specials
+        pool = [1e-40, -3e-39, 6e-8, -1e-5, 3e38, -6e4, 65504.0, np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, 0.1]
+        a = rng.choice(np.array(pool), size=shape)
+    with np.errstate(all="ignore"):
+        return np.asarray(np.asarray(a, np.float32).astype(NP[dtype]))
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict) -> list:
+    """ONNX Runtime on an exported model, int4 and bfloat16 feeds and outputs included
+    (through the runner's exact boundary conversions), basic optimizations, one thread."""
+    boundary = OrtBoundary(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(boundary.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return boundary.run(session, [o.name for o in model.graph.output], feeds)
+
+
+@st.composite
+def forms(draw):
+    """One DynamicDequantize-2 node: dtypes, qtype, shapes, group shape, and where its inputs come from."""
+    src = draw(st.sampled_from(SRC))
+    t2 = draw(st.sampled_from(T2))
+    zp = draw(st.sampled_from(ZPS + ["like src"] * 4))  # zps of src's dtype half the time: DequantizeLinear
+    zp = src if zp == "like src" else zp
+    qtype = draw(st.sampled_from(["per_tensor", "per_channel", "per_group"]))
+    rank = draw(st.integers(0 if qtype == "per_tensor" else 1, 4))
+    attrs, group_shape = {"qtype": qtype}, None
+    if qtype == "per_group":
+        groups = draw(st.lists(st.sampled_from([1, 1, 2, 3, 4, 8]), min_size=rank, max_size=rank))
+        if draw(st.booleans()):  # mostly one grouped dim, as weights are quantized
+            keep = draw(st.integers(0, rank - 1))
+            groups = [g if i == keep else 1 for i, g in enumerate(groups)]
+        blocks = draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank))
+        shape = tuple(b * g for b, g in zip(blocks, groups))
+        sshape = tuple(blocks)
+        zshape = sshape
+        group_shape = tuple(groups)
+        attrs["group_shape"] = list(groups)
+    else:
+        shape = tuple(draw(st.lists(st.integers(0, 4), min_size=rank, max_size=rank)))
+        if qtype == "per_channel":
+            axis = draw(st.integers(-rank, rank - 1))
+            attrs["axis"] = axis
+            sshape = (shape[axis],)
+            zshape = draw(st.sampled_from([sshape, (1,), ()]))
+        else:
+            sshape = draw(st.sampled_from([(1,), ()]))
+            zshape = draw(st.sampled_from([(1,), ()]))
+    return dict(src=src, t2=t2, zp=zp, qtype=qtype, shape=shape, sshape=sshape, zshape=zshape, attrs=attrs,
+                group_shape=group_shape,
+                scales_as=draw(st.sampled_from(["input", "initializer"])),
+                zps_as=draw(st.sampled_from(["input", "initializer"])),
+                opset=draw(st.sampled_from([13, 19, 21, 23, ORT_MAX_OPSET])),
+                kind=draw(st.sampled_from(["normal", "pow2", "extreme"])),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def arrays_of(p):
+    rng = np.random.default_rng(p["seed"])
+    src = ints(rng, p["src"], p["shape"])
+    scales = floats(rng, p["t2"], p["sshape"], p["kind"])
+    zps = None if p["zp"] is None else ints(rng, p["zp"], p["zshape"])
+    return src, scales, zps
+
+
+def model_of(p, src, scales, zps):
+    names = ["src", "scales"] + ([] if zps is None else ["zps"])
+    values = dict(src=src, scales=scales, zps=zps)
+    inputs, inits, feeds = [vi("src", p["src"], list(src.shape))], [], {"src": src}
+    for name in names[1:]:
+        if p[f"{name}_as"] == "initializer":
+            inits.append(numpy_helper.from_array(values[name], name))
+        else:
+            inputs.append(vi(name, values[name].dtype, list(values[name].shape)))
+            feeds[name] = values[name]
+    node = dyndq.make_node(names, ["dst"], name="dq", version=2, **p["attrs"])
+    graph = helper.make_graph([node], "g", inputs, [vi("dst", p["t2"], list(src.shape))], initializer=inits)
+    imports = [helper.make_opsetid("", p["opset"]), dyndq.opset_import(2)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=10), feeds
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forms())
+def test_every_form_exports_and_runs_in_onnxruntime_bit_for_bit(p):
+    src, scales, zps = arrays_of(p)
+    model, feeds = model_of(p, src, scales, zps)
+    assert dyndq.check(model) == []
+    before = model.SerializeToString()
+    exported, report = dyndq.export_with_report(model)
+    event(f"{p['qtype']} {p['t2']} -> {report.lowered[0].form}")
+    assert model.SerializeToString() == before  # never mutated
+    onnx.checker.check_model(exported, full_check=True)
+    assert not any(n.domain == dyndq.DOMAIN for n in exported.graph.node)
+    kwargs = dict(qtype=p["qtype"], axis=p["attrs"].get("axis", 1), group_shape=p["group_shape"])
+    want = oracle_2(src, scales, zps, **kwargs)
+    kernel = dyndq.dynamic_dequantize(src, scales, zps, **kwargs)
+    [reference] = dyndq.reference_evaluator(model).run(None, feeds)
+    [got] = ort_run(exported, feeds)
+    assert same_bits(kernel, want)
+    assert same_bits(reference, want)
+    assert same_bits(got, want), (p, exported.graph.node)
+    # int4 anywhere needs IR >= 10; the opset is raised to what the form needs, never lowered below ORT's
+    opset = next(o.version for o in exported.opset_import if o.domain == "")
+    assert opset >= p["opset"] or p["opset"] > ORT_MAX_OPSET
+    if "int4" in (p["src"], p["zp"]) or "uint4" in (p["src"], p["zp"]):
+        assert exported.ir_version >= 10 and opset >= 21
+
+
+# -- which standard ops each form becomes ---------------------------------------------------------
+
+
+def _one(src, scales, zps=None, *, opset=21, **attrs):
+    """A model with one node; src, scales, zps given as (dtype, shape)."""
+    names = ["src", "scales"] + ([] if zps is None else ["zps"])
+    inputs = [vi(n, d, list(s)) for n, (d, s) in zip(names, [src, scales] + ([zps] if zps else []))]
+    graph = helper.make_graph([dyndq.make_node(names, ["dst"], name="dq", version=2, **attrs)], "g", inputs,
+                              [vi("dst", scales[0], list(src[1]))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), dyndq.opset_import(2)], ir_version=10)
+
+
+def ops(model):
+    return [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+
+
+def report_of(model, **kw):
+    return dyndq.export_with_report(model, **kw)
+
+
+@pytest.mark.parametrize("t2", ["float32", "float16"])
+@pytest.mark.parametrize("src", ["int4", "uint4", "int8"])
+def test_blocked_one_grouped_dim_is_one_dequantize_linear_21(src, t2):
+    model = _one((src, (4, 64)), (t2, (4, 2)), (src, (4, 2)), qtype="per_group", group_shape=[1, 32])
+    exported, report = report_of(model)
+    assert ops(exported) == ["DequantizeLinear"]
+    [dql] = exported.graph.node
+    assert {a.name: a.i for a in dql.attribute} == {"axis": 1, "block_size": 32}
+    assert report.lowered[0].form == "DequantizeLinear (blocked)"
+    assert report.opset >= 21
+
+
+def test_per_group_all_ones_is_per_element_block_size_1():
+    exported = dyndq.export(_one(("uint4", (3, 5)), ("float32", (3, 5)), qtype="per_group", group_shape=[1, 1]))
+    [dql] = exported.graph.node
+    assert {a.name: a.i for a in dql.attribute} == {"axis": 0, "block_size": 1}
+
+
+def test_bfloat16_scales_cast_to_float32_and_back_once():
+    exported = dyndq.export(_one(("int4", (8, 4)), ("bfloat16", (2, 4)), ("int4", (2, 4)),
+                                 qtype="per_group", group_shape=[4, 1]))
+    assert ops(exported) == ["Cast", "DequantizeLinear", "Cast"]
+    casts = [n for n in exported.graph.node if n.op_type == "Cast"]
+    assert [c.attribute[0].i for c in casts] == [TensorProto.FLOAT, TensorProto.BFLOAT16]
+
+
+@pytest.mark.parametrize("zp", ["int8", "int32", "uint4"])
+def test_zero_points_of_another_dtype_take_the_integer_route(zp):
+    exported, report = report_of(_one(("int4", (4, 6)), ("float16", (4, 3)), (zp, (4, 3)),
+                                      qtype="per_group", group_shape=[1, 2]))
+    assert "DequantizeLinear" not in ops(exported)
+    assert report.lowered[0].form == "integer arithmetic"
+    # never a subtraction in int32 or a float type: Sub only on int64 values
+    inferred = onnx.shape_inference.infer_shapes(exported, strict_mode=True)
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info)}
+    subs = [n for n in exported.graph.node if n.op_type == "Sub"]
+    assert subs and all(types[i] == TensorProto.INT64 for n in subs for i in n.input)
+    # and no Reshape/Expand of an int4 or bfloat16 tensor (ONNX Runtime has none)
+    for n in exported.graph.node:
+        if n.op_type in ("Reshape", "Expand", "Unsqueeze", "Gather"):
+            assert types.get(n.input[0]) in (TensorProto.FLOAT, TensorProto.INT64), n
+
+
+def test_more_than_one_grouped_dim_takes_the_integer_route():
+    exported = dyndq.export(_one(("uint4", (4, 6)), ("float32", (2, 3)), ("uint4", (2, 3)),
+                                 qtype="per_group", group_shape=[2, 2]))
+    assert "DequantizeLinear" not in ops(exported)
+
+
+def test_one_int4_zero_point_under_per_channel_is_never_expanded_as_int4():
+    exported = dyndq.export(_one(("int4", (2, 6)), ("float32", (6,)), ("int4", (1,)), qtype="per_channel", axis=1))
+    assert "DequantizeLinear" not in ops(exported)
+    assert "Expand" not in ops(exported)
+
+
+def test_version_1_forms_under_version_2_lower_as_version_1_does():
+    model = _one(("int8", (2, 3)), ("float32", (3,)), ("int32", (3,)), opset=13, qtype="per_channel", axis=1)
+    v1 = helper.make_model(model.graph, opset_imports=[helper.make_opsetid("", 13), dyndq.opset_import(1)],
+                           ir_version=7)
+    a, b = dyndq.export(model), dyndq.export(v1)
+    assert a.graph == b.graph
+    assert next(o.version for o in a.opset_import if o.domain == "") == 13
+
+
+# -- opsets, IR, and opset= too low --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("src, scales, zps, attrs, opset", [
+    (("int8", (2, 4)), ("float16", (1,)), None, {"qtype": "per_tensor"}, 19),
+    (("uint8", (2, 4)), ("float16", (4,)), ("uint8", (4,)), {"qtype": "per_channel", "axis": 1}, 19),
+    (("int8", (2, 4)), ("bfloat16", (4,)), None, {"qtype": "per_channel", "axis": 1}, 13),
+    (("int8", (2, 4)), ("float32", (2, 2)), None, {"qtype": "per_group", "group_shape": [1, 2]}, 21),
+    (("int4", (2, 4)), ("float32", ()), None, {"qtype": "per_tensor"}, 21),
+    (("int8", (2, 4)), ("bfloat16", (1, 2)), ("int32", (1, 2)), {"qtype": "per_group", "group_shape": [2, 2]}, 13),
+    (("int8", (2, 4)), ("float32", (1, 2)), ("int32", (1, 2)), {"qtype": "per_group", "group_shape": [2, 2]}, 11),
+])
+def test_needs_and_raised_opset(src, scales, zps, attrs, opset):
+    specs = [TensorSpec(*src), TensorSpec(*scales), None if zps is None else TensorSpec(*zps)]
+    needs = dynamic_dequantize_2_needs(*specs, **attrs)
+    assert needs.opset == opset
+    model = _one(src, scales, zps, opset=10, **attrs)
+    exported, report = report_of(model)
+    assert report.opset == opset and report.converted
+    onnx.checker.check_model(exported, full_check=True)
+    int4 = "int4" in (src[0], (zps or ("",))[0])
+    assert exported.ir_version == max(onnx.helper.find_min_ir_version_for(list(exported.opset_import)),
+                                      10 if int4 else 0)
+    with pytest.raises(dyndq.ExportError, match=rf"main: DynamicDequantize 'dq' needs {opset} \("):
+        dyndq.export(model, opset=opset - 1)
+
+
+def test_export_error_names_every_node_and_what_each_needs():
+    a = dyndq.make_node(["w", "s"], ["d1"], name="blocked", version=2, qtype="per_group", group_shape=[1, 2])
+    b = dyndq.make_node(["h", "t"], ["d2"], name="half", version=2, qtype="per_tensor")
+    graph = helper.make_graph([a, b], "g", [vi("w", "uint4", [2, 4]), vi("s", "float32", [2, 2]),
+                                            vi("h", "int8", [3]), vi("t", "float16", [1])],
+                              [vi("d1", "float32", [2, 4]), vi("d2", "float16", [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), dyndq.opset_import(2)], ir_version=10)
+    with pytest.raises(dyndq.ExportError) as e:
+        dyndq.export(model, opset=17)
+    text = str(e.value)
+    assert "'blocked' needs 21 (blocked DequantizeLinear (block_size), int4/uint4 tensors)" in text
+    assert "'half' needs 19 (DequantizeLinear, float16 scales)" in text
+
+
+# -- the shared table's version-2 rows, and this file's own ---------------------------------------
+
+from cases import VALID_2, Case, case_model  # noqa: E402
+
+PG = {"qtype": "per_group"}
+OWN_V2_ROWS = [
+    Case("v2-pt-int4-int4-f32", ("int4", (3, 4)), ("float32", (1,)), ("int4", (1,)), {"qtype": "per_tensor"}, version=2),
+    Case("v2-pt-uint4-scalar-f16", ("uint4", (5,)), ("float16", ()), ("uint4", ()), {"qtype": "per_tensor"}, version=2),
+    Case("v2-pt-int8-int32-bf16", ("int8", (2, 3)), ("bfloat16", (1,)), ("int32", (1,)), {"qtype": "per_tensor"}, version=2),
+    Case("v2-pc-uint4-uint4-f16", ("uint4", (2, 6)), ("float16", (6,)), ("uint4", (6,)), {"qtype": "per_channel", "axis": 1}, version=2),
+    Case("v2-pc-int4-one-zp-bf16", ("int4", (4, 3)), ("bfloat16", (4,)), ("int4", (1,)), {"qtype": "per_channel", "axis": 0}, version=2),
+    Case("v2-pc-uint8-int4-f32", ("uint8", (2, 3, 4)), ("float32", (3,)), ("int4", (3,)), {"qtype": "per_channel", "axis": -2}, version=2),
+    Case("v2-pg-uint4-uint4-f32", ("uint4", (4, 64)), ("float32", (4, 2)), ("uint4", (4, 2)), {**PG, "group_shape": [1, 32]}, version=2),
+    Case("v2-pg-uint4-uint8-f16", ("uint4", (64, 16)), ("float16", (2, 16)), ("uint8", (2, 16)), {**PG, "group_shape": [32, 1]}, version=2),
+    Case("v2-pg-int4-nozp-bf16", ("int4", (8, 4)), ("bfloat16", (2, 4)), None, {**PG, "group_shape": [4, 1]}, version=2),
+    Case("v2-pg-int8-2d-groups-f16", ("int8", (4, 6)), ("float16", (2, 3)), ("int8", (2, 3)), {**PG, "group_shape": [2, 2]}, version=2),
+    Case("v2-pg-one-scale", ("uint4", (2, 8)), ("float32", (1, 1)), ("uint4", (1, 1)), {**PG, "group_shape": [2, 8]}, version=2),
+    Case("v2-pg-per-element", ("int4", (3, 2)), ("float16", (3, 2)), ("int4", (3, 2)), {**PG, "group_shape": [1, 1]}, version=2),
+    Case("v2-pg-empty", ("uint8", (0, 4)), ("float32", (0, 2)), ("uint8", (0, 2)), {**PG, "group_shape": [1, 2]}, version=2),
+]
+V2_ROWS = OWN_V2_ROWS + VALID_2
+
+
+@pytest.mark.parametrize("inputs_as", ["inputs", "initializers"])
+@pytest.mark.parametrize("case", V2_ROWS, ids=[c.id for c in V2_ROWS])
+def test_every_version_2_row_exports_and_runs_bit_exactly(case, inputs_as):
+    """The shared table's version-2 rows (tests/cases.py VALID_2) and this file's own: fully
+    checked, and ONNX Runtime's bits are the kernel's, scales/zps as initializers and as graph
+    inputs (int4 and bfloat16 ones fed through the runner's exact boundary conversions)."""
+    src, scales, zps = case.arrays(seed=len(case.id))
+    arrays = [src, scales] + ([] if zps is None else [zps])
+    model = case_model(case, inputs_as=inputs_as, arrays=arrays)
+    assert dyndq.check(model) == []
+    exported = dyndq.export(model)
+    onnx.checker.check_model(exported, full_check=True)
+    names = ["src", "scales", "zps"][: len(arrays)]
+    feeds = dict(zip(names, arrays)) if inputs_as == "inputs" else {"src": src}
+    [got] = ort_run(exported, feeds)
+    attrs = {"qtype": "per_tensor", "axis": 1, "group_shape": None, **case.attrs}
+    want = dyndq.dynamic_dequantize(src, scales, zps, **attrs)
+    assert same_bits(got, want)
+    assert same_bits(got, oracle_2(src, scales, zps, attrs["qtype"], attrs["axis"], attrs["group_shape"]))
