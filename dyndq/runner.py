@@ -162,7 +162,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
         if spec is None:  # a sequence, map or optional input: the engine judges it
             arrays[name] = value
             continue
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        array = _native(value)
         problem = _feed_problem(name, spec, array)
         if problem:
             problems.append(problem)
@@ -173,6 +173,17 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
     if problems:
         raise ValidationError(problems)
     return arrays
+
+
+def _native(value) -> np.ndarray:
+    """The feed as a plain ndarray in the machine's byte order. Engines take the bytes as they
+    are: a big-endian array (a '>f4' .npy) gives ONNX Runtime garbage and the reference engine
+    a type error, and an ndarray subclass (np.matrix keeps two dimensions whatever is done to
+    it) breaks the kernel's broadcasting."""
+    array = np.asarray(value)  # (subok=False: np.matrix and other subclasses become ndarray)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:

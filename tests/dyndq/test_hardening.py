@@ -1,0 +1,71 @@
+"""Findings of the adversarial trial (issue 11), one test (or a few) per numbered point.
+Each failed on the code before its fix."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper, numpy_helper as nh
+
+import dyndq
+from dyndq.cli import main
+
+
+def call(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def matmul_model() -> onnx.ModelProto:
+    """y = x @ DynamicDequantize(w, s): x float32[2, 3], w int8[3, 2]."""
+    node = dyndq.make_node(["w", "s"], ["wf"], name="dq")
+    g = helper.make_graph(
+        [node, helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [2, 2])],
+        [nh.from_array(np.arange(6, dtype=np.int8).reshape(3, 2), "w"), nh.from_array(np.array([0.5], np.float32), "s")])
+    return dyndq.make_model(g)
+
+
+def dq_input_model() -> onnx.ModelProto:
+    """y = DynamicDequantize(w, s) with both as graph inputs of free shape."""
+    g = helper.make_graph(
+        [dyndq.make_node(["w", "s"], ["y"], name="dq")], "g",
+        [helper.make_tensor_value_info("w", T.INT8, [None, None]), helper.make_tensor_value_info("s", T.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [None, None])])
+    return dyndq.make_model(g)
+
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3)
+Y = X @ (np.arange(6, dtype=np.float32).reshape(3, 2) * np.float32(0.5))
+
+
+# -- 1. non-native byte order ------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["reference", "onnxruntime"])
+def test_1_big_endian_feeds_give_the_right_answer(engine):
+    y = dyndq.run(matmul_model(), {"x": X.astype(">f4")}, engine=engine)["y"]
+    assert np.array_equal(y, Y)
+
+
+def test_1_big_endian_npy_through_the_cli(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    save_model(matmul_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", X.astype(">f4"))
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}",
+                          "--engine", "onnxruntime", "--output-dir", tmp_path / "out")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "out" / "y.npy"), Y)
+
+
+# -- 16. np.matrix feeds -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["reference", "onnxruntime"])
+def test_16_matrix_feed_runs(engine):
+    w = np.matrix(np.ones((2, 2**18), np.int8))
+    y = dyndq.run(dq_input_model(), {"w": w, "s": np.array([0.5], np.float32)}, engine=engine)["y"]
+    assert type(y) is np.ndarray and y.shape == (2, 2**18) and np.all(y == 0.5)
