@@ -11,7 +11,7 @@ import onnx
 from onnx import AttributeProto, external_data_helper
 
 from dyndq.converters.onnx_types import ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, spec_of_type
-from dyndq.graphs import Site, subgraphs, walk
+from dyndq.graphs import Site, walk
 from dyndq.opdefs import (
     OpVersion,
     Problem,
@@ -25,36 +25,14 @@ from dyndq.opdefs import (
     resolve,
     versions_of,
 )
-from dyndq.schema import MARK, lenient_inference
+from dyndq.schema import MARK
+from dyndq.scopes import ValueTypes, value_types  # noqa: F401  (value_types: part of this module's face)
 
 
-def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The type of every value ONNX can infer, in every graph of the model."""
-    try:
-        with lenient_inference():
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # a model ONNX cannot even infer: judge what it declares
-        inferred = model
-    types: dict[str, onnx.TypeProto] = {}
-    _collect_types(inferred.graph, types)
-    return types
-
-
-def _collect_types(graph: onnx.GraphProto, types: dict) -> None:
-    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if vi.HasField("type"):
-            types.setdefault(vi.name, vi.type)
-    for init in graph.initializer:
-        tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
-        types[init.name] = tp
-    for node in graph.node:
-        for _, g in subgraphs(node):
-            _collect_types(g, types)
-
-
-def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
+def check_node(site: Site, all_types: ValueTypes) -> list[Problem]:
     """The problems of one node of our domains (none for other nodes)."""
     node = site.node
+    types = all_types.at(site.graph)
     if node.domain not in domains():
         return []
     where = dict(op=qualname(node.domain, node.op_type), node=node.name, node_index=site.index, graph=site.graph)

@@ -98,8 +98,9 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     if report.converted:
         types = value_types(out)
 
-    def specs(name):
-        return spec_of_type(types.get(name))
+    def specs(path):  # each graph's own scope: sibling bodies may type a name differently
+        scope = types.at(path)
+        return lambda name: spec_of_type(scope.get(name))
 
     opsets = {o.domain: o.version for o in out.opset_import}
     _lower_graph(out.graph, "main", opsets, target, names, specs, report)
@@ -110,7 +111,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
         f_opsets = {o.domain: o.version for o in f.opset_import}
         path = f"function {f.domain}::{f.name}"
         before = len(report.lowered)
-        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda name: None, report)
+        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda path: lambda name: None, report)
         del f.node[:]
         f.node.extend(new)
         if len(report.lowered) > before:
@@ -156,7 +157,7 @@ def _needs(site, types) -> Needs:
     """What the node's lowering needs, asked of its op version; inside a function no
     dtype is known (TensorSpec(None, None) for every present input)."""
     op = _op_of(site.node, site.opsets)
-    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.get(name)))
+    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.at(site.graph).get(name)))
     return op.lowering_needs(*input_specs(op, site.node, spec_of), **_attrs(op, site.node))
 
 
@@ -310,7 +311,7 @@ def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx
         if op is None:
             out.append(node)
             continue
-        out.extend(_lower_node(op, node, path, target, names, specs, report))
+        out.extend(_lower_node(op, node, path, target, names, specs(path), report))
     return out
 
 

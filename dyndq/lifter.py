@@ -69,8 +69,9 @@ def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftRepor
     report = LiftReport()
     types = value_types(out)
 
-    def spec_of(name):
-        return spec_of_type(types.get(name))
+    def spec_at(graph):  # each graph's own scope: sibling bodies may type a name differently
+        scope = types.at(graph)
+        return lambda name: spec_of_type(scope.get(name))
 
     no_types = lambda name: None  # noqa: E731  (a function's inputs have no types)
     imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
@@ -80,7 +81,7 @@ def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftRepor
         if not candidates:
             continue
         who = node.name or node.output[0]
-        spec = no_types if site.in_function else spec_of
+        spec = no_types if site.in_function else spec_at(site.graph)
         reasons = []
         for op in candidates:  # oldest first: the lowest version that expresses the node
             plan = op.lifting(node, spec)

@@ -69,3 +69,57 @@ def test_16_matrix_feed_runs(engine):
     w = np.matrix(np.ones((2, 2**18), np.int8))
     y = dyndq.run(dq_input_model(), {"w": w, "s": np.array([0.5], np.float32)}, engine=engine)["y"]
     assert type(y) is np.ndarray and y.shape == (2, 2**18) and np.all(y == 0.5)
+
+
+# -- 2. types per graph scope ------------------------------------------------------------------
+
+def _branch(name: str, zp_dtype, n: int, axis: int) -> onnx.GraphProto:
+    """A body that makes its own `zp` and `sc` (the same names in both branches)."""
+    nodes = [helper.make_node("Constant", [], ["zp"], value=nh.from_array(np.arange(n).astype(zp_dtype))),
+             helper.make_node("Constant", [], ["sc"], value=nh.from_array(np.full(n, 0.5, np.float32))),
+             dyndq.make_node(["w", "sc", "zp"], [f"o_{name}"], name=f"dq_{name}", qtype="per_channel", axis=axis)]
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"o_{name}", T.FLOAT, [4, 3])])
+
+
+def if_model(then_branch, else_branch) -> onnx.ModelProto:
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_branch, else_branch=else_branch)], "g",
+        [helper.make_tensor_value_info("c", T.BOOL, []), helper.make_tensor_value_info("w", T.INT8, [4, 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [4, 3])])
+    return dyndq.make_model(g)
+
+
+W43 = np.arange(12, dtype=np.int8).reshape(4, 3)
+
+
+def _expected(zp_dtype, n, axis):
+    shape = (n, 1) if axis == 0 else (1, n)
+    return ((W43.astype(np.int64) - np.arange(n).astype(zp_dtype).astype(np.int64).reshape(shape))
+            .astype(np.float32) * np.float32(0.5))
+
+
+@pytest.mark.parametrize("then_, else_", [
+    ((np.int32, 4, 0), (np.int8, 4, 0)),   # zp int32 in one branch, int8 in the other
+    ((np.int8, 4, 0), (np.int32, 4, 0)),
+    ((np.int8, 3, 1), (np.int8, 4, 0)),    # sc with 3 elements in one, 4 in the other
+])
+def test_2_sibling_branches_keep_their_own_types(then_, else_):
+    m = if_model(_branch("then", *then_), _branch("else", *else_))
+    assert dyndq.check(m) == []
+    exported = dyndq.export(m)
+    onnx.checker.check_model(exported, full_check=True)
+    for c, spec in ((True, then_), (False, else_)):
+        for engine in ("reference", "onnxruntime"):
+            y = dyndq.run(m, {"c": np.array(c), "w": W43}, engine=engine)["y"]
+            assert np.array_equal(y, _expected(*spec)), (c, engine)
+
+
+def test_2_a_body_still_sees_outer_values():
+    from dyndq.scopes import value_types
+
+    m = if_model(_branch("then", np.int8, 4, 0), _branch("else", np.int32, 3, 1))
+    types = value_types(m)
+    then_, else_ = types.at("main/if.then_branch"), types.at("main/if.else_branch")
+    assert then_["w"].tensor_type.elem_type == else_["w"].tensor_type.elem_type == T.INT8  # from main
+    assert then_["zp"].tensor_type.elem_type == T.INT8 and else_["zp"].tensor_type.elem_type == T.INT32
+    assert "zp" not in types.at("main")
