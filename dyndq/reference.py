@@ -18,11 +18,12 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
 from dyndq.kernels.dynamic_dequantize import dequantize
 from dyndq.opdefs import Problem, ValidationError, all_versions, newest_domain_version, resolve
 
-__all__ = ["DequantizeLinear", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
+__all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
 
 class OurOp(OpRun):
@@ -139,12 +140,26 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 
     return dequantize(x, x_scale, x_zero_point, channel_axis, out)
 
 
+class Loop(_OnnxLoop):
+    """ai.onnx Loop, with an omitted `cond` read as true, as the ONNX spec and ONNX Runtime
+    read it. onnx.reference (1.23) tests `while cond` on the None it gets for an omitted
+    input, so it runs such a loop zero times and returns the initial values: a wrong result
+    without an error, and one engine disagreeing with the other."""
+
+    op_domain = ""
+
+    def _run(self, M, cond=None, *args, **kwargs):
+        if cond is None:
+            cond = np.array(True)
+        return super()._run(M, cond, *args, **kwargs)
+
+
 class DyndqReferenceEvaluator(ReferenceEvaluator):
     """A ReferenceEvaluator that knows our ops in every graph and function it builds."""
 
     def __init__(self, proto: Any, *args, new_ops: list[type[OpRun]] | None = None, **kwargs):
         # Caller's classes first: for a key given twice, ONNX keeps the first.
-        ours = our_ops() + [DequantizeLinear]
+        ours = our_ops() + [DequantizeLinear, Loop]
         ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
         super().__init__(proto, *args, new_ops=ops, **kwargs)
 

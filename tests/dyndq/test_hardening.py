@@ -123,3 +123,30 @@ def test_2_a_body_still_sees_outer_values():
     assert then_["w"].tensor_type.elem_type == else_["w"].tensor_type.elem_type == T.INT8  # from main
     assert then_["zp"].tensor_type.elem_type == T.INT8 and else_["zp"].tensor_type.elem_type == T.INT32
     assert "zp" not in types.at("main")
+
+
+# -- 3. Loop with its cond omitted ---------------------------------------------------------------
+
+def loop_model(with_cond: bool) -> onnx.ModelProto:
+    """acc = sum over 3 iterations of DynamicDequantize(w, s), with Loop's cond given or omitted."""
+    body = helper.make_graph(
+        [dyndq.make_node(["w", "s"], ["d"], name="dq"),
+         helper.make_node("Add", ["acc_in", "d"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", T.INT64, []), helper.make_tensor_value_info("cond_in", T.BOOL, []),
+         helper.make_tensor_value_info("acc_in", T.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", T.BOOL, []), helper.make_tensor_value_info("acc_out", T.FLOAT, [3])])
+    inits = [nh.from_array(np.array(3, np.int64), "M"), nh.from_array(np.zeros(3, np.float32), "acc0"),
+             nh.from_array(np.array([1, -2, 3], np.int8), "w"), nh.from_array(np.array([0.5], np.float32), "s")]
+    if with_cond:
+        inits.append(nh.from_array(np.array(True), "c"))
+    g = helper.make_graph([helper.make_node("Loop", ["M", "c" if with_cond else "", "acc0"], ["acc"], body=body)], "g",
+                          [], [helper.make_tensor_value_info("acc", T.FLOAT, [3])], inits)
+    return dyndq.make_model(g)
+
+
+@pytest.mark.parametrize("with_cond", [True, False])
+@pytest.mark.parametrize("engine", ["reference", "onnxruntime"])
+def test_3_loop_without_cond_runs_its_iterations(engine, with_cond):
+    acc = dyndq.run(loop_model(with_cond), {}, engine=engine)["acc"]
+    assert np.array_equal(acc, np.array([1.5, -3.0, 4.5], np.float32))
