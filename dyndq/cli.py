@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2, already printed)
         return e.code if isinstance(e.code, int) else USAGE
+    stdout = sys.stdout
+    sys.stdout = _UntilClosed(stdout)  # `dyndq ... | head -1`: the work goes on, the printing stops
     try:
         return _COMMANDS[args.command](args)
     except UsageError as e:
@@ -106,12 +108,46 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
-    except BrokenPipeError:  # e.g. `dyndq schema | head -1`
+    finally:
+        sys.stdout = stdout
+
+
+class _UntilClosed:
+    """A text stream that writes to `inner` until its reader goes away (EPIPE), then drops
+    what is printed, so a closed pipe stops the printing but never the work (the outputs and
+    files a command writes). The file descriptor is pointed at os.devnull then, so the
+    interpreter's last flush at exit does not fail either."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._inner.write(text)
+            except BrokenPipeError:
+                self._close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._inner.flush()
+            except BrokenPipeError:
+                self._close()
+
+    def _close(self) -> None:
+        self._closed = True
         try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._inner.fileno())
+            os.close(devnull)
+        except (OSError, AttributeError, ValueError):  # not a real file (a test's capture)
             pass
-        return OK
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _err(message: str) -> None:
@@ -156,8 +192,6 @@ def cmd_demo(args) -> int:
         raise UsageError(f"{args.out}: exists and is not a folder")
     try:
         result = run_demo(args.out)
-    except BrokenPipeError:
-        raise
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
     return OK if result.agree else PROBLEMS
@@ -279,20 +313,67 @@ def cmd_run(args) -> int:
     if args.output_dir:
         from dyndq.files import ModelFileError, save_array
 
+        files = _output_files(args.output_dir, outputs)
         try:
             os.makedirs(args.output_dir, exist_ok=True)
-            for name, value in outputs.items():
-                path = os.path.join(args.output_dir, _SAFE_NAME.sub("_", name) + ".npy")
+            for label, path, value in files:
                 save_array(path, value)
-                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-        except BrokenPipeError:
-            raise
+                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
+                      else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
         except (ModelFileError, OSError) as e:
             raise UsageError(str(e)) from None
     else:
         for name, value in outputs.items():
-            print(_summary(name, value))
+            if isinstance(value, list):
+                print(f"{name}: a sequence of {len(value)} tensor{'s' if len(value) != 1 else ''}")
+                for i, item in enumerate(value):
+                    print("  " + _summary(f"{name}[{i}]", item))
+            elif value is None:
+                print(f"{name}: (no value)")
+            else:
+                print(_summary(name, value))
     return OK
+
+
+def _stem(path: str) -> str:
+    return os.path.basename(path)[: -len(".npy")]
+
+
+def _clean(name: str) -> str:
+    safe = _SAFE_NAME.sub("_", name)
+    return "_" + safe[1:] if safe.startswith(".") else safe  # no hidden files, no "." or ".."
+
+
+def _output_files(folder: str, outputs: dict) -> list[tuple[str, str, np.ndarray]]:
+    """(what, path, array) for each array to save: NAME.npy for a tensor output, NAME.I.npy for
+    item I of a sequence output, NAME cleaned of characters unsafe in a file name. A cleaned
+    name that meets another output's file name gets a short hash of the whole name added
+    ('a/b' and 'a_b', two non-ASCII names of one length), so each output keeps a file of its
+    own. Two that still meet (names equal but for case, which some file systems do not tell
+    apart) are refused before anything is written."""
+    items = []
+    for name, value in outputs.items():
+        if isinstance(value, list):
+            items += [(f"{name}[{i}]", f"{name}.{i}", v) for i, v in enumerate(value)]
+        elif value is not None:
+            items.append((name, name, value))
+    stems = [_clean(raw) for _, raw, _ in items]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem.casefold()] = counts.get(stem.casefold(), 0) + 1
+    files, taken = [], {}
+    for (label, raw, array), stem in zip(items, stems):
+        if stem != raw and counts[stem.casefold()] > 1:
+            import hashlib
+
+            stem = f"{stem}-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+        key = stem.casefold()
+        if key in taken:
+            raise UsageError(f"--output-dir {folder}: outputs {taken[key]!r} and {label!r} would both be "
+                             f"saved as {stem}.npy; rename one of them in the model")
+        taken[key] = label
+        files.append((label, os.path.join(folder, stem + ".npy"), array))
+    return files
 
 
 def cmd_schema(args) -> int:

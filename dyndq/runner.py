@@ -77,7 +77,15 @@ class Runner:
             # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
             arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
         results = self._run(arrays)
-        return {name: np.asarray(value) for name, value in zip(self.output_names, results)}
+        return {name: _output(value) for name, value in zip(self.output_names, results)}
+
+
+def _output(value):
+    """A tensor output as an ndarray; a sequence output as a list of ndarrays (np.asarray on
+    it would stack its tensors into one array, or fail when their shapes differ)."""
+    if isinstance(value, (list, tuple)):
+        return [np.asarray(v) for v in value]
+    return value if value is None else np.asarray(value)
 
 
 def _c_contiguous(value):
@@ -122,7 +130,8 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
 
 
 def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference") -> dict[str, np.ndarray]:
-    """Run the model's main graph on `feeds` (input name -> array); returns output name -> array.
+    """Run the model's main graph on `feeds` (input name -> array); returns output name -> array
+    (a list of arrays for a sequence output).
 
     Feeds are checked against the graph's inputs first: a missing or unknown
     input, or a feed of the wrong dtype, rank or fixed dimension, raises

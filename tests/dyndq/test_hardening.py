@@ -150,3 +150,112 @@ def loop_model(with_cond: bool) -> onnx.ModelProto:
 def test_3_loop_without_cond_runs_its_iterations(engine, with_cond):
     acc = dyndq.run(loop_model(with_cond), {}, engine=engine)["acc"]
     assert np.array_equal(acc, np.array([1.5, -3.0, 4.5], np.float32))
+
+
+# -- 4. sequence outputs ------------------------------------------------------------------------
+
+def sequence_model() -> onnx.ModelProto:
+    g = helper.make_graph(
+        [dyndq.make_node(["a", "s"], ["da"], name="dqa"), dyndq.make_node(["b", "s"], ["db"], name="dqb"),
+         helper.make_node("SequenceConstruct", ["da", "db"], ["seq"])], "g",
+        [helper.make_tensor_value_info("a", T.INT8, [2]), helper.make_tensor_value_info("b", T.INT8, [None])],
+        [helper.make_tensor_sequence_value_info("seq", T.FLOAT, None)],
+        [nh.from_array(np.array([0.5], np.float32), "s")])
+    return dyndq.make_model(g)
+
+
+A, B = np.array([1, 2], np.int8), np.array([3, 4, 5], np.int8)
+
+
+@pytest.mark.parametrize("engine", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("b", [B, np.array([3, 4], np.int8)])  # shapes that differ, and shapes that stack
+def test_4_sequence_output_is_a_list(engine, b):
+    seq = dyndq.run(sequence_model(), {"a": A, "b": b}, engine=engine)["seq"]
+    assert isinstance(seq, list) and len(seq) == 2
+    assert np.array_equal(seq[0], A * np.float32(0.5)) and np.array_equal(seq[1], b * np.float32(0.5))
+
+
+def test_4_cli_saves_and_summarizes_each_item(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    save_model(sequence_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "a.npy", A)
+    np.save(tmp_path / "b.npy", B)
+    inputs = ["-i", f"a={tmp_path / 'a.npy'}", "-i", f"b={tmp_path / 'b.npy'}"]
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", *inputs)
+    assert code == 0, err
+    assert "seq: a sequence of 2 tensors" in out and "seq[0]: float32[2]" in out and "seq[1]: float32[3]" in out
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", *inputs, "--output-dir", tmp_path / "out")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "out" / "seq.0.npy"), A * np.float32(0.5))
+    assert np.array_equal(np.load(tmp_path / "out" / "seq.1.npy"), B * np.float32(0.5))
+
+
+# -- 7. output names that clean up to one file name ------------------------------------------------
+
+def identity_model(names: list[str]) -> onnx.ModelProto:
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], [n]) for n in names] + [dyndq.make_node(["q", "s"], ["unused"])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [2]), helper.make_tensor_value_info("k", T.FLOAT, [1])],
+        [helper.make_tensor_value_info(n, T.FLOAT, [2]) for n in names],
+        [nh.from_array(np.array([1], np.int8), "q"), nh.from_array(np.array([1.0], np.float32), "s")])
+    return dyndq.make_model(g)
+
+
+@pytest.mark.parametrize("names", [["a/b", "a_b"], ["ä", "ö"], ["y", "..", "."]])
+def test_7_every_output_gets_a_file_of_its_own(capsys, tmp_path, names):
+    from dyndq.files import save_model
+
+    save_model(identity_model(names), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.array([1, 2], np.float32))
+    np.save(tmp_path / "k.npy", np.array([3], np.float32))
+    out_dir = tmp_path / "out"
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}",
+                          "-i", f"k={tmp_path / 'k.npy'}", "--output-dir", out_dir)
+    assert code == 0, err
+    files = sorted(os.listdir(out_dir))
+    assert len(files) == len(names), files
+    assert all(f.endswith(".npy") and not f.startswith(".") for f in files), files
+
+
+def test_7_names_equal_but_for_case_are_refused(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    save_model(identity_model(["y", "Y"]), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.array([1, 2], np.float32))
+    np.save(tmp_path / "k.npy", np.array([3], np.float32))
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}",
+                          "-i", f"k={tmp_path / 'k.npy'}", "--output-dir", tmp_path / "out")
+    assert code == 2 and "'y' and 'Y'" in err, err
+    assert not os.path.exists(tmp_path / "out")
+
+
+# -- 8. stdout closed early ------------------------------------------------------------------------
+
+def _run_with_stdout_closed(args, cwd):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "dyndq", *map(str, args)], cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the first line (as `| head -0`)
+    err = p.stderr.read().decode()
+    return p.wait(), err
+
+
+def test_8_run_finishes_its_work_when_stdout_closes(tmp_path):
+    from dyndq.files import save_model
+
+    save_model(sequence_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "a.npy", A)
+    np.save(tmp_path / "b.npy", B)
+    code, err = _run_with_stdout_closed(["run", "m.onnx", "-i", "a=a.npy", "-i", "b=b.npy", "--output-dir", "out"],
+                                        tmp_path)
+    assert code == 0 and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path / "out")) == ["seq.0.npy", "seq.1.npy"]
+
+
+def test_8_demo_writes_its_files_when_stdout_closes(tmp_path):
+    code, err = _run_with_stdout_closed(["demo", "--out", "d"], tmp_path)
+    assert code == 0 and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path / "d")) == ["model.exported.onnx", "model.onnx", "x.npy"]
