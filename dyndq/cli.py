@@ -163,16 +163,23 @@ def _load(path: str):
         raise UsageError(str(e)) from None
 
 
-def _save(model, path: str, loaded) -> None:
+def _save(model, path: str, loaded) -> list[str]:
+    """Save `model` as the input was saved (with external data or not); returns notes to print."""
     from dyndq.files import ModelFileError, save_model
 
-    location = None
-    if loaded.external_data and len(loaded.locations) == 1 and os.path.abspath(path) == os.path.abspath(loaded.path):
-        location = loaded.locations[0]  # rewriting the model in place: keep its data file's name
     try:
-        save_model(model, path, external_data=loaded.external_data, location=location)
+        location = save_model(model, path, external_data=loaded.external_data)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
+    notes = []
+    if location is not None:
+        notes.append(f"  its tensors are in {location}, beside it")
+    if os.path.realpath(path) == os.path.realpath(loaded.path):
+        kept = [loc for loc in loaded.locations if loc != location]
+        if kept:  # a copy of the model made before may point into them: never ours to delete
+            notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
+                         "model may point into it; delete it when none does")
+    return notes
 
 
 def _print_problems(path: str, problems, stream) -> None:
@@ -228,8 +235,10 @@ def cmd_export(args) -> int:
         return PROBLEMS
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
         raise UsageError(f"{args.input}: {_first_line(e)}") from None
-    _save(out, args.output, loaded)
+    notes = _save(out, args.output, loaded)
     print(f"wrote {args.output}: {report.summary()}")
+    for note in notes:
+        print(note)
     return OK
 
 
@@ -238,8 +247,10 @@ def cmd_lift(args) -> int:
 
     loaded = _load(args.input)
     out, report = lift_with_report(loaded.model)
-    _save(out, args.output, loaded)
+    notes = _save(out, args.output, loaded)
     print(f"wrote {args.output}: {report.summary()}; {_opset_and_ir(out)}")
+    for note in notes:
+        print(note)
     for s in report.skipped:
         print(f"  {s}")
     return OK

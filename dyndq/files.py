@@ -8,13 +8,22 @@
 - `save_model(model, path)` never leaves a half-written file: the model (and
   its external data file, when there is one) is written into a temporary folder
   beside the target, then moved into place with `os.replace`, the data first
-  and the model last.  An interrupted save leaves the previous file untouched.
+  under a name no file has yet, and the model last: the model's rename is the one
+  step that switches from old to new, and an existing data file is never
+  rewritten (other models may point into it).  An interrupted save (an error,
+  Ctrl-C, SIGTERM) leaves the previous file untouched and removes its staging
+  files; ones left by a killed writer are removed by the next write.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import stat
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
 import onnx
@@ -77,72 +86,220 @@ def save_model(
     *,
     external_data: bool = False,
     location: str | None = None,
-) -> None:
+) -> str | None:
     """Write `model` to `path` atomically; the model passed in is not modified.
 
     With `external_data=True` (or when the model is too big for one protobuf
     message), tensors go to one file beside the model, named `location`
-    (default: the model's file name + ".data"); it is replaced atomically too.
+    (default: the model's file name + ".data").  A data file is never rewritten:
+    when one of that name exists (other models may point into it, a copy of the
+    model made before, say), the data goes to a new name (`NAME.1.data`, ...)
+    and the old file is left as it is.  Returns the data file's name, or None.
+
+    `path` must be a new path or a regular file; a symbolic link to a regular
+    file is written through.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
-    if not os.path.isdir(folder):
-        raise ModelFileError(f"{path}: its folder does not exist")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a folder")
     external_data = external_data or model.ByteSize() > _PROTOBUF_LIMIT
     location = location or name + ".data"
-    if external_data and (os.path.isabs(location) or os.path.dirname(os.path.normpath(location))):
-        raise ModelFileError(f"{location}: the external data file must be a plain file name beside the model")
+    if external_data:
+        if os.path.isabs(location) or os.path.dirname(os.path.normpath(location)):
+            raise ModelFileError(f"{location}: the external data file must be a plain file name beside the model")
+        location = _unused_name(folder, location)
+    _remove_stale_staging(folder, name)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # saving with external data rewrites the tensors it moves
-    try:
-        staging = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
-    try:
-        staged = os.path.join(staging, name)
-        if external_data:
-            onnx.save_model(copy, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=location, size_threshold=1024)
-        else:
+    placed: str | None = None  # the new data file, once moved into the folder
+    with _terminate_cleanly():
+        try:
+            staging = tempfile.mkdtemp(prefix=_staging_prefix(name), suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        try:
+            staged = os.path.join(staging, name)
+            if external_data:
+                _move_tensors_out(copy, staging, location)
             onnx.save_model(copy, staged)
-        files = sorted(os.listdir(staging))
-        for f in files:
-            _fsync(os.path.join(staging, f))
-        for f in files:  # external data first, so the model never points at missing data
-            if f != name:
-                os.replace(os.path.join(staging, f), os.path.join(folder, f))
-        os.replace(staged, path)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
-    except ValueError as e:  # protobuf: message too large, ...
-        raise ModelFileError(f"{path}: cannot write it ({_first_line(e)})") from None
+            for f in os.listdir(staging):
+                _fsync(os.path.join(staging, f))
+            if external_data and os.path.exists(os.path.join(staging, location)):
+                # A new name nothing refers to yet; the model's rename below is then the one
+                # step that switches from the old model (and its data, untouched) to the new.
+                placed = os.path.join(folder, location)
+                os.replace(os.path.join(staging, location), placed)
+            os.replace(staged, path)
+            placed = None
+            _fsync_folder(folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        except ValueError as e:  # protobuf: message too large, ...
+            raise ModelFileError(f"{path}: cannot write it ({_first_line(e)})") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            if placed is not None:  # the model was not replaced: its new data file has no reader
+                _remove_quietly(placed)
+    return location if external_data else None
+
+
+def _move_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> None:
+    """Mark the model's big tensors as external data in `location` and write them there.
+
+    What onnx.save_model(save_as_external_data=True) does, less one check: ONNX refuses
+    when a file named `location` exists relative to the *current* folder (not the model's),
+    so re-running an export from the model's own folder failed (onnx 1.23).  Same rule as
+    ONNX for which tensors move: initializers with raw data of 1 KiB or more."""
+    for tensor in external_data_helper._get_initializer_tensors(model):
+        if tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= 1024:
+            external_data_helper.set_external_data(tensor, location)
+    external_data_helper.write_external_data_tensors(model, folder)
+
+
+def _unused_name(folder: str, location: str) -> str:
+    """`location`, or when a file of that name exists in `folder`, NAME.1.data, NAME.2.data, ..."""
+    if not os.path.lexists(os.path.join(folder, location)):
+        return location
+    stem = location[: -len(".data")] if location.endswith(".data") else location
+    k = 1
+    while os.path.lexists(os.path.join(folder, f"{stem}.{k}.data")):
+        k += 1
+    return f"{stem}.{k}.data"
+
+
+def _writable_target(path: str) -> str:
+    """The file to replace for `path`: itself, or the regular file a symbolic link points to.
+
+    Anything else is refused: replacing a FIFO, a device (/dev/null, /dev/stdout) or a
+    folder with a regular file would change what the path is, not write to it."""
+    absolute = os.path.abspath(path)
+    target = os.path.realpath(absolute)
+    if os.path.islink(absolute) and not os.path.lexists(target):
+        raise ModelFileError(f"{path}: is a symbolic link to {target}, which does not exist")
+    if os.path.lexists(target):
+        mode = os.stat(target).st_mode
+        if stat.S_ISDIR(mode):
+            raise ModelFileError(f"{path}: is a folder")
+        if not stat.S_ISREG(mode):
+            raise ModelFileError(f"{path}: is {_kind(mode)}, not a regular file; give a file path to write")
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ModelFileError(f"{path}: its folder does not exist")
+    return target
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a special file"
+
+
+def _staging_prefix(name: str) -> str:
+    # The writer's process id is in the name, so a later write can tell a staging file
+    # left by a killed writer (SIGKILL, power loss) from one still in use.
+    return f".{name}.{os.getpid()}."
+
+
+def _remove_stale_staging(folder: str, name: str) -> None:
+    """Remove staging files and folders for `name` left by writers that no longer run."""
+    prefix = f".{name}."
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid = entry[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            full = os.path.join(folder, entry)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full, ignore_errors=True)
+            else:
+                _remove_quietly(full)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_cleanly():
+    """Within this block SIGTERM ends the process through SystemExit (code 143, as the signal
+    would), so `finally` blocks remove the staging files, as they do on KeyboardInterrupt.
+    Only in the main thread (Python runs signal handlers there), and only when the signal has
+    its default action: a handler the program installed is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def save_array(path: str | os.PathLike, array) -> None:
-    """`numpy.save` to exactly `path` (no ".npy" added), atomically."""
+    """`numpy.save` to exactly `path` (no ".npy" added), atomically; the file gets the mode a
+    new file gets (0666 less the umask), as models do."""
     import numpy as np
 
-    path = os.path.abspath(os.fspath(path))
+    path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
+    _remove_stale_staging(folder, name)
+    with _terminate_cleanly():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(name), suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, np.asarray(array), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        finally:
+            _remove_quietly(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _remove_quietly(path: str) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make the renames in `folder` durable (where the platform allows opening a folder)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.asarray(array), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.close(fd)
 
 
 def _location(tensor: onnx.TensorProto) -> str:
