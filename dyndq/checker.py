@@ -168,6 +168,8 @@ def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[P
             onnx.checker.check_model(model, full_check=full)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             return str(e).strip()
+        except ValueError as e:  # e.g. "Invalid tensor data type 0." for a declared UNDEFINED element type
+            return str(e).strip() or type(e).__name__
         return None
 
     message = first(True)

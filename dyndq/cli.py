@@ -7,7 +7,8 @@
     dyndq run    MODEL --input NAME=FILE.npy ... [--engine reference|onnxruntime] [--output-dir DIR]
     dyndq schema
 
-Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.
+Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
+2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
 Mistakes a user can make (a missing or non-ONNX file, a bad --input) are told
 in one or two plain lines on stderr, never with a traceback.
 """
@@ -23,6 +24,7 @@ import textwrap
 import numpy as np
 
 OK, PROBLEMS, USAGE = 0, 1, 2
+INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
 
 
 class UsageError(Exception):
@@ -42,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="dyndq",
         description="oneDNN Graph's DynamicDequantize as an ONNX custom-domain op: check, export, lift and run models that use it.",
-        epilog="Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.",
+        epilog="Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it), "
+               "2 usage or I/O error, 70 internal error (a bug in dyndq; please report it), 130 interrupted.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -108,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
+    except Exception as e:  # a bug of ours: its own exit code, never 1 ("problems found")
+        import traceback
+
+        if os.environ.get("DYNDQ_TRACEBACK"):
+            traceback.print_exc()
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        _err(f"internal error: {type(e).__name__}: {_first_line(e)} (at {os.path.basename(where.filename)}:{where.lineno}; "
+             f"set DYNDQ_TRACEBACK=1 for the traceback, and please report it)")
+        return INTERNAL
     finally:
         sys.stdout = stdout
 
@@ -260,6 +272,8 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    from dyndq.files import ModelFileError, read_array
+
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -267,18 +281,10 @@ def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
             raise UsageError(f"--input {spec!r}: expected NAME=FILE.npy")
         if name in feeds:
             raise UsageError(f"--input {spec!r}: input {name!r} given twice")
-        if not os.path.isfile(path):
-            raise UsageError(f"--input {spec!r}: {path}: no such file")
         try:
-            with open(path, "rb") as f:
-                magic = f.read(6)
-                if magic != b"\x93NUMPY":
-                    what = "an .npz archive; give one array per .npy file" if magic.startswith(b"PK") else "not a .npy file"
-                    raise UsageError(f"--input {spec!r}: {path}: {what}")
-                f.seek(0)
-                feeds[name] = np.load(f, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise UsageError(f"--input {spec!r}: {path}: cannot read it ({_first_line(e)})") from None
+            feeds[name] = read_array(path)
+        except ModelFileError as e:
+            raise UsageError(f"--input {spec!r}: {e}") from None
     return feeds
 
 
@@ -311,6 +317,9 @@ def cmd_run(args) -> int:
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
+    except Exception as e:  # the engine cannot be built for this model (an op it lacks, a model it refuses)
+        _err(f"{args.model}: the {args.engine} engine cannot run this model: {_engine_message(e)}")
+        return PROBLEMS
     try:
         outputs = r(feeds)
     except dyndq.ValidationError as e:  # the feeds do not fit the graph's inputs
@@ -319,7 +328,7 @@ def cmd_run(args) -> int:
         lines = [f"{args.model}: {len(e.problems)} problems with the inputs"] + [f"  - input {p}" for p in e.problems]
         raise UsageError("\n".join(lines)) from None
     except Exception as e:  # the engine failed on this model
-        _err(f"{args.model}: the {args.engine} engine failed: {_first_line(e)}")
+        _err(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}")
         return PROBLEMS
     if args.output_dir:
         from dyndq.files import ModelFileError, save_array
@@ -442,6 +451,11 @@ def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str
         out.append(line(r[:-1] + [r[-1][0]]))
         out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
     return out
+
+
+def _engine_message(e: BaseException) -> str:
+    """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", _first_line(e))
 
 
 def _first_line(e: BaseException) -> str:

@@ -64,14 +64,19 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
     locations = sorted({_location(t) for t in tensors})
     if tensors:
+        for t in tensors:
+            _check_external_fields(path, t)
         folder = os.path.dirname(os.path.abspath(path))
         try:
-            # ONNX checks here that each location is a regular file inside `folder`.
+            # ONNX checks here that each location is a regular file inside `folder`, and that
+            # each tensor's offset and length lie within it.
             external_data_helper.load_external_data_for_model(model, folder)
         except onnx.checker.ValidationError as e:
             raise ModelFileError(f"{path}: refused: {_first_line(e)}") from None
+        except ValueError as e:  # an offset or length out of the file's range
+            raise ModelFileError(f"{path}: its external data does not fit its file: {_first_line(e)}") from None
         except OSError as e:
-            raise ModelFileError(f"{path}: cannot read its external data ({e})") from None
+            raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
 
 
@@ -300,6 +305,56 @@ def _fsync_folder(folder: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _check_external_fields(path: str, tensor: onnx.TensorProto) -> None:
+    """An offset or length must be a non-negative decimal integer (ONNX's loader raises a bare
+    int() ValueError on "abc" or "1e3", naming neither the tensor nor the field)."""
+    for entry in tensor.external_data:
+        if entry.key in ("offset", "length") and not (entry.value.isascii() and entry.value.isdigit()):
+            raise ModelFileError(f"{path}: tensor {tensor.name!r}: external data {entry.key} {entry.value!r} "
+                                 "is not a non-negative whole number")
+
+
+def read_array(path: str | os.PathLike):
+    """The array in a .npy file, refusing (ModelFileError) anything else: a missing file, a
+    folder, an .npz archive, pickled objects, or a header that declares more data than the
+    file holds (numpy would try to allocate it first: a MemoryError for a huge shape)."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a folder, not a .npy file")
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+            if magic != b"\x93NUMPY":
+                what = "an .npz archive; give one array per .npy file" if magic.startswith(b"PK") else "not a .npy file"
+                raise ModelFileError(f"{path}: {what}")
+            f.seek(0)
+            version = npy.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = npy.read_array_header_2_0(f)
+            else:  # 3.0 (utf-8 field names) has no public reader
+                shape, fortran, dtype = npy._read_array_header(f, version)
+            if dtype.hasobject:
+                raise ModelFileError(f"{path}: cannot read it: it holds Python objects (pickled), which are not loaded")
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            have = os.fstat(f.fileno()).st_size - f.tell()
+            if need > have:
+                raise ModelFileError(f"{path}: cannot read it: its header declares a {dtype.name} array of shape {list(shape)} "
+                                     f"({need} bytes) but the file holds {have} bytes of data")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, EOFError) as e:
+        raise ModelFileError(f"{path}: cannot read it ({_first_line(e)})") from None
 
 
 def _location(tensor: onnx.TensorProto) -> str:

@@ -161,7 +161,52 @@ class DyndqReferenceEvaluator(ReferenceEvaluator):
         # Caller's classes first: for a key given twice, ONNX keeps the first.
         ours = our_ops() + [DequantizeLinear, Loop]
         ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
+        if isinstance(proto, onnx.ModelProto):
+            proto = _functions_in_call_order(proto)
         super().__init__(proto, *args, new_ops=ops, **kwargs)
+
+
+def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or a copy whose model-local functions come after every function they call.
+
+    ReferenceEvaluator builds functions in the order the model lists them, each knowing only
+    the ones before it, so a function that calls one listed after it fails ("Node type 'Inner'
+    ... is unknown"), while ONNX itself (and ONNX Runtime) accept any order."""
+    from dyndq.graphs import graphs
+
+    functions = {(f.domain, f.name): f for f in model.functions}
+    callees = {
+        key: {(n.domain, n.op_type) for node in f.node for n in [node, *_nested(node, graphs)]} & functions.keys()
+        for key, f in functions.items()
+    }
+    order: list[tuple[str, str]] = []
+    state: dict[tuple[str, str], str] = {}
+
+    def visit(key):
+        if state.get(key) == "done" or state.get(key) == "visiting":  # (a cycle: left for ONNX to refuse)
+            return
+        state[key] = "visiting"
+        for callee in sorted(callees[key]):
+            visit(callee)
+        state[key] = "done"
+        order.append(key)
+
+    for key in functions:
+        visit(key)
+    if order == list(functions):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.functions[:]
+    copy.functions.extend(functions[key] for key in order)
+    return copy
+
+
+def _nested(node: onnx.NodeProto, graphs) -> list[onnx.NodeProto]:
+    """The nodes of every graph nested in `node` (If/Loop/Scan bodies), at any depth."""
+    from dyndq.graphs import subgraphs
+
+    return [n for _, g in subgraphs(node) for sub in graphs(g) for n in sub.node]
 
 
 def reference_evaluator(model, **kwargs) -> ReferenceEvaluator:

@@ -152,7 +152,10 @@ def clear_cache() -> None:
 def _graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
     """(name, spec or None for non-tensor types, required) of each graph input."""
     initializers = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
-    return [(vi.name, spec_of_type(vi.type), vi.name not in initializers) for vi in model.graph.input]
+    from dyndq.scopes import untyped_tensor
+
+    return [(vi.name, TensorSpec(None, None) if untyped_tensor(vi.type) else spec_of_type(vi.type), vi.name not in initializers)
+            for vi in model.graph.input]
 
 
 def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:

@@ -16,7 +16,6 @@ from typing import Mapping
 import onnx
 
 from dyndq.graphs import subgraph_path, subgraphs
-from dyndq.schema import lenient_inference
 
 _NO_TYPES: Mapping[str, onnx.TypeProto] = {}
 
@@ -37,6 +36,8 @@ class ValueTypes:
 
 def value_types(model: onnx.ModelProto) -> ValueTypes:
     """The type of every value ONNX can infer, scope by scope."""
+    from dyndq.schema import lenient_inference  # (schema imports this module: imported here)
+
     try:
         with lenient_inference():
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -50,7 +51,7 @@ def value_types(model: onnx.ModelProto) -> ValueTypes:
 def _collect(graph: onnx.GraphProto, path: str, outer: ChainMap, scopes: dict) -> None:
     own: dict[str, onnx.TypeProto] = {}
     for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if vi.HasField("type"):
+        if vi.HasField("type") and not untyped_tensor(vi.type):
             own.setdefault(vi.name, vi.type)
     for init in graph.initializer:
         own[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
@@ -59,3 +60,10 @@ def _collect(graph: onnx.GraphProto, path: str, outer: ChainMap, scopes: dict) -
     for i, node in enumerate(graph.node):
         for label, g in subgraphs(node):
             _collect(g, subgraph_path(path, node, i, label), scope, scopes)
+
+
+def untyped_tensor(tp: onnx.TypeProto | None) -> bool:
+    """A tensor type whose element type is UNDEFINED (0): what a model declares for a value
+    whose type nobody knows (e.g. one made by an op of an unknown domain).  Read as unknown;
+    ONNX's dtype tables raise ValueError on it."""
+    return tp is not None and tp.WhichOneof("value") == "tensor_type" and tp.tensor_type.elem_type == 0

@@ -460,3 +460,123 @@ def test_22_npy_files_get_the_mode_models_get(tmp_path):
     save_model(_weights_model(1.0), tmp_path / "m.onnx")
     save_array(tmp_path / "y.npy", np.zeros(2))
     assert os.stat(tmp_path / "y.npy").st_mode & 0o777 == os.stat(tmp_path / "m.onnx").st_mode & 0o777
+
+
+# -- 10. a scales whose type nobody knows ------------------------------------------------------------
+
+def untyped_scales_model() -> onnx.ModelProto:
+    """scales made by an op of an unknown domain, declared with an UNDEFINED element type."""
+    g = helper.make_graph(
+        [helper.make_node("MakeScale", ["w"], ["s"], name="make", domain="acme"), dyndq.make_node(["w", "s"], ["y"], name="dq")],
+        "g", [helper.make_tensor_value_info("w", T.INT8, [3])], [helper.make_tensor_value_info("y", T.FLOAT, [3])],
+        value_info=[helper.make_value_info("s", helper.make_tensor_type_proto(T.UNDEFINED, None))])
+    m = dyndq.make_model(g)
+    m.opset_import.append(helper.make_opsetid("acme", 1))
+    return m
+
+
+def test_10_untyped_scales_is_a_problem_not_a_crash(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    m = untyped_scales_model()
+    problems = dyndq.check(m)
+    assert problems and "Invalid tensor data type 0" in str(problems[-1])
+    with pytest.raises(dyndq.ValidationError):
+        dyndq.export(m)
+    onnx.shape_inference.infer_shapes(m)  # our inference function takes it as unknown
+    save_model(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "w.npy", np.ones(3, np.int8))
+    code, out, err = call(capsys, "check", tmp_path / "m.onnx")
+    assert code == 1 and "Traceback" not in out + err
+    for engine in ("reference", "onnxruntime"):
+        code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"w={tmp_path / 'w.npy'}", "--engine", engine)
+        assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+# -- 12. external data fields out of range -------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, words", [
+    ("offset", "99999999", "exceeds file size"), ("offset", "-5", "not a non-negative"),
+    ("length", "-1", "not a non-negative"), ("offset", "abc", "not a non-negative"),
+    ("length", "99999999", "exceeds available data"), ("length", "1e3", "not a non-negative"),
+])
+def test_12_bad_external_data_fields_are_named(capsys, tmp_path, key, value, words):
+    from dyndq.files import save_model
+
+    save_model(_weights_model(1.0), tmp_path / "m.onnx", external_data=True)
+    m = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    t = next(t for t in m.graph.initializer if t.name == "w")
+    entry = next((e for e in t.external_data if e.key == key), None) or t.external_data.add(key=key)
+    entry.value = value
+    onnx.save(m, tmp_path / "m.onnx")
+    for command in (["check"], ["export"], ["lift"]):
+        code, out, err = call(capsys, *command, tmp_path / "m.onnx", *([tmp_path / "o.onnx"] if command != ["check"] else []))
+        assert code == 2 and words in err and "'w'" in err and "Traceback" not in err, err
+
+
+# -- 13. an .npy header that declares a huge shape --------------------------------------------------
+
+def test_13_npy_header_is_checked_against_the_file_size(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    save_model(matmul_model(), tmp_path / "m.onnx")
+    with open(tmp_path / "x.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (2**40, 2**20)})
+        f.write(b"\0" * 24)
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}")
+    assert code == 2 and "header declares" in err and "24 bytes" in err, err
+
+
+# -- 14. engines that cannot be built -------------------------------------------------------------
+
+def test_14_engine_build_failures_are_one_line(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    g = helper.make_graph([helper.make_node("FastGelu", ["y0"], ["y"], domain="com.microsoft"),
+                           dyndq.make_node(["w", "s"], ["y0"], name="dq")], "g",
+                          [helper.make_tensor_value_info("w", T.INT8, [3])], [helper.make_tensor_value_info("y", T.FLOAT, [3])],
+                          [nh.from_array(np.array([0.5], np.float32), "s")])
+    m = dyndq.make_model(g)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    save_model(m, tmp_path / "ms.onnx")
+    m.graph.node[0].domain = "acme"  # an op nobody has
+    m.opset_import[-1].domain = "acme"
+    save_model(m, tmp_path / "acme.onnx")
+    np.save(tmp_path / "w.npy", np.ones(3, np.int8))
+    for model, engine in (("ms.onnx", "reference"), ("acme.onnx", "onnxruntime"), ("acme.onnx", "reference")):
+        code, out, err = call(capsys, "run", tmp_path / model, "-i", f"w={tmp_path / 'w.npy'}", "--engine", engine)
+        assert code == 1 and "Traceback" not in err and "[ONNXRuntimeError]" not in err, err
+        if engine == "reference":  # (ONNX Runtime's engine is an export first, which lists the problems)
+            assert "cannot run this model" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_14_functions_calling_functions_listed_after_them_run():
+    inner = helper.make_function("local", "Inner", ["w", "s"], ["y"], [dyndq.make_node(["w", "s"], ["y"])],
+                                 [helper.make_opsetid("", 21), dyndq.opset_import()])
+    outer = helper.make_function("local", "Outer", ["w", "s"], ["y"], [helper.make_node("Inner", ["w", "s"], ["y"], domain="local")],
+                                 [helper.make_opsetid("", 21), helper.make_opsetid("local", 1)])
+    g = helper.make_graph([helper.make_node("Outer", ["w", "s"], ["y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("w", T.INT8, [3]), helper.make_tensor_value_info("s", T.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1), dyndq.opset_import()],
+                          ir_version=10, functions=[outer, inner])
+    before = m.SerializeToString()
+    feeds = {"w": np.array([1, 2, 3], np.int8), "s": np.array([0.5], np.float32)}
+    for engine in ("reference", "onnxruntime"):
+        assert dyndq.run(m, feeds, engine=engine)["y"].tolist() == [0.5, 1.0, 1.5]
+    assert m.SerializeToString() == before
+
+
+# -- internal errors have their own exit code -------------------------------------------------------
+
+def test_internal_error_exit_code(capsys, monkeypatch):
+    from dyndq import cli
+
+    def broken(args):
+        raise RuntimeError("something we did not foresee")
+
+    monkeypatch.setitem(cli._COMMANDS, "schema", broken)
+    code, out, err = call(capsys, "schema")
+    assert code == cli.INTERNAL == 70
+    assert "internal error: RuntimeError: something we did not foresee" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
