@@ -186,9 +186,16 @@ def check(model: onnx.ModelProto) -> list[Problem]:
     """Every problem found in the model; an empty list means it is valid."""
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"check() takes an onnx.ModelProto, not {type(model).__name__}")
+    from dyndq.function_attrs import call_sites
+
     types = value_types(model)
-    problems = [p for site in walk(model) for p in check_node(site, types)]
+    sites = [site for site in walk(model) if not _takes_references(site)]  # judged once per call, below
+    problems = [p for site in sites + list(call_sites(model)) for p in check_node(site, types)]
     return problems + onnx_checker_problems(model, ours_reported=bool(problems))
+
+
+def _takes_references(site: Site) -> bool:
+    return site.in_function and site.node.domain in domains() and any(a.ref_attr_name for a in site.node.attribute)
 
 
 def validate(model: onnx.ModelProto) -> None:

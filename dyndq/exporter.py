@@ -19,6 +19,7 @@ from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.checker import check, input_specs, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
+from dyndq.function_attrs import inline_referring_functions
 from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
 from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
@@ -82,6 +83,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    out = inline_referring_functions(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(ir_version_before=model.ir_version)
     current = _ai_onnx(out.opset_import)
     report.opset_before = current

@@ -580,3 +580,41 @@ def test_internal_error_exit_code(capsys, monkeypatch):
     assert code == cli.INTERNAL == 70
     assert "internal error: RuntimeError: something we did not foresee" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+# -- 11. attributes by reference in a model-local function --------------------------------------------
+
+def ref_attr_model(axis_at_call) -> onnx.ModelProto:
+    """Deq(w, s) = DynamicDequantize(w, s, qtype=per_channel, axis=<the call's `ax`>), called once."""
+    dq = helper.make_node("DynamicDequantize", ["w", "s"], ["y"], domain=dyndq.DOMAIN, qtype="per_channel")
+    dq.attribute.append(onnx.AttributeProto(name="axis", type=onnx.AttributeProto.INT, ref_attr_name="ax"))
+    f = helper.make_function("local", "Deq", ["w", "s"], ["y"], [dq], [helper.make_opsetid("", 21), dyndq.opset_import()],
+                             attributes=["ax"])
+    call = helper.make_node("Deq", ["w", "s"], ["y"], domain="local", name="call",
+                            **({} if axis_at_call is None else {"ax": axis_at_call}))
+    g = helper.make_graph([call], "g",
+                          [helper.make_tensor_value_info("w", T.INT8, [3, 2]), helper.make_tensor_value_info("s", T.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3, 2])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1), dyndq.opset_import()],
+                             ir_version=10, functions=[f])
+
+
+def test_11_a_reference_is_judged_and_lowered_per_call():
+    m = ref_attr_model(0)
+    onnx.checker.check_model(m, full_check=True)
+    assert dyndq.check(m) == []
+    exported = dyndq.export(m)
+    onnx.checker.check_model(exported, full_check=True)
+    feeds = {"w": np.arange(6, dtype=np.int8).reshape(3, 2), "s": np.array([1, 2, 3], np.float32)}
+    expected = feeds["w"].astype(np.float32) * feeds["s"][:, None]
+    for engine in ("reference", "onnxruntime"):
+        assert np.array_equal(dyndq.run(m, feeds, engine=engine)["y"], expected)
+
+
+def test_11_a_bad_value_is_named_with_its_call():
+    m = ref_attr_model("1")  # (values in a function have no types: what can be judged is the attribute)
+    problems = [p for p in dyndq.check(m) if p.op]
+    assert len(problems) == 1 and problems[0].argument == "axis" and "STRING" in problems[0].found
+    assert "called by main node call" in problems[0].graph
+    with pytest.raises(dyndq.ValidationError):
+        dyndq.export(m)
