@@ -6,6 +6,7 @@ import operator
 import onnx
 
 from dyndq.converters.onnx_types import make_attribute
+from dyndq.wording import a as article
 from dyndq.opdefs import DOMAIN, OpVersion, domains, Problem, TensorSpec, ValidationError, newest_domain_version, ops_of, resolve, versions_of
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; models are made no newer.
@@ -67,7 +68,7 @@ def make_node(inputs, outputs, *, name: str | None = None, op_type: str = DEFAUL
             problems.append(Problem(key, str(e), f"a value of kind {spec.kind.name}"))
     for a in op.attributes:
         if a.required and a.name not in attributes:
-            problems.append(Problem(a.name, "missing", f"a {a.kind.name} attribute (required)"))
+            problems.append(Problem(a.name, "missing", f"{article(a.kind.name)} attribute (required)"))
     if not problems:
         # The op's shape function judges the attributes; with nothing known of the
         # inputs, attributes are all it judges.

@@ -26,6 +26,7 @@ from dyndq.opdefs import (
     versions_of,
 )
 from dyndq.schema import MARK
+from dyndq.wording import a as article
 from dyndq.scopes import ValueTypes, value_types  # noqa: F401  (value_types: part of this module's face)
 
 
@@ -102,7 +103,7 @@ def _arity(op: OpVersion, node) -> list[Problem]:
         problems.append(Problem("inputs", f"{len(names)} inputs", f"at most {len(op.inputs)}: {_names(op.inputs)}"))
     for i, p in enumerate(op.inputs[:n_required]):
         if i >= len(names) or not names[i]:
-            problems.append(Problem(p.name, "missing", f"a {p.type_var} input (required)"))
+            problems.append(Problem(p.name, "missing", f"{article(p.type_var)} input (required)"))
     if len(node.output) != len(op.outputs) or not all(node.output):
         problems.append(Problem("outputs", f"{len(node.output)} outputs {list(node.output)}", f"exactly {len(op.outputs)}: {_names(op.outputs)}"))
     return problems
@@ -129,7 +130,7 @@ def _attributes(op: OpVersion, node) -> tuple[dict | None, list[Problem]]:
             problems.append(Problem(a.name, "an unknown attribute", f"attributes {known}"))
         elif a.ref_attr_name:
             problems.append(Problem(a.name, f"a reference to the function's attribute {a.ref_attr_name!r}",
-                                    f"a {attribute_type_name(spec.kind)} value written on the node"))
+                                    f"{article(attribute_type_name(spec.kind))} value written on the node"))
         elif a.type != ATTRIBUTE_PROTO_TYPE[spec.kind]:
             found = AttributeProto.AttributeType.Name(a.type)
             problems.append(Problem(a.name, f"an attribute of type {found} ({attribute_value(a)!r})",
@@ -138,7 +139,7 @@ def _attributes(op: OpVersion, node) -> tuple[dict | None, list[Problem]]:
             attrs[a.name] = attribute_value(a)
     missing = [spec for spec in op.attributes if spec.required and spec.name not in attrs]
     for spec in missing:
-        problems.append(Problem(spec.name, "missing", f"a {attribute_type_name(spec.kind)} attribute (required)"))
+        problems.append(Problem(spec.name, "missing", f"{article(attribute_type_name(spec.kind))} attribute (required)"))
     return (None if missing else attrs), problems
 
 

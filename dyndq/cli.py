@@ -23,6 +23,8 @@ import textwrap
 
 import numpy as np
 
+from dyndq.wording import os_error
+
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
 
@@ -209,11 +211,26 @@ def cmd_demo(args) -> int:
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a folder")
+    _check_writable(args.out)  # before the work, not after it
     try:
         result = run_demo(args.out)
-    except (ModelFileError, OSError) as e:
+    except ModelFileError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(os_error(e)) from None
     return OK if result.agree else PROBLEMS
+
+
+def _check_writable(folder: str) -> None:
+    """Create `folder` if needed and make sure a file can be written in it (UsageError if not)."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(f"{folder}: cannot write there ({e.strerror or e})") from None
 
 
 def cmd_check(args) -> int:
@@ -305,13 +322,17 @@ def _summary(name: str, a: np.ndarray) -> str:
 
 
 def cmd_run(args) -> int:
+    import dataclasses
+
     import dyndq
-    from dyndq.runner import runner
+    from dyndq.runner import FeedError, runner
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
+    if args.output_dir:
+        _check_writable(args.output_dir)  # before the run, not after it
     try:
         r = runner(loaded.model, args.engine)
     except dyndq.ValidationError as e:
@@ -322,11 +343,16 @@ def cmd_run(args) -> int:
         return PROBLEMS
     try:
         outputs = r(feeds)
-    except dyndq.ValidationError as e:  # the feeds do not fit the graph's inputs
+    except FeedError as e:  # the feeds do not fit the graph's inputs
         if len(e.problems) == 1:
             raise UsageError(f"{args.model}: input {e.problems[0]}") from None
         lines = [f"{args.model}: {len(e.problems)} problems with the inputs"] + [f"  - input {p}" for p in e.problems]
         raise UsageError("\n".join(lines)) from None
+    except dyndq.ValidationError as e:  # a node refused what it was given while running
+        where = [f"node {p.node!r} ({p.op}): " if p.node else f"({p.op}): " if p.op else "" for p in e.problems]
+        lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]
+        _err(f"{args.model}: the {args.engine} engine failed: " + "; ".join(lines))
+        return PROBLEMS
     except Exception as e:  # the engine failed on this model
         _err(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}")
         return PROBLEMS
@@ -340,8 +366,10 @@ def cmd_run(args) -> int:
                 save_array(path, value)
                 print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
                       else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-        except (ModelFileError, OSError) as e:
+        except ModelFileError as e:
             raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"--output-dir {os_error(e)}") from None
     else:
         for name, value in outputs.items():
             if isinstance(value, list):

@@ -201,7 +201,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - the converter raises several kinds
         raise ExportError(
             f"onnx.version_converter could not convert the model from opset {_ai_onnx(model.opset_import)} "
-            f"to {target}: {e} (pass opset= to choose another target)"
+            f"to {target}: {e} (choose another target opset: opset= in Python, --opset on the command line)"
         ) from e
     # the converter returns new protos: match graphs by their position in the walk
     for g, names in zip(graphs(converted.graph), kept):

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import external_data_helper
 
+from dyndq.wording import a as article
+
 # A protobuf message cannot be serialized past 2 GiB; bigger models must keep
 # their tensors in an external data file.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -347,7 +349,7 @@ def read_array(path: str | os.PathLike):
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
             have = os.fstat(f.fileno()).st_size - f.tell()
             if need > have:
-                raise ModelFileError(f"{path}: cannot read it: its header declares a {dtype.name} array of shape {list(shape)} "
+                raise ModelFileError(f"{path}: cannot read it: its header declares {article(dtype.name)} array of shape {list(shape)} "
                                      f"({need} bytes) but the file holds {have} bytes of data")
             f.seek(0)
             return np.load(f, allow_pickle=False)

@@ -12,6 +12,7 @@ implementation runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,16 @@ class OurOp(OpRun):
             spec = op.attribute(name)
             if spec is not None and value is not None:
                 attrs[name] = spec.kind.coerce(value.decode() if isinstance(value, bytes) else value)
-        return (op.kernel(*inputs, **attrs),)
+        try:
+            return (op.kernel(*inputs, **attrs),)
+        except ValidationError as e:  # name the node and the values fed to it, not just the op's parameter
+            names = dict(zip((p.name for p in op.inputs), self.onnx_node.input))
+            raise ValidationError([
+                dataclasses.replace(p, op=op.qualname, node=self.onnx_node.name or None,
+                                    found=f"{p.found} (value {names[p.argument]!r})"
+                                    if names.get(p.argument, p.argument) != p.argument else p.found)
+                for p in e.problems
+            ]) from None
 
 
 _CLASSES: dict[tuple[str, str], type[OpRun]] = {}

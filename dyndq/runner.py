@@ -27,9 +27,15 @@ import onnx
 
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError
+from dyndq.wording import a as article
 
 ENGINES = ("reference", "onnxruntime")
 CACHE_SIZE = 8
+
+
+class FeedError(ValidationError):
+    """The feeds do not fit the graph's inputs (a missing or unknown input, a wrong dtype, rank
+    or fixed dimension): told apart from a ValidationError that a node raises while running."""
 
 
 class Runner:
@@ -60,7 +66,9 @@ class Runner:
             # lets ONNX's inference fill them in rather than refuse the model.
             self.exported = export(_with_inferred_outputs(model))
             options = ort.SessionOptions()
-            options.log_severity_level = 3  # errors only: no warnings on stderr
+            # fatal only: ONNX Runtime's own (coloured) log lines would reach stderr; its errors
+            # come back as exceptions, which the caller reports.
+            options.log_severity_level = 4
             # Basic optimizations only (constant folding, redundant-node removal): ONNX
             # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
             # weights, which changes float32 results in their last bits, and the two
@@ -69,10 +77,17 @@ class Runner:
             session = ort.InferenceSession(
                 self.exported.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
-            self._run = lambda feeds: session.run(self.output_names, feeds)
+            run_options = ort.RunOptions()
+            run_options.log_severity_level = 4
+            self._run = lambda feeds: session.run(self.output_names, feeds, run_options)
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        arrays = check_feeds(self.inputs, feeds)
+        try:
+            arrays = check_feeds(self.inputs, feeds)
+        except FeedError:
+            raise
+        except ValidationError as e:
+            raise FeedError(e.problems) from None
         if self.engine == "onnxruntime":
             # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
             arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
@@ -181,7 +196,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
         arrays[name] = array
     for name, (spec, required) in known.items():
         if required and name not in feeds:
-            problems.append(Problem(name, "no feed", f"a {_describe(spec)} array, the type of graph input {name!r}"))
+            problems.append(Problem(name, "no feed", f"{article(_describe(spec))} array, the type of graph input {name!r}"))
     if problems:
         raise ValidationError(problems)
     return arrays
@@ -199,7 +214,7 @@ def _native(value) -> np.ndarray:
 
 
 def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:
-    found = f"a {array.dtype.name} array of shape {list(array.shape)}"
+    found = f"{article(array.dtype.name)} array of shape {list(array.shape)}"
     allowed = f"{_describe(spec)}, the type of graph input {name!r}"
     if spec.dtype is not None and array.dtype.name != spec.dtype:
         return Problem(name, found, allowed)

@@ -618,3 +618,90 @@ def test_11_a_bad_value_is_named_with_its_call():
     assert "called by main node call" in problems[0].graph
     with pytest.raises(dyndq.ValidationError):
         dyndq.export(m)
+
+
+# -- 19. run names the node and the value; one exit code for both engines; no ORT log lines ------------
+
+def test_19_a_bad_feed_found_while_running(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    g = helper.make_graph([dyndq.make_node(["w", "s"], ["y"], name="dq", qtype="per_channel", axis=0)], "g",
+                          [helper.make_tensor_value_info("w", T.INT8, [3, 2]), helper.make_tensor_value_info("s", T.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3, 2])])
+    save_model(dyndq.make_model(g), tmp_path / "m.onnx")
+    np.save(tmp_path / "w.npy", np.ones((3, 2), np.int8))
+    np.save(tmp_path / "s.npy", np.ones(5, np.float32))
+    codes = set()
+    for engine in ("reference", "onnxruntime"):
+        code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"w={tmp_path / 'w.npy'}",
+                              "-i", f"s={tmp_path / 's.npy'}", "--engine", engine)
+        codes.add(code)
+        assert "'dq'" in err and len(err.strip().splitlines()) == 1 and "\x1b[" not in err, err
+        if engine == "reference":
+            assert "(value 's')" in err and "input scales" not in err
+    assert codes == {1}
+
+
+def test_19_onnxruntime_logs_nothing_to_stderr(tmp_path):
+    import subprocess
+    import sys
+
+    from dyndq.files import save_model
+
+    g = helper.make_graph([dyndq.make_node(["w", "s"], ["y"], name="dq", qtype="per_channel", axis=0)], "g",
+                          [helper.make_tensor_value_info("w", T.INT8, [3, 2]), helper.make_tensor_value_info("s", T.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3, 2])])
+    save_model(dyndq.make_model(g), tmp_path / "m.onnx")
+    np.save(tmp_path / "w.npy", np.ones((3, 2), np.int8))
+    np.save(tmp_path / "s.npy", np.ones(5, np.float32))
+    r = subprocess.run([sys.executable, "-m", "dyndq", "run", "m.onnx", "-i", "w=w.npy", "-i", "s=s.npy", "--engine", "onnxruntime"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "\x1b[" not in r.stderr, r.stderr
+
+
+# -- 20. wording --------------------------------------------------------------------------------------
+
+def test_20_articles_and_flags():
+    from dyndq.wording import a
+
+    assert [a(w) for w in ("int8", "uint8", "INT", "float32", "int4[3]")] == ["an int8", "a uint8", "an INT", "a float32", "an int4[3]"]
+    with pytest.raises(dyndq.ValidationError, match="an int8 array"):
+        dyndq.run(matmul_model(), {"x": np.zeros((2, 3), np.int8)})
+    import inspect
+
+    from dyndq import exporter
+
+    assert "pass opset= to" not in inspect.getsource(exporter)
+
+
+def test_20_os_errors_without_errno(capsys, tmp_path, monkeypatch):
+    from dyndq.files import save_model
+
+    save_model(matmul_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", X)
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "makedirs", denied)
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "o")
+    assert code == 2 and "Permission denied" in err and "[Errno" not in err, err
+
+
+def test_20_a_folder_as_input_is_named_a_folder(capsys, tmp_path):
+    from dyndq.files import save_model
+
+    save_model(matmul_model(), tmp_path / "m.onnx")
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path}")
+    assert code == 2 and "is a folder" in err, err
+
+
+def test_22_demo_checks_its_folder_before_the_work(capsys, tmp_path, monkeypatch):
+    from dyndq import demo
+
+    def work(*args, **kwargs):
+        raise AssertionError("the demo's work started")
+
+    monkeypatch.setattr(demo, "build_model", work)
+    code, out, err = call(capsys, "demo", "--out", "/proc/dyndq-demo-out")  # no one can create a folder there
+    assert code == 2 and "cannot write there" in err, err
