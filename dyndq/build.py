@@ -1,6 +1,7 @@
 """Building graphs with our ops: nodes, the opset import, and models ONNX Runtime loads."""
 from __future__ import annotations
 
+import numbers
 import operator
 
 import onnx
@@ -126,6 +127,10 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
     IR version they need."""
     from dyndq.graphs import graphs  # graphs imports nothing of ours; kept local to keep build small
 
+    newest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) or not 1 <= int(opset) <= newest:
+        raise ValidationError([Problem("opset", repr(opset), f"an ai.onnx opset in 1..{newest} (this onnx's newest)")])
+    opset = int(opset)
     versions = dict(versions or {})
     used = {n.domain for g in graphs(graph) for n in g.node} & domains()
     imports = [onnx.helper.make_opsetid("", opset)]

@@ -183,20 +183,44 @@ def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[P
     return [Problem("model", f"onnx.checker: {message}", "a model that onnx.checker.check_model(full_check=True) accepts")]
 
 
-def check(model: onnx.ModelProto) -> list[Problem]:
+def check(model: onnx.ModelProto | str) -> list[Problem]:
     """Every problem found in the model; an empty list means it is valid."""
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"check() takes an onnx.ModelProto, not {type(model).__name__}")
+    model = model_of(model, "check")
     from dyndq.function_attrs import call_sites
 
     types = value_types(model)
     sites = [site for site in walk(model) if not _takes_references(site)]  # judged once per call, below
     problems = [p for site in sites + list(call_sites(model)) for p in check_node(site, types)]
+    problems += [p for site in walk(model) if site.node.domain not in domains() for p in duplicate_attributes(site)]
     return problems + onnx_checker_problems(model, ours_reported=bool(problems))
+
+
+def duplicate_attributes(site: Site) -> list[Problem]:
+    """An attribute given twice on a node of any domain. ONNX's checker refuses it (stopping
+    there), but onnx.reference runs the node with the last value and ONNX Runtime with another:
+    so it is named here, at its node, for every node (ours are judged in check_node)."""
+    names = [a.name for a in site.node.attribute]
+    node = site.node
+    where = dict(op=f"{node.domain or 'ai.onnx'}::{node.op_type}", node=node.name, node_index=site.index, graph=site.graph)
+    return [Problem(name, "the attribute given more than once", "each attribute at most once").at(**where)
+            for name in dict.fromkeys(n for n in names if names.count(n) > 1)]
 
 
 def _takes_references(site: Site) -> bool:
     return site.in_function and site.node.domain in domains() and any(a.ref_attr_name for a in site.node.attribute)
+
+
+def model_of(model, what: str) -> onnx.ModelProto:
+    """The model itself, or the model in a file when given a path (as run() takes one)."""
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        from dyndq.files import load_model
+
+        return load_model(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"{what}() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
+    return model
 
 
 def validate(model: onnx.ModelProto) -> None:

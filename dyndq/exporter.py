@@ -11,12 +11,14 @@ the lowered nodes need.
 """
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import dataclass, field
 
 import onnx
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
-from dyndq.checker import check, input_specs, value_types
+from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
 from dyndq.function_attrs import inline_referring_functions
@@ -69,14 +71,13 @@ class ExportReport:
         return f"lowered {self.count} {'/'.join(ops)} node(s); {opset}, IR version {self.ir_version}"
 
 
-def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelProto:
+def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> onnx.ModelProto:
     """A copy of `model` in standard ONNX: every DynamicDequantize lowered (see the module doc)."""
     return export_with_report(model, opset=opset)[0]
 
 
-def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"export() takes an onnx.ModelProto, not {type(model).__name__}")
+def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+    model = model_of(model, "export")
     problems = check(model)
     if problems:
         raise ValidationError(problems)
@@ -172,8 +173,9 @@ def _target_opset(opset, current, needs) -> int | None:
     newest = onnx.defs.onnx_opset_version()
     need = max((n.opset for _, n in needs), default=0)
     if opset is not None:
-        if isinstance(opset, bool) or not isinstance(opset, int):
+        if isinstance(opset, bool) or not isinstance(opset, numbers.Integral):  # (np.int64 is fine)
             raise TypeError(f"opset must be an int, not {type(opset).__name__}")
+        opset = int(opset)
         if opset < need:
             low = [f"{_who(site)} needs {n.opset} ({n.why})" for site, n in needs if n.opset > opset]
             raise ExportError(
@@ -338,6 +340,7 @@ def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeP
         if node.name:
             new[-1].name = node.name
         new[-1].doc_string = node.doc_string
+        new[-1].metadata_props.extend(node.metadata_props)
     form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
     report.lowered.append(LoweredNode(path, base, f"{op.qualname}-{op.since_version}", attrs, form, len(new)))
     return new
