@@ -778,3 +778,35 @@ def test_22_guards_for_items_already_right_on_this_branch():
     lifted = dyndq.lift(m)
     assert dyndq.check(lifted) == []
     onnx.checker.check_model(lifted, full_check=True)
+
+
+# -- 23. the README for a newcomer; its promises about exit codes ------------------------------------
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
+
+
+def test_23_readme_tells_how_to_get_dyndq_on_the_path_and_that_snippets_build_on_each_other():
+    text = open(README).read()
+    assert ". .venv/bin/activate" in text and ".venv/bin/dyndq" in text
+    assert "build on each other" in text
+
+
+def test_23_readme_recipe_for_broken_onnx_gives_the_transcripts_problems(capsys, tmp_path, monkeypatch):
+    import re
+    import textwrap
+
+    text = open(README).read()
+    recipe = textwrap.dedent(re.search(r"    python - <<'EOF'\n(.*?)\n    EOF\n", text, flags=re.S).group(1))
+    monkeypatch.chdir(tmp_path)
+    assert call(capsys, "demo")[0] == 0
+    exec(compile(recipe, "README recipe", "exec"), {})
+    code, out, err = call(capsys, "check", "broken.onnx")
+    assert code == 1 and "2 problems" in out and "found 128 elements" in out and "type STRING ('1')" in out
+
+
+def test_23_readme_exit_codes_are_the_clis():
+    from dyndq import cli
+
+    text = open(README).read()
+    for code in (cli.OK, cli.PROBLEMS, cli.USAGE, cli.INTERNAL, 130):
+        assert f"| {code} |" in text
