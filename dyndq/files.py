@@ -108,15 +108,13 @@ def save_model(
     """
     path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
-    external_data = external_data or model.ByteSize() > _PROTOBUF_LIMIT
+    external_data = external_data or _too_big_for_one_message(model)
     location = location or name + ".data"
     if external_data:
         if os.path.isabs(location) or os.path.dirname(os.path.normpath(location)):
             raise ModelFileError(f"{location}: the external data file must be a plain file name beside the model")
         location = _unused_name(folder, location)
     _remove_stale_staging(folder, name)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # saving with external data rewrites the tensors it moves
     placed: str | None = None  # the new data file, once moved into the folder
     with _terminate_cleanly():
         try:
@@ -125,9 +123,8 @@ def save_model(
             raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
         try:
             staged = os.path.join(staging, name)
-            if external_data:
-                _move_tensors_out(copy, staging, location)
-            onnx.save_model(copy, staged)
+            # (the model passed in is never modified: with external data a light copy is written)
+            onnx.save_model(_with_tensors_out(model, staging, location) if external_data else model, staged)
             for f in os.listdir(staging):
                 _fsync(os.path.join(staging, f))
             if external_data and os.path.exists(os.path.join(staging, location)):
@@ -149,17 +146,44 @@ def save_model(
     return location if external_data else None
 
 
-def _move_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> None:
-    """Mark the model's big tensors as external data in `location` and write them there.
+def _too_big_for_one_message(model: onnx.ModelProto) -> bool:
+    """Whether the model's initializers near protobuf's 2 GiB limit (counted from dims and
+    dtypes: ByteSize() would serialize the whole model to count it). 64 MiB are left for the
+    rest of the model."""
+    from dyndq.light import nbytes
 
-    What onnx.save_model(save_as_external_data=True) does, less one check: ONNX refuses
-    when a file named `location` exists relative to the *current* folder (not the model's),
-    so re-running an export from the model's own folder failed (onnx 1.23).  Same rule as
-    ONNX for which tensors move: initializers with raw data of 1 KiB or more."""
-    for tensor in external_data_helper._get_initializer_tensors(model):
-        if tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= 1024:
-            external_data_helper.set_external_data(tensor, location)
-    external_data_helper.write_external_data_tensors(model, folder)
+    return sum(nbytes(t) for t in model.graph.initializer) > _PROTOBUF_LIMIT - (64 << 20)
+
+
+def _with_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> onnx.ModelProto:
+    """A copy of `model` whose initializers of 1 KiB or more are written to folder/location and
+    point there, their bytes never copied into the new model.
+
+    What onnx.save_model(save_as_external_data=True) does, by the same rule (initializers with
+    raw data of 1 KiB or more, every one into one file), less two costs: it works on a full copy
+    of the model (twice its size in memory, three times with the bytes it writes), and it
+    refuses when a file named `location` exists relative to the *current* folder rather than
+    the model's (so re-running an export from the model's own folder failed, onnx 1.23)."""
+    from dyndq.light import copy_fields, nbytes
+
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
+    with open(os.path.join(folder, location), "wb") as f:
+        for t in model.graph.initializer:
+            if not (t.HasField("raw_data") and nbytes(t) >= 1024):
+                out.graph.initializer.append(t)
+                continue
+            stub = out.graph.initializer.add()
+            copy_fields(t, stub, skip={"raw_data", "external_data", "data_location"})
+            offset = f.tell()
+            data = t.raw_data  # (one tensor's bytes at a time)
+            f.write(data)
+            del data
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(f.tell() - offset))):
+                stub.external_data.add(key=key, value=value)
+    return out
 
 
 def _unused_name(folder: str, location: str) -> str:

@@ -74,12 +74,17 @@ class Runner:
             # weights, which changes float32 results in their last bits, and the two
             # engines must agree to the bit.
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            # A model over 2 GiB cannot be serialized for ONNX Runtime: its big initializers are
+            # handed over as arrays, fed as the graph inputs the light view makes of them.
+            from dyndq.light import big_initializers, light_view
+
+            big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(self.exported)}
             session = ort.InferenceSession(
-                self.exported.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                light_view(self.exported).SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
             run_options = ort.RunOptions()
             run_options.log_severity_level = 4
-            self._run = lambda feeds: session.run(self.output_names, feeds, run_options)
+            self._run = lambda feeds: session.run(self.output_names, {**feeds, **big}, run_options)
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         try:
@@ -115,7 +120,15 @@ _lock = threading.Lock()
 
 def model_key(model: onnx.ModelProto) -> str:
     """A key that changes whenever the model does: the SHA-256 of its serialization."""
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    from dyndq.light import big_initializers, light_view
+
+    digest = hashlib.sha256(light_view(model).SerializeToString(deterministic=True))
+    for t in big_initializers(model):  # their data, which the light view leaves out (a model over 2 GiB
+        digest.update(t.name.encode())  # cannot be serialized whole, nor a tensor over 2 GiB)
+        digest.update(t.raw_data)
+        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "external_data"):
+            digest.update(repr(list(getattr(t, field))).encode() if field == "external_data" else np.asarray(getattr(t, field)).tobytes())
+    return digest.hexdigest()
 
 
 def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference") -> Runner:
@@ -241,7 +254,9 @@ def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     if all(o.type.tensor_type.HasField("shape") for o in model.graph.output
            if o.type.WhichOneof("value") == "tensor_type"):
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
+    from dyndq.light import light_view
+
+    inferred = onnx.shape_inference.infer_shapes(light_view(model))  # (a model over 2 GiB cannot be serialized whole)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for mine, theirs in zip(out.graph.output, inferred.graph.output):

@@ -38,6 +38,9 @@ def value_types(model: onnx.ModelProto) -> ValueTypes:
     """The type of every value ONNX can infer, scope by scope."""
     from dyndq.schema import lenient_inference  # (schema imports this module: imported here)
 
+    from dyndq.light import light_view
+
+    model = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's inference)
     try:
         with lenient_inference():
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
