@@ -68,7 +68,7 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     if tensors:
         for t in tensors:
             _check_external_fields(path, t)
-        folder = os.path.dirname(os.path.abspath(path))
+        folder = os.path.dirname(os.path.realpath(path))  # (a link to a model: its data is beside the model itself)
         try:
             # ONNX checks here that each location is a regular file inside `folder`, and that
             # each tensor's offset and length lie within it.

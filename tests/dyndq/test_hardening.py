@@ -810,3 +810,16 @@ def test_23_readme_exit_codes_are_the_clis():
     text = open(README).read()
     for code in (cli.OK, cli.PROBLEMS, cli.USAGE, cli.INTERNAL, 130):
         assert f"| {code} |" in text
+
+
+def test_6_a_model_with_external_data_written_through_a_link_in_another_folder_loads(tmp_path):
+    from dyndq.files import load_model, save_model
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    save_model(_weights_model(1.0), tmp_path / "real" / "m.onnx", external_data=True)
+    os.symlink(tmp_path / "real" / "m.onnx", tmp_path / "links" / "m.onnx")
+    save_model(_weights_model(2.0), tmp_path / "links" / "m.onnx", external_data=True)
+    assert os.listdir(tmp_path / "links") == ["m.onnx"] and os.path.islink(tmp_path / "links" / "m.onnx")
+    assert np.all(_w(load_model(tmp_path / "links" / "m.onnx")) == 2.0)
+    assert np.all(_w(load_model(tmp_path / "real" / "m.onnx")) == 2.0)
