@@ -1,11 +1,13 @@
 """Building graphs with our ops: nodes, the opset import, and models ONNX Runtime loads."""
 from __future__ import annotations
 
+import numbers
 import operator
 
 import onnx
 
 from dyndq.converters.onnx_types import make_attribute
+from dyndq.wording import a as article
 from dyndq.opdefs import DOMAIN, OpVersion, domains, Problem, TensorSpec, ValidationError, newest_domain_version, ops_of, resolve, versions_of
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; models are made no newer.
@@ -67,7 +69,7 @@ def make_node(inputs, outputs, *, name: str | None = None, op_type: str = DEFAUL
             problems.append(Problem(key, str(e), f"a value of kind {spec.kind.name}"))
     for a in op.attributes:
         if a.required and a.name not in attributes:
-            problems.append(Problem(a.name, "missing", f"a {a.kind.name} attribute (required)"))
+            problems.append(Problem(a.name, "missing", f"{article(a.kind.name)} attribute (required)"))
     if not problems:
         # The op's shape function judges the attributes; with nothing known of the
         # inputs, attributes are all it judges.
@@ -125,6 +127,10 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
     IR version they need."""
     from dyndq.graphs import graphs  # graphs imports nothing of ours; kept local to keep build small
 
+    newest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) or not 1 <= int(opset) <= newest:
+        raise ValidationError([Problem("opset", repr(opset), f"an ai.onnx opset in 1..{newest} (this onnx's newest)")])
+    opset = int(opset)
     versions = dict(versions or {})
     used = {n.domain for g in graphs(graph) for n in g.node} & domains()
     imports = [onnx.helper.make_opsetid("", opset)]

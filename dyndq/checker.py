@@ -11,7 +11,7 @@ import onnx
 from onnx import AttributeProto, external_data_helper
 
 from dyndq.converters.onnx_types import ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, spec_of_type
-from dyndq.graphs import Site, subgraphs, walk
+from dyndq.graphs import Site, walk
 from dyndq.opdefs import (
     OpVersion,
     Problem,
@@ -25,36 +25,15 @@ from dyndq.opdefs import (
     resolve,
     versions_of,
 )
-from dyndq.schema import MARK, lenient_inference
+from dyndq.schema import MARK
+from dyndq.wording import a as article
+from dyndq.scopes import ValueTypes, value_types  # noqa: F401  (value_types: part of this module's face)
 
 
-def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The type of every value ONNX can infer, in every graph of the model."""
-    try:
-        with lenient_inference():
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # a model ONNX cannot even infer: judge what it declares
-        inferred = model
-    types: dict[str, onnx.TypeProto] = {}
-    _collect_types(inferred.graph, types)
-    return types
-
-
-def _collect_types(graph: onnx.GraphProto, types: dict) -> None:
-    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if vi.HasField("type"):
-            types.setdefault(vi.name, vi.type)
-    for init in graph.initializer:
-        tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
-        types[init.name] = tp
-    for node in graph.node:
-        for _, g in subgraphs(node):
-            _collect_types(g, types)
-
-
-def check_node(site: Site, types: dict[str, onnx.TypeProto]) -> list[Problem]:
+def check_node(site: Site, all_types: ValueTypes) -> list[Problem]:
     """The problems of one node of our domains (none for other nodes)."""
     node = site.node
+    types = all_types.at(site.graph)
     if node.domain not in domains():
         return []
     where = dict(op=qualname(node.domain, node.op_type), node=node.name, node_index=site.index, graph=site.graph)
@@ -124,7 +103,7 @@ def _arity(op: OpVersion, node) -> list[Problem]:
         problems.append(Problem("inputs", f"{len(names)} inputs", f"at most {len(op.inputs)}: {_names(op.inputs)}"))
     for i, p in enumerate(op.inputs[:n_required]):
         if i >= len(names) or not names[i]:
-            problems.append(Problem(p.name, "missing", f"a {p.type_var} input (required)"))
+            problems.append(Problem(p.name, "missing", f"{article(p.type_var)} input (required)"))
     if len(node.output) != len(op.outputs) or not all(node.output):
         problems.append(Problem("outputs", f"{len(node.output)} outputs {list(node.output)}", f"exactly {len(op.outputs)}: {_names(op.outputs)}"))
     return problems
@@ -151,7 +130,7 @@ def _attributes(op: OpVersion, node) -> tuple[dict | None, list[Problem]]:
             problems.append(Problem(a.name, "an unknown attribute", f"attributes {known}"))
         elif a.ref_attr_name:
             problems.append(Problem(a.name, f"a reference to the function's attribute {a.ref_attr_name!r}",
-                                    f"a {attribute_type_name(spec.kind)} value written on the node"))
+                                    f"{article(attribute_type_name(spec.kind))} value written on the node"))
         elif a.type != ATTRIBUTE_PROTO_TYPE[spec.kind]:
             found = AttributeProto.AttributeType.Name(a.type)
             problems.append(Problem(a.name, f"an attribute of type {found} ({attribute_value(a)!r})",
@@ -160,7 +139,7 @@ def _attributes(op: OpVersion, node) -> tuple[dict | None, list[Problem]]:
             attrs[a.name] = attribute_value(a)
     missing = [spec for spec in op.attributes if spec.required and spec.name not in attrs]
     for spec in missing:
-        problems.append(Problem(spec.name, "missing", f"a {attribute_type_name(spec.kind)} attribute (required)"))
+        problems.append(Problem(spec.name, "missing", f"{article(attribute_type_name(spec.kind))} attribute (required)"))
     return (None if missing else attrs), problems
 
 
@@ -185,11 +164,17 @@ def _about_unloaded_external_data(model: onnx.ModelProto, message: str) -> bool:
 def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[Problem]:
     """What `onnx.checker.check_model(full_check=True)` finds (it stops at the first),
     leaving out what is about our ops when we have reported on them already."""
+    from dyndq.light import light_view
+
+    light = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's checker)
+
     def first(full: bool) -> str | None:
         try:
-            onnx.checker.check_model(model, full_check=full)
+            onnx.checker.check_model(light, full_check=full)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             return str(e).strip()
+        except ValueError as e:  # e.g. "Invalid tensor data type 0." for a declared UNDEFINED element type
+            return str(e).strip() or type(e).__name__
         return None
 
     message = first(True)
@@ -202,13 +187,44 @@ def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[P
     return [Problem("model", f"onnx.checker: {message}", "a model that onnx.checker.check_model(full_check=True) accepts")]
 
 
-def check(model: onnx.ModelProto) -> list[Problem]:
+def check(model: onnx.ModelProto | str) -> list[Problem]:
     """Every problem found in the model; an empty list means it is valid."""
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"check() takes an onnx.ModelProto, not {type(model).__name__}")
+    model = model_of(model, "check")
+    from dyndq.function_attrs import call_sites
+
     types = value_types(model)
-    problems = [p for site in walk(model) for p in check_node(site, types)]
+    sites = [site for site in walk(model) if not _takes_references(site)]  # judged once per call, below
+    problems = [p for site in sites + list(call_sites(model)) for p in check_node(site, types)]
+    problems += [p for site in walk(model) if site.node.domain not in domains() for p in duplicate_attributes(site)]
     return problems + onnx_checker_problems(model, ours_reported=bool(problems))
+
+
+def duplicate_attributes(site: Site) -> list[Problem]:
+    """An attribute given twice on a node of any domain. ONNX's checker refuses it (stopping
+    there), but onnx.reference runs the node with the last value and ONNX Runtime with another:
+    so it is named here, at its node, for every node (ours are judged in check_node)."""
+    names = [a.name for a in site.node.attribute]
+    node = site.node
+    where = dict(op=f"{node.domain or 'ai.onnx'}::{node.op_type}", node=node.name, node_index=site.index, graph=site.graph)
+    return [Problem(name, "the attribute given more than once", "each attribute at most once").at(**where)
+            for name in dict.fromkeys(n for n in names if names.count(n) > 1)]
+
+
+def _takes_references(site: Site) -> bool:
+    return site.in_function and site.node.domain in domains() and any(a.ref_attr_name for a in site.node.attribute)
+
+
+def model_of(model, what: str) -> onnx.ModelProto:
+    """The model itself, or the model in a file when given a path (as run() takes one)."""
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        from dyndq.files import load_model
+
+        return load_model(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"{what}() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
+    return model
 
 
 def validate(model: onnx.ModelProto) -> None:

@@ -9,7 +9,8 @@
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR]
     dyndq export-onednn MODEL.onnx OUT.json
 
-Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.
+Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
+2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
 Mistakes a user can make (a missing or non-ONNX file, a bad --input) are told
 in one or two plain lines on stderr, never with a traceback.
 """
@@ -24,7 +25,10 @@ import textwrap
 
 import numpy as np
 
+from dyndq.wording import os_error
+
 OK, PROBLEMS, USAGE = 0, 1, 2
+INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
 
 
 class UsageError(Exception):
@@ -44,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="dyndq",
         description="oneDNN Graph's DynamicDequantize as an ONNX custom-domain op: check, export, lift and run models that use it.",
-        epilog="Exit codes: 0 success, 1 problems found in the model, 2 usage or I/O error.",
+        epilog="Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it), "
+               "2 usage or I/O error, 70 internal error (a bug in dyndq; please report it), 130 interrupted.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2, already printed)
         return e.code if isinstance(e.code, int) else USAGE
+    stdout = sys.stdout
+    sys.stdout = _UntilClosed(stdout)  # `dyndq ... | head -1`: the work goes on, the printing stops
     try:
         return _COMMANDS[args.command](args)
     except UsageError as e:
@@ -110,12 +117,55 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
-    except BrokenPipeError:  # e.g. `dyndq schema | head -1`
+    except Exception as e:  # a bug of ours: its own exit code, never 1 ("problems found")
+        import traceback
+
+        if os.environ.get("DYNDQ_TRACEBACK"):
+            traceback.print_exc()
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        _err(f"internal error: {type(e).__name__}: {_first_line(e)} (at {os.path.basename(where.filename)}:{where.lineno}; "
+             f"set DYNDQ_TRACEBACK=1 for the traceback, and please report it)")
+        return INTERNAL
+    finally:
+        sys.stdout = stdout
+
+
+class _UntilClosed:
+    """A text stream that writes to `inner` until its reader goes away (EPIPE), then drops
+    what is printed, so a closed pipe stops the printing but never the work (the outputs and
+    files a command writes). The file descriptor is pointed at os.devnull then, so the
+    interpreter's last flush at exit does not fail either."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._inner.write(text)
+            except BrokenPipeError:
+                self._close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._inner.flush()
+            except BrokenPipeError:
+                self._close()
+
+    def _close(self) -> None:
+        self._closed = True
         try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._inner.fileno())
+            os.close(devnull)
+        except (OSError, AttributeError, ValueError):  # not a real file (a test's capture)
             pass
-        return OK
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def _err(message: str) -> None:
@@ -131,16 +181,23 @@ def _load(path: str):
         raise UsageError(str(e)) from None
 
 
-def _save(model, path: str, loaded) -> None:
+def _save(model, path: str, loaded) -> list[str]:
+    """Save `model` as the input was saved (with external data or not); returns notes to print."""
     from dyndq.files import ModelFileError, save_model
 
-    location = None
-    if loaded.external_data and len(loaded.locations) == 1 and os.path.abspath(path) == os.path.abspath(loaded.path):
-        location = loaded.locations[0]  # rewriting the model in place: keep its data file's name
     try:
-        save_model(model, path, external_data=loaded.external_data, location=location)
+        location = save_model(model, path, external_data=loaded.external_data)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
+    notes = []
+    if location is not None:
+        notes.append(f"  its tensors are in {location}, beside it")
+    if os.path.realpath(path) == os.path.realpath(loaded.path):
+        kept = [loc for loc in loaded.locations if loc != location]
+        if kept:  # a copy of the model made before may point into them: never ours to delete
+            notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
+                         "model may point into it; delete it when none does")
+    return notes
 
 
 def _print_problems(path: str, problems, stream) -> None:
@@ -158,13 +215,26 @@ def cmd_demo(args) -> int:
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a folder")
+    _check_writable(args.out)  # before the work, not after it
     try:
         result = run_demo(args.out)
-    except BrokenPipeError:
-        raise
-    except (ModelFileError, OSError) as e:
+    except ModelFileError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(os_error(e)) from None
     return OK if result.agree else PROBLEMS
+
+
+def _check_writable(folder: str) -> None:
+    """Create `folder` if needed and make sure a file can be written in it (UsageError if not)."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(f"{folder}: cannot write there ({e.strerror or e})") from None
 
 
 def cmd_check(args) -> int:
@@ -193,13 +263,16 @@ def cmd_export(args) -> int:
     loaded = _load(args.input)
     try:
         out, report = export_with_report(loaded.model, opset=args.opset)
+        loaded.model = None  # (the input's memory is free before the output is written: peak 2x, not 3x)
     except dyndq.ValidationError as e:
         _print_problems(args.input, e.problems, sys.stderr)
         return PROBLEMS
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
         raise UsageError(f"{args.input}: {_first_line(e)}") from None
-    _save(out, args.output, loaded)
+    notes = _save(out, args.output, loaded)
     print(f"wrote {args.output}: {report.summary()}")
+    for note in notes:
+        print(note)
     return OK
 
 
@@ -208,8 +281,11 @@ def cmd_lift(args) -> int:
 
     loaded = _load(args.input)
     out, report = lift_with_report(loaded.model)
-    _save(out, args.output, loaded)
+    loaded.model = None  # (the input's memory is free before the output is written)
+    notes = _save(out, args.output, loaded)
     print(f"wrote {args.output}: {report.summary()}; {_opset_and_ir(out)}")
+    for note in notes:
+        print(note)
     for s in report.skipped:
         print(f"  {s}")
     return OK
@@ -219,6 +295,8 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    from dyndq.files import ModelFileError, read_array
+
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -226,18 +304,10 @@ def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
             raise UsageError(f"--input {spec!r}: expected NAME=FILE.npy")
         if name in feeds:
             raise UsageError(f"--input {spec!r}: input {name!r} given twice")
-        if not os.path.isfile(path):
-            raise UsageError(f"--input {spec!r}: {path}: no such file")
         try:
-            with open(path, "rb") as f:
-                magic = f.read(6)
-                if magic != b"\x93NUMPY":
-                    what = "an .npz archive; give one array per .npy file" if magic.startswith(b"PK") else "not a .npy file"
-                    raise UsageError(f"--input {spec!r}: {path}: {what}")
-                f.seek(0)
-                feeds[name] = np.load(f, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise UsageError(f"--input {spec!r}: {path}: cannot read it ({_first_line(e)})") from None
+            feeds[name] = read_array(path)
+        except ModelFileError as e:
+            raise UsageError(f"--input {spec!r}: {e}") from None
     return feeds
 
 
@@ -260,44 +330,64 @@ def _summary(name: str, a: np.ndarray) -> str:
 
 
 def cmd_run(args) -> int:
+    import dataclasses
+
     import dyndq
-    from dyndq.runner import runner
+    from dyndq.runner import FeedError, runner
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
+    if args.output_dir:
+        _check_writable(args.output_dir)  # before the run, not after it
     try:
         r = runner(loaded.model, args.engine)
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
+    except Exception as e:  # the engine cannot be built for this model (an op it lacks, a model it refuses)
+        _err(f"{args.model}: the {args.engine} engine cannot run this model: {_engine_message(e)}")
+        return PROBLEMS
     try:
         outputs = r(feeds)
-    except dyndq.ValidationError as e:  # the feeds do not fit the graph's inputs
+    except FeedError as e:  # the feeds do not fit the graph's inputs
         if len(e.problems) == 1:
             raise UsageError(f"{args.model}: input {e.problems[0]}") from None
         lines = [f"{args.model}: {len(e.problems)} problems with the inputs"] + [f"  - input {p}" for p in e.problems]
         raise UsageError("\n".join(lines)) from None
+    except dyndq.ValidationError as e:  # a node refused what it was given while running
+        where = [f"node {p.node!r} ({p.op}): " if p.node else f"({p.op}): " if p.op else "" for p in e.problems]
+        lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]
+        _err(f"{args.model}: the {args.engine} engine failed: " + "; ".join(lines))
+        return PROBLEMS
     except Exception as e:  # the engine failed on this model
-        _err(f"{args.model}: the {args.engine} engine failed: {_first_line(e)}")
+        _err(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}")
         return PROBLEMS
     if args.output_dir:
         from dyndq.files import ModelFileError, save_array
 
+        files = _output_files(args.output_dir, outputs)
         try:
             os.makedirs(args.output_dir, exist_ok=True)
-            for name, value in outputs.items():
-                path = os.path.join(args.output_dir, _SAFE_NAME.sub("_", name) + ".npy")
+            for label, path, value in files:
                 save_array(path, value)
-                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-        except BrokenPipeError:
-            raise
-        except (ModelFileError, OSError) as e:
+                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
+                      else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+        except ModelFileError as e:
             raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"--output-dir {os_error(e)}") from None
     else:
         for name, value in outputs.items():
-            print(_summary(name, value))
+            if isinstance(value, list):
+                print(f"{name}: a sequence of {len(value)} tensor{'s' if len(value) != 1 else ''}")
+                for i, item in enumerate(value):
+                    print("  " + _summary(f"{name}[{i}]", item))
+            elif value is None:
+                print(f"{name}: (no value)")
+            else:
+                print(_summary(name, value))
     return OK
 
 
@@ -367,6 +457,47 @@ def cmd_export_onednn(args) -> int:
     return OK
 
 
+def _stem(path: str) -> str:
+    return os.path.basename(path)[: -len(".npy")]
+
+
+def _clean(name: str) -> str:
+    safe = _SAFE_NAME.sub("_", name)
+    return "_" + safe[1:] if safe.startswith(".") else safe  # no hidden files, no "." or ".."
+
+
+def _output_files(folder: str, outputs: dict) -> list[tuple[str, str, np.ndarray]]:
+    """(what, path, array) for each array to save: NAME.npy for a tensor output, NAME.I.npy for
+    item I of a sequence output, NAME cleaned of characters unsafe in a file name. A cleaned
+    name that meets another output's file name gets a short hash of the whole name added
+    ('a/b' and 'a_b', two non-ASCII names of one length), so each output keeps a file of its
+    own. Two that still meet (names equal but for case, which some file systems do not tell
+    apart) are refused before anything is written."""
+    items = []
+    for name, value in outputs.items():
+        if isinstance(value, list):
+            items += [(f"{name}[{i}]", f"{name}.{i}", v) for i, v in enumerate(value)]
+        elif value is not None:
+            items.append((name, name, value))
+    stems = [_clean(raw) for _, raw, _ in items]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem.casefold()] = counts.get(stem.casefold(), 0) + 1
+    files, taken = [], {}
+    for (label, raw, array), stem in zip(items, stems):
+        if stem != raw and counts[stem.casefold()] > 1:
+            import hashlib
+
+            stem = f"{stem}-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+        key = stem.casefold()
+        if key in taken:
+            raise UsageError(f"--output-dir {folder}: outputs {taken[key]!r} and {label!r} would both be "
+                             f"saved as {stem}.npy; rename one of them in the model")
+        taken[key] = label
+        files.append((label, os.path.join(folder, stem + ".npy"), array))
+    return files
+
+
 def cmd_schema(args) -> int:
     print(schema_text())
     return OK
@@ -422,6 +553,11 @@ def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str
         out.append(line(r[:-1] + [r[-1][0]]))
         out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
     return out
+
+
+def _engine_message(e: BaseException) -> str:
+    """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", _first_line(e))
 
 
 def _first_line(e: BaseException) -> str:

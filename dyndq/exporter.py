@@ -11,14 +11,17 @@ lowered nodes and the element types the model holds need (int4 needs IR 10).
 """
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import dataclass, field
 
 import onnx
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
-from dyndq.checker import check, input_specs, value_types
+from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
+from dyndq.function_attrs import inline_referring_functions
 from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
 from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
@@ -79,20 +82,20 @@ class ExportReport:
         return f"lowered {self.count} {'/'.join(ops)} node(s); {opset}, IR version {self.ir_version}"
 
 
-def export(model: onnx.ModelProto, *, opset: int | None = None) -> onnx.ModelProto:
+def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> onnx.ModelProto:
     """A copy of `model` in standard ONNX: every DynamicDequantize lowered (see the module doc)."""
     return export_with_report(model, opset=opset)[0]
 
 
-def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"export() takes an onnx.ModelProto, not {type(model).__name__}")
+def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+    model = model_of(model, "export")
     problems = check(model)
     if problems:
         raise ValidationError(problems)
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    out = inline_referring_functions(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(ir_version_before=model.ir_version)
     current = _ai_onnx(out.opset_import)
     report.opset_before = current
@@ -109,8 +112,9 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
     if report.converted:
         types = value_types(out)
 
-    def specs(name):
-        return spec_of_type(types.get(name))
+    def specs(path):  # each graph's own scope: sibling bodies may type a name differently
+        scope = types.at(path)
+        return lambda name: spec_of_type(scope.get(name))
 
     opsets = {o.domain: o.version for o in out.opset_import}
     _lower_graph(out.graph, "main", opsets, target, names, specs, report)
@@ -121,7 +125,7 @@ def export_with_report(model: onnx.ModelProto, *, opset: int | None = None) -> t
         f_opsets = {o.domain: o.version for o in f.opset_import}
         path = f"function {f.domain}::{f.name}"
         before = len(report.lowered)
-        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda name: None, report)
+        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda path: lambda name: None, report)
         del f.node[:]
         f.node.extend(new)
         if len(report.lowered) > before:
@@ -168,7 +172,7 @@ def _needs(site, types) -> Needs:
     """What the node's lowering needs, asked of its op version; inside a function no
     dtype is known (TensorSpec(None, None) for every present input)."""
     op = _op_of(site.node, site.opsets)
-    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.get(name)))
+    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.at(site.graph).get(name)))
     return op.lowering_needs(*input_specs(op, site.node, spec_of), **_attrs(op, site.node))
 
 
@@ -181,8 +185,9 @@ def _target_opset(opset, current, needs) -> int | None:
     newest = onnx.defs.onnx_opset_version()
     need = max((n.opset for _, n in needs), default=0)
     if opset is not None:
-        if isinstance(opset, bool) or not isinstance(opset, int):
+        if isinstance(opset, bool) or not isinstance(opset, numbers.Integral):  # (np.int64 is fine)
             raise TypeError(f"opset must be an int, not {type(opset).__name__}")
+        opset = int(opset)
         if opset < need:
             low = [f"{_who(site)} needs {n.opset} ({n.why})" for site, n in needs if n.opset > opset]
             raise ExportError(
@@ -210,7 +215,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - the converter raises several kinds
         raise ExportError(
             f"onnx.version_converter could not convert the model from opset {_ai_onnx(model.opset_import)} "
-            f"to {target}: {e} (pass opset= to choose another target)"
+            f"to {target}: {e} (choose another target opset: opset= in Python, --opset on the command line)"
         ) from e
     # the converter returns new protos: match graphs by their position in the walk
     for g, names in zip(graphs(converted.graph), kept):
@@ -375,7 +380,7 @@ def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx
         if op is None:
             out.append(node)
             continue
-        out.extend(_lower_node(op, node, path, target, names, specs, report))
+        out.extend(_lower_node(op, node, path, target, names, specs(path), report))
     return out
 
 
@@ -400,6 +405,7 @@ def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeP
         if node.name:
             new[-1].name = node.name
         new[-1].doc_string = node.doc_string
+        new[-1].metadata_props.extend(node.metadata_props)
     form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
     report.lowered.append(LoweredNode(path, base, f"{op.qualname}-{op.since_version}", attrs, form, len(new)))
     return new

@@ -8,17 +8,28 @@
 - `save_model(model, path)` never leaves a half-written file: the model (and
   its external data file, when there is one) is written into a temporary folder
   beside the target, then moved into place with `os.replace`, the data first
-  and the model last.  An interrupted save leaves the previous file untouched.
+  under a name no file has yet, and the model last: the model's rename is the one
+  step that switches from old to new, and an existing data file is never
+  rewritten (other models may point into it).  An interrupted save (an error,
+  Ctrl-C, SIGTERM) leaves the previous file untouched and removes its staging
+  files; ones left by a killed writer are removed by the next write.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import stat
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import external_data_helper
+
+from dyndq.wording import a as article
 
 # A protobuf message cannot be serialized past 2 GiB; bigger models must keep
 # their tensors in an external data file.
@@ -55,14 +66,19 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
     locations = sorted({_location(t) for t in tensors})
     if tensors:
-        folder = os.path.dirname(os.path.abspath(path))
+        for t in tensors:
+            _check_external_fields(path, t)
+        folder = os.path.dirname(os.path.realpath(path))  # (a link to a model: its data is beside the model itself)
         try:
-            # ONNX checks here that each location is a regular file inside `folder`.
+            # ONNX checks here that each location is a regular file inside `folder`, and that
+            # each tensor's offset and length lie within it.
             external_data_helper.load_external_data_for_model(model, folder)
         except onnx.checker.ValidationError as e:
             raise ModelFileError(f"{path}: refused: {_first_line(e)}") from None
+        except ValueError as e:  # an offset or length out of the file's range
+            raise ModelFileError(f"{path}: its external data does not fit its file: {_first_line(e)}") from None
         except OSError as e:
-            raise ModelFileError(f"{path}: cannot read its external data ({e})") from None
+            raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
 
 
@@ -77,72 +93,294 @@ def save_model(
     *,
     external_data: bool = False,
     location: str | None = None,
-) -> None:
+) -> str | None:
     """Write `model` to `path` atomically; the model passed in is not modified.
 
     With `external_data=True` (or when the model is too big for one protobuf
     message), tensors go to one file beside the model, named `location`
-    (default: the model's file name + ".data"); it is replaced atomically too.
+    (default: the model's file name + ".data").  A data file is never rewritten:
+    when one of that name exists (other models may point into it, a copy of the
+    model made before, say), the data goes to a new name (`NAME.1.data`, ...)
+    and the old file is left as it is.  Returns the data file's name, or None.
+
+    `path` must be a new path or a regular file; a symbolic link to a regular
+    file is written through.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
-    if not os.path.isdir(folder):
-        raise ModelFileError(f"{path}: its folder does not exist")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a folder")
-    external_data = external_data or model.ByteSize() > _PROTOBUF_LIMIT
+    external_data = external_data or _too_big_for_one_message(model)
     location = location or name + ".data"
-    if external_data and (os.path.isabs(location) or os.path.dirname(os.path.normpath(location))):
-        raise ModelFileError(f"{location}: the external data file must be a plain file name beside the model")
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # saving with external data rewrites the tensors it moves
+    if external_data:
+        if os.path.isabs(location) or os.path.dirname(os.path.normpath(location)):
+            raise ModelFileError(f"{location}: the external data file must be a plain file name beside the model")
+        location = _unused_name(folder, location)
+    _remove_stale_staging(folder, name)
+    placed: str | None = None  # the new data file, once moved into the folder
+    with _terminate_cleanly():
+        try:
+            staging = tempfile.mkdtemp(prefix=_staging_prefix(name), suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        try:
+            staged = os.path.join(staging, name)
+            # (the model passed in is never modified: with external data a light copy is written)
+            onnx.save_model(_with_tensors_out(model, staging, location) if external_data else model, staged)
+            for f in os.listdir(staging):
+                _fsync(os.path.join(staging, f))
+            if external_data and os.path.exists(os.path.join(staging, location)):
+                # A new name nothing refers to yet; the model's rename below is then the one
+                # step that switches from the old model (and its data, untouched) to the new.
+                placed = os.path.join(folder, location)
+                os.replace(os.path.join(staging, location), placed)
+            os.replace(staged, path)
+            placed = None
+            _fsync_folder(folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        except ValueError as e:  # protobuf: message too large, ...
+            raise ModelFileError(f"{path}: cannot write it ({_first_line(e)})") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            if placed is not None:  # the model was not replaced: its new data file has no reader
+                _remove_quietly(placed)
+    return location if external_data else None
+
+
+def _too_big_for_one_message(model: onnx.ModelProto) -> bool:
+    """Whether the model's initializers near protobuf's 2 GiB limit (counted from dims and
+    dtypes: ByteSize() would serialize the whole model to count it). 64 MiB are left for the
+    rest of the model."""
+    from dyndq.light import nbytes
+
+    return sum(nbytes(t) for t in model.graph.initializer) > _PROTOBUF_LIMIT - (64 << 20)
+
+
+def _with_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> onnx.ModelProto:
+    """A copy of `model` whose initializers of 1 KiB or more are written to folder/location and
+    point there, their bytes never copied into the new model.
+
+    What onnx.save_model(save_as_external_data=True) does, by the same rule (initializers with
+    raw data of 1 KiB or more, every one into one file), less two costs: it works on a full copy
+    of the model (twice its size in memory, three times with the bytes it writes), and it
+    refuses when a file named `location` exists relative to the *current* folder rather than
+    the model's (so re-running an export from the model's own folder failed, onnx 1.23)."""
+    from dyndq.light import copy_fields, nbytes
+
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
+    with open(os.path.join(folder, location), "wb") as f:
+        for t in model.graph.initializer:
+            if not (t.HasField("raw_data") and nbytes(t) >= 1024):
+                out.graph.initializer.append(t)
+                continue
+            stub = out.graph.initializer.add()
+            copy_fields(t, stub, skip={"raw_data", "external_data", "data_location"})
+            offset = f.tell()
+            data = t.raw_data  # (one tensor's bytes at a time)
+            f.write(data)
+            del data
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(f.tell() - offset))):
+                stub.external_data.add(key=key, value=value)
+    return out
+
+
+def _unused_name(folder: str, location: str) -> str:
+    """`location`, or when a file of that name exists in `folder`, NAME.1.data, NAME.2.data, ..."""
+    if not os.path.lexists(os.path.join(folder, location)):
+        return location
+    stem = location[: -len(".data")] if location.endswith(".data") else location
+    k = 1
+    while os.path.lexists(os.path.join(folder, f"{stem}.{k}.data")):
+        k += 1
+    return f"{stem}.{k}.data"
+
+
+def _writable_target(path: str) -> str:
+    """The file to replace for `path`: itself, or the regular file a symbolic link points to.
+
+    Anything else is refused: replacing a FIFO, a device (/dev/null, /dev/stdout) or a
+    folder with a regular file would change what the path is, not write to it."""
+    absolute = os.path.abspath(path)
+    target = os.path.realpath(absolute)
+    if os.path.islink(absolute) and not os.path.lexists(target):
+        raise ModelFileError(f"{path}: is a symbolic link to {target}, which does not exist")
+    if os.path.lexists(target):
+        mode = os.stat(target).st_mode
+        if stat.S_ISDIR(mode):
+            raise ModelFileError(f"{path}: is a folder")
+        if not stat.S_ISREG(mode):
+            raise ModelFileError(f"{path}: is {_kind(mode)}, not a regular file; give a file path to write")
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ModelFileError(f"{path}: its folder does not exist")
+    return target
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a special file"
+
+
+def _staging_prefix(name: str) -> str:
+    # The writer's process id is in the name, so a later write can tell a staging file
+    # left by a killed writer (SIGKILL, power loss) from one still in use.
+    return f".{name}.{os.getpid()}."
+
+
+def _remove_stale_staging(folder: str, name: str) -> None:
+    """Remove staging files and folders for `name` left by writers that no longer run."""
+    prefix = f".{name}."
     try:
-        staging = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid = entry[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            full = os.path.join(folder, entry)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full, ignore_errors=True)
+            else:
+                _remove_quietly(full)
+
+
+def _alive(pid: int) -> bool:
     try:
-        staged = os.path.join(staging, name)
-        if external_data:
-            onnx.save_model(copy, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=location, size_threshold=1024)
-        else:
-            onnx.save_model(copy, staged)
-        files = sorted(os.listdir(staging))
-        for f in files:
-            _fsync(os.path.join(staging, f))
-        for f in files:  # external data first, so the model never points at missing data
-            if f != name:
-                os.replace(os.path.join(staging, f), os.path.join(folder, f))
-        os.replace(staged, path)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
-    except ValueError as e:  # protobuf: message too large, ...
-        raise ModelFileError(f"{path}: cannot write it ({_first_line(e)})") from None
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_cleanly():
+    """Within this block SIGTERM ends the process through SystemExit (code 143, as the signal
+    would), so `finally` blocks remove the staging files, as they do on KeyboardInterrupt.
+    Only in the main thread (Python runs signal handlers there), and only when the signal has
+    its default action: a handler the program installed is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def save_array(path: str | os.PathLike, array) -> None:
-    """`numpy.save` to exactly `path` (no ".npy" added), atomically."""
+    """`numpy.save` to exactly `path` (no ".npy" added), atomically; the file gets the mode a
+    new file gets (0666 less the umask), as models do."""
     import numpy as np
 
-    path = os.path.abspath(os.fspath(path))
+    path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
+    _remove_stale_staging(folder, name)
+    with _terminate_cleanly():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(name), suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, np.asarray(array), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        finally:
+            _remove_quietly(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _remove_quietly(path: str) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make the renames in `folder` durable (where the platform allows opening a folder)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.asarray(array), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.close(fd)
+
+
+def _check_external_fields(path: str, tensor: onnx.TensorProto) -> None:
+    """An offset or length must be a non-negative decimal integer (ONNX's loader raises a bare
+    int() ValueError on "abc" or "1e3", naming neither the tensor nor the field)."""
+    for entry in tensor.external_data:
+        if entry.key in ("offset", "length") and not (entry.value.isascii() and entry.value.isdigit()):
+            raise ModelFileError(f"{path}: tensor {tensor.name!r}: external data {entry.key} {entry.value!r} "
+                                 "is not a non-negative whole number")
+
+
+def read_array(path: str | os.PathLike):
+    """The array in a .npy file, refusing (ModelFileError) anything else: a missing file, a
+    folder, an .npz archive, pickled objects, or a header that declares more data than the
+    file holds (numpy would try to allocate it first: a MemoryError for a huge shape)."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a folder, not a .npy file")
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+            if magic != b"\x93NUMPY":
+                what = "an .npz archive; give one array per .npy file" if magic.startswith(b"PK") else "not a .npy file"
+                raise ModelFileError(f"{path}: {what}")
+            f.seek(0)
+            version = npy.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = npy.read_array_header_2_0(f)
+            else:  # 3.0 (utf-8 field names) has no public reader
+                shape, fortran, dtype = npy._read_array_header(f, version)
+            if dtype.hasobject:
+                raise ModelFileError(f"{path}: cannot read it: it holds Python objects (pickled), which are not loaded")
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            have = os.fstat(f.fileno()).st_size - f.tell()
+            if need > have:
+                raise ModelFileError(f"{path}: cannot read it: its header declares {article(dtype.name)} array of shape {list(shape)} "
+                                     f"({need} bytes) but the file holds {have} bytes of data")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, EOFError) as e:
+        raise ModelFileError(f"{path}: cannot read it ({_first_line(e)})") from None
 
 
 def _location(tensor: onnx.TensorProto) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.build import make_node, opset_import
-from dyndq.checker import value_types
+from dyndq.checker import model_of, value_types
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.graphs import walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
@@ -62,7 +62,7 @@ class LiftReport:
         return f"lifted {self.count} {'/'.join(kinds)} node(s); left {len(self.skipped)} alone"
 
 
-def lift(model: onnx.ModelProto) -> onnx.ModelProto:
+def lift(model: onnx.ModelProto | str) -> onnx.ModelProto:
     """A copy of `model` with every liftable DequantizeLinear as DynamicDequantize; the others are logged."""
     out, report = lift_with_report(model)
     for s in report.skipped:
@@ -70,16 +70,16 @@ def lift(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftReport]:
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"lift() takes an onnx.ModelProto, not {type(model).__name__}")
+def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, LiftReport]:
+    model = model_of(model, "lift")
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = LiftReport()
     types = value_types(out)
 
-    def spec_of(name):
-        return spec_of_type(types.get(name))
+    def spec_at(graph):  # each graph's own scope: sibling bodies may type a name differently
+        scope = types.at(graph)
+        return lambda name: spec_of_type(scope.get(name))
 
     no_types = lambda name: None  # noqa: E731  (a function's inputs have no types)
     imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
@@ -89,7 +89,11 @@ def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftRepor
         if not candidates:
             continue
         who = node.name or node.output[0]
-        spec = no_types if site.in_function else spec_of
+        twice = sorted({a.name for a in node.attribute if [b.name for b in node.attribute].count(a.name) > 1})
+        if twice:  # which value would the lifted node take? (ONNX refuses such a node)
+            report.skipped.append(SkippedNode(site.graph, who, f"attribute {', '.join(twice)} given more than once", node.op_type))
+            continue
+        spec = no_types if site.in_function else spec_at(site.graph)
         reasons = []
         for op in candidates:  # oldest first: the lowest version that expresses the node
             plan = op.lifting(node, spec)
@@ -104,6 +108,7 @@ def lift_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LiftRepor
         new = make_node(list(plan.inputs), list(node.output), name=node.name or None, op_type=op.name,
                         domain=op.domain, version=op.since_version, **plan.attrs)
         new.doc_string = node.doc_string
+        new.metadata_props.extend(node.metadata_props)
         report.sources.append(node.op_type)
         node.CopyFrom(new)  # in place: the walk hands out the model's own protos
         report.lifted.append((site.graph, who, plan.attrs.get("qtype", op.name)))

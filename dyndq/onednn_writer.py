@@ -67,7 +67,7 @@ def dump(model: onnx.ModelProto) -> dict:
     g = model.graph
     meta = {p.key: p.value for p in model.metadata_props}
     types = value_types(model)
-    specs = {name: spec_of_type(tp) for name, tp in types.items()}
+    specs = {name: spec_of_type(tp) for name, tp in types.at("main").items()}  # dump writes the main graph
     shapes = {name: (s.shape if s else None) for name, s in specs.items()}
     notes = json.loads(meta.get("onednn.tensors", "{}"))
     problems: list[Problem] = []

@@ -12,17 +12,19 @@ implementation runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
 from dyndq.kernels.dynamic_dequantize import dequantize
 from dyndq.opdefs import Problem, ValidationError, all_versions, newest_domain_version, resolve
 
-__all__ = ["DequantizeLinear", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
+__all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
 
 class OurOp(OpRun):
@@ -50,7 +52,16 @@ class OurOp(OpRun):
             spec = op.attribute(name)
             if spec is not None and value is not None:
                 attrs[name] = spec.kind.coerce(value.decode() if isinstance(value, bytes) else value)
-        return (op.kernel(*inputs, **attrs),)
+        try:
+            return (op.kernel(*inputs, **attrs),)
+        except ValidationError as e:  # name the node and the values fed to it, not just the op's parameter
+            names = dict(zip((p.name for p in op.inputs), self.onnx_node.input))
+            raise ValidationError([
+                dataclasses.replace(p, op=op.qualname, node=self.onnx_node.name or None,
+                                    found=f"{p.found} (value {names[p.argument]!r})"
+                                    if names.get(p.argument, p.argument) != p.argument else p.found)
+                for p in e.problems
+            ]) from None
 
 
 _CLASSES: dict[tuple[str, str], type[OpRun]] = {}
@@ -139,14 +150,73 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 
     return dequantize(x, x_scale, x_zero_point, channel_axis, out)
 
 
+class Loop(_OnnxLoop):
+    """ai.onnx Loop, with an omitted `cond` read as true, as the ONNX spec and ONNX Runtime
+    read it. onnx.reference (1.23) tests `while cond` on the None it gets for an omitted
+    input, so it runs such a loop zero times and returns the initial values: a wrong result
+    without an error, and one engine disagreeing with the other."""
+
+    op_domain = ""
+
+    def _run(self, M, cond=None, *args, **kwargs):
+        if cond is None:
+            cond = np.array(True)
+        return super()._run(M, cond, *args, **kwargs)
+
+
 class DyndqReferenceEvaluator(ReferenceEvaluator):
     """A ReferenceEvaluator that knows our ops in every graph and function it builds."""
 
     def __init__(self, proto: Any, *args, new_ops: list[type[OpRun]] | None = None, **kwargs):
         # Caller's classes first: for a key given twice, ONNX keeps the first.
-        ours = our_ops() + [DequantizeLinear]
+        ours = our_ops() + [DequantizeLinear, Loop]
         ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
+        if isinstance(proto, onnx.ModelProto):
+            proto = _functions_in_call_order(proto)
         super().__init__(proto, *args, new_ops=ops, **kwargs)
+
+
+def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or a copy whose model-local functions come after every function they call.
+
+    ReferenceEvaluator builds functions in the order the model lists them, each knowing only
+    the ones before it, so a function that calls one listed after it fails ("Node type 'Inner'
+    ... is unknown"), while ONNX itself (and ONNX Runtime) accept any order."""
+    from dyndq.graphs import graphs
+
+    functions = {(f.domain, f.name): f for f in model.functions}
+    callees = {
+        key: {(n.domain, n.op_type) for node in f.node for n in [node, *_nested(node, graphs)]} & functions.keys()
+        for key, f in functions.items()
+    }
+    order: list[tuple[str, str]] = []
+    state: dict[tuple[str, str], str] = {}
+
+    def visit(key):
+        if state.get(key) == "done" or state.get(key) == "visiting":  # (a cycle: left for ONNX to refuse)
+            return
+        state[key] = "visiting"
+        for callee in sorted(callees[key]):
+            visit(callee)
+        state[key] = "done"
+        order.append(key)
+
+    for key in functions:
+        visit(key)
+    if order == list(functions):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.functions[:]
+    copy.functions.extend(functions[key] for key in order)
+    return copy
+
+
+def _nested(node: onnx.NodeProto, graphs) -> list[onnx.NodeProto]:
+    """The nodes of every graph nested in `node` (If/Loop/Scan bodies), at any depth."""
+    from dyndq.graphs import subgraphs
+
+    return [n for _, g in subgraphs(node) for sub in graphs(g) for n in sub.node]
 
 
 def reference_evaluator(model, **kwargs) -> ReferenceEvaluator:

@@ -29,9 +29,15 @@ import onnx
 
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError
+from dyndq.wording import a as article
 
 ENGINES = ("reference", "onnxruntime")
 CACHE_SIZE = 8
+
+
+class FeedError(ValidationError):
+    """The feeds do not fit the graph's inputs (a missing or unknown input, a wrong dtype, rank
+    or fixed dimension): told apart from a ValidationError that a node raises while running."""
 
 
 class Runner:
@@ -62,25 +68,48 @@ class Runner:
             # lets ONNX's inference fill them in rather than refuse the model.
             self.exported = export(_with_inferred_outputs(model))
             options = ort.SessionOptions()
-            options.log_severity_level = 3  # errors only: no warnings on stderr
+            # fatal only: ONNX Runtime's own (coloured) log lines would reach stderr; its errors
+            # come back as exceptions, which the caller reports.
+            options.log_severity_level = 4
             # Basic optimizations only (constant folding, redundant-node removal): ONNX
             # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
             # weights, which changes float32 results in their last bits, and the two
             # engines must agree to the bit.
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            # OrtBoundary: int4/bfloat16 in and out through exact conversions. A model over
+            # 2 GiB cannot be serialized for ONNX Runtime: its big initializers are handed
+            # over as arrays, fed as the graph inputs the light view makes of them.
+            from dyndq.light import big_initializers, light_view
+
             self._ort = OrtBoundary(self.exported)
+            big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(self._ort.model)}
             session = ort.InferenceSession(
-                self._ort.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                light_view(self._ort.model).SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
-            self._run = lambda feeds: self._ort.run(session, self.output_names, feeds)
+            run_options = ort.RunOptions()
+            run_options.log_severity_level = 4
+            self._run = lambda feeds: self._ort.run(session, self.output_names, {**feeds, **big}, run_options)
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        arrays = check_feeds(self.inputs, feeds)
+        try:
+            arrays = check_feeds(self.inputs, feeds)
+        except FeedError:
+            raise
+        except ValidationError as e:
+            raise FeedError(e.problems) from None
         if self.engine == "onnxruntime":
             # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
             arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
         results = self._run(arrays)
-        return {name: np.asarray(value) for name, value in zip(self.output_names, results)}
+        return {name: _output(value) for name, value in zip(self.output_names, results)}
+
+
+def _output(value):
+    """A tensor output as an ndarray; a sequence output as a list of ndarrays (np.asarray on
+    it would stack its tensors into one array, or fail when their shapes differ)."""
+    if isinstance(value, (list, tuple)):
+        return [np.asarray(v) for v in value]
+    return value if value is None else np.asarray(value)
 
 
 class OrtBoundary:
@@ -163,11 +192,11 @@ class OrtBoundary:
                 out[name] = value
         return out
 
-    def run(self, session, output_names: list[str], feeds: Mapping[str, object]) -> list:
+    def run(self, session, output_names: list[str], feeds: Mapping[str, object], run_options=None) -> list:
         import ml_dtypes
 
         asked = [self.renamed_out.get(n, (n, None))[0] for n in output_names]
-        results = session.run(asked, self.feeds(feeds))
+        results = session.run(asked, self.feeds(feeds), run_options)
         back = []
         for name, value in zip(output_names, results):
             if name in self.renamed_out:
@@ -216,7 +245,15 @@ _lock = threading.Lock()
 
 def model_key(model: onnx.ModelProto) -> str:
     """A key that changes whenever the model does: the SHA-256 of its serialization."""
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    from dyndq.light import big_initializers, light_view
+
+    digest = hashlib.sha256(light_view(model).SerializeToString(deterministic=True))
+    for t in big_initializers(model):  # their data, which the light view leaves out (a model over 2 GiB
+        digest.update(t.name.encode())  # cannot be serialized whole, nor a tensor over 2 GiB)
+        digest.update(t.raw_data)
+        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "external_data"):
+            digest.update(repr(list(getattr(t, field))).encode() if field == "external_data" else np.asarray(getattr(t, field)).tobytes())
+    return digest.hexdigest()
 
 
 def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference") -> Runner:
@@ -246,7 +283,8 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
 
 
 def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference") -> dict[str, np.ndarray]:
-    """Run the model's main graph on `feeds` (input name -> array); returns output name -> array.
+    """Run the model's main graph on `feeds` (input name -> array); returns output name -> array
+    (a list of arrays for a sequence output).
 
     Feeds are checked against the graph's inputs first: a missing or unknown
     input, or a feed of the wrong dtype, rank or fixed dimension, raises
@@ -267,7 +305,10 @@ def clear_cache() -> None:
 def _graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
     """(name, spec or None for non-tensor types, required) of each graph input."""
     initializers = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
-    return [(vi.name, spec_of_type(vi.type), vi.name not in initializers) for vi in model.graph.input]
+    from dyndq.scopes import untyped_tensor
+
+    return [(vi.name, TensorSpec(None, None) if untyped_tensor(vi.type) else spec_of_type(vi.type), vi.name not in initializers)
+            for vi in model.graph.input]
 
 
 def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
@@ -286,15 +327,14 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
         if spec is None:  # a sequence, map or optional input: the engine judges it
             arrays[name] = value
             continue
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        array = _typed(array, spec)
+        array = _typed(_native(value), spec)
         problem = _feed_problem(name, spec, array)
         if problem:
             problems.append(problem)
         arrays[name] = array
     for name, (spec, required) in known.items():
         if required and name not in feeds:
-            problems.append(Problem(name, "no feed", f"a {_describe(spec)} array, the type of graph input {name!r}"))
+            problems.append(Problem(name, "no feed", f"{article(_describe(spec))} array, the type of graph input {name!r}"))
     if problems:
         raise ValidationError(problems)
     return arrays
@@ -315,8 +355,19 @@ def _typed(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
     return array
 
 
+def _native(value) -> np.ndarray:
+    """The feed as a plain ndarray in the machine's byte order. Engines take the bytes as they
+    are: a big-endian array (a '>f4' .npy) gives ONNX Runtime garbage and the reference engine
+    a type error, and an ndarray subclass (np.matrix keeps two dimensions whatever is done to
+    it) breaks the kernel's broadcasting."""
+    array = np.asarray(value)  # (subok=False: np.matrix and other subclasses become ndarray)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
+
+
 def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:
-    found = f"a {array.dtype.name} array of shape {list(array.shape)}"
+    found = f"{article(array.dtype.name)} array of shape {list(array.shape)}"
     allowed = f"{_describe(spec)}, the type of graph input {name!r}"
     if spec.dtype is not None and array.dtype.name != spec.dtype:
         return Problem(name, found, allowed)
@@ -343,7 +394,9 @@ def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     if all(o.type.tensor_type.HasField("shape") for o in model.graph.output
            if o.type.WhichOneof("value") == "tensor_type"):
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
+    from dyndq.light import light_view
+
+    inferred = onnx.shape_inference.infer_shapes(light_view(model))  # (a model over 2 GiB cannot be serialized whole)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for mine, theirs in zip(out.graph.output, inferred.graph.output):

@@ -19,6 +19,7 @@ from onnx.shape_inference import InferenceError
 from dyndq.converters.onnx_types import SCHEMA_ATTR_TYPE, attribute_value, make_attribute, onnx_type_string, spec_of_type, type_of_spec
 from dyndq.opdefs import OpVersion, TensorSpec, ValidationError, all_versions
 from dyndq.opdefs import registry
+from dyndq.scopes import untyped_tensor
 
 MARK = "[dyndq]"  # starts every message our inference raises inside ONNX
 
@@ -46,7 +47,9 @@ def _inference_for(op: OpVersion):
         specs = []
         for i, param in enumerate(op.inputs):
             present = i < ctx.get_num_inputs() and ctx.has_input(i)
-            specs.append((spec_of_type(ctx.get_input_type(i)) or TensorSpec(None, None)) if present else None)
+            tp = ctx.get_input_type(i) if present else None
+            known = tp is not None and not untyped_tensor(tp)  # (an UNDEFINED element type: unknown)
+            specs.append(((spec_of_type(tp) if known else None) or TensorSpec(None, None)) if present else None)
         attrs = op.defaults()
         for a in op.attributes:
             proto = ctx.get_attribute(a.name)

@@ -1,0 +1,72 @@
+"""The type of every value of a model, per graph scope, as ONNX resolves names.
+
+A graph sees its own values and those of every graph enclosing it (ONNX's
+lexical scoping: a body reads outer values by name), but sibling graphs, such
+as If's two branches or two Loop bodies, are separate scopes and may each use
+a name with a type of their own.  One flat table for the whole model would give
+one of them the other's type.  Scopes are keyed by the walker's graph paths
+("main", "main/if.then_branch", ...), so check, export and lift look a value up
+exactly where their node stands.  Model-local functions have no types.
+"""
+from __future__ import annotations
+
+from collections import ChainMap
+from typing import Mapping
+
+import onnx
+
+from dyndq.graphs import subgraph_path, subgraphs
+
+_NO_TYPES: Mapping[str, onnx.TypeProto] = {}
+
+
+class ValueTypes:
+    """`at(graph_path)`: name -> TypeProto for the values a node in that graph sees."""
+
+    def __init__(self, scopes: dict[str, ChainMap]):
+        self._scopes = scopes
+
+    def at(self, graph: str) -> Mapping[str, onnx.TypeProto]:
+        return self._scopes.get(graph, _NO_TYPES)
+
+    def get(self, name: str, default=None):
+        """A value of the main graph (the scope most callers mean)."""
+        return self.at("main").get(name, default)
+
+
+def value_types(model: onnx.ModelProto) -> ValueTypes:
+    """The type of every value ONNX can infer, scope by scope."""
+    from dyndq.schema import lenient_inference  # (schema imports this module: imported here)
+
+    from dyndq.light import light_view
+
+    model = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's inference)
+    try:
+        with lenient_inference():
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # a model ONNX cannot even infer: judge what it declares
+        inferred = model
+    scopes: dict[str, ChainMap] = {}
+    _collect(inferred.graph, "main", ChainMap(), scopes)
+    return ValueTypes(scopes)
+
+
+def _collect(graph: onnx.GraphProto, path: str, outer: ChainMap, scopes: dict) -> None:
+    own: dict[str, onnx.TypeProto] = {}
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if vi.HasField("type") and not untyped_tensor(vi.type):
+            own.setdefault(vi.name, vi.type)
+    for init in graph.initializer:
+        own[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+    scope = outer.new_child(own)  # own names first: a body's value shadows an outer one
+    scopes[path] = scope
+    for i, node in enumerate(graph.node):
+        for label, g in subgraphs(node):
+            _collect(g, subgraph_path(path, node, i, label), scope, scopes)
+
+
+def untyped_tensor(tp: onnx.TypeProto | None) -> bool:
+    """A tensor type whose element type is UNDEFINED (0): what a model declares for a value
+    whose type nobody knows (e.g. one made by an op of an unknown domain).  Read as unknown;
+    ONNX's dtype tables raise ValueError on it."""
+    return tp is not None and tp.WhichOneof("value") == "tensor_type" and tp.tensor_type.elem_type == 0
