@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
     sys.exit("bench_kernel needs onnxruntime")
 
 import dyndq
-from dyndq.kernels import dynamic_dequantize as kmod
+from dyndq.kernels import parallel
 
 F32 = np.float32
 ELEM = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
@@ -121,7 +121,7 @@ def floor_fn(src, out, threads=None):
     flat_out = out.reshape(-1)
     flat_src = src.reshape(-1).view(np.uint64) if src.size % 8 == 0 else src.reshape(-1)
     n_out = flat_out.size
-    blocks = kmod._blocks((n_out,), kmod._CHUNK)
+    blocks = parallel.blocks((n_out,), parallel.TUNING.chunk)
     ratio = flat_src.size / n_out
 
     def run(group):
@@ -132,17 +132,7 @@ def floor_fn(src, out, threads=None):
             acc ^= int(np.bitwise_or.reduce(flat_src[a:b])) if b > a else 0
         return acc
 
-    n = kmod._threads_for(n_out, len(blocks), threads)
-    if n <= 1:
-        run(blocks)
-        return out
-    per = -(-len(blocks) // n)
-    groups = [blocks[i:i + per] for i in range(0, len(blocks), per)]
-    pool = kmod._get_pool(len(groups) - 1)
-    futures = [pool.submit(run, g) for g in groups[1:]]
-    run(groups[0])
-    for f in futures:
-        f.result()
+    parallel.run(lambda a, b: run(blocks[a:b]), len(blocks), parallel.threads_for(n_out, len(blocks), threads))
     return out
 
 
@@ -182,7 +172,7 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return f"{model}, {kmod._cores()} cores available, Python {platform.python_version()}, NumPy {np.__version__}, " \
+    return f"{model}, {parallel.cores()} cores available, Python {platform.python_version()}, NumPy {np.__version__}, " \
            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}"
 
 
@@ -234,7 +224,7 @@ def main(argv=None) -> int:
 
     print(f"machine: {machine()}")
     print(f"src {n}x{n}, medians of {reps} interleaved repetitions after a warm-up; "
-          f"our kernel on {kmod._threads_for(n * n, 10**9, threads)} thread(s)\n")
+          f"our kernel on {parallel.threads_for(n * n, 10**9, threads)} thread(s)\n")
 
     cases = make_cases(n)
     rows = []
@@ -321,7 +311,7 @@ def main(argv=None) -> int:
          f"{peak_alloc / 2**20:.3f} MiB for a {out_bytes / 2**20:.0f} MiB output "
          f"(+{(peak_alloc - out_bytes) / 2**10:.0f} KiB)"),
     ]
-    print("\ntargets (issue 6):")
+    print("\ntargets:")
     for name, ok, value in targets:
         print(f"  [{'met' if ok else 'MISSED'}] {name}: {value}")
     return 0

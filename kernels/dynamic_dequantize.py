@@ -23,10 +23,10 @@ How it stays exact without int64 temporaries
 
 How it is fast
 --------------
-The work is cut into blocks of about `_CHUNK` elements that stay in the CPU
-cache between the cast, the subtraction and the multiply, and the blocks are
-shared among threads (NumPy's loops release the GIL).  Tensors under
-`_PARALLEL_MIN` elements run on the calling thread, with no pool involved.
+The work is cut into blocks of about `TUNING.chunk` elements that stay in the
+CPU cache between the cast, the subtraction and the multiply, and the blocks are
+shared among threads by `kernels/parallel.py` (NumPy's loops release the GIL).
+Tensors under `TUNING.parallel_min` elements run on the calling thread.
 
 Arguments are judged by the op's one shape-inference function (the rules are
 written once, in `shape_inference/`); this module adds only what is particular
@@ -36,24 +36,21 @@ from __future__ import annotations
 
 import math
 import operator
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
+from . import parallel
+from .parallel import THREADS_ENV
+from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
+
 __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 
 _F32 = np.dtype(np.float32)
-_CHUNK = 1 << 18  # elements per block: 1 MiB of float32 output, resident in a core's L2
-_TILE_MAX = 1 << 15  # params tiled over short rows up to this many elements (128 KiB each)
-_PARALLEL_MIN = 1 << 18  # below this many elements, no thread pool
-_EXPAND_MAX = 1 << 14  # per-channel params repeated up to this length (64 KiB)
 _F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 arithmetic is exact for 8-bit src
 
 
@@ -233,7 +230,7 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
         if out is None:
             out = np.empty(src.shape, dst)
         return _general(src, scales, zps, qtype, axis, attrs.get("group_shape"), out)
-    if qtype == PER_TENSOR and src.size <= _SMALL and (zps is None or zps.dtype.itemsize == 1):
+    if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
         if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
             # The one-shot path for small tensors.  Exact: float32(src) and the 8-bit zp are
@@ -298,7 +295,7 @@ def _general(src, scales, zps, qtype, axis, group_shape, out):
     sv = src.reshape(vshape)  # a view when src is contiguous; a copy otherwise (read only)
     target = out if out.flags.c_contiguous else np.empty(src.shape, out.dtype)
     ov = target.reshape(vshape)
-    rows = max(1, _CHUNK // max(1, math.prod(vshape[1:])))
+    rows = max(1, T.chunk // max(1, math.prod(vshape[1:])))
 
     def part(p, b0, b1):
         return p[b0:b1] if p is not None and p.ndim and p.shape[0] != 1 else p
@@ -347,9 +344,6 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
 
 # -- the arithmetic, shared with onnx.reference's DequantizeLinear (dyndq.reference) ------------
 
-_SMALL = 1 << 15  # up to this many elements: one shot, no blocks
-
-
 def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int | None,
                out: np.ndarray, *, threads: int | None = None) -> np.ndarray:
     """out[...] = float32(int64(src) - int64(zp)) * scale, with no argument checks.
@@ -370,7 +364,7 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
     mode, zval = _zp_mode(src, zp)
     if axis is not None and scale.size == 1 and (zval is None or zval.size == 1):
         axis = None  # one channel: the same arithmetic as per tensor
-    if n <= _SMALL:
+    if n <= T.small:
         if axis is None:
             sc = scale.reshape(())
             z = None if zval is None else zval.reshape(())
@@ -385,12 +379,8 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
         with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
             _block(src, out, sc, z, mode)
         return out
-    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, _CHUNK // 4) if mode == "f64" else _CHUNK)
-    n_threads = _threads_for(n, count, threads)
-    if n_threads <= 1:
-        _run_jobs(make, 0, count, mode, bufsize)
-    else:
-        _parallel(make, count, n_threads, mode, bufsize)
+    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, T.chunk // 4) if mode == "f64" else T.chunk)
+    parallel.run(lambda a, b: _run_jobs(make, a, b, mode, bufsize), count, parallel.threads_for(n, count, threads))
     return out
 
 
@@ -430,7 +420,7 @@ def _jobs(src, out, scale, zval, axis, chunk):
     post = math.prod(shape[axis + 1:])
     if zval is not None and zval.size == 1:
         zval = np.broadcast_to(zval, (C,))
-    if post == 1 or C * post <= _EXPAND_MAX:
+    if post == 1 or C * post <= T.expand_max:
         # every row of L = C * post elements has the same parameters: lay them out as a row
         if post > 1:
             scale = np.repeat(scale, post)
@@ -449,12 +439,12 @@ def _jobs(src, out, scale, zval, axis, chunk):
             return pre * per_row, make, None
         R = chunk // L
         s2, o2 = s1.reshape(pre, L), o1.reshape(pre, L)
-        if L >= _ROW_BROADCAST_MIN:
+        if L >= T.row_broadcast_min:
             # rows long enough to broadcast the params over, with a buffer no longer than a row
             sc, z = scale.reshape(1, L), None if zval is None else zval.reshape(1, L)
-            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), _bufsize_for(L)
-        # short rows: the params tiled over R rows (at most _TILE_MAX elements), flat loops
-        R = max(1, min(chunk, _TILE_MAX) // L)
+            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), parallel.bufsize_for(L)
+        # short rows: the params tiled over R rows (at most T.tile_max elements), flat loops
+        R = max(1, min(chunk, T.tile_max) // L)
         sc_t = np.tile(scale, R)
         z_t = None if zval is None else np.tile(zval, R)
 
@@ -484,16 +474,7 @@ def _jobs(src, out, scale, zval, axis, chunk):
         ch = slice(r0, r1) if pre == 1 else np.arange(r0, r1) % C
         return s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1), None if zval is None else zval[ch].reshape(-1, 1)
 
-    return -(-rows // R), make, _bufsize_for(post)
-
-
-_ROW_BROADCAST_MIN = 1024
-
-
-def _bufsize_for(row: int) -> int:
-    """NumPy buffers a broadcast operand across rows shorter than its buffer, slowly;
-    a buffer no longer than a row keeps every inner loop a plain 1-D loop."""
-    return max(16, min(8192, row // 16 * 16))
+    return -(-rows // R), make, parallel.bufsize_for(post)
 
 
 def _strided_jobs(src, out, scale, zval, axis, chunk):
@@ -509,7 +490,7 @@ def _strided_jobs(src, out, scale, zval, axis, chunk):
     z = None if zval is None else zval.reshape(pshape)
     if r == 0:
         return 1, lambda i: (src, out, sc, z), None
-    blocks = _blocks(src.shape, chunk)
+    blocks = parallel.blocks(src.shape, chunk)
 
     def make(i):
         idx = blocks[i]
@@ -519,23 +500,6 @@ def _strided_jobs(src, out, scale, zval, axis, chunk):
     return len(blocks), make, None
 
 
-def _blocks(shape, chunk):
-    """Index tuples cutting an array of `shape` into blocks of about `chunk` elements."""
-    r = len(shape)
-    k, inner = r - 1, 1
-    while k > 0 and inner * shape[k] <= chunk:
-        inner *= shape[k]
-        k -= 1
-    # now inner = prod(shape[k+1:]) <= chunk (or k == r - 1 and inner == 1)
-    step = max(1, chunk // inner)
-    starts = range(0, shape[k], step)
-    return [
-        outer + (slice(s, s + step),)
-        for outer in np.ndindex(*shape[:k])
-        for s in starts
-    ]
-
-
 def _param_index(idx, pshape):
     return tuple(
         (0 if isinstance(i, int) else slice(None)) if p == 1 else i for i, p in zip(idx, pshape)
@@ -543,6 +507,7 @@ def _param_index(idx, pshape):
 
 
 def _run_jobs(make, start, stop, mode, bufsize):
+    """Blocks [start, stop) of a job cut by _jobs or _strided_jobs."""
     old = None
     if bufsize is not None:
         old = np.getbufsize()
@@ -567,66 +532,3 @@ def _block(s, o, scale, zval, mode):
             np.subtract(o, zval, out=o)
     np.multiply(o, scale, out=o)
 
-
-# -- threads ----------------------------------------------------------------------------------
-
-
-def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _threads_for(size: int, n_blocks: int, threads: int | None) -> int:
-    if size < _PARALLEL_MIN or n_blocks < 2:
-        return 1
-    n = _cores()
-    if threads is None:
-        env = os.environ.get(THREADS_ENV)
-        if env:
-            try:
-                threads = max(1, int(env))
-            except ValueError:
-                threads = None
-    if threads is not None:
-        n = min(n, int(threads))
-    return max(1, min(n, n_blocks))
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
-
-
-def _get_pool(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size < workers:
-            old = _pool
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dyndq")
-            _pool_size = workers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
-
-
-def _reset_pool_after_fork() -> None:
-    global _pool, _pool_size, _pool_lock
-    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _parallel(make, count, n, mode, bufsize):
-    per = -(-count // n)
-    bounds = [(i, min(i + per, count)) for i in range(0, count, per)]
-    pool = _get_pool(len(bounds) - 1)
-    futures = [pool.submit(_run_jobs, make, a, b, mode, bufsize) for a, b in bounds[1:]]
-    try:
-        _run_jobs(make, *bounds[0], mode, bufsize)
-    finally:
-        for f in futures:
-            f.result()
