@@ -8,7 +8,7 @@ zp = 0 when `zps` is absent; T2 is the dtype of scales (float32 in version 1).
 Exact to the bit, for every dtype combination, as ONNX Runtime's
 DequantizeLinear computes it.  Version 1's forms (8-bit src, float32 scales)
 take the fast blocked path below; the other forms of version 2 take
-`_general`, block by block along the first axis.
+`dequantize_v2` (kernels/dequantize_v2.py), also blocked and threaded.
 
 How it stays exact without int64 temporaries
 --------------------------------------------
@@ -43,6 +43,7 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
 from . import parallel
+from .dequantize_v2 import dequantize_v2
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
@@ -79,12 +80,13 @@ def _spec(a):
     return TensorSpec(None, None) if a is None else TensorSpec.of(a)
 
 
-def _check_out(out, src, others, dst_dtype, problems: list[Problem]):
-    want = dst_dtype.name if dst_dtype is not None else "float32"
+def _check_out(out, src, others, dst_dtype, allowed, problems: list[Problem]):
+    # scales of a dtype outside T2: out is judged against every dtype scales could have had
+    want = dst_dtype.name if dst_dtype is not None else " | ".join(allowed)
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
         problems.append(Problem("out", f"a {type(out).__name__}", f"a {want} numpy.ndarray of src's shape"))
         return
-    if out.dtype.name != want:
+    if out.dtype.name != want and (dst_dtype is not None or out.dtype.name not in allowed):
         problems.append(Problem("out", f"dtype {out.dtype.name}", f"{want} (the dtype of scales)"))
     if src is not None and out.shape != src.shape:
         problems.append(Problem("out", f"shape {list(out.shape)}", f"src's shape {list(src.shape)}"))
@@ -156,8 +158,9 @@ def _validate(op, src, scales, zps, attrs, out, threads):
     except ValidationError as e:
         problems += e.problems
     if out is not None:
-        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in op.allowed_dtypes("dst") else None
-        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, problems)
+        allowed = op.allowed_dtypes("dst")
+        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in allowed else None
+        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, allowed, problems)
     _check_threads(threads, problems)
     if problems:
         raise ValidationError(problems)
@@ -229,7 +232,7 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             and (zps is None or zps.dtype in _FAST_ZPS)):
         if out is None:
             out = np.empty(src.shape, dst)
-        return _general(src, scales, zps, qtype, axis, attrs.get("group_shape"), out)
+        return dequantize_v2(src, scales, zps, qtype, axis, attrs.get("group_shape"), out, threads)
     if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
         if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
@@ -247,80 +250,6 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
     if out is None:
         out = np.empty(src.shape, _F32)
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
-    return out
-
-
-# -- version 2's other forms: int4 src or zps, float16/bfloat16 scales, per_group ---------------
-
-# NumPy computes with int8/uint8; int4/uint4 arrays (ml_dtypes) are converted to them block by block.
-_WIDE = {"int4": np.dtype(np.int8), "uint4": np.dtype(np.uint8)}
-
-
-def _general(src, scales, zps, qtype, axis, group_shape, out):
-    """out[...] = T2(float32(int64(src) - int64(zp)) * float32(scale)), any form of version 2.
-
-    The work goes block by block along the first axis of a view in which every
-    parameter broadcasts: per_group views src of shape (d0, d1, ...) as
-    (d0/g0, g0, d1/g1, g1, ...) and its parameters as (d0/g0, 1, d1/g1, 1, ...).
-    The subtraction is exact in float32 when |src - zp| < 2**24 (every src dtype with
-    8-bit, 4-bit or small int32 zero points), else exact in float64 and rounded once;
-    the product is one float32 multiply; the conversion to T2 rounds to nearest even once.
-    """
-    if src.size == 0:
-        return out
-    r = src.ndim
-    sc = scales.astype(_F32)  # exact: float16 and bfloat16 are subsets of float32
-    z = None if zps is None else zps.astype(np.int64)  # small: the parameters' size
-    if qtype == PER_TENSOR:
-        vshape, pshape = (src.size,) if r else (1,), ()
-        sc, z = sc.reshape(()), None if z is None else z.reshape(())
-    elif qtype == PER_GROUP:
-        groups = tuple(int(g) for g in group_shape)
-        vshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, g))
-        pshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, 1))
-    else:
-        a = axis % r
-        vshape = src.shape
-        pshape = tuple(-1 if i == a else 1 for i in range(r))
-        if z is not None and z.size == 1:
-            z = z.reshape(())
-    if pshape:
-        sc = sc.reshape(pshape)
-        if z is not None and z.ndim:
-            z = z.reshape(pshape)
-    if z is not None:
-        exact_f32 = src.dtype.itemsize == 1 and (z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP)
-        z = z.astype(_F32 if exact_f32 else np.float64)
-    wide = _WIDE.get(src.dtype.name)
-    sv = src.reshape(vshape)  # a view when src is contiguous; a copy otherwise (read only)
-    target = out if out.flags.c_contiguous else np.empty(src.shape, out.dtype)
-    ov = target.reshape(vshape)
-    rows = max(1, T.chunk // max(1, math.prod(vshape[1:])))
-
-    def part(p, b0, b1):
-        return p[b0:b1] if p is not None and p.ndim and p.shape[0] != 1 else p
-
-    with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-        for b0 in range(0, vshape[0], rows):
-            b1 = min(b0 + rows, vshape[0])
-            s = sv[b0:b1]
-            if wide is not None:
-                s = s.astype(wide)
-            zb = part(z, b0, b1)
-            if zb is None:
-                t = s.astype(_F32)
-            elif zb.dtype == _F32:
-                t = s.astype(_F32)
-                np.subtract(t, zb, out=t)
-            else:
-                t = np.subtract(s, zb, dtype=np.float64).astype(_F32)
-            np.multiply(t, part(sc, b0, b1), out=t)
-            if ov.dtype == _F32:
-                ov[b0:b1] = t
-            else:
-                ov[b0:b1] = t.astype(ov.dtype)  # one rounding to nearest even
-    if target is not out:
-        np.copyto(out, target)
     return out
 
 

@@ -28,6 +28,7 @@ class Tuning:
 
     chunk: int = 1 << 18  # elements per block: 1 MiB of float32 output, resident in a core's L2
     parallel_min: int = 1 << 18  # below this many elements, no thread pool
+    narrow_chunk: int = 1 << 16  # elements per block with float16/bfloat16 output (more passes, in L2)
     small: int = 1 << 15  # up to this many elements: one shot, no blocks
     tile_max: int = 1 << 15  # per-channel params tiled over short rows up to this many elements
     expand_max: int = 1 << 14  # per-channel params repeated along a row up to this length
