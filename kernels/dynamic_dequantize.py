@@ -42,7 +42,7 @@ import numpy as np
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
-from . import parallel
+from . import buffers, parallel
 from .dequantize_v2 import dequantize_v2
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
@@ -231,7 +231,7 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
     if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
             and (zps is None or zps.dtype in _FAST_ZPS)):
         if out is None:
-            out = np.empty(src.shape, dst)
+            out = buffers.empty(src.shape, dst)  # a freed output's buffer when there is one
         return dequantize_v2(src, scales, zps, qtype, axis, attrs.get("group_shape"), out, threads)
     if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
@@ -248,7 +248,7 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             np.multiply(out, scale, out=out)
             return out
     if out is None:
-        out = np.empty(src.shape, _F32)
+        out = buffers.empty(src.shape, _F32)  # a freed output's buffer when there is one
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
     return out
 
