@@ -49,6 +49,8 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
     target = out if out.flags.c_contiguous and out.dtype.isnative else np.empty(src.shape, out.dtype.newbyteorder("="))
     ov = target.reshape(vshape)
     narrow = _NARROW[target.dtype.name]
+    # finite scales times integers below 2**33 are finite in float32: no NaN to look for
+    may_hold_nan = not bool(np.isfinite(sc).all())
     chunk = T.chunk if narrow is None else T.narrow_chunk
     if mode == "f64":
         chunk = max(1, chunk // 2)
@@ -60,7 +62,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
             for idx in blocks[start:stop]:
                 pidx = _param_index(idx, varies)
                 zb = z if z is None or z.ndim == 0 else z[pidx]
-                _block(sv[idx], ov[idx], sc[pidx], zb, mode, narrow, scratch)
+                _block(sv[idx], ov[idx], sc[pidx], zb, mode, narrow, scratch, may_hold_nan)
 
     parallel.run(work, len(blocks), parallel.threads_for(src.size, len(blocks), threads))
     if target is not out:
@@ -68,7 +70,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
     return out
 
 
-def _block(s, o, sc, z, mode, narrow, scratch):
+def _block(s, o, sc, z, mode, narrow, scratch, may_hold_nan):
     if narrow is None:
         t = o  # float32 output: computed in place
     else:
@@ -81,7 +83,7 @@ def _block(s, o, sc, z, mode, narrow, scratch):
             np.subtract(t, z, out=t)
     np.multiply(t, sc, out=t)
     if narrow == "float16":
-        narrowing.to_float16(t, o, scratch.u32)
+        narrowing.to_float16(t, o, scratch.u32, may_hold_nan=may_hold_nan)
     elif narrow == "bfloat16":
         narrowing.to_bfloat16(t, o)
 
@@ -116,10 +118,9 @@ def _zero_points(zps, qtype, pshape):
     """The zero points shaped like the parameters, and how to subtract them exactly."""
     if zps is None:
         return None, None
-    z = zps.astype(np.int64)  # the parameters' size: small
-    z = z.reshape(()) if z.size == 1 else z.reshape(pshape)  # one zp: a 0-d array, broadcast
-    if z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP:
-        return z.astype(_F32), "f32"
+    z = zps.reshape(()) if zps.size == 1 else zps.reshape(pshape)  # one zp: a 0-d array, broadcast
+    if z.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP:
+        return z.astype(_F32), "f32"  # exact (4- and 8-bit values, small int32 ones)
     return z.astype(_F64), "f64"
 
 

@@ -39,16 +39,17 @@ _0, _13, _16 = np.uint32(0), np.uint32(13), np.uint32(16)  # NumPy scalars: Pyth
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_nan: bool = True) -> np.ndarray:
     """out[...] = p.astype(float16), bit for bit.
 
     p: C-contiguous float32, overwritten (it is the scratch of the rounding); out: a
     C-contiguous float16 (or uint16) array of p's shape; scratch: a uint32 array of at
-    least 2 * p.size elements."""
+    least 2 * p.size elements; may_hold_nan=False (the caller knows p has no NaN) saves
+    a pass."""
     n = p.size
     flat = p.reshape(-1)
     nans = None
-    if np.isnan(flat).any():  # rare: NumPy's cast says what their bits become
+    if may_hold_nan and np.isnan(flat).any():  # rare: NumPy's cast says what their bits become
         where = np.flatnonzero(np.isnan(flat))
         nans = where, flat[where].astype(np.float16).view(np.uint16)
     u = flat.view(_U32)
