@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "THREADS_ENV"]
+__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "reset_pool", "THREADS_ENV"]
 
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 
@@ -142,10 +142,12 @@ def _submit(jobs):
         return [_pool.submit(fn, *args) for fn, *args in jobs]
 
 
-def _reset_pool_after_fork() -> None:
+def reset_pool() -> None:
+    """Forget the shared pool (its threads end once idle); the next parallel call makes a
+    new one. Done in a forked child, whose copy of the pool has no threads."""
     global _pool, _pool_size, _pool_lock
     _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
+    os.register_at_fork(after_in_child=reset_pool)

@@ -64,7 +64,7 @@ def test_pool_growth_races_no_caller():
         with tuned(cores=16, chunk=1 << 12):
             src = np.zeros(TUNING.parallel_min * 2, np.uint8)
             for _ in range(30):
-                parallel._reset_pool_after_fork()  # a fresh pool each round: it has to grow again
+                parallel.reset_pool()  # a fresh pool each round: it has to grow again
                 barrier = threading.Barrier(8)
 
                 def hammer(i):
