@@ -296,3 +296,10 @@ def test_per_group_shape_problems_at_once():
                            qtype="per_group", group_shape=[2, 4])
     named = {p.argument for p in e.value.problems}
     assert "zps" in named and ("group_shape" in named or "scales" in named), str(e.value)
+
+
+def test_zero_d_and_numpy_scalar_int4():
+    got = kernel_agrees(np.array(-3, dt("int4")), np.array([0.5], np.float16), np.array(2, dt("uint4")))
+    assert got.shape == () and float(got) == -2.5
+    got = kernel_agrees(ml_dtypes.int4(-3), np.float16(0.5))
+    assert got.shape == () and float(got) == -1.5
