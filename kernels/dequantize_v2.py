@@ -51,6 +51,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
     narrow = _NARROW[target.dtype.name]
     # finite scales times integers below 2**33 are finite in float32: no NaN to look for
     may_hold_nan = not bool(np.isfinite(sc).all())
+    normal_or_zero = narrow == "float16" and not may_hold_nan and _products_normal_or_zero(src.dtype, sc, z)
     chunk = T.chunk if narrow is None else T.narrow_chunk
     if mode == "f64":
         chunk = max(1, chunk // 2)
@@ -62,7 +63,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
             for idx in blocks[start:stop]:
                 pidx = _param_index(idx, varies)
                 zb = z if z is None or z.ndim == 0 else z[pidx]
-                _block(sv[idx], ov[idx], sc[pidx], zb, mode, narrow, scratch, may_hold_nan)
+                _block(sv[idx], ov[idx], sc[pidx], zb, mode, narrow, scratch, may_hold_nan, normal_or_zero)
 
     parallel.run(work, len(blocks), parallel.threads_for(src.size, len(blocks), threads))
     if target is not out:
@@ -70,7 +71,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
     return out
 
 
-def _block(s, o, sc, z, mode, narrow, scratch, may_hold_nan):
+def _block(s, o, sc, z, mode, narrow, scratch, may_hold_nan, normal_or_zero):
     if narrow is None:
         t = o  # float32 output: computed in place
     else:
@@ -83,7 +84,7 @@ def _block(s, o, sc, z, mode, narrow, scratch, may_hold_nan):
             np.subtract(t, z, out=t)
     np.multiply(t, sc, out=t)
     if narrow == "float16":
-        narrowing.to_float16(t, o, scratch.u32, may_hold_nan=may_hold_nan)
+        narrowing.to_float16(t, o, scratch.u32, may_hold_nan=may_hold_nan, normal_or_zero=normal_or_zero)
     elif narrow == "bfloat16":
         narrowing.to_bfloat16(t, o)
 
@@ -122,6 +123,26 @@ def _zero_points(zps, qtype, pshape):
     if z.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP:
         return z.astype(_F32), "f32"  # exact (4- and 8-bit values, small int32 ones)
     return z.astype(_F64), "f64"
+
+
+_SRC_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7), "uint4": (0, 15)}
+_F16_MIN_NORMAL = 2.0**-14
+_F16_MAX = 65504.0
+
+
+def _products_normal_or_zero(src_dtype, sc, z) -> bool:
+    """Whether every product float32(src - zp) * scale is +-0 or a normal float16 in magnitude
+    (then the float16 rounding skips its clamps): |src - zp| is 0 or at least 1, so nonzero
+    scales of at least 2**-14 keep nonzero products normal, and the largest |scale| times
+    the largest |src - zp| bounds them from above. Finite scales assumed."""
+    lo, hi = _SRC_RANGE[src_dtype.name]
+    z_lo, z_hi = (0.0, 0.0) if z is None or z.size == 0 else (float(z.min()), float(z.max()))
+    d_max = max(abs(lo - z_hi), abs(hi - z_lo))
+    a = np.abs(sc)
+    nonzero = a[a != 0]
+    if nonzero.size == 0:
+        return True
+    return float(nonzero.min()) >= _F16_MIN_NORMAL and float(a.max()) * d_max <= _F16_MAX
 
 
 def _param_index(idx, varies):

@@ -17,7 +17,7 @@ with a dozen vectorized NumPy passes over a cache-resident block:
 * NaNs (rare) are left to NumPy's cast, which keeps their payload's top bits.
 
 Checked against NumPy's cast for all 2**32 float32 bit patterns when written.
-bfloat16 uses ml_dtypes' own cast (about 1 ns an element), which is the oracle's.
+bfloat16 uses ml_dtypes' own cast, which is the oracle's.
 """
 from __future__ import annotations
 
@@ -35,17 +35,20 @@ _PLUS_13 = np.uint32(13 << 23)
 _CAP = np.uint32(0x47800000)  # 65536.0
 _REBASE = np.float32(2.0**-112)
 _SIGN16 = np.uint32(0x8000)
-_0, _13, _16 = np.uint32(0), np.uint32(13), np.uint32(16)  # NumPy scalars: Python ints would cost a cast
+_0, _13, _16 = np.uint32(0), np.uint32(13), np.uint32(16)  # NumPy scalars: Python ints cost a cast
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_nan: bool = True) -> np.ndarray:
+def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_nan: bool = True,
+               normal_or_zero: bool = False) -> np.ndarray:
     """out[...] = p.astype(float16), bit for bit.
 
     p: C-contiguous float32, overwritten (it is the scratch of the rounding); out: a
     C-contiguous float16 (or uint16) array of p's shape; scratch: a uint32 array of at
-    least 2 * p.size elements; may_hold_nan=False (the caller knows p has no NaN) saves
-    a pass."""
+    least 2 * p.size elements.  What the caller knows saves passes: may_hold_nan=False,
+    p has no NaN; normal_or_zero=True, every p is +-0 or has 2**-14 <= |p| <= 65504 (no
+    float16 subnormal, no overflow), so neither clamp is needed: zeros give M = 2**-114,
+    and 0 + M - M is 0."""
     n = p.size
     flat = p.reshape(-1)
     nans = None
@@ -58,9 +61,11 @@ def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_
     np.bitwise_and(sign, _SIGN16, out=sign)
     np.bitwise_and(u, _ABS, out=u)
     np.bitwise_and(u, _EXP, out=m)
-    np.clip(m, _EXP_MIN, _EXP_MAX, out=m)
+    if not normal_or_zero:
+        np.clip(m, _EXP_MIN, _EXP_MAX, out=m)
     np.add(m, _PLUS_13, out=m)  # M
-    np.clip(u, _0, _CAP, out=u)
+    if not normal_or_zero:
+        np.clip(u, _0, _CAP, out=u)
     r, big = u.view(np.float32), m.view(np.float32)
     np.add(r, big, out=r)
     np.subtract(r, big, out=r)
@@ -75,6 +80,8 @@ def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_
 
 
 def to_bfloat16(p: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out[...] = p.astype(bfloat16) (ml_dtypes' cast: nearest even, NaN made quiet)."""
+    """out[...] = p.astype(bfloat16): ml_dtypes' cast (nearest even, subnormals kept, overflow
+    to infinity, NaN made quiet), which is the oracle's. (Rounding the bits with NumPy
+    integer passes was tried: no faster than this cast, about 0.6 ns an element here.)"""
     np.copyto(out, p, casting="unsafe")
     return out

@@ -303,3 +303,44 @@ def test_zero_d_and_numpy_scalar_int4():
     assert got.shape == () and float(got) == -2.5
     got = kernel_agrees(ml_dtypes.int4(-3), np.float16(0.5))
     assert got.shape == () and float(got) == -1.5
+
+
+@pytest.mark.parametrize("t3", [None, "int8", "uint8", "int4", "uint4", "int32"])
+@pytest.mark.parametrize("t1", T1)
+def test_float16_fast_range_every_value(t1, t3):
+    """Scales whose products are all 0 or normal float16s take the float16 rounding without its
+    clamps; at the edges of that range (2**-14, and the largest scale that cannot overflow) too."""
+    from dyndq.kernels import dequantize_v2
+
+    rng = np.random.default_rng(5)
+    src = all_values(t1)
+    zp = 0 if t3 is None else int(rng.integers(*RANGE[t3 if t3 != "int32" else "int8"], endpoint=True))
+    lo, hi = RANGE[t1]
+    d_max = max(abs(lo - zp), abs(hi - zp))
+    top = np.float16(65504 / d_max)
+    if float(top) * d_max > 65504:
+        top = np.nextafter(top, np.float16(0))
+    mags = np.clip(np.exp2(rng.uniform(-14, np.log2(float(top)), 57)).astype(np.float16), np.float16(2.0**-14), top)
+    edges = np.array([2.0**-14, -(2.0**-14), float(top), -float(top), 0.0, -0.0, 1.0], np.float16)
+    scales = np.concatenate([edges, mags * rng.choice([-1, 1], 57).astype(np.float16)])
+    z = None if t3 is None else np.full(scales.size, zp, dt(t3))
+    assert dequantize_v2._products_normal_or_zero(dt(t1), scales.astype(np.float32), None if z is None else z.astype(np.float32))
+    grid = np.tile(src[:, None], (1, scales.size))
+    kernel_agrees(grid, scales, z, qtype="per_channel", axis=1)
+    with tuned(narrow_chunk=7, parallel_min=0, cores=2):
+        kernel_agrees(grid, scales, z, qtype="per_channel", axis=1, threads=2)
+
+
+def test_float16_rounding_without_clamps_matches_numpy():
+    exps = np.arange(256, dtype=np.uint32) << 23
+    mant = np.arange(0, 1 << 23, 997, dtype=np.uint32)
+    bits = (exps[:, None] | mant[None, :]).reshape(-1)
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000), np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 1], np.uint32)])
+    p = bits.view(np.float32)
+    p = p[~np.isnan(p)]
+    with np.errstate(all="ignore"):
+        a = np.abs(p)
+        q = p[((a >= 2.0**-14) & (a <= 65504)) | (a == 0)]
+        h = np.empty(q.size, np.float16)
+        narrowing.to_float16(q.copy(), h, np.empty(2 * q.size, np.uint32), may_hold_nan=False, normal_or_zero=True)
+        assert same_bits(h, q.astype(np.float16))
