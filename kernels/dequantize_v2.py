@@ -138,11 +138,9 @@ def _products_normal_or_zero(src_dtype, sc, z) -> bool:
     lo, hi = _SRC_RANGE[src_dtype.name]
     z_lo, z_hi = (0.0, 0.0) if z is None or z.size == 0 else (float(z.min()), float(z.max()))
     d_max = max(abs(lo - z_hi), abs(hi - z_lo))
-    a = np.abs(sc)
-    nonzero = a[a != 0]
-    if nonzero.size == 0:
-        return True
-    return float(nonzero.min()) >= _F16_MIN_NORMAL and float(a.max()) * d_max <= _F16_MAX
+    a = np.abs(sc)  # the parameters' size (no copy of its nonzero part: a masked min instead)
+    smallest = float(np.min(a, where=a != 0, initial=np.inf))
+    return (smallest == np.inf or smallest >= _F16_MIN_NORMAL) and float(a.max()) * d_max <= _F16_MAX
 
 
 def _param_index(idx, varies):
