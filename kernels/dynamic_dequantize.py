@@ -8,7 +8,7 @@ zp = 0 when `zps` is absent; T2 is the dtype of scales (float32 in version 1).
 Exact to the bit, for every dtype combination, as ONNX Runtime's
 DequantizeLinear computes it.  Version 1's forms (8-bit src, float32 scales)
 take the fast blocked path below; the other forms of version 2 take
-`_general`, block by block along the first axis.
+`dequantize_v2` (kernels/dequantize_v2.py), also blocked and threaded.
 
 How it stays exact without int64 temporaries
 --------------------------------------------
@@ -23,10 +23,10 @@ How it stays exact without int64 temporaries
 
 How it is fast
 --------------
-The work is cut into blocks of about `_CHUNK` elements that stay in the CPU
-cache between the cast, the subtraction and the multiply, and the blocks are
-shared among threads (NumPy's loops release the GIL).  Tensors under
-`_PARALLEL_MIN` elements run on the calling thread, with no pool involved.
+The work is cut into blocks of about `TUNING.chunk` elements that stay in the
+CPU cache between the cast, the subtraction and the multiply, and the blocks are
+shared among threads by `kernels/parallel.py` (NumPy's loops release the GIL).
+Tensors under `TUNING.parallel_min` elements run on the calling thread.
 
 Arguments are judged by the op's one shape-inference function (the rules are
 written once, in `shape_inference/`); this module adds only what is particular
@@ -36,24 +36,22 @@ from __future__ import annotations
 
 import math
 import operator
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
+from . import buffers, parallel
+from .dequantize_v2 import dequantize_v2
+from .parallel import THREADS_ENV
+from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
+
 __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 
 _F32 = np.dtype(np.float32)
-_CHUNK = 1 << 18  # elements per block: 1 MiB of float32 output, resident in a core's L2
-_TILE_MAX = 1 << 15  # params tiled over short rows up to this many elements (128 KiB each)
-_PARALLEL_MIN = 1 << 18  # below this many elements, no thread pool
-_EXPAND_MAX = 1 << 14  # per-channel params repeated up to this length (64 KiB)
 _F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 arithmetic is exact for 8-bit src
 
 
@@ -82,12 +80,13 @@ def _spec(a):
     return TensorSpec(None, None) if a is None else TensorSpec.of(a)
 
 
-def _check_out(out, src, others, dst_dtype, problems: list[Problem]):
-    want = dst_dtype.name if dst_dtype is not None else "float32"
+def _check_out(out, src, others, dst_dtype, allowed, problems: list[Problem]):
+    # scales of a dtype outside T2: out is judged against every dtype scales could have had
+    want = dst_dtype.name if dst_dtype is not None else " | ".join(allowed)
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
         problems.append(Problem("out", f"a {type(out).__name__}", f"a {want} numpy.ndarray of src's shape"))
         return
-    if out.dtype.name != want:
+    if out.dtype.name != want and (dst_dtype is not None or out.dtype.name not in allowed):
         problems.append(Problem("out", f"dtype {out.dtype.name}", f"{want} (the dtype of scales)"))
     if src is not None and out.shape != src.shape:
         problems.append(Problem("out", f"shape {list(out.shape)}", f"src's shape {list(src.shape)}"))
@@ -159,8 +158,9 @@ def _validate(op, src, scales, zps, attrs, out, threads):
     except ValidationError as e:
         problems += e.problems
     if out is not None:
-        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in op.allowed_dtypes("dst") else None
-        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, problems)
+        allowed = op.allowed_dtypes("dst")
+        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in allowed else None
+        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, allowed, problems)
     _check_threads(threads, problems)
     if problems:
         raise ValidationError(problems)
@@ -231,9 +231,9 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
     if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
             and (zps is None or zps.dtype in _FAST_ZPS)):
         if out is None:
-            out = np.empty(src.shape, dst)
-        return _general(src, scales, zps, qtype, axis, attrs.get("group_shape"), out)
-    if qtype == PER_TENSOR and src.size <= _SMALL and (zps is None or zps.dtype.itemsize == 1):
+            out = buffers.empty(src.shape, dst)  # a freed output's buffer when there is one
+        return dequantize_v2(src, scales, zps, qtype, axis, attrs.get("group_shape"), out, threads)
+    if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
         if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
             # The one-shot path for small tensors.  Exact: float32(src) and the 8-bit zp are
@@ -248,82 +248,8 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             np.multiply(out, scale, out=out)
             return out
     if out is None:
-        out = np.empty(src.shape, _F32)
+        out = buffers.empty(src.shape, _F32)  # a freed output's buffer when there is one
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
-    return out
-
-
-# -- version 2's other forms: int4 src or zps, float16/bfloat16 scales, per_group ---------------
-
-# NumPy computes with int8/uint8; int4/uint4 arrays (ml_dtypes) are converted to them block by block.
-_WIDE = {"int4": np.dtype(np.int8), "uint4": np.dtype(np.uint8)}
-
-
-def _general(src, scales, zps, qtype, axis, group_shape, out):
-    """out[...] = T2(float32(int64(src) - int64(zp)) * float32(scale)), any form of version 2.
-
-    The work goes block by block along the first axis of a view in which every
-    parameter broadcasts: per_group views src of shape (d0, d1, ...) as
-    (d0/g0, g0, d1/g1, g1, ...) and its parameters as (d0/g0, 1, d1/g1, 1, ...).
-    The subtraction is exact in float32 when |src - zp| < 2**24 (every src dtype with
-    8-bit, 4-bit or small int32 zero points), else exact in float64 and rounded once;
-    the product is one float32 multiply; the conversion to T2 rounds to nearest even once.
-    """
-    if src.size == 0:
-        return out
-    r = src.ndim
-    sc = scales.astype(_F32)  # exact: float16 and bfloat16 are subsets of float32
-    z = None if zps is None else zps.astype(np.int64)  # small: the parameters' size
-    if qtype == PER_TENSOR:
-        vshape, pshape = (src.size,) if r else (1,), ()
-        sc, z = sc.reshape(()), None if z is None else z.reshape(())
-    elif qtype == PER_GROUP:
-        groups = tuple(int(g) for g in group_shape)
-        vshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, g))
-        pshape = tuple(x for d, g in zip(src.shape, groups) for x in (d // g, 1))
-    else:
-        a = axis % r
-        vshape = src.shape
-        pshape = tuple(-1 if i == a else 1 for i in range(r))
-        if z is not None and z.size == 1:
-            z = z.reshape(())
-    if pshape:
-        sc = sc.reshape(pshape)
-        if z is not None and z.ndim:
-            z = z.reshape(pshape)
-    if z is not None:
-        exact_f32 = src.dtype.itemsize == 1 and (z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP)
-        z = z.astype(_F32 if exact_f32 else np.float64)
-    wide = _WIDE.get(src.dtype.name)
-    sv = src.reshape(vshape)  # a view when src is contiguous; a copy otherwise (read only)
-    target = out if out.flags.c_contiguous else np.empty(src.shape, out.dtype)
-    ov = target.reshape(vshape)
-    rows = max(1, _CHUNK // max(1, math.prod(vshape[1:])))
-
-    def part(p, b0, b1):
-        return p[b0:b1] if p is not None and p.ndim and p.shape[0] != 1 else p
-
-    with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-        for b0 in range(0, vshape[0], rows):
-            b1 = min(b0 + rows, vshape[0])
-            s = sv[b0:b1]
-            if wide is not None:
-                s = s.astype(wide)
-            zb = part(z, b0, b1)
-            if zb is None:
-                t = s.astype(_F32)
-            elif zb.dtype == _F32:
-                t = s.astype(_F32)
-                np.subtract(t, zb, out=t)
-            else:
-                t = np.subtract(s, zb, dtype=np.float64).astype(_F32)
-            np.multiply(t, part(sc, b0, b1), out=t)
-            if ov.dtype == _F32:
-                ov[b0:b1] = t
-            else:
-                ov[b0:b1] = t.astype(ov.dtype)  # one rounding to nearest even
-    if target is not out:
-        np.copyto(out, target)
     return out
 
 
@@ -347,9 +273,6 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
 
 # -- the arithmetic, shared with onnx.reference's DequantizeLinear (dyndq.reference) ------------
 
-_SMALL = 1 << 15  # up to this many elements: one shot, no blocks
-
-
 def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int | None,
                out: np.ndarray, *, threads: int | None = None) -> np.ndarray:
     """out[...] = float32(int64(src) - int64(zp)) * scale, with no argument checks.
@@ -370,7 +293,7 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
     mode, zval = _zp_mode(src, zp)
     if axis is not None and scale.size == 1 and (zval is None or zval.size == 1):
         axis = None  # one channel: the same arithmetic as per tensor
-    if n <= _SMALL:
+    if n <= T.small:
         if axis is None:
             sc = scale.reshape(())
             z = None if zval is None else zval.reshape(())
@@ -385,12 +308,8 @@ def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: 
         with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
             _block(src, out, sc, z, mode)
         return out
-    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, _CHUNK // 4) if mode == "f64" else _CHUNK)
-    n_threads = _threads_for(n, count, threads)
-    if n_threads <= 1:
-        _run_jobs(make, 0, count, mode, bufsize)
-    else:
-        _parallel(make, count, n_threads, mode, bufsize)
+    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, T.chunk // 4) if mode == "f64" else T.chunk)
+    parallel.run(lambda a, b: _run_jobs(make, a, b, mode, bufsize), count, parallel.threads_for(n, count, threads))
     return out
 
 
@@ -430,7 +349,7 @@ def _jobs(src, out, scale, zval, axis, chunk):
     post = math.prod(shape[axis + 1:])
     if zval is not None and zval.size == 1:
         zval = np.broadcast_to(zval, (C,))
-    if post == 1 or C * post <= _EXPAND_MAX:
+    if post == 1 or C * post <= T.expand_max:
         # every row of L = C * post elements has the same parameters: lay them out as a row
         if post > 1:
             scale = np.repeat(scale, post)
@@ -449,12 +368,12 @@ def _jobs(src, out, scale, zval, axis, chunk):
             return pre * per_row, make, None
         R = chunk // L
         s2, o2 = s1.reshape(pre, L), o1.reshape(pre, L)
-        if L >= _ROW_BROADCAST_MIN:
+        if L >= T.row_broadcast_min:
             # rows long enough to broadcast the params over, with a buffer no longer than a row
             sc, z = scale.reshape(1, L), None if zval is None else zval.reshape(1, L)
-            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), _bufsize_for(L)
-        # short rows: the params tiled over R rows (at most _TILE_MAX elements), flat loops
-        R = max(1, min(chunk, _TILE_MAX) // L)
+            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), parallel.bufsize_for(L)
+        # short rows: the params tiled over R rows (at most T.tile_max elements), flat loops
+        R = max(1, min(chunk, T.tile_max) // L)
         sc_t = np.tile(scale, R)
         z_t = None if zval is None else np.tile(zval, R)
 
@@ -484,16 +403,7 @@ def _jobs(src, out, scale, zval, axis, chunk):
         ch = slice(r0, r1) if pre == 1 else np.arange(r0, r1) % C
         return s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1), None if zval is None else zval[ch].reshape(-1, 1)
 
-    return -(-rows // R), make, _bufsize_for(post)
-
-
-_ROW_BROADCAST_MIN = 1024
-
-
-def _bufsize_for(row: int) -> int:
-    """NumPy buffers a broadcast operand across rows shorter than its buffer, slowly;
-    a buffer no longer than a row keeps every inner loop a plain 1-D loop."""
-    return max(16, min(8192, row // 16 * 16))
+    return -(-rows // R), make, parallel.bufsize_for(post)
 
 
 def _strided_jobs(src, out, scale, zval, axis, chunk):
@@ -509,7 +419,7 @@ def _strided_jobs(src, out, scale, zval, axis, chunk):
     z = None if zval is None else zval.reshape(pshape)
     if r == 0:
         return 1, lambda i: (src, out, sc, z), None
-    blocks = _blocks(src.shape, chunk)
+    blocks = parallel.blocks(src.shape, chunk)
 
     def make(i):
         idx = blocks[i]
@@ -519,23 +429,6 @@ def _strided_jobs(src, out, scale, zval, axis, chunk):
     return len(blocks), make, None
 
 
-def _blocks(shape, chunk):
-    """Index tuples cutting an array of `shape` into blocks of about `chunk` elements."""
-    r = len(shape)
-    k, inner = r - 1, 1
-    while k > 0 and inner * shape[k] <= chunk:
-        inner *= shape[k]
-        k -= 1
-    # now inner = prod(shape[k+1:]) <= chunk (or k == r - 1 and inner == 1)
-    step = max(1, chunk // inner)
-    starts = range(0, shape[k], step)
-    return [
-        outer + (slice(s, s + step),)
-        for outer in np.ndindex(*shape[:k])
-        for s in starts
-    ]
-
-
 def _param_index(idx, pshape):
     return tuple(
         (0 if isinstance(i, int) else slice(None)) if p == 1 else i for i, p in zip(idx, pshape)
@@ -543,6 +436,7 @@ def _param_index(idx, pshape):
 
 
 def _run_jobs(make, start, stop, mode, bufsize):
+    """Blocks [start, stop) of a job cut by _jobs or _strided_jobs."""
     old = None
     if bufsize is not None:
         old = np.getbufsize()
@@ -567,66 +461,3 @@ def _block(s, o, scale, zval, mode):
             np.subtract(o, zval, out=o)
     np.multiply(o, scale, out=o)
 
-
-# -- threads ----------------------------------------------------------------------------------
-
-
-def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _threads_for(size: int, n_blocks: int, threads: int | None) -> int:
-    if size < _PARALLEL_MIN or n_blocks < 2:
-        return 1
-    n = _cores()
-    if threads is None:
-        env = os.environ.get(THREADS_ENV)
-        if env:
-            try:
-                threads = max(1, int(env))
-            except ValueError:
-                threads = None
-    if threads is not None:
-        n = min(n, int(threads))
-    return max(1, min(n, n_blocks))
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
-
-
-def _get_pool(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size < workers:
-            old = _pool
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dyndq")
-            _pool_size = workers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
-
-
-def _reset_pool_after_fork() -> None:
-    global _pool, _pool_size, _pool_lock
-    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _parallel(make, count, n, mode, bufsize):
-    per = -(-count // n)
-    bounds = [(i, min(i + per, count)) for i in range(0, count, per)]
-    pool = _get_pool(len(bounds) - 1)
-    futures = [pool.submit(_run_jobs, make, a, b, mode, bufsize) for a, b in bounds[1:]]
-    try:
-        _run_jobs(make, *bounds[0], mode, bufsize)
-    finally:
-        for f in futures:
-            f.result()

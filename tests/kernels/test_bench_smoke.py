@@ -12,7 +12,10 @@ def test_bench_kernel_runs_small(capsys):
     spec = importlib.util.spec_from_file_location("bench_kernel", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--size", "64", "--reps", "1", "--no-tiny"]) == 0
+    assert bench.main(["--size", "64", "--reps", "1", "--no-tiny", "--no-reference"]) == 0
     text = capsys.readouterr().out
-    assert "geometric means" in text and "targets (issue 6)" in text
-    assert text.count("| uint8 ") == 6 and text.count("| int8 ") == 6
+    assert "machine: " in text and "NumPy" in text and "onnxruntime" in text
+    assert "geometric means" in text and "targets:" in text
+    assert text.count("| uint8 ") == 8 and text.count("| int8 ") == 6
+    assert text.count("| uint4 ") == 24 and text.count("| int4 ") == 24
+    assert text.count("[met]") + text.count("[MISSED]") == 7

@@ -1,14 +1,12 @@
 """The NumPy kernel of DynamicDequantize-1, against an oracle written plainly here.
 
-The oracle is the formula of DESIGN.md section 1, with int64 arithmetic and
-nothing clever: (int64(src) - int64(zp)).astype(float32) * scales, broadcast
+The oracle is the op's formula, with int64 arithmetic and nothing clever: (int64(src) - int64(zp)).astype(float32) * scales, broadcast
 along the axis.  Results are compared bit for bit (NaN payloads, -0 included).
 """
 from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,6 +21,8 @@ from dyndq import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, TensorSpec, Valida
 # (dyndq.dynamic_dequantize, version 2) must give the same bits for every valid row.
 dynamic_dequantize = DYNAMIC_DEQUANTIZE_1.kernel
 from dyndq.kernels import dynamic_dequantize as kmod
+from dyndq.kernels import parallel
+from dyndq.kernels.parallel import TUNING, tuned
 
 from cases import INVALID, VALID, ids, oracle, same_bits
 
@@ -34,10 +34,9 @@ from cases import INVALID, VALID, ids, oracle, same_bits
 def tiny_blocks(chunk, parallel_min=0, expand_max=None, row_min=None):
     """Cut even small arrays into many blocks, shared among threads: every fast path's
     block and thread boundaries get exercised on arrays of a few elements."""
-    with mock.patch.object(kmod, "_CHUNK", chunk), mock.patch.object(kmod, "_PARALLEL_MIN", parallel_min), \
-            mock.patch.object(kmod, "_SMALL", 0), mock.patch.object(kmod, "_cores", lambda: 2), \
-            mock.patch.object(kmod, "_EXPAND_MAX", kmod._EXPAND_MAX if expand_max is None else expand_max), \
-            mock.patch.object(kmod, "_ROW_BROADCAST_MIN", kmod._ROW_BROADCAST_MIN if row_min is None else row_min):
+    with tuned(chunk=chunk, parallel_min=parallel_min, small=0, cores=2,
+               expand_max=TUNING.expand_max if expand_max is None else expand_max,
+               row_broadcast_min=TUNING.row_broadcast_min if row_min is None else row_min):
         yield
 
 
@@ -375,16 +374,16 @@ def test_bad_threads(threads):
 
 
 @pytest.mark.parametrize("shape,qtype,axis", [
-    ((kmod._CHUNK - 1,), "per_tensor", 1), ((kmod._CHUNK,), "per_tensor", 1), ((kmod._CHUNK + 1,), "per_tensor", 1),
-    ((kmod._PARALLEL_MIN + 3,), "per_tensor", 1),
-    ((3, kmod._CHUNK + 5), "per_channel", 0),
-    ((1, kmod._PARALLEL_MIN + 7), "per_channel", 1),
-    ((kmod._PARALLEL_MIN // 64 + 1, 67), "per_channel", 1),
+    ((TUNING.chunk - 1,), "per_tensor", 1), ((TUNING.chunk,), "per_tensor", 1), ((TUNING.chunk + 1,), "per_tensor", 1),
+    ((TUNING.parallel_min + 3,), "per_tensor", 1),
+    ((3, TUNING.chunk + 5), "per_channel", 0),
+    ((1, TUNING.parallel_min + 7), "per_channel", 1),
+    ((TUNING.parallel_min // 64 + 1, 67), "per_channel", 1),
     ((513, 517), "per_channel", -1), ((517, 513), "per_channel", 0),
-    ((70, kmod._ROW_BROADCAST_MIN + 6), "per_channel", -1), ((70, kmod._ROW_BROADCAST_MIN), "per_channel", 1),
-    ((3, 70, kmod._ROW_BROADCAST_MIN + 6), "per_channel", 0), ((5, 7, 1031), "per_channel", 1),
-    ((7, 3, kmod._EXPAND_MAX // 3 + 1), "per_channel", 1),
-    ((7, 3, kmod._EXPAND_MAX // 3), "per_channel", 1),
+    ((70, TUNING.row_broadcast_min + 6), "per_channel", -1), ((70, TUNING.row_broadcast_min), "per_channel", 1),
+    ((3, 70, TUNING.row_broadcast_min + 6), "per_channel", 0), ((5, 7, 1031), "per_channel", 1),
+    ((7, 3, TUNING.expand_max // 3 + 1), "per_channel", 1),
+    ((7, 3, TUNING.expand_max // 3), "per_channel", 1),
     ((33, 130, 3, 3), "per_channel", 1),
 ])
 @pytest.mark.parametrize("zp_dtype", [None, u8, i32])
@@ -400,7 +399,7 @@ def test_block_and_thread_boundaries(shape, qtype, axis, zp_dtype, threads):
         if zp_dtype is i32:
             zps[0] = 2**31 - 1  # the exact-through-float64 path
     expect = oracle(src, scales, zps, qtype, axis)
-    with mock.patch.object(kmod, "_cores", lambda: 2), mock.patch.object(kmod, "_SMALL", 0):
+    with tuned(cores=2, small=0):
         got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, threads=threads)
         assert same_bits(got, expect)
         out = np.empty_like(got)
@@ -409,22 +408,22 @@ def test_block_and_thread_boundaries(shape, qtype, axis, zp_dtype, threads):
 
 def test_threads_env_variable_caps(monkeypatch):
     monkeypatch.setenv(kmod.THREADS_ENV, "1")
-    assert kmod._threads_for(10**8, 100, None) == 1
+    assert parallel.threads_for(10**8, 100, None) == 1
     monkeypatch.setenv(kmod.THREADS_ENV, "64")
-    monkeypatch.setattr(kmod, "_cores", lambda: 2)
-    assert kmod._threads_for(10**8, 100, None) == 2
-    assert kmod._threads_for(10**8, 100, 1) == 1
-    assert kmod._threads_for(100, 100, 2) == 1  # small tensors: no pool
+    with tuned(cores=2):
+        assert parallel.threads_for(10**8, 100, None) == 2
+        assert parallel.threads_for(10**8, 100, 1) == 1
+        assert parallel.threads_for(100, 100, 2) == 1  # small tensors: no pool
 
 
 def test_small_tensors_never_touch_the_pool(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the thread pool was used for a small tensor")
 
-    monkeypatch.setattr(kmod, "_get_pool", boom)
+    monkeypatch.setattr(parallel, "_submit", boom)
     src = np.zeros((1, 64), i8)
     dynamic_dequantize(src, np.ones(64, f32), np.zeros(64, i8), qtype="per_channel", axis=1, threads=8)
-    dynamic_dequantize(np.zeros(kmod._PARALLEL_MIN - 1, u8), np.ones(1, f32))
+    dynamic_dequantize(np.zeros(TUNING.parallel_min - 1, u8), np.ones(1, f32))
 
 
 # -- property-based: everything against the oracle -------------------------------------------------

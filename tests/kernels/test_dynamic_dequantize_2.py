@@ -1,0 +1,346 @@
+"""The kernel's version-2 forms (int4/uint4, float16/bfloat16, per_group) against cases.oracle_2,
+bit for bit (NaN payloads and -0 included), over dtypes, shapes, qtypes, layouts, block
+boundaries, out= and threads; and its bad-input errors."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import dyndq
+from dyndq import DYNAMIC_DEQUANTIZE_2, TensorSpec, ValidationError
+from dyndq.kernels import narrowing
+from dyndq.kernels.parallel import tuned
+
+from cases import oracle_2, same_bits
+
+dynamic_dequantize = dyndq.dynamic_dequantize
+
+T1 = ["int8", "uint8", "int4", "uint4"]
+T2 = ["float32", "float16", "bfloat16"]
+T3 = [None, "int8", "uint8", "int32", "int4", "uint4"]
+RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7), "uint4": (0, 15), "int32": (-(2**31), 2**31 - 1)}
+BITS = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
+
+
+def dt(name):
+    return np.dtype(name)
+
+
+def all_values(name) -> np.ndarray:
+    lo, hi = RANGE[name]
+    return np.arange(lo, hi + 1, dtype=np.int64).astype(dt(name))
+
+
+def special_scales(t2) -> np.ndarray:
+    """-0, NaNs with payloads, infinities, the largest finite, the smallest subnormal, values
+    whose products overflow float16 or land among subnormals, and ties of the rounding."""
+    f = ml_dtypes.finfo(dt(t2))
+    values = [0.0, -0.0, np.inf, -np.inf, float(f.max), -float(f.max), float(f.smallest_subnormal),
+              -float(f.smallest_subnormal), float(f.smallest_normal), 1.0, -2.5, 0.1, 65504 / 7, 65504 / 300, 3e-8,
+              1 + float(f.eps), 1 - float(f.epsneg)]
+    a = np.array(values, np.float64).astype(dt(t2))
+    nan_bits = {"float32": [0x7FC12345, 0xFFA00001, 0x7F800001], "float16": [0x7E01, 0xFC01, 0x7C01],
+                "bfloat16": [0x7FC1, 0xFF81, 0x7F81]}[t2]
+    return np.concatenate([a, np.array(nan_bits, BITS[t2]).view(dt(t2))])
+
+
+def kernel_agrees(src, scales, zps=None, **attrs):
+    full = {"qtype": "per_tensor", "axis": 1, "group_shape": None, **attrs}
+    got = dynamic_dequantize(src, scales, zps, **attrs)
+    expect = oracle_2(src, scales, zps, full["qtype"], full["axis"], full["group_shape"])
+    assert got.dtype == np.dtype(np.asarray(scales).dtype.name)
+    assert same_bits(got, expect), (got, expect)
+    return got
+
+
+# -- exactness at the edges, every dtype combination ------------------------------------------------
+
+
+@pytest.mark.parametrize("t3", T3)
+@pytest.mark.parametrize("t2", T2)
+@pytest.mark.parametrize("t1", T1)
+def test_every_src_value_times_special_scales(t1, t2, t3):
+    src = all_values(t1)
+    scales = special_scales(t2)
+    grid = np.tile(src[:, None], (1, scales.size))  # every value on every special scale's channel
+    zp_values = [0] if t3 is None else sorted({RANGE[t3][0], RANGE[t3][1], 0, 1})
+    for zp in zp_values:
+        zps = None if t3 is None else np.full(scales.size, zp, dt(t3))
+        kernel_agrees(grid, scales, zps, qtype="per_channel", axis=1)
+        kernel_agrees(grid, scales.reshape(1, -1), None if zps is None else zps.reshape(1, -1),
+                      qtype="per_group", group_shape=[grid.shape[0], 1])
+        for s in scales[:6]:
+            kernel_agrees(src, np.array([s], dt(t2)), None if zps is None else zps[:1])
+
+
+def test_float16_overflow_and_subnormal_results():
+    src = np.array([7, -8, 1, 3, 0], ml_dtypes.int4)
+    got = kernel_agrees(src, np.array([10000.0], np.float16))
+    assert np.isinf(got[:2]).all() and got[0] > 0 and got[1] < 0
+    tiny = np.array([2.0**-24], np.float16)  # the smallest float16 subnormal
+    got = kernel_agrees(src, tiny)
+    assert got.view(np.uint16).tolist() == [7, 0x8008, 1, 3, 0]
+    got = kernel_agrees(np.array([3, -3], np.int8), np.array([-0.0], np.float16))
+    assert got.view(np.uint16).tolist() == [0x8000, 0x0000]
+
+
+def test_bfloat16_subnormal_results_are_kept():
+    sub = np.array([2.0**-133], ml_dtypes.bfloat16)  # a bfloat16 subnormal (oneDNN would flush it)
+    got = kernel_agrees(np.array([1, 2, -1, 0], np.int8), sub)
+    assert (got.astype(np.float32) != 0).sum() == 3
+
+
+def test_int4_bytes_with_high_bits_read_their_low_nibble():
+    raw = np.arange(256, dtype=np.uint8)
+    for name in ("int4", "uint4"):
+        src = raw.view(dt(name))
+        got = kernel_agrees(src, np.array([1.0], np.float32))
+        assert np.array_equal(got, src.astype(np.int64).astype(np.float32))
+    kernel_agrees(raw.view(dt("uint4")).reshape(16, 16), np.ones((4, 1), np.float16),
+                  raw[:4].view(dt("int4")).reshape(4, 1), qtype="per_group", group_shape=[4, 16])
+
+
+@pytest.mark.parametrize("zp", [2**24 + 1, -(2**31), 2**31 - 1, 2**23, -(2**23) - 1])
+@pytest.mark.parametrize("t2", T2)
+def test_large_int32_zero_points_round_once(zp, t2):
+    src = all_values("int4").reshape(4, 4)
+    zps = np.full((2, 1), zp, np.int32)
+    kernel_agrees(src, np.ones((2, 1), dt(t2)), zps, qtype="per_group", group_shape=[2, 4])
+
+
+def test_to_float16_matches_numpy_on_every_rounding_boundary():
+    """Every exponent and sign, every float16 mantissa, the 13 dropped bits at and around a tie."""
+    exps = np.arange(256, dtype=np.uint32) << 23
+    mant = np.arange(1024, dtype=np.uint32) << 13
+    low = np.array([0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF], np.uint32)
+    bits = (exps[:, None, None] | mant[None, :, None] | low[None, None, :]).reshape(-1)
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
+    bits = np.concatenate([bits, np.random.default_rng(0).integers(0, 2**32, 1 << 18, dtype=np.uint32)])
+    p = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        want = p.astype(np.float16)
+    out = np.empty(p.size, np.float16)
+    narrowing.to_float16(p.copy(), out, np.empty(2 * p.size, np.uint32))
+    assert same_bits(out, want)
+
+
+# -- per_group shapes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,groups", [
+    ((8, 64), [1, 32]), ((64, 8), [32, 1]), ((4, 8, 6), [2, 4, 3]), ((2, 3, 4, 5, 6), [1, 3, 2, 5, 1]),
+    ((6,), [3]), ((6,), [6]), ((0, 4), [1, 2]), ((4, 0), [2, 1]), ((5, 7), [5, 7]), ((3, 32, 256), [1, 1, 128]),
+])
+@pytest.mark.parametrize("t1,t2,t3", [("uint4", "float16", "uint8"), ("int4", "bfloat16", None),
+                                      ("int8", "float32", "int4"), ("uint8", "float16", "int32")])
+def test_per_group_shapes(shape, groups, t1, t2, t3):
+    rng = np.random.default_rng(len(shape))
+    lo, hi = RANGE[t1]
+    src = rng.integers(lo, hi + 1, shape).astype(dt(t1))
+    pshape = tuple(d // g for d, g in zip(shape, groups))
+    scales = rng.standard_normal(pshape).astype(dt(t2))
+    zps = None if t3 is None else rng.integers(*RANGE[t3], pshape, endpoint=True).astype(dt(t3))
+    kernel_agrees(src, scales, zps, qtype="per_group", group_shape=groups)
+    with tuned(chunk=5, narrow_chunk=3, parallel_min=0, cores=2):
+        kernel_agrees(src, scales, zps, qtype="per_group", group_shape=groups, threads=2)
+
+
+def test_large_tensor_on_two_threads_default_blocks():
+    rng = np.random.default_rng(9)
+    src = rng.integers(0, 16, (64, 4096 + 128)).astype(dt("uint4"))
+    scales = rng.standard_normal((64, 33)).astype(np.float16)
+    zps = rng.integers(0, 256, (64, 33)).astype(np.uint8)
+    with tuned(cores=2):
+        for threads in (None, 1, 2):
+            kernel_agrees(src, scales, zps, qtype="per_group", group_shape=[1, 128], threads=threads)
+            kernel_agrees(src.T, scales.T.astype(ml_dtypes.bfloat16), zps.T, qtype="per_group",
+                          group_shape=[128, 1], threads=threads)
+
+
+# -- property-based: everything against the oracle -------------------------------------------------------
+
+
+def _ints(name, shape):
+    lo, hi = RANGE[name]
+    edge = st.sampled_from([lo, hi, 0, min(hi, 1), max(lo, -1)])
+    return hnp.arrays(np.int64, shape, elements=st.one_of(st.integers(lo, hi), edge)).map(lambda a: a.astype(dt(name)))
+
+
+def _floats(t2, shape):
+    width = BITS[t2]
+    raw = st.integers(0, np.iinfo(width).max)
+    nice = st.floats(-1000, 1000, width=32).map(lambda x: int(np.array(x, np.float32).astype(dt(t2)).view(width)))
+    special = st.sampled_from([int(b) for b in special_scales(t2).view(width)])
+    return hnp.arrays(width, shape, elements=st.one_of(raw, nice, special)).map(lambda a: a.view(dt(t2)))
+
+
+@st.composite
+def problems(draw):
+    t1, t2, t3 = draw(st.sampled_from(T1)), draw(st.sampled_from(T2)), draw(st.sampled_from(T3))
+    qtype = draw(st.sampled_from(["per_tensor", "per_channel", "per_group"]))
+    rank = draw(st.integers(1, 5))
+    side = 6 if rank <= 3 else 3
+    axis, groups = 1, None
+    if qtype == "per_group":
+        groups = draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank))
+        counts = draw(st.lists(st.integers(0 if draw(st.booleans()) else 1, 3), min_size=rank, max_size=rank))
+        shape = tuple(c * g for c, g in zip(counts, groups))
+        pshape = tuple(counts)
+        zshape = pshape
+    else:
+        shape = tuple(draw(st.lists(st.integers(0, side), min_size=rank, max_size=rank)))
+        if draw(st.booleans()):
+            shape = tuple(d or 1 for d in shape)  # mostly non-empty
+        if qtype == "per_channel":
+            axis = draw(st.integers(-rank, rank - 1))
+            pshape = (shape[axis],)
+            zshape = draw(st.sampled_from([pshape, (1,)]))
+        else:
+            pshape = draw(st.sampled_from([(1,), ()]))
+            zshape = draw(st.sampled_from([(1,), ()]))
+    src = draw(_ints(t1, shape))
+    scales = draw(_floats(t2, pshape))
+    zps = None if t3 is None else draw(_ints(t3, zshape))
+    layout = draw(st.sampled_from(["c", "f", "reversed", "strided", "readonly"]))
+    if layout == "f":
+        src = np.asfortranarray(src)
+    elif layout == "reversed":
+        src = np.ascontiguousarray(src[::-1])[::-1]
+    elif layout == "strided":
+        src = np.repeat(src, 2, axis=-1)[..., ::2]
+    elif layout == "readonly":
+        src.flags.writeable = False
+    if scales.ndim and draw(st.booleans()):
+        scales = np.ascontiguousarray(scales[::-1])[::-1]
+    if t2 != "bfloat16" and draw(st.booleans()):  # (bfloat16 has no byte-swapped dtype)
+        scales = scales.astype(scales.dtype.newbyteorder(">"))
+    if t3 == "int32" and draw(st.booleans()):
+        zps = zps.astype(">i4")
+    out = draw(st.sampled_from([None, "c", "strided", "swapped"]))
+    knobs = draw(st.sampled_from([None, 1, 2, 5, 16, 64]))
+    threads = draw(st.sampled_from([None, 1, 2]))
+    return src, scales, zps, dict(qtype=qtype, axis=axis, group_shape=groups), out, knobs, threads
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(problems())
+def test_property_matches_oracle_2_bitwise(problem):
+    src, scales, zps, attrs, use_out, knobs, threads = problem
+    copies = [None if a is None else a.copy() for a in (src, scales, zps)]
+    expect = oracle_2(src, scales, zps, attrs["qtype"], attrs["axis"], attrs["group_shape"])
+    t2 = np.dtype(scales.dtype.name)
+    expect = expect.astype(t2)  # (the oracle keeps byte-swapped scales' byte order)
+    out = None
+    if use_out == "c":
+        out = np.empty(src.shape, t2)
+    elif use_out == "strided":
+        out = np.empty(src.shape[:-1] + (src.shape[-1] * 2,), t2)[..., ::2]
+    elif use_out == "swapped" and t2.name != "bfloat16":
+        out = np.empty(src.shape, t2.newbyteorder(">"))
+    kwargs = {k: v for k, v in attrs.items() if v is not None}
+    if knobs is None:
+        got = dynamic_dequantize(src, scales, zps, out=out, threads=threads, **kwargs)
+    else:
+        with tuned(chunk=knobs, narrow_chunk=knobs, parallel_min=0, small=0, cores=2):
+            got = dynamic_dequantize(src, scales, zps, out=out, threads=threads, **kwargs)
+    if out is not None:
+        assert got is out
+        got = got.astype(t2)
+    assert same_bits(got, expect)
+    spec = DYNAMIC_DEQUANTIZE_2.shape_inference(
+        TensorSpec.of(src), TensorSpec.of(scales), None if zps is None else TensorSpec.of(zps), **kwargs)
+    assert spec == TensorSpec(t2.name, src.shape)
+    for a, b in zip(copies, (src, scales, zps)):
+        assert a is None or (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+
+
+# -- bad input: one ValidationError naming every bad argument ---------------------------------------------
+
+
+@pytest.mark.parametrize("group_shape", [1.5, "1,32", [[1, 32]], [1.0, 32.0], [True, 32], [1, None]])
+def test_group_shape_of_the_wrong_kind_is_named(group_shape):
+    src = np.zeros((2, 64), dt("int4"))
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(src, np.ones((2, 2), np.float16), qtype="per_group", group_shape=group_shape)
+    assert [p.argument for p in e.value.problems] == ["group_shape"]
+    assert "list of ints" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["float8_e4m3fn", "int2", "float64", "int16"])
+def test_dtypes_outside_t1_t2_t3_are_named_with_every_other_problem(bad):
+    b = dt(bad)
+    src = np.zeros((2, 64), b)
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(src, np.ones((2, 2), b), np.zeros((2, 2), b), qtype="per_group", group_shape="x",
+                           out=np.zeros((2, 64), np.float64), threads=0)
+    named = [p.argument for p in e.value.problems]
+    assert set(named) == {"src", "scales", "zps", "group_shape", "out", "threads"}, str(e.value)
+    text = str(e.value)
+    assert bad in text and "int4" in text and "bfloat16" in text
+    assert "float32 | float16 | bfloat16" in text  # out: what scales' dtype could have been
+
+
+def test_out_of_another_t2_is_refused():
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(np.zeros(4, dt("uint4")), np.ones(1, ml_dtypes.bfloat16), out=np.zeros(4, np.float16))
+    assert [p.argument for p in e.value.problems] == ["out"] and "bfloat16" in str(e.value)
+
+
+def test_per_group_shape_problems_at_once():
+    with pytest.raises(ValidationError) as e:
+        dynamic_dequantize(np.zeros((4, 6), dt("int4")), np.ones((2, 2), np.float16), np.zeros((2, 3), np.uint8),
+                           qtype="per_group", group_shape=[2, 4])
+    named = {p.argument for p in e.value.problems}
+    assert "zps" in named and ("group_shape" in named or "scales" in named), str(e.value)
+
+
+def test_zero_d_and_numpy_scalar_int4():
+    got = kernel_agrees(np.array(-3, dt("int4")), np.array([0.5], np.float16), np.array(2, dt("uint4")))
+    assert got.shape == () and float(got) == -2.5
+    got = kernel_agrees(ml_dtypes.int4(-3), np.float16(0.5))
+    assert got.shape == () and float(got) == -1.5
+
+
+@pytest.mark.parametrize("t3", [None, "int8", "uint8", "int4", "uint4", "int32"])
+@pytest.mark.parametrize("t1", T1)
+def test_float16_fast_range_every_value(t1, t3):
+    """Scales whose products are all 0 or normal float16s take the float16 rounding without its
+    clamps; at the edges of that range (2**-14, and the largest scale that cannot overflow) too."""
+    from dyndq.kernels import dequantize_v2
+
+    rng = np.random.default_rng(5)
+    src = all_values(t1)
+    zp = 0 if t3 is None else int(rng.integers(*RANGE[t3 if t3 != "int32" else "int8"], endpoint=True))
+    lo, hi = RANGE[t1]
+    d_max = max(abs(lo - zp), abs(hi - zp))
+    top = np.float16(65504 / d_max)
+    if float(top) * d_max > 65504:
+        top = np.nextafter(top, np.float16(0))
+    mags = np.clip(np.exp2(rng.uniform(-14, np.log2(float(top)), 57)).astype(np.float16), np.float16(2.0**-14), top)
+    edges = np.array([2.0**-14, -(2.0**-14), float(top), -float(top), 0.0, -0.0, 1.0], np.float16)
+    scales = np.concatenate([edges, mags * rng.choice([-1, 1], 57).astype(np.float16)])
+    z = None if t3 is None else np.full(scales.size, zp, dt(t3))
+    assert dequantize_v2._products_normal_or_zero(dt(t1), scales.astype(np.float32), None if z is None else z.astype(np.float32))
+    grid = np.tile(src[:, None], (1, scales.size))
+    kernel_agrees(grid, scales, z, qtype="per_channel", axis=1)
+    with tuned(narrow_chunk=7, parallel_min=0, cores=2):
+        kernel_agrees(grid, scales, z, qtype="per_channel", axis=1, threads=2)
+
+
+def test_float16_rounding_without_clamps_matches_numpy():
+    exps = np.arange(256, dtype=np.uint32) << 23
+    mant = np.arange(0, 1 << 23, 997, dtype=np.uint32)
+    bits = (exps[:, None] | mant[None, :]).reshape(-1)
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000), np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 1], np.uint32)])
+    p = bits.view(np.float32)
+    p = p[~np.isnan(p)]
+    with np.errstate(all="ignore"):
+        a = np.abs(p)
+        q = p[((a >= 2.0**-14) & (a <= 65504)) | (a == 0)]
+        h = np.empty(q.size, np.float16)
+        narrowing.to_float16(q.copy(), h, np.empty(2 * q.size, np.uint32), may_hold_nan=False, normal_or_zero=True)
+        assert same_bits(h, q.astype(np.float16))
