@@ -251,9 +251,10 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 #   scales: one DequantizeLinear, per tensor (true scalars), per axis (explicit axis), or
 #   blocked (DequantizeLinear-21 axis + block_size; all group sizes 1 is block_size 1).  A
 #   per_group node whose scales hold one element is the per-tensor form (ORT would refuse the
-#   block_size).  bfloat16 scales are Cast to float32 first and the float32 result Cast to
-#   bfloat16: the float32 product rounds once to bfloat16, exactly the op's arithmetic.  float16
-#   scales go in as they are: ORT computes float32(x - zp) * float32(scale) and rounds once.
+#   block_size).  float16 and bfloat16 scales are Cast to float32 first and the float32 result
+#   Cast to T2: the float32 product rounds once to T2, exactly the op's arithmetic.  (ORT's
+#   DequantizeLinear takes float16 scales, but drops NaN payloads where the rest keeps them;
+#   a float16 dst NaN is made the one quiet NaN 0x7E00 before the Cast, see `_narrow`.)
 # - "integer": everything else (zps of another dtype than src, a one-element zps under
 #   per_channel, more than one grouped dim, an int4 zero point that would need a Reshape, a
 #   per_group scales that may hold one element at run time, unknown dtypes): Cast src and zps to
@@ -263,7 +264,6 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 
 
 INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
-FLOAT16_DQL_OPSET = 19  # DequantizeLinear with float16 scales
 BFLOAT16_OPSET = 13  # Cast to and from bfloat16
 RANGE_OPSET = 11  # per_group broadcasting (Range)
 CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
@@ -323,8 +323,8 @@ def dynamic_dequantize_2_needs(
     group_shape: tuple[int, ...] | None = None,
 ) -> Needs:
     """The ai.onnx opset and IR version a node's lowering needs, and why: version 1's needs for
-    the forms version 1 expresses; 21 and IR 10 with int4/uint4; 21 for blocks; 19 for
-    DequantizeLinear with float16 scales; 13 for per-axis DequantizeLinear and Cast to bfloat16;
+    the forms version 1 expresses; 21 and IR 10 with int4/uint4; 21 for blocks; 13 for
+    per-axis DequantizeLinear and Cast to bfloat16;
     11 for per_group broadcasting; 15 for CastLike when the dtype of scales is unknown."""
     route = _route(src, scales, zps, qtype, group_shape)
     if route == "v1":
@@ -345,8 +345,6 @@ def dynamic_dequantize_2_needs(
             opset, why = RANGE_OPSET, why + ["per_group broadcasting (Range, Gather)"]
         if t is None:
             opset, why = max(opset, CASTLIKE_OPSET), why + ["CastLike to the unknown dtype of scales"]
-    elif t == "float16":
-        opset, why = max(opset, FLOAT16_DQL_OPSET), why + ["float16 scales"]
     if t == "bfloat16":
         opset, why = max(opset, BFLOAT16_OPSET), why + ["Cast to bfloat16"]
     if int4:
@@ -376,8 +374,9 @@ def dynamic_dequantize_2(
         return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
     t = scales_spec.dtype
     if route != "integer":
-        # ORT's DequantizeLinear has no bfloat16 kernel: float32 in, one rounding to bfloat16 after
-        scale = scales if t != "bfloat16" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+        # float32 in, one rounding to T2 after (ORT's DequantizeLinear has no bfloat16 kernel, and
+        # its float16 one drops NaN payloads that its Cast and the kernel keep)
+        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
         if route == "tensor":
             inputs = [src, _scalar(ctx, scale, "scale")] + ([_scalar(ctx, zps, "zero_point")] if zps else [])
             y = ctx.op("DequantizeLinear", *inputs, hint="dst")
@@ -391,9 +390,9 @@ def dynamic_dequantize_2(
             y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=a,
                        block_size=int(group_shape[a]), hint="dst")
             ctx.form = "DequantizeLinear (blocked)"
-        if t == "bfloat16":
-            return ctx.op("Cast", y, to=TensorProto.BFLOAT16, hint="dst")
-        return y  # float32 or float16: DequantizeLinear's output has the scale's dtype
+        if t in ("float16", "bfloat16"):
+            return _narrow(ctx, y, t)
+        return y
 
     ctx.form = "integer arithmetic"
     scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
@@ -406,9 +405,20 @@ def dynamic_dequantize_2(
     y = ctx.op("Mul", x, scale, hint="dst" if t == "float32" else "dst_float")
     if t is None:  # inside a function: dst takes the dtype of scales, whatever it is
         return ctx.op("CastLike", y, scales, hint="dst")
-    if t != "float32":  # one rounding of the float32 product, to nearest even
-        return ctx.op("Cast", y, to=dtypes.by_name(t).onnx, hint="dst")
+    if t != "float32":
+        return _narrow(ctx, y, t)
     return y
+
+
+def _narrow(ctx: LoweringContext, y: str, t: str) -> str:
+    """The float32 product as T2: one rounding, to nearest even.  For float16, NaNs are first
+    made the one quiet NaN: ORT's float32 -> float16 Cast keeps a NaN's payload in its
+    vector loop (blocks of 8) and drops it in its scalar tail, so only a payload-free NaN
+    comes out the same everywhere (0x7E00, as the kernel gives every float16 NaN)."""
+    if t == "float16":
+        nan = ctx.const(np.array(np.nan, np.float32), "quiet_nan")
+        y = ctx.op("Where", ctx.op("IsNaN", y, hint="is_nan"), nan, y, hint="dst_quiet_nan")
+    return ctx.op("Cast", y, to=dtypes.by_name(t).onnx, hint="dst")
 
 
 def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):

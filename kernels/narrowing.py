@@ -14,9 +14,12 @@ with a dozen vectorized NumPy passes over a cache-resident block:
 * Multiplying the rounded value by 2**-112 rebases float32's exponent onto
   float16's (float16 subnormals become float32 subnormals, exactly), so the bits
   shifted right by 13 are float16's.
-* NaNs (rare) are left to NumPy's cast, which keeps their payload's top bits.
+* NaNs (rare) become the one quiet NaN 0x7E00, sign and payload dropped: ONNX
+  Runtime's float32 -> float16 conversions keep a payload in some code paths and
+  drop it (keeping the sign) in others, so only this NaN is the same on every engine
+  (the lowering makes ORT's NaNs this one too).
 
-Checked against NumPy's cast for all 2**32 float32 bit patterns when written.
+Checked against NumPy's cast for all 2**32 float32 bit patterns when written (NaNs apart).
 bfloat16 uses ml_dtypes' own cast, which is the oracle's.
 """
 from __future__ import annotations
@@ -37,11 +40,12 @@ _REBASE = np.float32(2.0**-112)
 _SIGN16 = np.uint32(0x8000)
 _0, _13, _16 = np.uint32(0), np.uint32(13), np.uint32(16)  # NumPy scalars: Python ints cost a cast
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+QUIET_NAN16 = np.uint16(0x7E00)  # every float16 NaN the kernel gives (see the module doc)
 
 
 def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_nan: bool = True,
                normal_or_zero: bool = False) -> np.ndarray:
-    """out[...] = p.astype(float16), bit for bit.
+    """out[...] = p.astype(float16), bit for bit, but for NaNs: all 0x7E00.
 
     p: C-contiguous float32, overwritten (it is the scratch of the rounding); out: a
     C-contiguous float16 (or uint16) array of p's shape; scratch: a uint32 array of at
@@ -52,9 +56,8 @@ def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_
     n = p.size
     flat = p.reshape(-1)
     nans = None
-    if may_hold_nan and np.isnan(flat).any():  # rare: NumPy's cast says what their bits become
-        where = np.flatnonzero(np.isnan(flat))
-        nans = where, flat[where].astype(np.float16).view(np.uint16)
+    if may_hold_nan and np.isnan(flat).any():  # rare
+        nans = np.flatnonzero(np.isnan(flat))
     u = flat.view(_U32)
     m, sign = scratch[:n], scratch[n:2 * n]
     np.right_shift(u, _16, out=sign)  # the sign, kept apart: the rest works on |p|
@@ -75,7 +78,7 @@ def to_float16(p: np.ndarray, out: np.ndarray, scratch: np.ndarray, *, may_hold_
     bits = out.reshape(-1).view(np.uint16)
     np.copyto(bits, u, casting="unsafe")
     if nans is not None:
-        bits[nans[0]] = nans[1]
+        bits[nans] = QUIET_NAN16
     return out
 
 

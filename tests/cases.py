@@ -285,7 +285,8 @@ def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
 
 def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None):
     """Version 2's arithmetic written plainly with NumPy and ml_dtypes:
-    T2(float32(int64(src) - int64(zp)) * float32(scale)), parameters repeated to src's shape."""
+    T2(float32(int64(src) - int64(zp)) * float32(scale)), parameters repeated to src's shape;
+    a float16 NaN is 0x7E00, whatever its sign and payload."""
     src = np.asarray(src)
     t2 = np.asarray(scales).dtype
     scale = np.asarray(scales).astype(np.float32)
@@ -302,7 +303,10 @@ def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None
     else:
         scale, zp = scale.reshape(()), zp.reshape(())
     with np.errstate(all="ignore"):
-        return ((src.astype(np.int64) - zp).astype(np.float32) * scale).astype(t2)
+        dst = np.asarray(((src.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.dtype(t2.name)))
+    if dst.dtype.name == "float16":  # every float16 NaN is the one quiet NaN (README, "The op")
+        dst.view(np.uint16)[np.isnan(dst)] = 0x7E00  # (a view in any layout: .astype keeps src's)
+    return dst
 
 
 def random_array(rng, dtype, shape, *, onednn=False) -> np.ndarray:

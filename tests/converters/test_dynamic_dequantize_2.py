@@ -177,8 +177,10 @@ def report_of(model, **kw):
 def test_blocked_one_grouped_dim_is_one_dequantize_linear_21(src, t2):
     model = _one((src, (4, 64)), (t2, (4, 2)), (src, (4, 2)), qtype="per_group", group_shape=[1, 32])
     exported, report = report_of(model)
-    assert ops(exported) == ["DequantizeLinear"]
-    [dql] = exported.graph.node
+    # float16: scales Cast to float32, NaNs made the one quiet NaN, one Cast to float16 (see _narrow)
+    assert ops(exported) == (["DequantizeLinear"] if t2 == "float32" else
+                             ["Cast", "DequantizeLinear", "IsNaN", "Where", "Cast"])
+    [dql] = [n for n in exported.graph.node if n.op_type == "DequantizeLinear"]
     assert {a.name: a.i for a in dql.attribute} == {"axis": 1, "block_size": 32}
     assert report.lowered[0].form == "DequantizeLinear (blocked)"
     assert report.opset >= 21
@@ -240,8 +242,8 @@ def test_version_1_forms_under_version_2_lower_as_version_1_does():
 
 
 @pytest.mark.parametrize("src, scales, zps, attrs, opset", [
-    (("int8", (2, 4)), ("float16", (1,)), None, {"qtype": "per_tensor"}, 19),
-    (("uint8", (2, 4)), ("float16", (4,)), ("uint8", (4,)), {"qtype": "per_channel", "axis": 1}, 19),
+    (("int8", (2, 4)), ("float16", (1,)), None, {"qtype": "per_tensor"}, 10),
+    (("uint8", (2, 4)), ("float16", (4,)), ("uint8", (4,)), {"qtype": "per_channel", "axis": 1}, 13),
     (("int8", (2, 4)), ("bfloat16", (4,)), None, {"qtype": "per_channel", "axis": 1}, 13),
     (("int8", (2, 4)), ("float32", (2, 2)), None, {"qtype": "per_group", "group_shape": [1, 2]}, 21),
     (("int4", (2, 4)), ("float32", ()), None, {"qtype": "per_tensor"}, 21),
@@ -254,7 +256,7 @@ def test_needs_and_raised_opset(src, scales, zps, attrs, opset):
     assert needs.opset == opset
     model = _one(src, scales, zps, opset=10, **attrs)
     exported, report = report_of(model)
-    assert report.opset == opset and report.converted
+    assert report.opset == opset and report.converted == (opset != 10)  # built at opset 10
     onnx.checker.check_model(exported, full_check=True)
     int4 = "int4" in (src[0], (zps or ("",))[0])
     assert exported.ir_version == max(onnx.helper.find_min_ir_version_for(list(exported.opset_import)),
@@ -274,7 +276,7 @@ def test_export_error_names_every_node_and_what_each_needs():
         dyndq.export(model, opset=17)
     text = str(e.value)
     assert "'blocked' needs 21 (blocked DequantizeLinear (block_size), int4/uint4 tensors)" in text
-    assert "'half' needs 19 (DequantizeLinear, float16 scales)" in text
+    assert "'half'" not in text  # float16 scales go through float32 and a Cast: opset 10 is enough
 
 
 # -- the shared table's version-2 rows, and this file's own ---------------------------------------

@@ -160,7 +160,7 @@ def test_the_runner_exports_once_and_keeps_it():
                               [vi("d", "float16", [4, 64])])
     model = helper.make_model(graph, opset_imports=IMPORTS_21, ir_version=10)
     r = runner(model, "onnxruntime")
-    assert [n.op_type for n in r.exported.graph.node] == ["DequantizeLinear"]
+    assert "DequantizeLinear" in [n.op_type for n in r.exported.graph.node]
     assert runner(model, "onnxruntime") is r
 
 
