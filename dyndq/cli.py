@@ -25,7 +25,7 @@ import textwrap
 
 import numpy as np
 
-from dyndq.wording import os_error
+from dyndq.wording import first_line, os_error, problem_list
 
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DYNDQ_TRACEBACK"):
             traceback.print_exc()
         where = traceback.extract_tb(e.__traceback__)[-1]
-        _err(f"internal error: {type(e).__name__}: {_first_line(e)} (at {os.path.basename(where.filename)}:{where.lineno}; "
+        _err(f"internal error: {type(e).__name__}: {first_line(e)} (at {os.path.basename(where.filename)}:{where.lineno}; "
              f"set DYNDQ_TRACEBACK=1 for the traceback, and please report it)")
         return INTERNAL
     finally:
@@ -201,9 +201,7 @@ def _save(model, path: str, loaded) -> list[str]:
 
 
 def _print_problems(path: str, problems, stream) -> None:
-    print(f"{path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}", file=stream)
-    for p in problems:
-        print(f"  - {p}", file=stream)
+    print(problem_list(path, problems), file=stream)
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -252,7 +250,9 @@ def cmd_check(args) -> int:
 
 
 def _opset_and_ir(model) -> str:
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    from dyndq.graphs import ai_onnx_version
+
+    opset = ai_onnx_version(model.opset_import)
     return f"ai.onnx opset {opset}, IR version {model.ir_version}"
 
 
@@ -268,7 +268,7 @@ def cmd_export(args) -> int:
         _print_problems(args.input, e.problems, sys.stderr)
         return PROBLEMS
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
-        raise UsageError(f"{args.input}: {_first_line(e)}") from None
+        raise UsageError(f"{args.input}: {first_line(e)}") from None
     notes = _save(out, args.output, loaded)
     print(f"wrote {args.output}: {report.summary()}")
     for note in notes:
@@ -354,8 +354,7 @@ def cmd_run(args) -> int:
     except FeedError as e:  # the feeds do not fit the graph's inputs
         if len(e.problems) == 1:
             raise UsageError(f"{args.model}: input {e.problems[0]}") from None
-        lines = [f"{args.model}: {len(e.problems)} problems with the inputs"] + [f"  - input {p}" for p in e.problems]
-        raise UsageError("\n".join(lines)) from None
+        raise UsageError(problem_list(f"{args.model}: the inputs", e.problems, item="input ")) from None
     except dyndq.ValidationError as e:  # a node refused what it was given while running
         where = [f"node {p.node!r} ({p.op}): " if p.node else f"({p.op}): " if p.op else "" for p in e.problems]
         lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]
@@ -557,12 +556,7 @@ def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str
 
 def _engine_message(e: BaseException) -> str:
     """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
-    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", _first_line(e))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line(e))
 
 
 _COMMANDS = {

@@ -248,9 +248,9 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     problems = dyndq.check(model)
     say()
     if problems:
-        say(f"check: {len(problems)} problem(s)")
-        for p in problems:
-            say(f"  {p}")
+        from dyndq.wording import problem_list
+
+        say(problem_list("check", problems))
         raise dyndq.ValidationError(problems)
     say("check: valid (dyndq.check and onnx.checker.check_model(full_check=True) find no problem)")
 

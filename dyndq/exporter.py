@@ -22,7 +22,7 @@ from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
 from dyndq.function_attrs import inline_referring_functions
-from dyndq.graphs import graphs, subgraph_path, subgraphs, walk
+from dyndq.graphs import ai_onnx_version, all_names, function_path, graphs, subgraph_path, subgraphs, walk
 from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
 # Model-local functions need at least this IR version.
@@ -97,7 +97,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     out.CopyFrom(model)
     out = inline_referring_functions(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(ir_version_before=model.ir_version)
-    current = _ai_onnx(out.opset_import)
+    current = ai_onnx_version(out.opset_import)
     report.opset_before = current
     types = value_types(out)
     needs = [(site, _needs(site, types)) for site in _our_sites(out)]
@@ -108,7 +108,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
         out = _convert(out, target)
         report.converted = True
 
-    names = NameScope(_all_names(out))
+    names = NameScope(all_names(out))
     if report.converted:
         types = value_types(out)
 
@@ -119,11 +119,11 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     opsets = {o.domain: o.version for o in out.opset_import}
     _lower_graph(out.graph, "main", opsets, target, names, specs, report)
     for k, f in enumerate(out.functions):
-        if _uses_domain_nodes(f.node, domains()) and _ai_onnx(f.opset_import) not in (None, target):
+        if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
             f = out.functions[k]
         f_opsets = {o.domain: o.version for o in f.opset_import}
-        path = f"function {f.domain}::{f.name}"
+        path = function_path(f)
         before = len(report.lowered)
         new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda path: lambda name: None, report)
         del f.node[:]
@@ -149,10 +149,6 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
 
 
 # -- opsets -------------------------------------------------------------------------------------
-
-def _ai_onnx(imports) -> int | None:
-    return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
-
 
 def _op_of(node: onnx.NodeProto, opsets) -> OpVersion | None:
     """The op version a node of a registered domain resolves to (check has judged it)."""
@@ -214,7 +210,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
         converted = onnx.version_converter.convert_version(model, target)
     except Exception as e:  # noqa: BLE001 - the converter raises several kinds
         raise ExportError(
-            f"onnx.version_converter could not convert the model from opset {_ai_onnx(model.opset_import)} "
+            f"onnx.version_converter could not convert the model from opset {ai_onnx_version(model.opset_import)} "
             f"to {target}: {e} (choose another target opset: opset= in Python, --opset on the command line)"
         ) from e
     # the converter returns new protos: match graphs by their position in the walk
@@ -228,7 +224,7 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
 
 
 def _convert_function(f: onnx.FunctionProto, target: int) -> onnx.FunctionProto:
-    version = _ai_onnx(f.opset_import)
+    version = ai_onnx_version(f.opset_import)
     if version is None or version == target:
         return f
     graph = onnx.helper.make_graph(
@@ -341,26 +337,6 @@ def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:
     return any(site.node.domain == domain for site in walk(model)) or any(f.domain == domain for f in model.functions)
 
 
-def _all_names(model: onnx.ModelProto) -> set[str]:
-    names = set()
-
-    def graph_names(g):
-        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
-        names.update(t.name for t in g.initializer)
-        names.update(t.values.name for t in g.sparse_initializer)
-
-    for g in graphs(model.graph):
-        graph_names(g)
-    for site in walk(model):
-        node = site.node
-        names.add(node.name)
-        names.update(node.input)
-        names.update(node.output)
-    for f in model.functions:
-        names.update(f.input)
-        names.update(f.output)
-    names.discard("")
-    return names
 
 
 # -- lowering -----------------------------------------------------------------------------------

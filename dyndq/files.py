@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import external_data_helper
 
-from dyndq.wording import a as article
+from dyndq.wording import a as article, first_line
 
 # A protobuf message cannot be serialized past 2 GiB; bigger models must keep
 # their tensors in an external data file.
@@ -60,7 +60,7 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
     except Exception as e:  # DecodeError, a JSON/text parse error, ...
-        raise ModelFileError(f"{path}: not an ONNX model ({_first_line(e)})") from None
+        raise ModelFileError(f"{path}: not an ONNX model ({first_line(e)})") from None
     if not model.HasField("graph") or model.ir_version == 0:
         raise ModelFileError(f"{path}: not an ONNX model (no graph or no IR version in it)")
     tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
@@ -74,9 +74,9 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
             # each tensor's offset and length lie within it.
             external_data_helper.load_external_data_for_model(model, folder)
         except onnx.checker.ValidationError as e:
-            raise ModelFileError(f"{path}: refused: {_first_line(e)}") from None
+            raise ModelFileError(f"{path}: refused: {first_line(e)}") from None
         except ValueError as e:  # an offset or length out of the file's range
-            raise ModelFileError(f"{path}: its external data does not fit its file: {_first_line(e)}") from None
+            raise ModelFileError(f"{path}: its external data does not fit its file: {first_line(e)}") from None
         except OSError as e:
             raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
@@ -138,7 +138,7 @@ def save_model(
         except OSError as e:
             raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
         except ValueError as e:  # protobuf: message too large, ...
-            raise ModelFileError(f"{path}: cannot write it ({_first_line(e)})") from None
+            raise ModelFileError(f"{path}: cannot write it ({first_line(e)})") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if placed is not None:  # the model was not replaced: its new data file has no reader
@@ -380,7 +380,7 @@ def read_array(path: str | os.PathLike):
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
     except (ValueError, EOFError) as e:
-        raise ModelFileError(f"{path}: cannot read it ({_first_line(e)})") from None
+        raise ModelFileError(f"{path}: cannot read it ({first_line(e)})") from None
 
 
 def _location(tensor: onnx.TensorProto) -> str:
@@ -390,8 +390,3 @@ def _location(tensor: onnx.TensorProto) -> str:
 def _fsync(path: str) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import onnx
 
-from dyndq.graphs import Site, graphs, walk
+from dyndq.graphs import Site, function_path, graphs, walk
 from dyndq.opdefs import domains
 
 
@@ -46,7 +46,7 @@ def call_sites(model: onnx.ModelProto) -> Iterator[Site]:
         if any(a.ref_attr_name for a in given.values()):
             continue  # the call passes a reference on itself: judged where that function is called
         opsets = {o.domain: o.version for o in f.opset_import}
-        where = f"function {f.domain}::{f.name} (called by {call.graph} node {call.node.name or call.index})"
+        where = f"{function_path(f)} (called by {call.graph} node {call.node.name or call.index})"
         for index, node in enumerate(f.node):
             if node.domain in ours and any(a.ref_attr_name for a in node.attribute):
                 yield Site(where, index, _resolved(node, given, defaults), opsets, True)

@@ -24,6 +24,7 @@ class Site:
     node: onnx.NodeProto
     opsets: dict[str, int]
     in_function: bool = False
+    scope: str = "main"  # the top graph it stands in: "main", or the function's path "function dom::Name"
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
@@ -53,14 +54,43 @@ def walk(model: onnx.ModelProto) -> Iterator[Site]:
     """Every node of the model: main graph and nested graphs (depth first, each node before
     its bodies), then each function. The protos are the model's own: editing them edits it."""
     opsets = {o.domain: o.version for o in model.opset_import}
-    yield from _walk_nodes(model.graph.node, "main", opsets, False)
+    yield from _walk_nodes(model.graph.node, "main", opsets, False, "main")
     for f in model.functions:
         f_opsets = {o.domain: o.version for o in f.opset_import}
-        yield from _walk_nodes(f.node, f"function {f.domain}::{f.name}", f_opsets, True)
+        path = function_path(f)
+        yield from _walk_nodes(f.node, path, f_opsets, True, path)
 
 
-def _walk_nodes(nodes, path: str, opsets, in_function: bool) -> Iterator[Site]:
+def function_path(f: onnx.FunctionProto) -> str:
+    """How messages and reports name a model-local function: "function dom::Name"."""
+    return f"function {f.domain}::{f.name}"
+
+
+def _walk_nodes(nodes, path: str, opsets, in_function: bool, scope: str) -> Iterator[Site]:
     for i, node in enumerate(nodes):
-        yield Site(path, i, node, opsets, in_function)
+        yield Site(path, i, node, opsets, in_function, scope)
         for label, g in subgraphs(node):
-            yield from _walk_nodes(g.node, subgraph_path(path, node, i, label), opsets, in_function)
+            yield from _walk_nodes(g.node, subgraph_path(path, node, i, label), opsets, in_function, scope)
+
+
+def ai_onnx_version(imports) -> int | None:
+    """The ai.onnx opset among opset imports (its domain written "" or "ai.onnx"), or None."""
+    return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
+
+
+def all_names(model: onnx.ModelProto) -> set[str]:
+    """Every value and node name used anywhere in the model (graphs, bodies, functions)."""
+    names = set()
+    for g in graphs(model.graph):
+        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
+        names.update(t.name for t in g.initializer)
+        names.update(t.values.name for t in g.sparse_initializer)
+    for site in walk(model):
+        names.add(site.node.name)
+        names.update(site.node.input)
+        names.update(site.node.output)
+    for f in model.functions:
+        names.update(f.input)
+        names.update(f.output)
+    names.discard("")
+    return names

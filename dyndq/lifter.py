@@ -28,7 +28,7 @@ import onnx
 from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
 from dyndq.converters.onnx_types import spec_of_type
-from dyndq.graphs import walk
+from dyndq.graphs import function_path, walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
 
 log = logging.getLogger("dyndq.lift")
@@ -112,8 +112,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
         report.sources.append(node.op_type)
         node.CopyFrom(new)  # in place: the walk hands out the model's own protos
         report.lifted.append((site.graph, who, plan.attrs.get("qtype", op.name)))
-        scope = site.graph.split("/")[0]
-        for key in ((op.domain, "main"), (op.domain, scope)):
+        for key in ((op.domain, "main"), (op.domain, site.scope)):
             imports[key] = max(imports.get(key, 0), op.since_version)
     for (domain, scope), version in imports.items():
         if scope == "main":
@@ -121,7 +120,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     # a function whose nodes (at any depth) were lifted imports the domain itself
     for f in out.functions:
         for (domain, scope), version in imports.items():
-            if scope == f"function {f.domain}::{f.name}":
+            if scope == function_path(f):
                 _ensure_domain(f.opset_import, domain, version)
     return out, report
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 
+from dyndq.opdefs import dtypes
+
 BIG = 1 << 20  # bytes: smaller initializers stay in the view (their values may matter, e.g. a Reshape's shape)
 
 
@@ -29,8 +31,8 @@ def nbytes(tensor: onnx.TensorProto) -> int:
     for d in tensor.dims:
         count *= d
     try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, TypeError, ValueError):  # strings and the like: count one byte per element
+        itemsize = dtypes.by_onnx(tensor.data_type).numpy.itemsize
+    except (KeyError, LookupError, TypeError, ValueError):  # strings and the like: one byte per element
         itemsize = 1
     return count * itemsize
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from dyndq.converters.onnx_types import spec_of_type
-from dyndq.opdefs import Problem, TensorSpec, ValidationError
+from dyndq.opdefs import Problem, TensorSpec, ValidationError, dtypes
 from dyndq.wording import a as article
 
 ENGINES = ("reference", "onnxruntime")
@@ -150,7 +150,9 @@ class OrtBoundary:
             return
         model = onnx.ModelProto()
         model.CopyFrom(exported)
-        names = NameScope(_value_names(model))
+        from dyndq.graphs import all_names
+
+        names = NameScope(all_names(model))
         casts = []
         for vi in model.graph.input:
             if vi.name in {v.name for v in int4_in}:
@@ -158,7 +160,7 @@ class OrtBoundary:
                 fed = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
                 casts.append(onnx.helper.make_node("Cast", [fed], [vi.name], to=narrow,
                                                    name=names.fresh(f"{vi.name}/Cast")))
-                self.renamed_in[vi.name] = (fed, onnx.helper.tensor_dtype_to_np_dtype(wide))
+                self.renamed_in[vi.name] = (fed, dtypes.by_onnx(wide).numpy)
                 vi.name = fed
                 vi.type.tensor_type.elem_type = wide
         for vi in model.graph.output:
@@ -214,23 +216,6 @@ def _elem(vi: onnx.ValueInfoProto) -> int:
     return vi.type.tensor_type.elem_type if vi.type.WhichOneof("value") == "tensor_type" else 0
 
 
-def _value_names(model: onnx.ModelProto) -> set[str]:
-    from dyndq.graphs import graphs
-
-    names = set()
-    for g in graphs(model.graph):
-        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
-        names.update(t.name for t in g.initializer)
-        for n in g.node:
-            names.update(n.input)
-            names.update(n.output)
-            names.add(n.name)
-    for f in model.functions:
-        for n in f.node:
-            names.update(n.input)
-            names.update(n.output)
-    names.discard("")
-    return names
 
 
 def _c_contiguous(value):

@@ -14,3 +14,20 @@ def os_error(e: OSError) -> str:
     """An OSError as "PATH: reason", without Python's "[Errno 13]" prefix."""
     reason = e.strerror or str(e)
     return f"{e.filename}: {reason}" if e.filename else reason
+
+
+def plural(n: int, word: str) -> str:
+    """"1 problem", "2 problems"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def problem_list(head: str, problems, *, item: str = "") -> str:
+    """Every problem under one heading, the one way the CLI and the demo print them:
+    "HEAD: 2 problems" then "  - ITEM problem" per line."""
+    return "\n".join([f"{head}: {plural(len(problems), 'problem')}"] + [f"  - {item}{p}" for p in problems])
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message, first line only (its type's name when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

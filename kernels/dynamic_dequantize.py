@@ -65,7 +65,8 @@ def _array_or_problem(x, name: str, problems: list[Problem]):
     so they are not guessed at: the caller converts them with numpy.asarray(x, dtype=...).
     """
     if isinstance(x, np.ndarray) and not isinstance(x, np.ma.MaskedArray):
-        return x
+        # a subclass (np.matrix keeps two dims whatever is done to it) as the plain array it holds
+        return x if type(x) is np.ndarray else np.asarray(x)
     if isinstance(x, np.generic):
         return np.asarray(x)
     what = "a masked array" if isinstance(x, np.ma.MaskedArray) else f"a Python {type(x).__name__}"

@@ -5,7 +5,9 @@ import inspect
 import numpy as np
 import onnx
 import pytest
-from cases import VALID, case_model, ids, oracle, run_ort
+from cases import VALID, case_model, ids, oracle, run_ort, same_values
+
+from dyndq.opdefs import dtypes
 from onnx import TensorProto, helper
 
 import dyndq
@@ -16,7 +18,7 @@ from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, LiftPlan, LiftRefusal, TensorSpec
 
 def bits_equal(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return same_values(a, b)
 
 
 def test_lowering_is_attached_with_a_leading_context():
@@ -108,7 +110,7 @@ def test_int32_zero_points_at_the_extremes_are_exact(src_dtype, qtype):
     for zps in zps_all:
         graph = helper.make_graph(
             [dyndq.make_node(["src", "scales", "zps"], ["dst"], name="dq", **attrs)], "g",
-            [helper.make_tensor_value_info("src", onnx.helper.np_dtype_to_tensor_dtype(src.dtype), src.shape),
+            [helper.make_tensor_value_info("src", dtypes.of(src.dtype).onnx, src.shape),
              helper.make_tensor_value_info("scales", TensorProto.FLOAT, scales.shape),
              helper.make_tensor_value_info("zps", TensorProto.INT32, zps.shape)],
             [helper.make_tensor_value_info("dst", TensorProto.FLOAT, src.shape)])
@@ -170,7 +172,7 @@ def test_unknown_types_and_rank_fall_back_to_exact_arithmetic(axis, zp_dtype):
     inputs = [helper.make_tensor_value_info("x", TensorProto.INT8, None),
               helper.make_tensor_value_info("s", TensorProto.FLOAT, None)]
     if z is not None:
-        inputs.append(helper.make_tensor_value_info("z", onnx.helper.np_dtype_to_tensor_dtype(z.dtype), None))
+        inputs.append(helper.make_tensor_value_info("z", dtypes.of(z.dtype).onnx, None))
     graph = helper.make_graph(ctx.nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     feeds = {"x": x, "s": s, **({"z": z} if z is not None else {})}

@@ -562,3 +562,13 @@ def test_empty_tensors():
         assert got.shape == shape and got.dtype == f32
         out = np.empty(shape, f32)
         assert dynamic_dequantize(src, np.ones(C, f32), qtype=qtype, axis=axis, out=out) is out
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_an_np_matrix_src_is_taken_as_its_plain_array():
+    """Over 2**18 elements (the blocked path): np.matrix broke NumPy's broadcasting there."""
+    w = np.matrix(np.arange(2 * 2**18, dtype=np.int64).reshape(2, 2**18) % 256 - 128).astype(i8)
+    for kernel in (dynamic_dequantize, dyndq.dynamic_dequantize):
+        for scales, qtype in ((np.array([0.5], f32), "per_tensor"), (np.array([0.5, 0.25], f32), "per_channel")):
+            got = kernel(w, scales, qtype=qtype, axis=0)
+            assert type(got) is np.ndarray and same_bits(got, oracle(np.asarray(w), scales, None, qtype, 0))
