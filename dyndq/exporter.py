@@ -299,20 +299,22 @@ def _types_ir(model: onnx.ModelProto) -> int:
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             visit_type(vi.type)
         found.update(t.data_type for t in g.initializer)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    found.add(a.t.data_type)
-                elif a.name == "to" and a.type == onnx.AttributeProto.INT:
-                    found.add(a.i)
+        found.update(_attribute_types(g.node))
     for f in model.functions:
-        for node in f.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    found.add(a.t.data_type)
-                elif a.name == "to" and a.type == onnx.AttributeProto.INT:
-                    found.add(a.i)
+        found.update(_attribute_types(f.node))
     return max((_TYPE_IR.get(t, 0) for t in found), default=0)
+
+
+def _attribute_types(nodes) -> set[int]:
+    """The element types nodes make: of their tensor attributes (Constant) and Cast's `to`."""
+    found = set()
+    for node in nodes:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                found.add(a.t.data_type)
+            elif a.name == "to" and a.type == onnx.AttributeProto.INT:
+                found.add(a.i)
+    return found
 
 
 # -- walking ------------------------------------------------------------------------------------

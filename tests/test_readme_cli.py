@@ -6,11 +6,11 @@ shows under it must appear in what it printed, and a `# exit code N` comment
 must be its exit code. Lines with timings, and lines the README elides with
 "...", are not compared.
 """
-import re
-import shlex
 from pathlib import Path
 
 import onnx
+
+from cases import readme_transcripts
 
 from dyndq.cli import main
 
@@ -18,18 +18,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def transcripts():
-    """(argv, exit code or None, [expected lines]) for each `$ dyndq` command in the README."""
-    section = README.read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
-    runs = []
-    for block in re.findall(r"```\n(.*?)```", section, flags=re.S):
-        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
-            if not chunk.startswith("$ dyndq"):
-                continue
-            head, *shown = chunk.rstrip("\n").split("\n")
-            command, _, comment = head[2:].partition("#")
-            code = re.search(r"exit code (\d)", comment)
-            runs.append((shlex.split(command)[1:], int(code.group(1)) if code else 0, shown))
-    return runs
+    """(argv, exit code, [expected lines]) for each `$ dyndq` command of the Command line section."""
+    return readme_transcripts(README.read_text(), "## Command line")
 
 
 def comparable(line: str) -> bool:

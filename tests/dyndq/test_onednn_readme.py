@@ -5,9 +5,9 @@ folder (where `tests/data` is this repository's), in order, through the CLI's en
 line shown must appear in what it printed, a `# exit code N` its exit code.  A line the README
 elides with "..." must match a printed line up to the "...".
 """
-import re
-import shlex
 from pathlib import Path
+
+from cases import readme_transcripts
 
 from dyndq.cli import main
 
@@ -16,19 +16,7 @@ SECTION = "## oneDNN graphs"
 
 
 def transcripts():
-    section = (ROOT / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
-    runs = []
-    for language, block in re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S):  # fences in pairs
-        if language:
-            continue
-        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
-            if not chunk.startswith("$ dyndq"):
-                continue
-            head, *shown = chunk.rstrip("\n").split("\n")
-            command, _, comment = head[2:].partition("#")
-            code = re.search(r"exit code (\d)", comment)
-            runs.append((shlex.split(command)[1:], int(code.group(1)) if code else 0, shown))
-    return runs
+    return readme_transcripts((ROOT / "README.md").read_text(), SECTION)
 
 
 def _norm(line: str) -> str:
