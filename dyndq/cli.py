@@ -430,8 +430,8 @@ def cmd_import_onednn(args) -> int:
                 save_array(path, value)
                 print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
                 if value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: .npy keeps only the bytes
-                    print(f"  note: NumPy stores {value.dtype.name} as raw bytes; read it back with "
-                          f"numpy.load(path).view(ml_dtypes.{value.dtype.name})")
+                    print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
+                          f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
     return OK

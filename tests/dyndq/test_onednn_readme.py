@@ -40,3 +40,22 @@ def test_the_onednn_transcripts(tmp_path, monkeypatch, capsys):
                 assert any(p.startswith(head) for p in printed), f"`dyndq {' '.join(argv)}` did not print {line!r}"
             else:
                 assert _norm(line) in printed, f"`dyndq {' '.join(argv)}` did not print {line!r}"
+
+
+def test_example_inputs_of_int4_run_from_their_npy_files(tmp_path, capsys):
+    """int4/uint4 .npy files (raw bytes to NumPy) go straight back into `dyndq run`, on both engines."""
+    graph = ROOT / "tests" / "data" / "onednn" / "op" / "f16" / "dynamicdq_u4.json"
+    model, inputs = tmp_path / "m.onnx", tmp_path / "in"
+    assert main(["import-onednn", str(graph), str(model), "--inputs-dir", str(inputs)]) == 0
+    feeds = [f"{p.stem}={p}" for p in sorted(inputs.glob("*.npy"))]
+    assert any("src" in f for f in feeds)
+    outs = []
+    for engine in ("reference", "onnxruntime"):
+        out = tmp_path / engine
+        argv = ["run", str(model), "--engine", engine, "--output-dir", str(out)]
+        for f in feeds:
+            argv += ["--input", f]
+        assert main(argv) == 0, capsys.readouterr()
+        [saved] = out.glob("*.npy")
+        outs.append(saved.read_bytes())
+    assert outs[0] == outs[1]
