@@ -46,7 +46,9 @@ def _inference_for(op: OpVersion):
     def infer(ctx) -> None:
         specs = []
         for i, param in enumerate(op.inputs):
-            present = i < ctx.get_num_inputs() and ctx.has_input(i)
+            # (onnx < 1.22's has_input is False for an input present with no type: a required
+            # input is present whenever the node has that many inputs)
+            present = i < ctx.get_num_inputs() and (ctx.has_input(i) or not param.optional)
             tp = ctx.get_input_type(i) if present else None
             known = tp is not None and not untyped_tensor(tp)  # (an UNDEFINED element type: unknown)
             specs.append(((spec_of_type(tp) if known else None) or TensorSpec(None, None)) if present else None)
