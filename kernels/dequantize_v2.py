@@ -24,12 +24,12 @@ import threading
 
 import numpy as np
 
-from dyndq.opdefs import PER_GROUP, PER_TENSOR
+from dyndq.opdefs import PER_GROUP, PER_TENSOR, dtypes
 
 from . import narrowing, parallel
 from .parallel import TUNING as T
 
-__all__ = ["dequantize_v2"]
+__all__ = ["dequantize_v2", "exact_zero_points"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -120,12 +120,17 @@ def _zero_points(zps, qtype, pshape):
     if zps is None:
         return None, None
     z = zps.reshape(()) if zps.size == 1 else zps.reshape(pshape)  # one zp: a 0-d array, broadcast
-    if z.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP:
-        return z.astype(_F32), "f32"  # exact (4- and 8-bit values, small int32 ones)
+    return exact_zero_points(z)
+
+
+def exact_zero_points(z: np.ndarray, src_itemsize: int = 1) -> tuple[np.ndarray, str]:
+    """The zero points converted for an exact subtraction, and in what: "f32" when src is of
+    4 or 8 bits and every |zp| <= 2**23 (then |src - zp| < 2**24, exact in float32), else "f64"
+    (exact, |diff| < 2**53, rounded once to float32 afterwards)."""
+    small = z.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP
+    if src_itemsize == 1 and small:
+        return z.astype(_F32), "f32"
     return z.astype(_F64), "f64"
-
-
-_SRC_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7), "uint4": (0, 15)}
 _F16_MIN_NORMAL = 2.0**-14
 _F16_MAX = 65504.0
 
@@ -135,7 +140,7 @@ def _products_normal_or_zero(src_dtype, sc, z) -> bool:
     (then the float16 rounding skips its clamps): |src - zp| is 0 or at least 1, so nonzero
     scales of at least 2**-14 keep nonzero products normal, and the largest |scale| times
     the largest |src - zp| bounds them from above. Finite scales assumed."""
-    lo, hi = _SRC_RANGE[src_dtype.name]
+    lo, hi = dtypes.integer_range(src_dtype)
     z_lo, z_hi = (0.0, 0.0) if z is None or z.size == 0 else (float(z.min()), float(z.max()))
     d_max = max(abs(lo - z_hi), abs(hi - z_lo))
     a = np.abs(sc)  # the parameters' size (no copy of its nonzero part: a masked min instead)

@@ -43,7 +43,7 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
 from . import buffers, parallel
-from .dequantize_v2 import dequantize_v2
+from .dequantize_v2 import dequantize_v2, exact_zero_points
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
@@ -52,7 +52,6 @@ __all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 
 _F32 = np.dtype(np.float32)
-_F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 arithmetic is exact for 8-bit src
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -318,13 +317,8 @@ def _zp_mode(src: np.ndarray, zp: np.ndarray | None):
     """How to subtract the zero point exactly: (mode, zero points converted for it)."""
     if zp is None:
         return None, None
-    if src.dtype.itemsize == 1 and (zp.dtype.itemsize == 1 or zp.size == 0):
-        return "f32", zp.astype(_F32)
-    if src.dtype.itemsize == 1:
-        lo, hi = (int(zp[0]), int(zp[0])) if zp.size == 1 else (int(zp.min()), int(zp.max()))
-        if -_F32_EXACT_ZP <= lo and hi <= _F32_EXACT_ZP:
-            return "f32", zp.astype(_F32)
-    return "f64", zp.astype(np.float64)
+    zval, mode = exact_zero_points(zp, src.dtype.itemsize)
+    return mode, zval
 
 
 def _jobs(src, out, scale, zval, axis, chunk):

@@ -268,19 +268,8 @@ def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=Non
 
 
 def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
-    """The op's arithmetic written plainly: float32(int64(src) - int64(zp)) * scale."""
-    src = np.asarray(src)
-    scales = np.asarray(scales).astype(np.float32)
-    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
-    if qtype == "per_channel":
-        shape = [1] * src.ndim
-        shape[axis] = src.shape[axis]
-        scales = scales.reshape(shape)
-        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
-    else:
-        scales, zp = scales.reshape(()), zp.reshape(())
-    with np.errstate(all="ignore"):
-        return (src.astype(np.int64) - zp).astype(np.float32) * scales
+    """Version 1's arithmetic, float32(int64(src) - int64(zp)) * scale: version 2's with float32 scales."""
+    return oracle_2(src, np.asarray(scales).astype(np.float32), zps, qtype, axis)
 
 
 def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None):
