@@ -232,37 +232,19 @@ def _convert_function(f: onnx.FunctionProto, target: int) -> onnx.FunctionProto:
         [onnx.helper.make_empty_tensor_value_info(i) for i in f.input],
         [onnx.helper.make_empty_tensor_value_info(o) for o in f.output],
     )
-    # Our nodes go through the converter under a domain no schema is registered for: nothing in
-    # a function is typed, and the converter's shape inference would hand our shape functions
-    # inputs without types (onnx 1.21 passes None there, and they fail); it skips our nodes anyway.
-    _rename_domains(graph, {d: _HIDDEN + d for d in domains()})
-    imports = [onnx.helper.make_opsetid(_HIDDEN + o.domain if o.domain in domains() else o.domain, o.version)
-               for o in f.opset_import]
-    wrapper = onnx.helper.make_model(graph, opset_imports=imports)
+    wrapper = onnx.helper.make_model(graph, opset_imports=list(f.opset_import))
     try:
         converted = onnx.version_converter.convert_version(wrapper, target)
     except Exception as e:  # noqa: BLE001
         raise ExportError(
             f"onnx.version_converter could not convert function {f.domain}::{f.name} to opset {target}: {e}"
         ) from e
-    _rename_domains(converted.graph, {_HIDDEN + d: d for d in domains()})
     g = onnx.FunctionProto()
     g.CopyFrom(f)
     del g.node[:]
     g.node.extend(converted.graph.node)
     _set_opset(g.opset_import, "", target)
     return g
-
-
-_HIDDEN = "dyndq.hidden-from-inference."
-
-
-def _rename_domains(graph: onnx.GraphProto, names: dict) -> None:
-    """Rename the domains of the nodes of a graph and its subgraphs, in place."""
-    for g in graphs(graph):
-        for node in g.node:
-            if node.domain in names:
-                node.domain = names[node.domain]
 
 
 def _set_opset(imports, domain: str, version: int) -> None:
