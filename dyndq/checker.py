@@ -43,7 +43,7 @@ def check_node(site: Site, all_types: ValueTypes) -> list[Problem]:
     problems += _arity(op, node)
     attrs, attr_problems = _attributes(op, node)
     problems += attr_problems
-    specs = input_specs(op, node, lambda name: spec_of_type(types.get(name)))
+    specs = input_specs(op, node, all_types.specs_at(site.graph))
     if attrs is not None and all(s is not None for s, p in zip(specs, op.inputs) if not p.optional):
         try:
             inferred = op.shape_inference(*specs, **attrs)

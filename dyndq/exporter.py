@@ -20,7 +20,7 @@ import onnx
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
-from dyndq.converters.onnx_types import attribute_values, spec_of_type
+from dyndq.converters.onnx_types import attribute_values
 from dyndq.function_attrs import inline_referring_functions
 from dyndq.graphs import ai_onnx_version, all_names, function_path, graphs, subgraph_path, subgraphs, walk
 from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
@@ -112,12 +112,8 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if report.converted:
         types = value_types(out)
 
-    def specs(path):  # each graph's own scope: sibling bodies may type a name differently
-        scope = types.at(path)
-        return lambda name: spec_of_type(scope.get(name))
-
     opsets = {o.domain: o.version for o in out.opset_import}
-    _lower_graph(out.graph, "main", opsets, target, names, specs, report)
+    _lower_graph(out.graph, "main", opsets, target, names, types.specs_at, report)
     for k, f in enumerate(out.functions):
         if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
@@ -125,7 +121,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
         f_opsets = {o.domain: o.version for o in f.opset_import}
         path = function_path(f)
         before = len(report.lowered)
-        new = _lower_nodes(list(f.node), path, f_opsets, target, names, lambda path: lambda name: None, report)
+        new = _lower_nodes(list(f.node), path, f_opsets, target, names, types.specs_at, report)
         del f.node[:]
         f.node.extend(new)
         if len(report.lowered) > before:
@@ -165,11 +161,10 @@ def _attrs(op: OpVersion, node: onnx.NodeProto) -> dict:
 
 
 def _needs(site, types) -> Needs:
-    """What the node's lowering needs, asked of its op version; inside a function no
-    dtype is known (TensorSpec(None, None) for every present input)."""
+    """What the node's lowering needs, asked of its op version, with the types its graph
+    sees (inside a function none: TensorSpec(None, None) for every present input)."""
     op = _op_of(site.node, site.opsets)
-    spec_of = (lambda name: None) if site.in_function else (lambda name: spec_of_type(types.at(site.graph).get(name)))
-    return op.lowering_needs(*input_specs(op, site.node, spec_of), **_attrs(op, site.node))
+    return op.lowering_needs(*input_specs(op, site.node, types.specs_at(site.graph)), **_attrs(op, site.node))
 
 
 def _who(site) -> str:

@@ -27,7 +27,6 @@ import onnx
 
 from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
-from dyndq.converters.onnx_types import spec_of_type
 from dyndq.graphs import function_path, walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
 
@@ -77,11 +76,6 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     report = LiftReport()
     types = value_types(out)
 
-    def spec_at(graph):  # each graph's own scope: sibling bodies may type a name differently
-        scope = types.at(graph)
-        return lambda name: spec_of_type(scope.get(name))
-
-    no_types = lambda name: None  # noqa: E731  (a function's inputs have no types)
     imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
     for site in walk(out):
         node = site.node
@@ -93,7 +87,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
         if twice:  # which value would the lifted node take? (ONNX refuses such a node)
             report.skipped.append(SkippedNode(site.graph, who, f"attribute {', '.join(twice)} given more than once", node.op_type))
             continue
-        spec = no_types if site.in_function else spec_at(site.graph)
+        spec = types.specs_at(site.graph)  # its own graph's scope (none inside a function)
         reasons = []
         for op in candidates:  # oldest first: the lowest version that expresses the node
             plan = op.lifting(node, spec)

@@ -11,11 +11,13 @@ exactly where their node stands.  Model-local functions have no types.
 from __future__ import annotations
 
 from collections import ChainMap
-from typing import Mapping
+from typing import Callable, Mapping
 
 import onnx
 
+from dyndq.converters.onnx_types import spec_of_type
 from dyndq.graphs import subgraph_path, subgraphs
+from dyndq.opdefs import TensorSpec
 
 _NO_TYPES: Mapping[str, onnx.TypeProto] = {}
 
@@ -32,6 +34,12 @@ class ValueTypes:
     def get(self, name: str, default=None):
         """A value of the main graph (the scope most callers mean)."""
         return self.at("main").get(name, default)
+
+    def specs_at(self, graph: str) -> Callable[[str], TensorSpec | None]:
+        """name -> the TensorSpec of a value as a node in that graph sees it; None when its
+        type is not known (always, inside a model-local function)."""
+        scope = self.at(graph)
+        return lambda name: spec_of_type(scope.get(name))
 
 
 def value_types(model: onnx.ModelProto) -> ValueTypes:
