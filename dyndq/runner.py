@@ -195,8 +195,6 @@ class OrtBoundary:
         return out
 
     def run(self, session, output_names: list[str], feeds: Mapping[str, object], run_options=None) -> list:
-        import ml_dtypes
-
         asked = [self.renamed_out.get(n, (n, None))[0] for n in output_names]
         results = session.run(asked, self.feeds(feeds), run_options)
         back = []
@@ -205,9 +203,9 @@ class OrtBoundary:
                 narrow = self.renamed_out[name][1]
                 value = np.asarray(value)
                 if narrow == onnx.TensorProto.BFLOAT16:
-                    value = (value.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)
-                else:
-                    value = value.astype(ml_dtypes.int4 if narrow == onnx.TensorProto.INT4 else ml_dtypes.uint4)
+                    value = (value.view(np.uint32) >> 16).astype(np.uint16).view(dtypes.by_name("bfloat16").numpy)
+                else:  # int8/uint8 back to int4/uint4, by value
+                    value = value.astype(dtypes.by_onnx(narrow).numpy)
             back.append(value)
         return back
 
@@ -334,9 +332,7 @@ def _typed(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
     """A void array (as np.load gives an ml_dtypes array back) viewed as the input's dtype."""
     size = _RAW_IN_NPY.get(spec.dtype)
     if size is not None and array.dtype.kind == "V" and array.dtype.names is None and array.dtype.itemsize == size:
-        import ml_dtypes
-
-        return array.view(getattr(ml_dtypes, spec.dtype))
+        return array.view(dtypes.by_name(spec.dtype).numpy)
     return array
 
 
