@@ -147,13 +147,6 @@ def dynamic_dequantize(
 
 # -- lifting: DequantizeLinear -> DynamicDequantize --------------------------------------------
 
-# What each version can take: x dtypes, x_scale dtypes, and whether blocks (per_group) are possible.
-_LIFTABLE = {
-    1: (("int8", "uint8"), ("float32",), False),
-    2: (("int8", "uint8", "int4", "uint4"), ("float32", "float16", "bfloat16"), True),
-}
-
-
 @OP.def_lifting(source=("", "DequantizeLinear"))
 def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
     """The plan to lift a DequantizeLinear node (`spec(name)` gives a value's TensorSpec
@@ -163,12 +156,15 @@ def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRef
     (per channel, with the node's axis), zero point absent or of x's dtype, no
     block_size, float32 output.
     """
-    plan = _plan_or_reason(node, spec, 1)
+    plan = _plan_or_reason(node, spec, OP)
     return LiftRefusal(plan) if isinstance(plan, str) else plan
 
 
-def _plan_or_reason(node, spec, version: int) -> LiftPlan | str:
-    x_dtypes, scale_dtypes, blocks = _LIFTABLE[version]
+def _plan_or_reason(node, spec, op) -> LiftPlan | str:
+    """What op version `op` takes is read off its definition: x of src's dtypes, x_scale of
+    scales', block_size only when it has per_group."""
+    x_dtypes, scale_dtypes = op.allowed_dtypes("src"), op.allowed_dtypes("scales")
+    blocks = PER_GROUP in op.attribute("qtype").allowed
     attrs = attribute_values(node)
     names = list(node.input)
     while names and not names[-1]:
@@ -457,5 +453,5 @@ def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftR
     """Version 2 takes what version 1 does and also: int4/uint4 x, float16/bfloat16 x_scale
     (with output_dtype absent or equal), and blocked DequantizeLinear-21 (block_size) as
     per_group when every dim of x is known and divides exactly."""
-    plan = _plan_or_reason(node, spec, 2)
+    plan = _plan_or_reason(node, spec, OP2)
     return LiftRefusal(plan) if isinstance(plan, str) else plan
