@@ -25,7 +25,7 @@ import textwrap
 
 import numpy as np
 
-from dyndq.wording import first_line, os_error, problem_list
+from dyndq.wording import first_line, os_error, plural, problem_list
 
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
@@ -364,23 +364,11 @@ def cmd_run(args) -> int:
         _err(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}")
         return PROBLEMS
     if args.output_dir:
-        from dyndq.files import ModelFileError, save_array
-
-        files = _output_files(args.output_dir, outputs)
-        try:
-            os.makedirs(args.output_dir, exist_ok=True)
-            for label, path, value in files:
-                save_array(path, value)
-                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
-                      else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-        except ModelFileError as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise UsageError(f"--output-dir {os_error(e)}") from None
+        _save_arrays(args.output_dir, outputs, "--output-dir")
     else:
         for name, value in outputs.items():
             if isinstance(value, list):
-                print(f"{name}: a sequence of {len(value)} tensor{'s' if len(value) != 1 else ''}")
+                print(f"{name}: a sequence of {plural(len(value), 'tensor')}")
                 for i, item in enumerate(value):
                     print("  " + _summary(f"{name}[{i}]", item))
             elif value is None:
@@ -409,7 +397,7 @@ def _onednn_parsers(sub) -> None:
 def cmd_import_onednn(args) -> int:
     import dyndq
     from dyndq import onednn
-    from dyndq.files import ModelFileError, save_array, save_model
+    from dyndq.files import ModelFileError, save_model
 
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
@@ -423,17 +411,10 @@ def cmd_import_onednn(args) -> int:
         print(f"wrote {args.output}: {report.summary()}")
         for note in report.notes:
             print(f"  note: {note}")
-        if args.inputs_dir:
-            os.makedirs(args.inputs_dir, exist_ok=True)
-            for name, value in onednn.example_inputs(model, args.seed).items():
-                path = os.path.join(args.inputs_dir, _SAFE_NAME.sub("_", name) + ".npy")
-                save_array(path, value)
-                print(f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-                if value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: .npy keeps only the bytes
-                    print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
-                          f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
+    if args.inputs_dir:
+        _save_arrays(args.inputs_dir, onednn.example_inputs(model, args.seed), "--inputs-dir", raw_bytes_note=True)
     return OK
 
 
@@ -463,6 +444,28 @@ def _stem(path: str) -> str:
 def _clean(name: str) -> str:
     safe = _SAFE_NAME.sub("_", name)
     return "_" + safe[1:] if safe.startswith(".") else safe  # no hidden files, no "." or ".."
+
+
+def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool = False) -> None:
+    """Write each array (or each item of a list of arrays) as a .npy file in `folder`, named
+    by `_output_files`, saying what was written (and, with raw_bytes_note, how to read back
+    the dtypes NumPy stores as raw bytes)."""
+    from dyndq.files import ModelFileError, save_array
+
+    files = _output_files(folder, arrays)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for label, path, value in files:
+            save_array(path, value)
+            print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
+                  else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+            if raw_bytes_note and value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: bytes only
+                print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
+                      f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{flag} {os_error(e)}") from None
 
 
 def _output_files(folder: str, outputs: dict) -> list[tuple[str, str, np.ndarray]]:
