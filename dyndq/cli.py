@@ -421,6 +421,7 @@ def cmd_import_onednn(args) -> int:
 def cmd_export_onednn(args) -> int:
     import dyndq
     from dyndq import onednn
+    from dyndq.files import ModelFileError
 
     loaded = _load(args.model)
     try:
@@ -430,6 +431,8 @@ def cmd_export_onednn(args) -> int:
         return PROBLEMS
     try:
         onednn.save_json(doc, args.output)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{args.output}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "

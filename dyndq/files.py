@@ -285,6 +285,13 @@ def save_array(path: str | os.PathLike, array) -> None:
     new file gets (0666 less the umask), as models do."""
     import numpy as np
 
+    write_atomically(path, lambda f: np.save(f, np.asarray(array), allow_pickle=False))
+
+
+def write_atomically(path: str | os.PathLike, write) -> None:
+    """`write(binary file)` to a staging file beside `path`, then one rename onto it: `path` is
+    never half-written, only a regular file (or a link to one) is replaced, and the file gets
+    the mode a new file gets (0666 less the umask)."""
     path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
     _remove_stale_staging(folder, name)
@@ -296,7 +303,7 @@ def save_array(path: str | os.PathLike, array) -> None:
         try:
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600
             with os.fdopen(fd, "wb") as f:
-                np.save(f, np.asarray(array), allow_pickle=False)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

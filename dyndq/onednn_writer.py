@@ -11,8 +11,6 @@ is refused with every problem named.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import onnx
 
@@ -158,17 +156,8 @@ def dump(model: onnx.ModelProto) -> dict:
 
 
 def save_json(doc: dict, path) -> None:
-    """Write `doc` to `path` as JSON, atomically (a temporary file beside it, then a rename)."""
-    path = os.path.abspath(os.fspath(path))
-    folder, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Write `doc` to `path` as JSON, atomically (dyndq.files.write_atomically: a staging file
+    beside it, then a rename; only a regular file is replaced)."""
+    from dyndq.files import write_atomically
+
+    write_atomically(path, lambda f: f.write((json.dumps(doc, indent=2) + "\n").encode("utf-8")))

@@ -59,3 +59,18 @@ def test_example_inputs_of_int4_run_from_their_npy_files(tmp_path, capsys):
         [saved] = out.glob("*.npy")
         outs.append(saved.read_bytes())
     assert outs[0] == outs[1]
+
+
+def test_export_onednn_writes_as_every_writer_does(tmp_path, capsys):
+    """Through dyndq.files' atomic writer: a FIFO at the output path is refused, not replaced."""
+    import os
+
+    model = tmp_path / "m.onnx"
+    assert main(["import-onednn", str(ROOT / "tests" / "data" / "onednn" / "op" / "f32" / "dynamicdq.json"),
+                 str(model)]) == 0
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    assert main(["export-onednn", str(model), str(fifo)]) == 2
+    assert "is a FIFO" in capsys.readouterr().err
+    assert main(["export-onednn", str(model), str(tmp_path / "g.json")]) == 0
+    assert (tmp_path / "g.json").read_text().endswith("}\n")
