@@ -94,6 +94,12 @@ def attribute_value(attr: AttributeProto):
     return v
 
 
+def repeated_attributes(node: onnx.NodeProto) -> list[str]:
+    """The names of the attributes a node carries more than once, each once, in order."""
+    names = [a.name for a in node.attribute]
+    return list(dict.fromkeys(n for n in names if names.count(n) > 1))
+
+
 def attribute_values(node: onnx.NodeProto) -> dict:
     """A node's attributes as Python values (the last one wins for a name given twice)."""
     return {a.name: attribute_value(a) for a in node.attribute}

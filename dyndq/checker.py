@@ -10,7 +10,8 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, external_data_helper
 
-from dyndq.converters.onnx_types import ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, spec_of_type
+from dyndq.converters.onnx_types import (ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value,
+                                        repeated_attributes, spec_of_type)
 from dyndq.graphs import Site, walk
 from dyndq.opdefs import (
     OpVersion,
@@ -203,11 +204,10 @@ def duplicate_attributes(site: Site) -> list[Problem]:
     """An attribute given twice on a node of any domain. ONNX's checker refuses it (stopping
     there), but onnx.reference runs the node with the last value and ONNX Runtime with another:
     so it is named here, at its node, for every node (ours are judged in check_node)."""
-    names = [a.name for a in site.node.attribute]
     node = site.node
     where = dict(op=f"{node.domain or 'ai.onnx'}::{node.op_type}", node=node.name, node_index=site.index, graph=site.graph)
     return [Problem(name, "the attribute given more than once", "each attribute at most once").at(**where)
-            for name in dict.fromkeys(n for n in names if names.count(n) > 1)]
+            for name in repeated_attributes(node)]
 
 
 def _takes_references(site: Site) -> bool:

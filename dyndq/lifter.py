@@ -27,6 +27,7 @@ import onnx
 
 from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
+from dyndq.converters.onnx_types import repeated_attributes
 from dyndq.graphs import function_path, walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
 
@@ -83,7 +84,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
         if not candidates:
             continue
         who = node.name or node.output[0]
-        twice = sorted({a.name for a in node.attribute if [b.name for b in node.attribute].count(a.name) > 1})
+        twice = sorted(repeated_attributes(node))
         if twice:  # which value would the lifted node take? (ONNX refuses such a node)
             report.skipped.append(SkippedNode(site.graph, who, f"attribute {', '.join(twice)} given more than once", node.op_type))
             continue
