@@ -183,7 +183,7 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return np.zeros(a.shape if a.size >= b.size else b.shape, bool)
-    if a.dtype.kind == "f":
+    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":  # (ml_dtypes' bfloat16 is kind "V")
         view = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
         return a.view(view) == b.view(view)
     return a == b

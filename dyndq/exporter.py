@@ -22,7 +22,7 @@ from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values
 from dyndq.function_attrs import inline_referring_functions
-from dyndq.graphs import ai_onnx_version, all_names, function_path, graphs, subgraph_path, subgraphs, walk
+from dyndq.graphs import ai_onnx_version, all_names, function_path, graphs, subgraph_path, subgraphs, walk, with_nested
 from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
 
 # Model-local functions need at least this IR version.
@@ -303,13 +303,7 @@ def _our_sites(model: onnx.ModelProto):
 
 
 def _uses_domain_nodes(nodes, ours) -> bool:
-    for node in nodes:
-        if node.domain in ours:
-            return True
-        for _, g in subgraphs(node):
-            if any(n.domain in ours for sub in graphs(g) for n in sub.node):
-                return True
-    return False
+    return any(n.domain in ours for node in nodes for n in with_nested(node))
 
 
 def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:

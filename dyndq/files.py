@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import onnx
 
-from dyndq.graphs import Site, function_path, graphs, walk
+from dyndq.graphs import Site, function_path, walk, with_nested
 from dyndq.opdefs import domains
 
 
@@ -21,7 +21,7 @@ def functions_with_references(model: onnx.ModelProto) -> list[tuple[str, str]]:
     ours = domains()
     found = []
     for f in model.functions:
-        nodes = [n for node in f.node for n in _with_nested(node)]
+        nodes = [n for node in f.node for n in with_nested(node)]
         if any(n.domain in ours and any(a.ref_attr_name for a in n.attribute) for n in nodes):
             found.append((f.domain, f.name))
     return found
@@ -80,7 +80,3 @@ def inline_referring_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.inliner.inline_selected_functions(model, ids)
 
 
-def _with_nested(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    from dyndq.graphs import subgraphs
-
-    return [node] + [n for _, g in subgraphs(node) for sub in graphs(g) for n in sub.node]

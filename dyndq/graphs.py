@@ -50,6 +50,11 @@ def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
             yield from graphs(g)
 
 
+def with_nested(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """The node, then every node of every graph nested in it (If/Loop/Scan bodies), at any depth."""
+    return [node] + [n for _, g in subgraphs(node) for sub in graphs(g) for n in sub.node]
+
+
 def walk(model: onnx.ModelProto) -> Iterator[Site]:
     """Every node of the model: main graph and nested graphs (depth first, each node before
     its bodies), then each function. The protos are the model's own: editing them edits it."""

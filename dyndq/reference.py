@@ -182,11 +182,11 @@ def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
     ReferenceEvaluator builds functions in the order the model lists them, each knowing only
     the ones before it, so a function that calls one listed after it fails ("Node type 'Inner'
     ... is unknown"), while ONNX itself (and ONNX Runtime) accept any order."""
-    from dyndq.graphs import graphs
+    from dyndq.graphs import with_nested
 
     functions = {(f.domain, f.name): f for f in model.functions}
     callees = {
-        key: {(n.domain, n.op_type) for node in f.node for n in [node, *_nested(node, graphs)]} & functions.keys()
+        key: {(n.domain, n.op_type) for node in f.node for n in with_nested(node)} & functions.keys()
         for key, f in functions.items()
     }
     order: list[tuple[str, str]] = []
@@ -212,11 +212,6 @@ def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _nested(node: onnx.NodeProto, graphs) -> list[onnx.NodeProto]:
-    """The nodes of every graph nested in `node` (If/Loop/Scan bodies), at any depth."""
-    from dyndq.graphs import subgraphs
-
-    return [n for _, g in subgraphs(node) for sub in graphs(g) for n in sub.node]
 
 
 def reference_evaluator(model, **kwargs) -> ReferenceEvaluator:
