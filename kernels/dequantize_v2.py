@@ -29,7 +29,7 @@ from dyndq.opdefs import PER_GROUP, PER_TENSOR, dtypes
 from . import narrowing, parallel
 from .parallel import TUNING as T
 
-__all__ = ["dequantize_v2", "exact_zero_points"]
+__all__ = ["dequantize_v2", "exact_zero_points", "view"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -40,7 +40,7 @@ def dequantize_v2(src, scales, zps, qtype, axis, group_shape, out, threads=None)
     """Fill out (T2, src's shape) and return it; arguments already judged valid."""
     if src.size == 0:
         return out
-    vshape, varies = _view(src.shape, qtype, axis, group_shape)
+    vshape, varies = view(src.shape, qtype, axis, group_shape)
     pshape = tuple(d if v else 1 for d, v in zip(vshape, varies))
     sc = np.asarray(scales, dtype=_F32).reshape(pshape)  # native order, exact
     z, mode = _zero_points(zps, qtype, pshape)
@@ -92,7 +92,7 @@ def _block(s, o, sc, z, mode, narrow, scratch, may_hold_nan, normal_or_zero):
 _NARROW = {"float32": None, "float16": "float16", "bfloat16": "bfloat16"}
 
 
-def _view(shape, qtype, axis, group_shape):
+def view(shape, qtype, axis, group_shape):
     """A shape src can be viewed in (C order), and for each of its dims whether the
     parameters vary along it (else they broadcast)."""
     if qtype == PER_TENSOR:

@@ -42,8 +42,8 @@ import numpy as np
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
-from . import buffers, parallel
-from .dequantize_v2 import dequantize_v2, exact_zero_points
+from . import buffers, native, parallel
+from .dequantize_v2 import dequantize_v2, exact_zero_points, view
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
@@ -227,11 +227,19 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
             _VALID[key] = True
-    dst = np.dtype(scales.dtype.name)  # T2, in native byte order
+    dst = _native_order(scales.dtype)  # T2
+    if native.usable(src, out, dst):  # the compiled kernel, every form in one fused pass
+        if out is None:
+            out = _output(src, dst)
+        if qtype == PER_TENSOR:
+            vshape, varies = (src.size,), (False,)
+        else:
+            vshape, varies = view(src.shape, qtype, axis, attrs.get("group_shape"))
+        return native.dequantize(src, scales, zps, vshape, varies, out, threads)
     if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
             and (zps is None or zps.dtype in _FAST_ZPS)):
         if out is None:
-            out = buffers.empty(src.shape, dst)  # a freed output's buffer when there is one
+            out = _output(src, dst)
         return dequantize_v2(src, scales, zps, qtype, axis, attrs.get("group_shape"), out, threads)
     if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
         scale = scales.item()
@@ -248,9 +256,20 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             np.multiply(out, scale, out=out)
             return out
     if out is None:
-        out = buffers.empty(src.shape, _F32)  # a freed output's buffer when there is one
+        out = _output(src, _F32)
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
     return out
+
+
+def _native_order(d: np.dtype) -> np.dtype:
+    # np.dtype(d.name) would do, at ten times the cost of a tiny call's arithmetic
+    return d if d.isnative else d.newbyteorder("=")
+
+
+def _output(src, dst):
+    """An output for src: a freed output's buffer when there is one (buffers.py); tiny
+    ones straight from NumPy, whose small allocations are cheap already."""
+    return np.empty(src.shape, dst) if src.size <= T.small else buffers.empty(src.shape, dst)
 
 
 def _extras_ok(src, scales, zps, out, threads) -> bool:
@@ -262,7 +281,7 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
         return True
     return (
         type(out) is np.ndarray
-        and out.dtype == np.dtype(scales.dtype.name)
+        and out.dtype == _native_order(scales.dtype)
         and out.shape == src.shape
         and out.flags.writeable
         and not np.may_share_memory(out, src)

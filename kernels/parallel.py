@@ -17,9 +17,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "reset_pool", "THREADS_ENV"]
+__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "reset_pool", "THREADS_ENV", "NATIVE_ENV"]
 
 THREADS_ENV = "DYNDQ_NUM_THREADS"
+NATIVE_ENV = "DYNDQ_NATIVE"
+_OFF = {"0", "off", "false", "no"}
 
 
 @dataclasses.dataclass
@@ -34,6 +36,10 @@ class Tuning:
     expand_max: int = 1 << 14  # per-channel params repeated along a row up to this length
     row_broadcast_min: int = 1024  # rows at least this long take broadcast params, not tiled ones
     cores: int | None = None  # None: the cores this process may run on (sched_getaffinity)
+    # outputs of at least this many bytes are written past the cache (kernels/_native.c, emit)
+    stream_min: int = 8 << 20
+    # the compiled kernel (kernels/native.py) when built; DYNDQ_NATIVE=0 starts with it off
+    native: bool = dataclasses.field(default_factory=lambda: os.environ.get(NATIVE_ENV, "1").lower() not in _OFF)
 
 
 TUNING = Tuning()

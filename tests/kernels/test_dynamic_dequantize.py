@@ -1,4 +1,4 @@
-"""The NumPy kernel of DynamicDequantize-1, against an oracle written plainly here.
+"""The kernels (compiled and NumPy) of DynamicDequantize-1, against an oracle written plainly here.
 
 The oracle is the op's formula, with int64 arithmetic and nothing clever: (int64(src) - int64(zp)).astype(float32) * scales, broadcast
 along the axis.  Results are compared bit for bit (NaN payloads, -0 included).
@@ -23,6 +23,9 @@ dynamic_dequantize = DYNAMIC_DEQUANTIZE_1.kernel
 from dyndq.kernels import dynamic_dequantize as kmod
 from dyndq.kernels import parallel
 from dyndq.kernels.parallel import TUNING, tuned
+
+# every test here runs on the compiled kernel and on the NumPy one (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 from cases import INVALID, VALID, ids, oracle, same_bits
 

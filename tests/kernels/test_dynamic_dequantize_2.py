@@ -15,6 +15,9 @@ from dyndq import DYNAMIC_DEQUANTIZE_2, TensorSpec, ValidationError
 from dyndq.kernels import narrowing
 from dyndq.kernels.parallel import tuned
 
+# every test here runs on the compiled kernel and on the NumPy one (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 from cases import oracle_2, same_bits
 
 dynamic_dequantize = dyndq.dynamic_dequantize

@@ -1,0 +1,415 @@
+/* dyndq's optional compiled kernel: DynamicDequantize in one fused pass.
+
+    out[e] = T2(float32(int64(src[e]) - int64(zp[p(e)])) * scale[p(e)])
+
+NumPy needs a pass per step (cast, subtract, multiply, and a dozen for a float16
+rounding), where this makes one: it reads a byte of src and writes the output
+once.  Nothing in NumPy, ml_dtypes or ONNX Runtime does that for our forms with
+our bits (ORT's blocked int4 path is several times slower, and its float16 NaNs
+differ by code path), hence this file.  It is optional: kernels/native.py falls
+back to the NumPy kernels when it is not built, and the tests run both.
+
+The caller (kernels/native.py) has done every check and conversion:
+* src is C-contiguous bytes: int8, uint8, or int4/uint4 one element a byte (the
+  low nibble, sign-extended for int4, as ml_dtypes reads it);
+* it is viewed as dims[0..k-1] (C order); params vary along the dims flagged in
+  `varies` and broadcast along the others; scales are float32 and zps int32, both
+  contiguous, of the varying dims' shape;
+* zps is absent, or "narrow" (src - zp fits in int32, so its conversion to
+  float32 is the one rounding of the exact difference), or "wide" (subtract in
+  int64);
+* out is C-contiguous float32, or float16 / bfloat16 bits.
+
+Exactness: the integer difference is exact; its conversion to float32 rounds to
+nearest even (the one rounding of the oracle); one float32 multiply (no fused
+multiply-add: built with -ffp-contract=off); then one rounding to T2, nearest
+even, written out in integer steps below and checked against NumPy's and
+ml_dtypes' casts over all 2**32 float32 patterns.  float16 NaNs are the one quiet
+NaN 0x7E00 (kernels/narrowing.py says why); bfloat16 NaNs are ml_dtypes' (0x7FC0
+with the sign).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DIMS 32
+
+enum { SRC_I8, SRC_U8, SRC_I4, SRC_U4 };
+enum { DST_F32, DST_F16, DST_BF16 };
+enum { ZP_NONE, ZP_NARROW, ZP_WIDE };
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Built for each x86-64 level; glibc picks the best the CPU has when the module loads. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+INLINE uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+INLINE float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* float32 -> float16, nearest even; NaN -> 0x7E00 (no sign, no payload).
+   Each of the three cases is computed for every element and one is selected, so the
+   loop has no branch and the compiler vectorizes it:
+   * |f| >= 65536 (or Inf/NaN): Inf, or the canonical NaN;
+   * |f| < 2**-14: |f| + 0.5 rounds |f| to a multiple of 2**-24 (float16's subnormal
+     spacing, the ulp of 0.5 in float32); the bits above 0.5's are the float16's;
+   * else: rebase the exponent (-112), add half an ulp less one plus the kept lsb
+     (nearest even), drop 13 bits; a carry into the exponent is the right result,
+     65520 and up included (they reach 0x7C00, Inf). */
+INLINE uint16_t to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t a = (int32_t)(x & 0x7FFFFFFFu);
+    uint32_t big = a > 0x7F800000 ? 0x7E00u : 0x7C00u;
+    uint32_t sub = f32_bits(bits_f32((uint32_t)a) + 0.5f) - 0x3F000000u;
+    uint32_t nrm = ((uint32_t)a + 0xC8000FFFu + (((uint32_t)a >> 13) & 1u)) >> 13;
+    uint32_t o = a >= 0x47800000 ? big : (a < 0x38800000 ? sub : nrm);
+    return (uint16_t)(o | (a > 0x7F800000 ? 0u : sign));
+}
+
+/* float32 -> bfloat16, nearest even, as ml_dtypes (Eigen) casts: a NaN keeps its sign
+   and becomes 0x7FC0; subnormals are kept. */
+INLINE uint16_t to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    uint32_t nan = ((x >> 16) & 0x8000u) | 0x7FC0u;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : r);
+}
+
+INLINE int32_t load(const uint8_t *s, Py_ssize_t j, int src) {
+    uint8_t b = s[j];
+    switch (src) {
+    case SRC_I8: return (int8_t)b;
+    case SRC_U8: return b;
+    case SRC_I4: return (int32_t)(int8_t)(uint8_t)(b << 4) >> 4;
+    default: return b & 15;
+    }
+}
+
+INLINE float diff(const uint8_t *s, Py_ssize_t j, int src, int zmode, int32_t z) {
+    int32_t v = load(s, j, src);
+    if (zmode == ZP_NONE) return (float)v;
+    if (zmode == ZP_NARROW) return (float)(v - z);
+    return (float)((int64_t)v - (int64_t)z);
+}
+
+INLINE void store(void *o, Py_ssize_t j, int dst, float p) {
+    switch (dst) {
+    case DST_F32: ((float *)o)[j] = p; break;
+    case DST_F16: ((uint16_t *)o)[j] = to_f16(p); break;
+    default: ((uint16_t *)o)[j] = to_bf16(p); break;
+    }
+}
+
+/* One run of n elements with one zp and one scale. */
+INLINE void run_const(const uint8_t *s, void *o, float c, int32_t z, Py_ssize_t n, int src, int dst, int zmode) {
+    for (Py_ssize_t j = 0; j < n; j++)
+        store(o, j, dst, diff(s, j, src, zmode, z) * c);
+}
+
+/* n elements from column `col` of a row whose params change every g columns (g == 1:
+   at every element; g >= the row's length: never).  Every combination of the kinds is
+   its own loop once inlined into `segment`. */
+INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
+                Py_ssize_t g, int src, int dst, int zmode) {
+    if (g == 1) {
+        sc += col;
+        zp = zmode == ZP_NONE ? zp : zp + col;
+        for (Py_ssize_t j = 0; j < n; j++)
+            store(o, j, dst, diff(s, j, src, zmode, zmode == ZP_NONE ? 0 : zp[j]) * sc[j]);
+        return;
+    }
+    Py_ssize_t gi = col / g, off = col % g, j = 0;
+    const int out_size = dst == DST_F32 ? 4 : 2;
+    while (j < n) {
+        Py_ssize_t m = g - off < n - j ? g - off : n - j;
+        const float c = sc[gi];
+        const int32_t z = zmode == ZP_NONE ? 0 : zp[gi];
+        char *oj = (char *)o + j * out_size;
+        /* the usual group sizes as constants: a loop of known length unrolls into a few
+           vector instructions, where one of unknown length pays its set-up at every group */
+        switch (m) {
+        case 32: run_const(s + j, oj, c, z, 32, src, dst, zmode); break;
+        case 64: run_const(s + j, oj, c, z, 64, src, dst, zmode); break;
+        case 128: run_const(s + j, oj, c, z, 128, src, dst, zmode); break;
+        default: run_const(s + j, oj, c, z, m, src, dst, zmode); break;
+        }
+        j += m;
+        gi++;
+        off = 0;
+    }
+}
+
+#define SEG(SRC, DST, Z) seg(s, o, sc, zp, col, n, g, SRC, DST, Z)
+#define BY_ZP(SRC, DST) \
+    (zmode == ZP_NONE ? SEG(SRC, DST, ZP_NONE) : zmode == ZP_NARROW ? SEG(SRC, DST, ZP_NARROW) : SEG(SRC, DST, ZP_WIDE))
+#define BY_DST(SRC) \
+    (dst == DST_F32 ? BY_ZP(SRC, DST_F32) : dst == DST_F16 ? BY_ZP(SRC, DST_F16) : BY_ZP(SRC, DST_BF16))
+
+INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
+                    Py_ssize_t g, int src, int dst, int zmode) {
+    switch (src) {
+    case SRC_I8: BY_DST(SRC_I8); break;
+    case SRC_U8: BY_DST(SRC_U8); break;
+    case SRC_I4: BY_DST(SRC_I4); break;
+    default: BY_DST(SRC_U4); break;
+    }
+}
+
+/* Writing the output, where the CPU has AVX2 and F16C (use_avx2): the products are
+   staged as float32 in a block that stays in L1, then converted 8 at a time and
+   stored.  float16 goes through the CPU's own conversion (nearest even), a NaN (bits
+   above 0x7C00 once the sign is off) made 0x7E00; bfloat16 through the same integer
+   rounding as to_bf16.  With `stream`, stores bypass the cache (non-temporal): a large
+   output is then written without first being read into the cache, which is most of
+   what memory costs (oneDNN's reorders write so too); small outputs are kept in cache
+   for whatever reads them next. */
+static int use_avx2 = 0;
+#define STAGE 2048
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,f16c")))
+
+AVX2 static inline __m128i bf16x8(__m256 v) {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(x, 16);
+    __m256i r = _mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF));
+    r = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i qnan = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7FC0));
+    r = _mm256_blendv_epi8(r, qnan, nan);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)); /* all <= 0xFFFF */
+}
+
+AVX2 static inline __m128i f16x8(__m256 v) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(0x7C00));
+    return _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan);
+}
+
+AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    Py_ssize_t i = 0;
+    if (stream) /* up to the first vector-aligned element (never, for an array not element-aligned) */
+        while (i < n && ((uintptr_t)(o + i * size) & (8 * size - 1)) != 0) {
+            store(o, i, dst, f[i]);
+            i++;
+        }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(f + i);
+        if (dst == DST_F32) {
+            if (stream) _mm256_stream_ps((float *)o + i, v);
+            else _mm256_storeu_ps((float *)o + i, v);
+        } else {
+            const __m128i h = dst == DST_F16 ? f16x8(v) : bf16x8(v);
+            if (stream) _mm_stream_si128((__m128i *)((uint16_t *)o + i), h);
+            else _mm_storeu_si128((__m128i *)((uint16_t *)o + i), h);
+        }
+    }
+    for (; i < n; i++)
+        store(o, i, dst, f[i]);
+}
+
+static void fence(void) { _mm_sfence(); } /* non-temporal stores made visible before we return */
+
+static void detect_cpu(void) {
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+#else
+static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
+    for (Py_ssize_t i = 0; i < n; i++) store(o, i, dst, f[i]);
+}
+static void fence(void) {}
+static void detect_cpu(void) {}
+#endif
+
+typedef struct {
+    const uint8_t *src;
+    char *out;
+    const float *scales;
+    const int32_t *zps;
+    int k, src_kind, dst_kind, zmode, out_size;
+    Py_ssize_t g; /* params change every g columns of a row (see seg) */
+    int stream;   /* non-temporal stores (see emit) */
+    Py_ssize_t dims[MAX_DIMS], pstride[MAX_DIMS];
+} Job;
+
+/* Elements [start, stop) of the view, row by row (a row: the innermost dim, or the two
+   innermost when groups of g along the last dim vary along the one before), keeping
+   the index and the params' offset as counters rather than dividing at every row. */
+CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
+    const int k = J->k;
+    const Py_ssize_t L = J->dims[k - 1];
+    Py_ssize_t idx[MAX_DIMS];
+    Py_ssize_t r = start / L, col = start % L, poff = 0;
+    for (int d = k - 2; d >= 0; d--) {
+        idx[d] = r % J->dims[d];
+        r /= J->dims[d];
+        poff += idx[d] * J->pstride[d];
+    }
+    const float *sc;
+    const int32_t *zp;
+    Py_ssize_t e = start;
+    while (e < stop) {
+        Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
+        sc = J->scales + poff;
+        zp = J->zps ? J->zps + poff : NULL;
+        if (use_avx2 && (J->stream || J->dst_kind == DST_F16)) {
+            float buf[STAGE];
+            for (Py_ssize_t j = 0; j < n; j += STAGE) {
+                Py_ssize_t m = n - j < STAGE ? n - j : STAGE;
+                segment(J->src + e + j, buf, sc, zp, col + j, m, J->g, J->src_kind, DST_F32, J->zmode);
+                emit(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
+            }
+        } else {
+            segment(J->src + e, J->out + e * J->out_size, sc, zp, col, n, J->g, J->src_kind, J->dst_kind, J->zmode);
+        }
+        e += n;
+        col = 0;
+        for (int d = k - 2; d >= 0; d--) { /* next row: carry through the outer dims */
+            poff += J->pstride[d];
+            if (++idx[d] < J->dims[d]) break;
+            poff -= idx[d] * J->pstride[d];
+            idx[d] = 0;
+        }
+    }
+    if (J->stream && use_avx2)
+        fence();
+}
+
+static int buffer_ok(Py_buffer *b, Py_ssize_t need, const char *what) {
+    if (b->len < need) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zd needed", what, b->len, need);
+        return 0;
+    }
+    return 1;
+}
+
+/* dequantize(src, out, scales, zps, dims, varies, src_kind, dst_kind, zmode, start, stop, stream) */
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    Py_buffer s = {0}, o = {0}, sc = {0}, z = {0};
+    PyObject *zobj, *dims, *varies;
+    Job J;
+    Py_ssize_t start, stop;
+    PyObject *result = NULL;
+    memset(&J, 0, sizeof J);
+    if (!PyArg_ParseTuple(args, "y*w*y*OO!O!iiinnp", &s, &o, &sc, &zobj, &PyTuple_Type, &dims, &PyTuple_Type,
+                          &varies, &J.src_kind, &J.dst_kind, &J.zmode, &start, &stop, &J.stream))
+        return NULL;
+    if (zobj != Py_None && PyObject_GetBuffer(zobj, &z, PyBUF_SIMPLE) < 0)
+        goto done;
+    J.k = (int)PyTuple_GET_SIZE(dims);
+    if (J.k < 1 || J.k > MAX_DIMS || PyTuple_GET_SIZE(varies) != J.k) {
+        PyErr_SetString(PyExc_ValueError, "dims and varies: 1 to 32 of each, as many of one as the other");
+        goto done;
+    }
+    if (J.src_kind < SRC_I8 || J.src_kind > SRC_U4 || J.dst_kind < DST_F32 || J.dst_kind > DST_BF16 ||
+        J.zmode < ZP_NONE || J.zmode > ZP_WIDE || (J.zmode == ZP_NONE) != (zobj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "unknown src, dst or zero-point kind");
+        goto done;
+    }
+    Py_ssize_t n = 1, np_ = 1;
+    for (int d = J.k - 1; d >= 0; d--) {
+        J.dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(dims, d));
+        int v = PyObject_IsTrue(PyTuple_GET_ITEM(varies, d));
+        if (PyErr_Occurred() || v < 0) goto done;
+        if (J.dims[d] < 1) {
+            PyErr_SetString(PyExc_ValueError, "dims must be positive");
+            goto done;
+        }
+        J.pstride[d] = v ? np_ : 0;
+        if (v) np_ *= J.dims[d];
+        n *= J.dims[d];
+    }
+    J.out_size = J.dst_kind == DST_F32 ? 4 : 2;
+    /* the row: the last dim, or the last two when params vary along the one but not the
+       other (groups along the last dim: a row of whole groups, fewer and longer rows) */
+    if (J.pstride[J.k - 1] != 0) {
+        J.g = 1;
+    } else if (J.k >= 2 && J.pstride[J.k - 2] != 0) {
+        J.g = J.dims[J.k - 1];
+        J.dims[J.k - 2] *= J.dims[J.k - 1];
+        J.k--;
+    } else {
+        J.g = J.dims[J.k - 1];
+    }
+    if (!buffer_ok(&s, n, "src") || !buffer_ok(&o, n * J.out_size, "out") ||
+        !buffer_ok(&sc, np_ * 4, "scales") || (z.buf && !buffer_ok(&z, np_ * 4, "zps")))
+        goto done;
+    if (start < 0 || stop > n || start > stop) {
+        PyErr_SetString(PyExc_ValueError, "start and stop must lie within the view");
+        goto done;
+    }
+    J.src = s.buf;
+    J.out = o.buf;
+    J.scales = sc.buf;
+    J.zps = z.buf;
+    if (stop > start) {
+        Py_BEGIN_ALLOW_THREADS
+        run_range(&J, start, stop);
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&sc);
+    if (z.buf) PyBuffer_Release(&z);
+    return result;
+}
+
+/* The roundings alone, built like run_range, so that a test of them tests the kernel's. */
+CLONES static void narrow_range(const float *f, uint16_t *u, Py_ssize_t n, int dst) {
+    if (dst == DST_F16)
+        for (Py_ssize_t i = 0; i < n; i++) u[i] = to_f16(f[i]);
+    else
+        for (Py_ssize_t i = 0; i < n; i++) u[i] = to_bf16(f[i]);
+}
+
+/* narrow(f32_bytes, out_bytes, dst_kind, portable): portable=1 takes the plain C
+   roundings even where the CPU has AVX2/F16C (machines without them run those) */
+static PyObject *py_narrow(PyObject *self, PyObject *args) {
+    Py_buffer p = {0}, o = {0};
+    int dst, portable;
+    if (!PyArg_ParseTuple(args, "y*w*ip", &p, &o, &dst, &portable))
+        return NULL;
+    Py_ssize_t n = p.len / 4;
+    PyObject *result = NULL;
+    if ((dst != DST_F16 && dst != DST_BF16) || o.len < n * 2) {
+        PyErr_SetString(PyExc_ValueError, "dst_kind must be float16 or bfloat16, out 2 bytes an element");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (use_avx2 && !portable)
+            emit(p.buf, o.buf, n, dst, 0);
+        else
+            narrow_range(p.buf, o.buf, n, dst);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&p);
+    PyBuffer_Release(&o);
+    return result;
+}
+
+static PyObject *py_has_avx2(PyObject *self, PyObject *unused) { return PyBool_FromLong(use_avx2); }
+
+static PyMethodDef methods[] = {
+    {"dequantize", py_dequantize, METH_VARARGS, "Elements [start, stop) of a dequantization (see kernels/native.py)."},
+    {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 (1) or bfloat16 (2) bits, as the kernel rounds."},
+    {"has_avx2", py_has_avx2, METH_NOARGS, "Whether the output is written with AVX2/F16C (see emit)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    detect_cpu();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,107 @@
+"""The compiled kernel (kernels/_native.c), when it was built: one fused pass per element.
+
+NumPy makes a pass per step (cast, subtract, multiply, a dozen for a float16
+rounding); _native.c reads each byte of src once and writes each output element
+once, which is what memory costs.  It is optional: `pip install` builds it where a
+C compiler is found, and without it (or with DYNDQ_NATIVE=0, or TUNING.native
+False) the NumPy kernels run, with the same bits.
+
+This module does what the C side expects done: the view in which the parameters
+broadcast (dequantize_v2.view, the one the NumPy path blocks by), float32 scales,
+int32 zero points shaped like the scales, and a choice of integer width for the
+subtraction; then it shares the elements among threads (the C loop releases the
+GIL).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dyndq.opdefs import dtypes
+
+from . import parallel
+from .parallel import TUNING as T
+
+try:
+    from . import _native
+except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
+    _native = None
+
+__all__ = ["built", "usable", "dequantize", "narrow"]
+
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_U8 = np.dtype(np.uint8)
+_U16 = np.dtype(np.uint16)
+_SRC = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int8", "uint8", "int4", "uint4"))}
+_DST = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
+_ZP_NONE, _ZP_NARROW, _ZP_WIDE = 0, 1, 2
+# |zp| up to this: src - zp fits in int32 for every src of ours (|src| <= 255)
+_NARROW_ZP = (1 << 31) - 256
+
+
+def built() -> bool:
+    """Whether the compiled kernel was built and loads."""
+    return _native is not None
+
+
+def usable(src: np.ndarray, out: np.ndarray | None, dst: np.dtype) -> bool:
+    """Whether this call can take the compiled kernel: built, on (TUNING.native), and
+    src, out and dst of kinds it knows (out, when given, C-contiguous in native order)."""
+    return (
+        _native is not None
+        and T.native
+        and src.dtype in _SRC
+        and dst in _DST
+        and (out is None or (out.flags.c_contiguous and out.dtype.isnative))
+    )
+
+
+def dequantize(src, scales, zps, vshape, varies, out, threads=None):
+    """Fill out (C-contiguous, native, T2) with the dequantization of src viewed as vshape,
+    parameters varying along the dims flagged in `varies`; arguments already judged valid.
+    (Lean on purpose: a tiny call's cost is this function's Python.)"""
+    n = src.size
+    if n == 0:
+        return out
+    count_p = 1
+    for d, v in zip(vshape, varies):
+        if v:
+            count_p *= d
+    sc = np.ascontiguousarray(scales, dtype=_F32)  # exact: float16/bfloat16 are float32 subsets
+    if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
+        sc = np.full(count_p, sc.reshape(()), _F32)
+    z, zmode = (None, _ZP_NONE) if zps is None else _zero_points(zps, count_p)
+    s = src.view(_U8) if src.flags.c_contiguous else np.ascontiguousarray(src).view(_U8)  # a byte an element
+    o = out.view(_U16) if out.dtype.itemsize == 2 else out  # float16/bfloat16 as their bits
+    src_kind, dst_kind = _SRC[src.dtype], _DST[out.dtype]
+    stream = out.nbytes >= T.stream_min
+    if n < T.parallel_min:
+        _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode, 0, n, stream)
+        return out
+    count = -(-n // T.chunk)
+    n_threads = parallel.threads_for(n, count, threads)
+    per = -(-count // n_threads) * T.chunk  # one contiguous range per thread: one C call each
+    parallel.run(lambda a, b: _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode,
+                                                 a * per, min(b * per, n), stream),
+                 n_threads, n_threads)
+    return out
+
+
+def _zero_points(zps, count_p):
+    """int32 zero points, one per parameter, and whether src - zp fits in int32."""
+    z = zps.astype(_I32, order="C")  # exact: every zp dtype of ours fits
+    if z.size != count_p:
+        z = np.full(count_p, z.reshape(()), _I32)  # one zp for every channel
+    if zps.dtype.itemsize == 1 or z.size == 0:
+        return z, _ZP_NARROW
+    return z, (_ZP_NARROW if max(-int(z.min()), int(z.max())) <= _NARROW_ZP else _ZP_WIDE)
+
+
+def narrow(p: np.ndarray, dst, *, portable: bool = False) -> np.ndarray:
+    """float32 -> float16 / bfloat16, as the compiled kernel rounds (for tests): with AVX2 and
+    F16C where the CPU has them; portable=True, the plain C roundings that machines without
+    them run."""
+    p = np.ascontiguousarray(p, dtype=_F32)
+    out = np.empty(p.shape, dst)
+    _native.narrow(p, out.view(_U16), _DST[np.dtype(dst)], portable)
+    return out
