@@ -160,7 +160,7 @@ INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *z
     }
 }
 
-/* Writing the output, where the CPU has AVX2 and F16C (use_avx2): the products are
+/* Writing the output, where the CPU has AVX2 and F16C (or AVX-512): the products are
    staged as float32 in a block that stays in L1, then converted 8 at a time and
    stored.  float16 goes through the CPU's own conversion (nearest even), a NaN (bits
    above 0x7C00 once the sign is off) made 0x7E00; bfloat16 through the same integer
@@ -168,7 +168,8 @@ INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *z
    output is then written without first being read into the cache, which is most of
    what memory costs (oneDNN's reorders write so too); small outputs are kept in cache
    for whatever reads them next. */
-static int use_avx2 = 0;
+typedef void (*emit_fn)(const float *f, char *o, Py_ssize_t n, int dst, int stream);
+static emit_fn emit_best = NULL; /* NULL: no vector emit; the fused loop writes the output */
 #define STAGE 2048
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -216,18 +217,64 @@ AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream
         store(o, i, dst, f[i]);
 }
 
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+
+/* emit's AVX-512 twin: 16 elements a step, NaNs found by one compare into a mask. */
+AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    Py_ssize_t i = 0;
+    if (stream)
+        while (i < n && ((uintptr_t)(o + i * size) & (16 * size - 1)) != 0) {
+            store(o, i, dst, f[i]);
+            i++;
+        }
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(f + i);
+        if (dst == DST_F32) {
+            if (stream) _mm512_stream_ps((float *)o + i, v);
+            else _mm512_storeu_ps((float *)o + i, v);
+            continue;
+        }
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        __m256i h;
+        if (dst == DST_F16) {
+            h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            h = _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00));
+        } else {
+            const __m512i x = _mm512_castps_si512(v);
+            const __m512i hi = _mm512_srli_epi32(x, 16);
+            __m512i r = _mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF));
+            r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+            const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+                                                 _mm512_set1_epi32(0x7FC0));
+            h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, qnan));
+        }
+        if (stream) _mm256_stream_si256((__m256i *)((uint16_t *)o + i), h);
+        else _mm256_storeu_si256((__m256i *)((uint16_t *)o + i), h);
+    }
+    for (; i < n; i++)
+        store(o, i, dst, f[i]);
+}
+
 static void fence(void) { _mm_sfence(); } /* non-temporal stores made visible before we return */
 
+/* the widest emit the CPU has (AVX-512, AVX2 + F16C), and what each level may use */
+static int cpu_level = 0;
 static void detect_cpu(void) {
     __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        cpu_level = 1;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            cpu_level = 2;
+    }
 }
+static emit_fn emit_for(int level) { return level >= 2 ? emit512 : level == 1 ? emit : NULL; }
 #else
-static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
-    for (Py_ssize_t i = 0; i < n; i++) store(o, i, dst, f[i]);
-}
+static int cpu_level = 0;
 static void fence(void) {}
 static void detect_cpu(void) {}
+static emit_fn emit_for(int level) { return NULL; }
 #endif
 
 typedef struct {
@@ -261,12 +308,12 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
         Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
         sc = J->scales + poff;
         zp = J->zps ? J->zps + poff : NULL;
-        if (use_avx2 && (J->stream || J->dst_kind == DST_F16)) {
+        if (emit_best && (J->stream || J->dst_kind == DST_F16)) {
             float buf[STAGE];
             for (Py_ssize_t j = 0; j < n; j += STAGE) {
                 Py_ssize_t m = n - j < STAGE ? n - j : STAGE;
                 segment(J->src + e + j, buf, sc, zp, col + j, m, J->g, J->src_kind, DST_F32, J->zmode);
-                emit(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
+                emit_best(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
             }
         } else {
             segment(J->src + e, J->out + e * J->out_size, sc, zp, col, n, J->g, J->src_kind, J->dst_kind, J->zmode);
@@ -280,7 +327,7 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
             idx[d] = 0;
         }
     }
-    if (J->stream && use_avx2)
+    if (J->stream && emit_best)
         fence();
 }
 
@@ -373,21 +420,75 @@ CLONES static void narrow_range(const float *f, uint16_t *u, Py_ssize_t n, int d
         for (Py_ssize_t i = 0; i < n; i++) u[i] = to_bf16(f[i]);
 }
 
-/* narrow(f32_bytes, out_bytes, dst_kind, portable): portable=1 takes the plain C
-   roundings even where the CPU has AVX2/F16C (machines without them run those) */
+/* The parameters widened for the kernel (as NumPy's and ml_dtypes' casts do, bit for bit):
+   float16 / bfloat16 scales to float32, 4- and 8-bit zero points to int32.  NumPy's
+   float16 cast and ml_dtypes' int4 cast cost more than the whole dequantization of a
+   large per_group tensor (its parameters are a 32nd of it), hence these loops. */
+enum { W_F16, W_BF16, W_I8, W_U8, W_I4, W_U4 };
+
+INLINE uint32_t f16_to_f32_bits(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
+    uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
+    uint32_t special = sign | 0x7F800000u | (m << 13); /* Inf, NaN (payload kept, as NumPy does) */
+    uint32_t sub = sign | f32_bits((float)m * 0x1p-24f); /* exact: m < 2**10 */
+    return e == 0 ? sub : e == 31 ? special : normal;
+}
+
+CLONES static void widen_range(const void *in, void *out, Py_ssize_t n, int kind) {
+    const uint16_t *h = in;
+    const uint8_t *b = in;
+    uint32_t *f = out;
+    int32_t *z = out;
+    switch (kind) {
+    case W_F16: for (Py_ssize_t i = 0; i < n; i++) f[i] = f16_to_f32_bits(h[i]); break;
+    case W_BF16: for (Py_ssize_t i = 0; i < n; i++) f[i] = (uint32_t)h[i] << 16; break;
+    case W_I8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I8); break;
+    case W_U8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U8); break;
+    case W_I4: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I4); break;
+    default: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U4); break;
+    }
+}
+
+/* widen(in_bytes, out_bytes, kind) */
+static PyObject *py_widen(PyObject *self, PyObject *args) {
+    Py_buffer in = {0}, out = {0};
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*w*i", &in, &out, &kind))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = kind <= W_BF16 ? in.len / 2 : in.len;
+    if (kind < W_F16 || kind > W_U4 || out.len < n * 4) {
+        PyErr_SetString(PyExc_ValueError, "unknown kind, or out smaller than 4 bytes an element");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        widen_range(in.buf, out.buf, n, kind);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* narrow(f32_bytes, out_bytes, dst_kind, level): the rounding the kernel does at a CPU
+   level: 0 the plain C one (what machines without AVX2/F16C run), 1 AVX2/F16C, 2 AVX-512;
+   a level above the CPU's is refused. */
 static PyObject *py_narrow(PyObject *self, PyObject *args) {
     Py_buffer p = {0}, o = {0};
-    int dst, portable;
-    if (!PyArg_ParseTuple(args, "y*w*ip", &p, &o, &dst, &portable))
+    int dst, level;
+    if (!PyArg_ParseTuple(args, "y*w*ii", &p, &o, &dst, &level))
         return NULL;
     Py_ssize_t n = p.len / 4;
     PyObject *result = NULL;
     if ((dst != DST_F16 && dst != DST_BF16) || o.len < n * 2) {
         PyErr_SetString(PyExc_ValueError, "dst_kind must be float16 or bfloat16, out 2 bytes an element");
+    } else if (level < 0 || level > cpu_level) {
+        PyErr_Format(PyExc_ValueError, "level %d: this CPU has levels 0 to %d", level, cpu_level);
     } else {
+        emit_fn fn = emit_for(level);
         Py_BEGIN_ALLOW_THREADS
-        if (use_avx2 && !portable)
-            emit(p.buf, o.buf, n, dst, 0);
+        if (fn)
+            fn(p.buf, o.buf, n, dst, 0);
         else
             narrow_range(p.buf, o.buf, n, dst);
         Py_END_ALLOW_THREADS
@@ -398,12 +499,13 @@ static PyObject *py_narrow(PyObject *self, PyObject *args) {
     return result;
 }
 
-static PyObject *py_has_avx2(PyObject *self, PyObject *unused) { return PyBool_FromLong(use_avx2); }
+static PyObject *py_cpu_level(PyObject *self, PyObject *unused) { return PyLong_FromLong(cpu_level); }
 
 static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS, "Elements [start, stop) of a dequantization (see kernels/native.py)."},
-    {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 (1) or bfloat16 (2) bits, as the kernel rounds."},
-    {"has_avx2", py_has_avx2, METH_NOARGS, "Whether the output is written with AVX2/F16C (see emit)."},
+    {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 (1) or bfloat16 (2) bits, as the kernel rounds at a level."},
+    {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (kinds 0-5)."},
+    {"cpu_level", py_cpu_level, METH_NOARGS, "0: plain C, 1: AVX2/F16C, 2: AVX-512 (how emit writes)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -411,5 +513,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__native(void) {
     detect_cpu();
+    emit_best = emit_for(cpu_level);
     return PyModule_Create(&module);
 }

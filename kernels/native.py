@@ -26,7 +26,7 @@ try:
 except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
     _native = None
 
-__all__ = ["built", "usable", "dequantize", "narrow"]
+__all__ = ["built", "usable", "dequantize", "cpu_level", "narrow"]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -67,7 +67,7 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None):
     for d, v in zip(vshape, varies):
         if v:
             count_p *= d
-    sc = np.ascontiguousarray(scales, dtype=_F32)  # exact: float16/bfloat16 are float32 subsets
+    sc = _widened(scales, _F32)  # exact: float16/bfloat16 are float32 subsets
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), _F32)
     z, zmode = (None, _ZP_NONE) if zps is None else _zero_points(zps, count_p)
@@ -89,7 +89,7 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None):
 
 def _zero_points(zps, count_p):
     """int32 zero points, one per parameter, and whether src - zp fits in int32."""
-    z = zps.astype(_I32, order="C")  # exact: every zp dtype of ours fits
+    z = _widened(zps, _I32)  # exact: every zp dtype of ours fits
     if z.size != count_p:
         z = np.full(count_p, z.reshape(()), _I32)  # one zp for every channel
     if zps.dtype.itemsize == 1 or z.size == 0:
@@ -97,11 +97,31 @@ def _zero_points(zps, count_p):
     return z, (_ZP_NARROW if max(-int(z.min()), int(z.max())) <= _NARROW_ZP else _ZP_WIDE)
 
 
-def narrow(p: np.ndarray, dst, *, portable: bool = False) -> np.ndarray:
-    """float32 -> float16 / bfloat16, as the compiled kernel rounds (for tests): with AVX2 and
-    F16C where the CPU has them; portable=True, the plain C roundings that machines without
-    them run."""
+_WIDEN = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float16", "bfloat16", "int8", "uint8", "int4", "uint4"))}
+_WIDEN_MIN = 1024  # fewer parameters: NumPy's cast, whose call costs less than ours
+
+
+def _widened(a: np.ndarray, to: np.dtype) -> np.ndarray:
+    """a as a C-contiguous array of `to` (float32 scales, int32 zero points), exactly."""
+    if a.dtype == to:
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    kind = _WIDEN.get(a.dtype)  # (a non-native byte order is not among the keys: NumPy's cast)
+    if kind is None or a.size < _WIDEN_MIN:
+        return np.ascontiguousarray(a, dtype=to)
+    out = np.empty(a.shape, to)
+    _native.widen(np.ascontiguousarray(a).view(_U16 if a.dtype.itemsize == 2 else _U8), out, kind)
+    return out
+
+
+def cpu_level() -> int:
+    """How the compiled kernel writes its output here: 0 plain C, 1 AVX2/F16C, 2 AVX-512."""
+    return _native.cpu_level()
+
+
+def narrow(p: np.ndarray, dst, *, level: int | None = None) -> np.ndarray:
+    """float32 -> float16 / bfloat16, as the compiled kernel rounds (for tests), at a CPU
+    level (default: this CPU's; 0 is the plain C rounding of machines without AVX2/F16C)."""
     p = np.ascontiguousarray(p, dtype=_F32)
     out = np.empty(p.shape, dst)
-    _native.narrow(p, out.view(_U16), _DST[np.dtype(dst)], portable)
+    _native.narrow(p, out.view(_U16), _DST[np.dtype(dst)], cpu_level() if level is None else level)
     return out

@@ -42,21 +42,26 @@ def boundary_patterns(dropped_bits: int) -> np.ndarray:
     return np.concatenate([bits, rng.integers(0, 2**32, 1 << 18, dtype=np.uint32)]).view(np.float32)
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["cpu", "portable"])
-def test_float16_rounding_on_every_boundary(portable):
+LEVELS = [pytest.param(k, id=name, marks=pytest.mark.skipif(native.built() and k > native.cpu_level(),
+                                                             reason=f"this CPU has no {name}"))
+          for k, name in enumerate(["plain-C", "AVX2-F16C", "AVX-512"])]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_float16_rounding_on_every_boundary(level):
     p = boundary_patterns(13)
     with np.errstate(all="ignore"):
         want = p.astype(np.float16)
     want.view(np.uint16)[np.isnan(p)] = 0x7E00  # NaNs: the one quiet NaN (kernels/narrowing.py)
-    assert same_bits(native.narrow(p, np.float16, portable=portable), want)
+    assert same_bits(native.narrow(p, np.float16, level=level), want)
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["cpu", "portable"])
-def test_bfloat16_rounding_on_every_boundary(portable):
+@pytest.mark.parametrize("level", LEVELS)
+def test_bfloat16_rounding_on_every_boundary(level):
     p = boundary_patterns(16)
     with np.errstate(all="ignore"):
         want = p.astype(ml_dtypes.bfloat16)  # NaNs: 0x7FC0 with the sign, as ml_dtypes makes them
-    assert same_bits(native.narrow(p, ml_dtypes.bfloat16, portable=portable), want)
+    assert same_bits(native.narrow(p, ml_dtypes.bfloat16, level=level), want)
 
 
 FORMS = [  # shape, qtype, axis, group_shape
@@ -117,6 +122,11 @@ def test_other_layouts_of_every_input():
     assert same_bits(got, expect)
 
 
+def test_a_level_above_the_cpus_is_refused():
+    with pytest.raises(ValueError, match="this CPU has levels 0 to"):
+        native.narrow(np.zeros(4, np.float32), np.float16, level=native.cpu_level() + 1)
+
+
 def test_the_c_side_refuses_buffers_too_small():
     src = np.zeros(10, np.uint8)
     with pytest.raises(ValueError, match="out holds 8 bytes, 40 needed"):
@@ -147,3 +157,16 @@ def test_off_means_the_numpy_kernel(monkeypatch):
         dyndq.dynamic_dequantize(src, np.array([0.5], np.float32))
     with tuned(native=True), pytest.raises(AssertionError, match="compiled kernel ran"):
         dyndq.dynamic_dequantize(src, np.array([0.5], np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_scales_widen_as_numpy_casts_every_pattern(dtype):
+    a = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)  # NaN payloads and subnormals too
+    assert same_bits(native._widened(a, np.dtype(np.float32)), a.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, ml_dtypes.int4, ml_dtypes.uint4])
+def test_zero_points_widen_as_numpy_casts_every_byte(dtype):
+    a = np.tile(np.arange(256, dtype=np.uint32).astype(np.uint8), 8).view(dtype)  # int4: high nibbles ignored
+    got = native._widened(a, np.dtype(np.int32))
+    assert got.dtype == np.int32 and np.array_equal(got, a.astype(np.int32))
