@@ -1,4 +1,4 @@
-"""Our NumPy kernel against ONNX Runtime's DequantizeLinear, side by side, in one run.
+"""Our kernel (compiled, or NumPy with --kernel numpy) against ONNX Runtime's DequantizeLinear, side by side, in one run.
 
     python benchmarks/bench_kernel.py            # 4096x4096, 9 repetitions (what `make bench` runs)
     python benchmarks/bench_kernel.py --size 512 --reps 3 --no-reference   # a quick look
@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover
     sys.exit("bench_kernel needs onnxruntime")
 
 import dyndq
-from dyndq.kernels import buffers, parallel
+from dyndq.kernels import buffers, native, parallel
 from dyndq.opdefs import dtypes
 
 F32 = np.float32
@@ -378,12 +378,23 @@ def main(argv=None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="leave out onnx.reference (slow)")
     ap.add_argument("--no-tiny", action="store_true", help="leave out the 1x64 call-cost measurement")
     ap.add_argument("--no-v2", action="store_true", help="leave out version 2's forms")
+    ap.add_argument("--kernel", choices=["compiled", "numpy"], default=None,
+                    help="which of our kernels (default: the compiled one where it was built)")
     args = ap.parse_args(argv)
     n, reps, threads = args.size, args.reps, args.threads
+    if args.kernel == "compiled" and not native.built():
+        print("the compiled kernel was not built (kernels/_native.c: is there a C compiler?)")
+        return 1
+    kernel = args.kernel or ("compiled" if native.built() and parallel.TUNING.native else "numpy")
+    with parallel.tuned(native=kernel == "compiled"):
+        return _run(args, n, reps, threads, kernel)
 
+
+def _run(args, n, reps, threads, kernel) -> int:
+    level = f", writing with {('plain C', 'AVX2/F16C', 'AVX-512')[native.cpu_level()]}" if kernel == "compiled" else ""
     print(f"machine: {machine()}")
     print(f"src {n}x{n}, medians of {reps} interleaved repetitions after a warm-up; "
-          f"our kernel on {parallel.threads_for(n * n, 10**9, threads)} thread(s); "
+          f"our {kernel} kernel{level} on {parallel.threads_for(n * n, 10**9, threads)} thread(s); "
           f"buffer pool {'off' if os.environ.get(buffers.POOL_ENV, '').lower() in ('0', 'off', 'false', 'no') else 'on'}\n")
 
     rows = []

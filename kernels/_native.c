@@ -67,8 +67,9 @@ INLINE uint16_t to_f16(float f) {
     uint32_t big = a > 0x7F800000 ? 0x7E00u : 0x7C00u;
     uint32_t sub = f32_bits(bits_f32((uint32_t)a) + 0.5f) - 0x3F000000u;
     uint32_t nrm = ((uint32_t)a + 0xC8000FFFu + (((uint32_t)a >> 13) & 1u)) >> 13;
-    uint32_t o = a >= 0x47800000 ? big : (a < 0x38800000 ? sub : nrm);
-    return (uint16_t)(o | (a > 0x7F800000 ? 0u : sign));
+    uint32_t is_big = 0u - (uint32_t)(a >= 0x47800000), is_sub = 0u - (uint32_t)(a < 0x38800000);
+    uint32_t o = (big & is_big) | (sub & is_sub) | (nrm & ~(is_big | is_sub)); /* masks: no branch */
+    return (uint16_t)(o | (sign & ~(0u - (uint32_t)(a > 0x7F800000))));
 }
 
 /* float32 -> bfloat16, nearest even, as ml_dtypes (Eigen) casts: a NaN keeps its sign
@@ -431,7 +432,8 @@ INLINE uint32_t f16_to_f32_bits(uint16_t h) {
     uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
     uint32_t special = sign | 0x7F800000u | (m << 13); /* Inf, NaN (payload kept, as NumPy does) */
     uint32_t sub = sign | f32_bits((float)m * 0x1p-24f); /* exact: m < 2**10 */
-    return e == 0 ? sub : e == 31 ? special : normal;
+    uint32_t is_sub = 0u - (uint32_t)(e == 0), is_special = 0u - (uint32_t)(e == 31); /* masks: no branch */
+    return (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
 }
 
 CLONES static void widen_range(const void *in, void *out, Py_ssize_t n, int kind) {

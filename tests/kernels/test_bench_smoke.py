@@ -7,13 +7,15 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernel.py"
 
 
-def test_bench_kernel_runs_small(capsys):
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_bench_kernel_runs_small(capsys, kernel):
     pytest.importorskip("onnxruntime")
     spec = importlib.util.spec_from_file_location("bench_kernel", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.main(["--size", "64", "--reps", "1", "--no-tiny", "--no-reference"]) == 0
+    assert bench.main(["--size", "64", "--reps", "1", "--no-tiny", "--no-reference", "--kernel", kernel]) == 0
     text = capsys.readouterr().out
+    assert f"our {kernel} kernel" in text
     assert "machine: " in text and "NumPy" in text and "onnxruntime" in text
     assert "geometric means" in text and "targets:" in text
     assert text.count("| uint8 ") == 8 and text.count("| int8 ") == 6
