@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -122,7 +123,7 @@ def _check_threads(threads, problems: list[Problem]) -> None:
 # -- the op ---------------------------------------------------------------------------------
 
 
-_VALID: dict = {}  # argument signatures the shape function accepted (a cache of its verdicts)
+_VALID: dict = {}  # argument signatures the shape function accepted -> their _Plan (a cache of its verdicts)
 _VALID_MAX = 512
 
 
@@ -221,21 +222,19 @@ _FAST_ZPS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32))
 def _kernel(op, src, scales, zps, attrs, out, threads):
     qtype, axis = attrs["qtype"], attrs["axis"]
     key = _signature(op, src, scales, zps, qtype, axis, attrs.get("group_shape"))
-    if key is None or key not in _VALID or not _extras_ok(src, scales, zps, out, threads):
+    plan = None if key is None else _VALID.get(key)
+    if plan is None or not _extras_ok(src, scales, zps, out, threads):
         src, scales, zps = _validate(op, src, scales, zps, attrs, out, threads)
+        plan = _Plan.of(src, scales, qtype, axis, attrs.get("group_shape"))
         if key is not None:
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
-            _VALID[key] = True
-    dst = _native_order(scales.dtype)  # T2
-    if native.usable(src, out, dst):  # the compiled kernel, every form in one fused pass
+            _VALID[key] = plan
+    dst = plan.dst
+    if plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.dtype.isnative)):
         if out is None:
             out = _output(src, dst)
-        if qtype == PER_TENSOR:
-            vshape, varies = (src.size,), (False,)
-        else:
-            vshape, varies = view(src.shape, qtype, axis, attrs.get("group_shape"))
-        return native.dequantize(src, scales, zps, vshape, varies, out, threads)
+        return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
     if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
             and (zps is None or zps.dtype in _FAST_ZPS)):
         if out is None:
@@ -259,6 +258,27 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
         out = _output(src, _F32)
     dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
     return out
+
+
+class _Plan(NamedTuple):
+    """What a call's signature (dtypes, shapes, attributes) settles, worked out once per
+    signature: a tiny call's cost is its Python, and this is most of it."""
+
+    dst: np.dtype  # T2, in native byte order
+    compiled: bool  # whether the compiled kernel has these dtypes (kernels/native.py)
+    vshape: tuple  # src viewed so that the parameters broadcast (dequantize_v2.view)
+    varies: tuple
+    count_p: int  # how many parameters that view has
+
+    @classmethod
+    def of(cls, src, scales, qtype, axis, group_shape) -> "_Plan":
+        dst = _native_order(scales.dtype)
+        if qtype == PER_TENSOR or src.ndim == 0:
+            vshape, varies = (max(src.size, 1),), (False,)
+        else:
+            vshape, varies = view(src.shape, qtype, axis, group_shape)
+        return cls(dst, native.handles(src.dtype, dst), vshape, varies,
+                   math.prod(d for d, v in zip(vshape, varies) if v))
 
 
 def _native_order(d: np.dtype) -> np.dtype:

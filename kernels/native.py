@@ -14,6 +14,8 @@ GIL).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dyndq.opdefs import dtypes
@@ -26,7 +28,7 @@ try:
 except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
     _native = None
 
-__all__ = ["built", "usable", "dequantize", "cpu_level", "narrow"]
+__all__ = ["built", "handles", "dequantize", "cpu_level", "narrow"]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -44,29 +46,22 @@ def built() -> bool:
     return _native is not None
 
 
-def usable(src: np.ndarray, out: np.ndarray | None, dst: np.dtype) -> bool:
-    """Whether this call can take the compiled kernel: built, on (TUNING.native), and
-    src, out and dst of kinds it knows (out, when given, C-contiguous in native order)."""
-    return (
-        _native is not None
-        and T.native
-        and src.dtype in _SRC
-        and dst in _DST
-        and (out is None or (out.flags.c_contiguous and out.dtype.isnative))
-    )
+def handles(src_dtype: np.dtype, dst: np.dtype) -> bool:
+    """Whether the compiled kernel was built and knows these dtypes (whether a call takes it
+    also depends on TUNING.native, and on out being C-contiguous in native order)."""
+    return _native is not None and src_dtype in _SRC and dst in _DST
 
 
-def dequantize(src, scales, zps, vshape, varies, out, threads=None):
+def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None):
     """Fill out (C-contiguous, native, T2) with the dequantization of src viewed as vshape,
-    parameters varying along the dims flagged in `varies`; arguments already judged valid.
-    (Lean on purpose: a tiny call's cost is this function's Python.)"""
+    parameters varying along the dims flagged in `varies` (count_p of them, when the caller
+    knows); arguments already judged valid.  (Lean on purpose: a tiny call's cost is this
+    function's Python.)"""
     n = src.size
     if n == 0:
         return out
-    count_p = 1
-    for d, v in zip(vshape, varies):
-        if v:
-            count_p *= d
+    if count_p is None:
+        count_p = math.prod(d for d, v in zip(vshape, varies) if v)
     sc = _widened(scales, _F32)  # exact: float16/bfloat16 are float32 subsets
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), _F32)
@@ -103,10 +98,12 @@ _WIDEN_MIN = 1024  # fewer parameters: NumPy's cast, whose call costs less than 
 
 def _widened(a: np.ndarray, to: np.dtype) -> np.ndarray:
     """a as a C-contiguous array of `to` (float32 scales, int32 zero points), exactly."""
+    if a.size < _WIDEN_MIN:
+        return a if a.dtype is to and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=to)
     if a.dtype == to:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
     kind = _WIDEN.get(a.dtype)  # (a non-native byte order is not among the keys: NumPy's cast)
-    if kind is None or a.size < _WIDEN_MIN:
+    if kind is None:
         return np.ascontiguousarray(a, dtype=to)
     out = np.empty(a.shape, to)
     _native.widen(np.ascontiguousarray(a).view(_U16 if a.dtype.itemsize == 2 else _U8), out, kind)
