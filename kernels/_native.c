@@ -421,6 +421,63 @@ CLONES static void narrow_range(const float *f, uint16_t *u, Py_ssize_t n, int d
         for (Py_ssize_t i = 0; i < n; i++) u[i] = to_bf16(f[i]);
 }
 
+/* dequantize_one(src, out, scale, zp, src_kind, dst_kind): one scale (a Python float, which
+   holds any float32 exactly) and one zero point (a Python int, or None) for the whole of
+   src.  A tiny call's cost is its overhead; this entry skips the parameter arrays. */
+static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "dequantize_one takes 6 arguments");
+        return NULL;
+    }
+    Py_buffer s = {0}, o = {0};
+    Job J;
+    memset(&J, 0, sizeof J);
+    float scale = (float)PyFloat_AsDouble(args[2]);
+    long long zp = args[3] == Py_None ? 0 : PyLong_AsLongLong(args[3]);
+    J.src_kind = PyLong_AsLong(args[4]);
+    J.dst_kind = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (J.src_kind < SRC_I8 || J.src_kind > SRC_U4 || J.dst_kind < DST_F32 || J.dst_kind > DST_BF16 ||
+        zp < INT32_MIN || zp > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "unknown src or dst kind, or a zero point beyond int32");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &s, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &o, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    J.out_size = J.dst_kind == DST_F32 ? 4 : 2;
+    Py_ssize_t n = s.len;
+    if (o.len < n * J.out_size) {
+        PyErr_Format(PyExc_ValueError, "out holds %zd bytes, %zd needed", o.len, n * J.out_size);
+    } else {
+        int32_t z = (int32_t)zp;
+        J.k = 1;
+        J.dims[0] = n > 0 ? n : 1;
+        J.g = J.dims[0];
+        J.src = s.buf;
+        J.out = o.buf;
+        J.scales = &scale;
+        J.zps = args[3] == Py_None ? NULL : &z;
+        J.zmode = args[3] == Py_None ? ZP_NONE : (zp >= -(1LL << 31) + 256 && zp <= (1LL << 31) - 256 ? ZP_NARROW : ZP_WIDE);
+        if (n > 4096) { /* (below, the GIL's round trip would cost more than the loop) */
+            Py_BEGIN_ALLOW_THREADS
+            run_range(&J, 0, n);
+            Py_END_ALLOW_THREADS
+        } else if (n > 0) {
+            run_range(&J, 0, n);
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&o);
+    return result;
+}
+
 /* The parameters widened for the kernel (as NumPy's and ml_dtypes' casts do, bit for bit):
    float16 / bfloat16 scales to float32, 4- and 8-bit zero points to int32.  NumPy's
    float16 cast and ml_dtypes' int4 cast cost more than the whole dequantization of a
@@ -506,6 +563,8 @@ static PyObject *py_cpu_level(PyObject *self, PyObject *unused) { return PyLong_
 static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS, "Elements [start, stop) of a dequantization (see kernels/native.py)."},
     {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 (1) or bfloat16 (2) bits, as the kernel rounds at a level."},
+    {"dequantize_one", (PyCFunction)(void (*)(void))py_dequantize_one, METH_FASTCALL,
+     "src, out, scale, zp, src_kind, dst_kind: one scale and zero point for all of src (see kernels/native.py)."},
     {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (kinds 0-5)."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "0: plain C, 1: AVX2/F16C, 2: AVX-512 (how emit writes)."},
     {NULL, NULL, 0, NULL},

@@ -234,6 +234,8 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
     if plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.dtype.isnative)):
         if out is None:
             out = _output(src, dst)
+        if plan.count_p == 1 and src.size <= T.small:  # one scale, one thread: the lean entry
+            return native.dequantize_one(src, scales, zps, out)
         return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
     if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
             and (zps is None or zps.dtype in _FAST_ZPS)):

@@ -28,7 +28,7 @@ try:
 except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
     _native = None
 
-__all__ = ["built", "handles", "dequantize", "cpu_level", "narrow"]
+__all__ = ["built", "handles", "dequantize", "dequantize_one", "cpu_level", "narrow"]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -79,6 +79,16 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None
     parallel.run(lambda a, b: _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode,
                                                  a * per, min(b * per, n), stream),
                  n_threads, n_threads)
+    return out
+
+
+def dequantize_one(src, scales, zps, out):
+    """dequantize with one scale and one zero point (or none) for all of src, passed to C as
+    Python numbers (a float holds any float32 exactly): the lean entry for small calls."""
+    s = src.view(_U8) if src.flags.c_contiguous else np.ascontiguousarray(src).view(_U8)
+    o = out.view(_U16) if out.dtype.itemsize == 2 else out
+    _native.dequantize_one(s, o, float(scales.item()), None if zps is None else int(zps.item()),
+                           _SRC[src.dtype], _DST[out.dtype])
     return out
 
 

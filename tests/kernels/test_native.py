@@ -152,6 +152,7 @@ def test_off_means_the_numpy_kernel(monkeypatch):
         raise AssertionError("the compiled kernel ran")
 
     monkeypatch.setattr(native._native, "dequantize", boom)
+    monkeypatch.setattr(native._native, "dequantize_one", boom)
     src = np.arange(12, dtype=np.uint8).reshape(3, 4)
     with tuned(native=False):
         dyndq.dynamic_dequantize(src, np.array([0.5], np.float32))
@@ -170,3 +171,18 @@ def test_zero_points_widen_as_numpy_casts_every_byte(dtype):
     a = np.tile(np.arange(256, dtype=np.uint32).astype(np.uint8), 8).view(dtype)  # int4: high nibbles ignored
     got = native._widened(a, np.dtype(np.int32))
     assert got.dtype == np.int32 and np.array_equal(got, a.astype(np.int32))
+
+
+@pytest.mark.parametrize("t2", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("zp", [None, np.int8(-3), np.uint8(200), np.int32(2**31 - 1), np.int32(-(2**31)),
+                                np.int32(2**31 - 256), np.int32(-(2**31) + 255)])
+def test_the_lean_entry_for_one_scale(t2, zp):
+    """One scale and one zero point go to C as Python numbers: every dtype, both integer widths."""
+    src = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    scales = np.array([0.3], t2)
+    zps = None if zp is None else np.array([zp])
+    out = np.zeros(src.shape, t2)
+    native.dequantize_one(src, scales, zps, out)
+    assert same_bits(out, oracle_2(src, scales, zps, "per_tensor", 0, None))
+    with pytest.raises(ValueError, match="beyond int32"):
+        native._native.dequantize_one(src, out, 1.0, 2**31, 0, 0)
