@@ -13,8 +13,9 @@ The caller (kernels/native.py) has done every check and conversion:
 * src is C-contiguous bytes: int8, uint8, or int4/uint4 one element a byte (the
   low nibble, sign-extended for int4, as ml_dtypes reads it);
 * it is viewed as dims[0..k-1] (C order); params vary along the dims flagged in
-  `varies` and broadcast along the others; scales are float32 and zps int32, both
-  contiguous, of the varying dims' shape;
+  `varies` and broadcast along the others; scales (float32, float16 or bfloat16)
+  and zps (int32 or 4/8-bit) are contiguous, of the varying dims' shape, and
+  widened to float32 / int32 where they change at every element (see SK_F32);
 * zps is absent, or "narrow" (src - zp fits in int32, so its conversion to
   float32 is the one rounding of the exact difference), or "wide" (subtract in
   int64);
@@ -104,6 +105,26 @@ INLINE void store(void *o, Py_ssize_t j, int dst, float p) {
     case DST_F16: ((uint16_t *)o)[j] = to_f16(p); break;
     default: ((uint16_t *)o)[j] = to_bf16(p); break;
     }
+}
+
+/* The parameters as the caller gives them: scales float32, float16 or bfloat16, zero points
+   int32 or 4/8-bit.  Where they change at every element (g == 1) they come widened to
+   float32 / int32 (kernels/native.py); where they hold for a group, run_range widens the
+   few each block of STAGE elements needs into a small buffer (widen_range, vectorized), so
+   no pass over all of them precedes the work and the loops below see float32 / int32 only. */
+enum { SK_F32, SK_F16, SK_BF16 };
+enum { ZK_I32, ZK_I8, ZK_U8, ZK_I4, ZK_U4 };
+static const int SCALE_SIZE[] = {4, 2, 2}, ZP_SIZE[] = {4, 1, 1, 1, 1};
+enum { W_F16, W_BF16, W_I8, W_U8, W_I4, W_U4 }; /* widen_range's kinds */
+static const int SCALE_WIDEN[] = {-1, W_F16, W_BF16}, ZP_WIDEN[] = {-1, W_I8, W_U8, W_I4, W_U4};
+
+INLINE uint32_t f16_to_f32_bits(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
+    uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
+    uint32_t special = sign | 0x7F800000u | (m << 13); /* Inf, NaN (payload kept, as NumPy does) */
+    uint32_t sub = sign | f32_bits((float)m * 0x1p-24f); /* exact: m < 2**10 */
+    uint32_t is_sub = 0u - (uint32_t)(e == 0), is_special = 0u - (uint32_t)(e == 31); /* masks: no branch */
+    return (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
 }
 
 /* One run of n elements with one zp and one scale. */
@@ -278,11 +299,26 @@ static void detect_cpu(void) {}
 static emit_fn emit_for(int level) { return NULL; }
 #endif
 
+CLONES static void widen_range(const void *in, void *out, Py_ssize_t n, int kind) {
+    const uint16_t *h = in;
+    const uint8_t *b = in;
+    uint32_t *f = out;
+    int32_t *z = out;
+    switch (kind) {
+    case W_F16: for (Py_ssize_t i = 0; i < n; i++) f[i] = f16_to_f32_bits(h[i]); break;
+    case W_BF16: for (Py_ssize_t i = 0; i < n; i++) f[i] = (uint32_t)h[i] << 16; break;
+    case W_I8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I8); break;
+    case W_U8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U8); break;
+    case W_I4: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I4); break;
+    default: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U4); break;
+    }
+}
+
 typedef struct {
     const uint8_t *src;
     char *out;
-    const float *scales;
-    const int32_t *zps;
+    const char *scales, *zps;
+    int sk, zk; /* their kinds (SK_*, ZK_*) */
     int k, src_kind, dst_kind, zmode, out_size;
     Py_ssize_t g; /* params change every g columns of a row (see seg) */
     int stream;   /* non-temporal stores (see emit) */
@@ -302,22 +338,36 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
         r /= J->dims[d];
         poff += idx[d] * J->pstride[d];
     }
-    const float *sc;
-    const int32_t *zp;
+    const Py_ssize_t g = J->g;
+    const int own = g > 1 && (J->sk != SK_F32 || (J->zps && J->zk != ZK_I32)); /* params to widen here */
+    const int staged = emit_best && (J->stream || J->dst_kind == DST_F16);
     Py_ssize_t e = start;
     while (e < stop) {
         Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
-        sc = J->scales + poff;
-        zp = J->zps ? J->zps + poff : NULL;
-        if (emit_best && (J->stream || J->dst_kind == DST_F16)) {
-            float buf[STAGE];
-            for (Py_ssize_t j = 0; j < n; j += STAGE) {
-                Py_ssize_t m = n - j < STAGE ? n - j : STAGE;
-                segment(J->src + e + j, buf, sc, zp, col + j, m, J->g, J->src_kind, DST_F32, J->zmode);
-                emit_best(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
+        const char *sc_row = J->scales + poff * SCALE_SIZE[J->sk];
+        const char *zp_row = J->zps ? J->zps + poff * ZP_SIZE[J->zk] : NULL;
+        for (Py_ssize_t j = 0; j < n; j += STAGE) {
+            Py_ssize_t m = n - j < STAGE ? n - j : STAGE, c = col + j;
+            const float *sc = (const float *)sc_row;
+            const int32_t *zp = (const int32_t *)zp_row;
+            float sbuf[STAGE / 2 + 2];
+            int32_t zbuf[STAGE / 2 + 2];
+            if (own) { /* the groups this block touches (at most STAGE / 2 + 2 of them, g >= 2) */
+                Py_ssize_t g0 = c / g, count = (c + m - 1) / g - g0 + 1;
+                if (J->sk == SK_F32) sc += g0;
+                else { widen_range(sc_row + g0 * 2, sbuf, count, SCALE_WIDEN[J->sk]); sc = sbuf; }
+                if (zp_row && J->zk == ZK_I32) zp += g0;
+                else if (zp_row) { widen_range(zp_row + g0, zbuf, count, ZP_WIDEN[J->zk]); zp = zbuf; }
+                c -= g0 * g;
             }
-        } else {
-            segment(J->src + e, J->out + e * J->out_size, sc, zp, col, n, J->g, J->src_kind, J->dst_kind, J->zmode);
+            if (staged) {
+                float buf[STAGE];
+                segment(J->src + e + j, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode);
+                emit_best(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
+            } else {
+                segment(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
+                        J->zmode);
+            }
         }
         e += n;
         col = 0;
@@ -340,7 +390,8 @@ static int buffer_ok(Py_buffer *b, Py_ssize_t need, const char *what) {
     return 1;
 }
 
-/* dequantize(src, out, scales, zps, dims, varies, src_kind, dst_kind, zmode, start, stop, stream) */
+/* dequantize(src, out, scales, zps, dims, varies, src_kind, dst_kind, zmode, start, stop, stream,
+              scale_kind, zp_kind) */
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_buffer s = {0}, o = {0}, sc = {0}, z = {0};
     PyObject *zobj, *dims, *varies;
@@ -348,8 +399,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_ssize_t start, stop;
     PyObject *result = NULL;
     memset(&J, 0, sizeof J);
-    if (!PyArg_ParseTuple(args, "y*w*y*OO!O!iiinnp", &s, &o, &sc, &zobj, &PyTuple_Type, &dims, &PyTuple_Type,
-                          &varies, &J.src_kind, &J.dst_kind, &J.zmode, &start, &stop, &J.stream))
+    if (!PyArg_ParseTuple(args, "y*w*y*OO!O!iiinnpii", &s, &o, &sc, &zobj, &PyTuple_Type, &dims, &PyTuple_Type,
+                          &varies, &J.src_kind, &J.dst_kind, &J.zmode, &start, &stop, &J.stream, &J.sk, &J.zk))
         return NULL;
     if (zobj != Py_None && PyObject_GetBuffer(zobj, &z, PyBUF_SIMPLE) < 0)
         goto done;
@@ -359,8 +410,9 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
         goto done;
     }
     if (J.src_kind < SRC_I8 || J.src_kind > SRC_U4 || J.dst_kind < DST_F32 || J.dst_kind > DST_BF16 ||
-        J.zmode < ZP_NONE || J.zmode > ZP_WIDE || (J.zmode == ZP_NONE) != (zobj == Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "unknown src, dst or zero-point kind");
+        J.zmode < ZP_NONE || J.zmode > ZP_WIDE || (J.zmode == ZP_NONE) != (zobj == Py_None) ||
+        J.sk < SK_F32 || J.sk > SK_BF16 || J.zk < ZK_I32 || J.zk > ZK_U4) {
+        PyErr_SetString(PyExc_ValueError, "unknown src, dst, scale or zero-point kind");
         goto done;
     }
     Py_ssize_t n = 1, np_ = 1;
@@ -386,11 +438,15 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
         J.dims[J.k - 2] *= J.dims[J.k - 1];
         J.k--;
     } else {
-        J.g = J.dims[J.k - 1];
+        J.g = J.dims[J.k - 1] + 1; /* more than a row: the params never change along one */
     }
     if (!buffer_ok(&s, n, "src") || !buffer_ok(&o, n * J.out_size, "out") ||
-        !buffer_ok(&sc, np_ * 4, "scales") || (z.buf && !buffer_ok(&z, np_ * 4, "zps")))
+        !buffer_ok(&sc, np_ * SCALE_SIZE[J.sk], "scales") || (z.buf && !buffer_ok(&z, np_ * ZP_SIZE[J.zk], "zps")))
         goto done;
+    if (J.g == 1 && (J.sk != SK_F32 || J.zk != ZK_I32)) {
+        PyErr_SetString(PyExc_ValueError, "parameters that change at every element must come as float32 / int32");
+        goto done;
+    }
     if (start < 0 || stop > n || start > stop) {
         PyErr_SetString(PyExc_ValueError, "start and stop must lie within the view");
         goto done;
@@ -398,7 +454,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     J.src = s.buf;
     J.out = o.buf;
     J.scales = sc.buf;
-    J.zps = z.buf;
+    J.zps = z.buf;  /* (J.sk, J.zk: as parsed) */
     if (stop > start) {
         Py_BEGIN_ALLOW_THREADS
         run_range(&J, start, stop);
@@ -458,11 +514,11 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
         int32_t z = (int32_t)zp;
         J.k = 1;
         J.dims[0] = n > 0 ? n : 1;
-        J.g = J.dims[0];
+        J.g = J.dims[0] + 1;
         J.src = s.buf;
         J.out = o.buf;
-        J.scales = &scale;
-        J.zps = args[3] == Py_None ? NULL : &z;
+        J.scales = (const char *)&scale;
+        J.zps = args[3] == Py_None ? NULL : (const char *)&z;
         J.zmode = args[3] == Py_None ? ZP_NONE : (zp >= -(1LL << 31) + 256 && zp <= (1LL << 31) - 256 ? ZP_NARROW : ZP_WIDE);
         if (n > 4096) { /* (below, the GIL's round trip would cost more than the loop) */
             Py_BEGIN_ALLOW_THREADS
@@ -482,31 +538,8 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
    float16 / bfloat16 scales to float32, 4- and 8-bit zero points to int32.  NumPy's
    float16 cast and ml_dtypes' int4 cast cost more than the whole dequantization of a
    large per_group tensor (its parameters are a 32nd of it), hence these loops. */
-enum { W_F16, W_BF16, W_I8, W_U8, W_I4, W_U4 };
 
-INLINE uint32_t f16_to_f32_bits(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
-    uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
-    uint32_t special = sign | 0x7F800000u | (m << 13); /* Inf, NaN (payload kept, as NumPy does) */
-    uint32_t sub = sign | f32_bits((float)m * 0x1p-24f); /* exact: m < 2**10 */
-    uint32_t is_sub = 0u - (uint32_t)(e == 0), is_special = 0u - (uint32_t)(e == 31); /* masks: no branch */
-    return (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
-}
 
-CLONES static void widen_range(const void *in, void *out, Py_ssize_t n, int kind) {
-    const uint16_t *h = in;
-    const uint8_t *b = in;
-    uint32_t *f = out;
-    int32_t *z = out;
-    switch (kind) {
-    case W_F16: for (Py_ssize_t i = 0; i < n; i++) f[i] = f16_to_f32_bits(h[i]); break;
-    case W_BF16: for (Py_ssize_t i = 0; i < n; i++) f[i] = (uint32_t)h[i] << 16; break;
-    case W_I8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I8); break;
-    case W_U8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U8); break;
-    case W_I4: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I4); break;
-    default: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U4); break;
-    }
-}
 
 /* widen(in_bytes, out_bytes, kind) */
 static PyObject *py_widen(PyObject *self, PyObject *args) {

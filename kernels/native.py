@@ -37,6 +37,9 @@ _U16 = np.dtype(np.uint16)
 _SRC = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int8", "uint8", "int4", "uint4"))}
 _DST = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
 _ZP_NONE, _ZP_NARROW, _ZP_WIDE = 0, 1, 2
+# the parameter dtypes the C loop reads as given, and its names for them (_native.c, Params)
+_SCALE_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
+_ZP_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int32", "int8", "uint8", "int4", "uint4"))}
 # |zp| up to this: src - zp fits in int32 for every src of ours (|src| <= 255)
 _NARROW_ZP = (1 << 31) - 256
 
@@ -62,22 +65,26 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None
         return out
     if count_p is None:
         count_p = math.prod(d for d, v in zip(vshape, varies) if v)
-    sc = _widened(scales, _F32)  # exact: float16/bfloat16 are float32 subsets
+    # Parameters that change at every element (varies[-1]) are read by the C loop as float32
+    # and int32, widened here once; others are read as given, one per group (no widening pass).
+    widen = varies[-1]
+    sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
-        sc = np.full(count_p, sc.reshape(()), _F32)
-    z, zmode = (None, _ZP_NONE) if zps is None else _zero_points(zps, count_p)
+        sc = np.full(count_p, sc.reshape(()), sc.dtype)
+    z, zmode, zk = (None, _ZP_NONE, 0) if zps is None else _zero_points(zps, count_p, widen)
+    sc, z = _bytes(sc), None if z is None else _bytes(z)
     s = src.view(_U8) if src.flags.c_contiguous else np.ascontiguousarray(src).view(_U8)  # a byte an element
     o = out.view(_U16) if out.dtype.itemsize == 2 else out  # float16/bfloat16 as their bits
     src_kind, dst_kind = _SRC[src.dtype], _DST[out.dtype]
     stream = out.nbytes >= T.stream_min
     if n < T.parallel_min:
-        _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode, 0, n, stream)
+        _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode, 0, n, stream, sk, zk)
         return out
     count = -(-n // T.chunk)
     n_threads = parallel.threads_for(n, count, threads)
     per = -(-count // n_threads) * T.chunk  # one contiguous range per thread: one C call each
     parallel.run(lambda a, b: _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode,
-                                                 a * per, min(b * per, n), stream),
+                                                 a * per, min(b * per, n), stream, sk, zk),
                  n_threads, n_threads)
     return out
 
@@ -92,14 +99,29 @@ def dequantize_one(src, scales, zps, out):
     return out
 
 
-def _zero_points(zps, count_p):
-    """int32 zero points, one per parameter, and whether src - zp fits in int32."""
-    z = _widened(zps, _I32)  # exact: every zp dtype of ours fits
+def _zero_points(zps, count_p, widen=True):
+    """The zero points, one per parameter, as int32 (widen) or as given when the C loop reads
+    their dtype; whether src - zp fits in int32; and their kind for the C loop."""
+    z, zk = _params(zps, _ZP_KIND, _I32, widen)  # exact: every zp dtype of ours fits in int32
     if z.size != count_p:
-        z = np.full(count_p, z.reshape(()), _I32)  # one zp for every channel
+        z = np.full(count_p, z.reshape(()), z.dtype)  # one zp for every channel
     if zps.dtype.itemsize == 1 or z.size == 0:
-        return z, _ZP_NARROW
-    return z, (_ZP_NARROW if max(-int(z.min()), int(z.max())) <= _NARROW_ZP else _ZP_WIDE)
+        return z, _ZP_NARROW, zk
+    return z, (_ZP_NARROW if max(-int(z.min()), int(z.max())) <= _NARROW_ZP else _ZP_WIDE), zk
+
+
+def _params(a: np.ndarray, kinds: dict, wide: np.dtype, widen: bool):
+    """a C-contiguous, as given when the C loop reads its dtype (kinds) and widen is off,
+    else widened to `wide`; and its kind for the C loop (0: the wide dtype)."""
+    kind = None if widen else kinds.get(a.dtype)  # (a non-native byte order is not among the keys)
+    if kind is None:
+        return _widened(a, wide), 0
+    return (a if a.flags.c_contiguous else np.ascontiguousarray(a)), kind
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    # ml_dtypes arrays (int4, bfloat16) export no buffer of their own: their bytes do
+    return a.view(_U16) if a.dtype.itemsize == 2 else a.view(_U8) if a.dtype.itemsize == 1 else a
 
 
 _WIDEN = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float16", "bfloat16", "int8", "uint8", "int4", "uint4"))}
@@ -116,7 +138,7 @@ def _widened(a: np.ndarray, to: np.dtype) -> np.ndarray:
     if kind is None:
         return np.ascontiguousarray(a, dtype=to)
     out = np.empty(a.shape, to)
-    _native.widen(np.ascontiguousarray(a).view(_U16 if a.dtype.itemsize == 2 else _U8), out, kind)
+    _native.widen(_bytes(np.ascontiguousarray(a)), out, kind)
     return out
 
 

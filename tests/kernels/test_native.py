@@ -93,11 +93,13 @@ def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape
     cuts = sorted({0, n, *rng.integers(0, n, 7).tolist()})
     out = np.zeros(shape, t2)
     o = out.view(np.uint16) if out.dtype.itemsize == 2 else out
-    z, zmode = (None, 0) if zps is None else native._zero_points(zps, int(np.prod(pshape)))
-    sc = np.ascontiguousarray(scales, np.float32)
+    widen = varies[-1]  # as kernels/native.py passes them: as given, unless they change at every element
+    z, zmode, zk = (None, 0, 0) if zps is None else native._zero_points(zps, int(np.prod(pshape)), widen)
+    sc, sk = native._params(scales, native._SCALE_KIND, np.dtype(np.float32), widen)
+    z = None if z is None else native._bytes(z)
     for a, b in zip(cuts, cuts[1:]):
-        native._native.dequantize(src.view(np.uint8), o, sc, z, vshape, varies,
-                                  native._SRC[src.dtype], native._DST[out.dtype], zmode, a, b, stream)
+        native._native.dequantize(src.view(np.uint8), o, native._bytes(sc), z, vshape, varies,
+                                  native._SRC[src.dtype], native._DST[out.dtype], zmode, a, b, stream, sk, zk)
     assert same_bits(out, expect)
 
 
@@ -131,10 +133,10 @@ def test_the_c_side_refuses_buffers_too_small():
     src = np.zeros(10, np.uint8)
     with pytest.raises(ValueError, match="out holds 8 bytes, 40 needed"):
         native._native.dequantize(src, np.zeros(2, np.float32), np.ones(1, np.float32), None, (10,), (False,),
-                                  1, 0, 0, 0, 10, False)
+                                  1, 0, 0, 0, 10, False, 0, 0)
     with pytest.raises(ValueError, match="start and stop"):
         native._native.dequantize(src, np.zeros(10, np.float32), np.ones(1, np.float32), None, (10,), (False,),
-                                  1, 0, 0, 5, 11, False)
+                                  1, 0, 0, 5, 11, False, 0, 0)
 
 
 @pytest.mark.parametrize("value,on", [("0", False), ("off", False), ("1", True), (None, True)])
