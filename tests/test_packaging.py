@@ -37,6 +37,8 @@ def test_wheel_installs_only_under_dyndq(wheel):
     for part in PARTS:
         assert f"dyndq/{part}/__init__.py" in names
     assert not any(n.startswith(("kernels/", "converters/", "opdefs/", "shape_inference/")) for n in names)
+    if os.environ.get("DYNDQ_NATIVE", "1") != "0":  # the compiled kernel, built into the wheel
+        assert any(n.startswith("dyndq/kernels/_native.") and n.endswith((".so", ".pyd")) for n in names), names
 
 
 def test_regular_install_imports_from_site_packages(wheel, tmp_path):
