@@ -395,7 +395,7 @@ def _run(args, n, reps, threads, kernel) -> int:
     print(f"machine: {machine()}")
     print(f"src {n}x{n}, medians of {reps} interleaved repetitions after a warm-up; "
           f"our {kernel} kernel{level} on {parallel.threads_for(n * n, 10**9, threads)} thread(s); "
-          f"buffer pool {'off' if os.environ.get(buffers.POOL_ENV, '').lower() in ('0', 'off', 'false', 'no') else 'on'}\n")
+          f"buffer pool {'off' if parallel.switched_off(buffers.POOL_ENV) else 'on'}\n")
 
     rows = []
     for case in make_cases(n):

@@ -26,10 +26,11 @@ import threading
 
 import numpy as np
 
+from .parallel import switched_off
+
 __all__ = ["BufferPool", "POOL", "POOL_ENV", "empty", "free_all_blocks"]
 
 POOL_ENV = "DYNDQ_BUFFER_POOL"
-_OFF = {"0", "off", "false", "no"}
 
 
 def _refs(blocks: list, i: int) -> int:
@@ -56,7 +57,7 @@ class BufferPool:
         dtype = np.dtype(dtype)
         shape = tuple(shape)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.min_bytes or nbytes > self.limit or os.environ.get(POOL_ENV, "").lower() in _OFF:
+        if nbytes < self.min_bytes or nbytes > self.limit or switched_off(POOL_ENV):
             return np.empty(shape, dtype)
         with self._lock:  # the view is made before the lock is let go: no other caller sees it idle
             blocks = self._blocks

@@ -17,11 +17,16 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "reset_pool", "THREADS_ENV", "NATIVE_ENV"]
+__all__ = ["Tuning", "TUNING", "tuned", "cores", "threads_for", "blocks", "bufsize_for", "run", "reset_pool", "THREADS_ENV",
+           "NATIVE_ENV", "switched_off"]
 
 THREADS_ENV = "DYNDQ_NUM_THREADS"
 NATIVE_ENV = "DYNDQ_NATIVE"
-_OFF = {"0", "off", "false", "no"}
+
+
+def switched_off(env: str) -> bool:
+    """Whether the environment variable `env` turns its switch off ("0", "off", "false", "no")."""
+    return os.environ.get(env, "").lower() in {"0", "off", "false", "no"}
 
 
 @dataclasses.dataclass
@@ -39,7 +44,7 @@ class Tuning:
     # outputs of at least this many bytes are written past the cache (kernels/_native.c, emit)
     stream_min: int = 8 << 20
     # the compiled kernel (kernels/native.py) when built; DYNDQ_NATIVE=0 starts with it off
-    native: bool = dataclasses.field(default_factory=lambda: os.environ.get(NATIVE_ENV, "1").lower() not in _OFF)
+    native: bool = dataclasses.field(default_factory=lambda: not switched_off(NATIVE_ENV))
 
 
 TUNING = Tuning()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dyndq.kernels.parallel import NATIVE_ENV, switched_off
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("opdefs", "shape_inference", "kernels", "converters")
 
@@ -37,7 +39,7 @@ def test_wheel_installs_only_under_dyndq(wheel):
     for part in PARTS:
         assert f"dyndq/{part}/__init__.py" in names
     assert not any(n.startswith(("kernels/", "converters/", "opdefs/", "shape_inference/")) for n in names)
-    if os.environ.get("DYNDQ_NATIVE", "1") != "0":  # the compiled kernel, built into the wheel
+    if not switched_off(NATIVE_ENV):  # the compiled kernel, built into the wheel
         assert any(n.startswith("dyndq/kernels/_native.") and n.endswith((".so", ".pyd")) for n in names), names
 
 

@@ -1,9 +1,7 @@
-import os
-
 import pytest
 
 from dyndq.kernels import native
-from dyndq.kernels.parallel import NATIVE_ENV, TUNING, tuned
+from dyndq.kernels.parallel import NATIVE_ENV, TUNING, switched_off, tuned
 
 
 @pytest.fixture(scope="module", params=["compiled", "compiled-streaming", "numpy"])
@@ -13,7 +11,7 @@ def kernel_path(request):
     DYNDQ_NATIVE=0 says the NumPy kernel alone is wanted."""
     if request.param.startswith("compiled"):
         if not native.built():
-            if os.environ.get(NATIVE_ENV, "1") == "0":
+            if switched_off(NATIVE_ENV):
                 pytest.skip(f"{NATIVE_ENV}=0: the NumPy kernel alone")
             pytest.fail("the compiled kernel kernels/_native.c was not built (is there a C compiler? "
                         "`pip install -e .` prints why); set DYNDQ_NATIVE=0 to test the NumPy kernel alone")

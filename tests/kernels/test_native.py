@@ -15,11 +15,11 @@ import pytest
 import dyndq
 from dyndq.kernels import native
 from dyndq.kernels.dequantize_v2 import view
-from dyndq.kernels.parallel import NATIVE_ENV, tuned
+from dyndq.kernels.parallel import NATIVE_ENV, switched_off, tuned
 
 from cases import oracle_2, same_bits
 
-if not native.built() and os.environ.get(NATIVE_ENV, "1") == "0":
+if not native.built() and switched_off(NATIVE_ENV):
     pytest.skip(f"{NATIVE_ENV}=0 and the compiled kernel not built: the NumPy kernel alone", allow_module_level=True)
 
 
