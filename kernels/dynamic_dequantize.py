@@ -289,9 +289,12 @@ def _native_order(d: np.dtype) -> np.dtype:
 
 
 def _output(src, dst):
-    """An output for src: a freed output's buffer when there is one (buffers.py); tiny
-    ones straight from NumPy, whose small allocations are cheap already."""
-    return np.empty(src.shape, dst) if src.size <= T.small else buffers.empty(src.shape, dst)
+    """An output for src: a freed output's buffer when there is one (buffers.py). The pool's
+    own size rule (below min_bytes: NumPy's allocator) is applied here first, since the
+    pool's call costs a tiny call more than the allocation it would hand back."""
+    if src.size * dst.itemsize < buffers.POOL.min_bytes:
+        return np.empty(src.shape, dst)
+    return buffers.empty(src.shape, dst)
 
 
 def _extras_ok(src, scales, zps, out, threads) -> bool:

@@ -7,10 +7,10 @@ C compiler is found, and without it (or with DYNDQ_NATIVE=0, or TUNING.native
 False) the NumPy kernels run, with the same bits.
 
 This module does what the C side expects done: the view in which the parameters
-broadcast (dequantize_v2.view, the one the NumPy path blocks by), float32 scales,
-int32 zero points shaped like the scales, and a choice of integer width for the
-subtraction; then it shares the elements among threads (the C loop releases the
-GIL).
+broadcast (dequantize_v2.view, the one the NumPy path blocks by), the parameters
+contiguous (widened to float32 / int32 where they change at every element), a
+choice of integer width for the subtraction, and every array as its bytes; then it
+shares the elements among threads (the C loop releases the GIL).
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ _I32 = np.dtype(np.int32)
 _U8 = np.dtype(np.uint8)
 _U16 = np.dtype(np.uint16)
 _SRC = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int8", "uint8", "int4", "uint4"))}
-_DST = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
+# float32 / float16 / bfloat16: the C side's DST_* for outputs and SK_* for scales alike
+_DST = _SCALE_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
 _ZP_NONE, _ZP_NARROW, _ZP_WIDE = 0, 1, 2
-# the parameter dtypes the C loop reads as given, and its names for them (_native.c, Params)
-_SCALE_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
+# the zero-point dtypes the C loop reads as given, and its names for them (_native.c, ZK_*)
 _ZP_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int32", "int8", "uint8", "int4", "uint4"))}
 # |zp| up to this: src - zp fits in int32 for every src of ours (|src| <= 255)
 _NARROW_ZP = (1 << 31) - 256
@@ -72,9 +72,7 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), sc.dtype)
     z, zmode, zk = (None, _ZP_NONE, 0) if zps is None else _zero_points(zps, count_p, widen)
-    sc, z = _bytes(sc), None if z is None else _bytes(z)
-    s = src.view(_U8) if src.flags.c_contiguous else np.ascontiguousarray(src).view(_U8)  # a byte an element
-    o = out.view(_U16) if out.dtype.itemsize == 2 else out  # float16/bfloat16 as their bits
+    sc, z, s, o = _bytes(sc), None if z is None else _bytes(z), _bytes(src), _bytes(out)
     src_kind, dst_kind = _SRC[src.dtype], _DST[out.dtype]
     stream = out.nbytes >= T.stream_min
     if n < T.parallel_min:
@@ -92,14 +90,12 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None
 def dequantize_one(src, scales, zps, out):
     """dequantize with one scale and one zero point (or none) for all of src, passed to C as
     Python numbers (a float holds any float32 exactly): the lean entry for small calls."""
-    s = src.view(_U8) if src.flags.c_contiguous else np.ascontiguousarray(src).view(_U8)
-    o = out.view(_U16) if out.dtype.itemsize == 2 else out
-    _native.dequantize_one(s, o, float(scales.item()), None if zps is None else int(zps.item()),
+    _native.dequantize_one(_bytes(src), _bytes(out), float(scales.item()), None if zps is None else int(zps.item()),
                            _SRC[src.dtype], _DST[out.dtype])
     return out
 
 
-def _zero_points(zps, count_p, widen=True):
+def _zero_points(zps, count_p, widen):
     """The zero points, one per parameter, as int32 (widen) or as given when the C loop reads
     their dtype; whether src - zp fits in int32; and their kind for the C loop."""
     z, zk = _params(zps, _ZP_KIND, _I32, widen)  # exact: every zp dtype of ours fits in int32
@@ -111,16 +107,18 @@ def _zero_points(zps, count_p, widen=True):
 
 
 def _params(a: np.ndarray, kinds: dict, wide: np.dtype, widen: bool):
-    """a C-contiguous, as given when the C loop reads its dtype (kinds) and widen is off,
-    else widened to `wide`; and its kind for the C loop (0: the wide dtype)."""
+    """a as given when the C loop reads its dtype (kinds) and widen is off, else widened to
+    `wide`; and its kind for the C loop (0: the wide dtype)."""
     kind = None if widen else kinds.get(a.dtype)  # (a non-native byte order is not among the keys)
-    if kind is None:
-        return _widened(a, wide), 0
-    return (a if a.flags.c_contiguous else np.ascontiguousarray(a)), kind
+    return (_widened(a, wide), 0) if kind is None else (a, kind)
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
-    # ml_dtypes arrays (int4, bfloat16) export no buffer of their own: their bytes do
+    """a's C-contiguous buffer as the C side takes it: ml_dtypes arrays (int4, bfloat16) export
+    no buffer of their own, so 1- and 2-byte arrays go as uint8 / uint16 (a copy only for src
+    of another layout, a byte an element; every other array comes contiguous already)."""
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
     return a.view(_U16) if a.dtype.itemsize == 2 else a.view(_U8) if a.dtype.itemsize == 1 else a
 
 
@@ -138,7 +136,7 @@ def _widened(a: np.ndarray, to: np.dtype) -> np.ndarray:
     if kind is None:
         return np.ascontiguousarray(a, dtype=to)
     out = np.empty(a.shape, to)
-    _native.widen(_bytes(np.ascontiguousarray(a)), out, kind)
+    _native.widen(_bytes(a), out, kind)
     return out
 
 
