@@ -39,6 +39,8 @@ with the sign).
 enum { SRC_I8, SRC_U8, SRC_I4, SRC_U4 };
 enum { DST_F32, DST_F16, DST_BF16 };
 enum { ZP_NONE, ZP_NARROW, ZP_WIDE };
+/* |zp| up to this: src - zp fits in int32 for every src (|src| <= 255); native.py's _NARROW_ZP */
+#define NARROW_ZP ((1LL << 31) - 256)
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -216,14 +218,21 @@ AVX2 static inline __m128i f16x8(__m256 v) {
     return _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan);
 }
 
-AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
+/* Elements stored one by one up to the first `align`-byte boundary of the output, where
+   non-temporal vector stores may start (all n of them, for an array not element-aligned). */
+INLINE Py_ssize_t store_until_aligned(const float *f, char *o, Py_ssize_t n, int dst, uintptr_t align) {
     const int size = dst == DST_F32 ? 4 : 2;
     Py_ssize_t i = 0;
-    if (stream) /* up to the first vector-aligned element (never, for an array not element-aligned) */
-        while (i < n && ((uintptr_t)(o + i * size) & (8 * size - 1)) != 0) {
-            store(o, i, dst, f[i]);
-            i++;
-        }
+    while (i < n && ((uintptr_t)(o + i * size) & (align - 1)) != 0) {
+        store(o, i, dst, f[i]);
+        i++;
+    }
+    return i;
+}
+
+AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 8 * size) : 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(f + i);
         if (dst == DST_F32) {
@@ -244,12 +253,7 @@ AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream
 /* emit's AVX-512 twin: 16 elements a step, NaNs found by one compare into a mask. */
 AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
     const int size = dst == DST_F32 ? 4 : 2;
-    Py_ssize_t i = 0;
-    if (stream)
-        while (i < n && ((uintptr_t)(o + i * size) & (16 * size - 1)) != 0) {
-            store(o, i, dst, f[i]);
-            i++;
-        }
+    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 16 * size) : 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 v = _mm512_loadu_ps(f + i);
         if (dst == DST_F32) {
@@ -382,6 +386,17 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
         fence();
 }
 
+/* Whether the job's kinds are ones this file knows (else a ValueError is set). */
+static int kinds_ok(const Job *J) {
+    if (J->src_kind < SRC_I8 || J->src_kind > SRC_U4 || J->dst_kind < DST_F32 || J->dst_kind > DST_BF16 ||
+        J->zmode < ZP_NONE || J->zmode > ZP_WIDE || J->sk < SK_F32 || J->sk > SK_BF16 || J->zk < ZK_I32 ||
+        J->zk > ZK_U4) {
+        PyErr_SetString(PyExc_ValueError, "unknown src, dst, scale or zero-point kind");
+        return 0;
+    }
+    return 1;
+}
+
 static int buffer_ok(Py_buffer *b, Py_ssize_t need, const char *what) {
     if (b->len < need) {
         PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zd needed", what, b->len, need);
@@ -409,10 +424,10 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "dims and varies: 1 to 32 of each, as many of one as the other");
         goto done;
     }
-    if (J.src_kind < SRC_I8 || J.src_kind > SRC_U4 || J.dst_kind < DST_F32 || J.dst_kind > DST_BF16 ||
-        J.zmode < ZP_NONE || J.zmode > ZP_WIDE || (J.zmode == ZP_NONE) != (zobj == Py_None) ||
-        J.sk < SK_F32 || J.sk > SK_BF16 || J.zk < ZK_I32 || J.zk > ZK_U4) {
-        PyErr_SetString(PyExc_ValueError, "unknown src, dst, scale or zero-point kind");
+    if (!kinds_ok(&J))
+        goto done;
+    if ((J.zmode == ZP_NONE) != (zobj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "zmode says no zero points, or zps are missing");
         goto done;
     }
     Py_ssize_t n = 1, np_ = 1;
@@ -494,9 +509,10 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
     J.dst_kind = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    if (J.src_kind < SRC_I8 || J.src_kind > SRC_U4 || J.dst_kind < DST_F32 || J.dst_kind > DST_BF16 ||
-        zp < INT32_MIN || zp > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "unknown src or dst kind, or a zero point beyond int32");
+    if (!kinds_ok(&J))
+        return NULL;
+    if (zp < INT32_MIN || zp > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a zero point beyond int32");
         return NULL;
     }
     if (PyObject_GetBuffer(args[0], &s, PyBUF_SIMPLE) < 0)
@@ -519,7 +535,7 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
         J.out = o.buf;
         J.scales = (const char *)&scale;
         J.zps = args[3] == Py_None ? NULL : (const char *)&z;
-        J.zmode = args[3] == Py_None ? ZP_NONE : (zp >= -(1LL << 31) + 256 && zp <= (1LL << 31) - 256 ? ZP_NARROW : ZP_WIDE);
+        J.zmode = args[3] == Py_None ? ZP_NONE : (zp >= -NARROW_ZP && zp <= NARROW_ZP ? ZP_NARROW : ZP_WIDE);
         if (n > 4096) { /* (below, the GIL's round trip would cost more than the loop) */
             Py_BEGIN_ALLOW_THREADS
             run_range(&J, 0, n);
