@@ -622,7 +622,9 @@ def test_11_a_bad_value_is_named_with_its_call():
 
 # -- 19. run names the node and the value; one exit code for both engines; no ORT log lines ------------
 
-def test_19_a_bad_feed_found_while_running(capsys, tmp_path):
+def _scales_too_long(tmp_path):
+    """m.onnx, a per_channel node 'dq' whose scales 's' have a free length, with feeds w.npy
+    and s.npy: 5 scales for 3 channels, found only while running."""
     from dyndq.files import save_model
 
     g = helper.make_graph([dyndq.make_node(["w", "s"], ["y"], name="dq", qtype="per_channel", axis=0)], "g",
@@ -631,6 +633,10 @@ def test_19_a_bad_feed_found_while_running(capsys, tmp_path):
     save_model(dyndq.make_model(g), tmp_path / "m.onnx")
     np.save(tmp_path / "w.npy", np.ones((3, 2), np.int8))
     np.save(tmp_path / "s.npy", np.ones(5, np.float32))
+
+
+def test_19_a_bad_feed_found_while_running(capsys, tmp_path):
+    _scales_too_long(tmp_path)
     codes = set()
     for engine in ("reference", "onnxruntime"):
         code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"w={tmp_path / 'w.npy'}",
@@ -646,14 +652,7 @@ def test_19_onnxruntime_logs_nothing_to_stderr(tmp_path):
     import subprocess
     import sys
 
-    from dyndq.files import save_model
-
-    g = helper.make_graph([dyndq.make_node(["w", "s"], ["y"], name="dq", qtype="per_channel", axis=0)], "g",
-                          [helper.make_tensor_value_info("w", T.INT8, [3, 2]), helper.make_tensor_value_info("s", T.FLOAT, ["n"])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, [3, 2])])
-    save_model(dyndq.make_model(g), tmp_path / "m.onnx")
-    np.save(tmp_path / "w.npy", np.ones((3, 2), np.int8))
-    np.save(tmp_path / "s.npy", np.ones(5, np.float32))
+    _scales_too_long(tmp_path)
     r = subprocess.run([sys.executable, "-m", "dyndq", "run", "m.onnx", "-i", "w=w.npy", "-i", "s=s.npy", "--engine", "onnxruntime"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "\x1b[" not in r.stderr, r.stderr
