@@ -249,8 +249,25 @@ AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+#define HAVE_512 1
 
-/* emit's AVX-512 twin: 16 elements a step, NaNs found by one compare into a mask. */
+/* 16 products to float16 (the CPU's nearest-even conversion, NaN made 0x7E00) or to
+   bfloat16 (to_bf16's integer rounding), NaNs found by one compare into a mask. */
+AVX512 INLINE __m256i half16(__m512 v, int dst) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (dst == DST_F16) {
+        const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00));
+    }
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(x, 16);
+    __m512i r = _mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF));
+    r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+    const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, qnan));
+}
+
+/* emit's AVX-512 twin: 16 elements a step. */
 AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
     const int size = dst == DST_F32 ? 4 : 2;
     Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 16 * size) : 0;
@@ -261,20 +278,7 @@ AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int s
             else _mm512_storeu_ps((float *)o + i, v);
             continue;
         }
-        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        __m256i h;
-        if (dst == DST_F16) {
-            h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            h = _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00));
-        } else {
-            const __m512i x = _mm512_castps_si512(v);
-            const __m512i hi = _mm512_srli_epi32(x, 16);
-            __m512i r = _mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF));
-            r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
-            const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
-                                                 _mm512_set1_epi32(0x7FC0));
-            h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, qnan));
-        }
+        const __m256i h = half16(v, dst);
         if (stream) _mm256_stream_si256((__m256i *)((uint16_t *)o + i), h);
         else _mm256_storeu_si256((__m256i *)((uint16_t *)o + i), h);
     }
@@ -282,10 +286,204 @@ AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int s
         store(o, i, dst, f[i]);
 }
 
+/* The fused loops of AVX-512 machines: the output written as it is computed, with no
+   staging block between (emit needs one for its aligned non-temporal stores; these align
+   their own vectors, doing the head and the tail with masked loads and stores).  Two
+   forms, each chosen by run_range where it holds and zmode is not ZP_WIDE:
+
+   * lanes512: parameters that change at every element (g == 1), read as given (float16
+     through the CPU's exact conversion, bfloat16 by a shift, 4/8-bit zero points by
+     sign or zero extension), so nothing is widened before the threads start;
+   * table512: 4-bit src with parameters that hold for runs of g >= 16: src has 16
+     values, so a group's outputs are a table of 16, computed as one vector by the same
+     arithmetic (hence the same bits) and looked up by each element's nibble with one
+     permute (vpermw / vpermd), two or three where a vector spans groups. */
+enum { OUT_MASKED, OUT_PLAIN, OUT_STREAM };
+
+/* The entry points below are compiled for AVX-512 whatever clone of run_range calls them,
+   so the kinds are made constants here (a switch over every combination, as segment's)
+   rather than in run_range, which GCC cannot inline them into. */
+
+/* 16 bytes of src (lanes in k) as int32 */
+AVX512 INLINE __m512i src16(const uint8_t *s, __mmask16 k, int full, int src) {
+    const __m128i b = full ? _mm_loadu_si128((const __m128i *)s) : _mm_maskz_loadu_epi8(k, s);
+    switch (src) {
+    case SRC_I8: return _mm512_cvtepi8_epi32(b);
+    case SRC_U8: return _mm512_cvtepu8_epi32(b);
+    case SRC_I4: return _mm512_srai_epi32(_mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 28), 28);
+    default: return _mm512_and_si512(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(15));
+    }
+}
+
+/* 16 scales as float32: float16 by vcvtph2ps, exact (a signaling NaN comes out quiet, as
+   the multiply would make it: the product's bits are the same), bfloat16 by a shift */
+AVX512 INLINE __m512 scales16(const char *p, __mmask16 k, int full, int sk) {
+    if (sk == SK_F32) return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p);
+    const __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(k, p);
+    if (sk == SK_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 zero points as int32: int32 as given (zk ZK_I32), or bytes of any of the 1-byte kinds
+   (zk ZK_I8 standing for all four) as ((b & keep) ^ sign) - sign: the kind's bits, sign-
+   extended from its top bit where it has a sign (sign 0 where not); one loop for four kinds */
+AVX512 INLINE __m512i zps16(const char *p, __mmask16 k, int full, int zk, __m512i keep, __m512i sign) {
+    if (zk == ZK_I32) return full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(k, p);
+    const __m128i b = full ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(k, p);
+    const __m512i x = _mm512_and_si512(_mm512_cvtepu8_epi32(b), keep);
+    return _mm512_sub_epi32(_mm512_xor_si512(x, sign), sign);
+}
+
+/* 16 outputs: all (OUT_PLAIN), through the cache or not (OUT_STREAM: aligned), or those in k */
+AVX512 INLINE void put16(char *o, __m512 p, __mmask16 k, int mode, int dst) {
+    if (dst == DST_F32) {
+        if (mode == OUT_STREAM) _mm512_stream_ps((float *)o, p);
+        else if (mode == OUT_PLAIN) _mm512_storeu_ps(o, p);
+        else _mm512_mask_storeu_ps(o, k, p);
+        return;
+    }
+    const __m256i h = half16(p, dst);
+    if (mode == OUT_STREAM) _mm256_stream_si256((__m256i *)o, h);
+    else if (mode == OUT_PLAIN) _mm256_storeu_si256((__m256i *)o, h);
+    else _mm256_mask_storeu_epi16(o, k, h);
+}
+
+/* Elements before the first `vec`-byte boundary of o (none for an o not element-aligned,
+   which is then written without streaming), at most n. */
+INLINE Py_ssize_t head_of(const char *o, Py_ssize_t n, int size, int vec) {
+    if ((uintptr_t)o % size) return 0;
+    Py_ssize_t h = (Py_ssize_t)((vec - (uintptr_t)o % vec) % vec) / size;
+    return h < n ? h : n;
+}
+
+AVX512 INLINE void lanes_step(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t i,
+                              __mmask16 k, int mode, int src, int dst, int zmode, int sk, int zk, __m512i keep,
+                              __m512i sign) {
+    const int full = mode != OUT_MASKED, size = dst == DST_F32 ? 4 : 2;
+    __m512i v = src16(s + i, k, full, src);
+    if (zmode != ZP_NONE) v = _mm512_sub_epi32(v, zps16(zp + i * ZP_SIZE[zk], k, full, zk, keep, sign));
+    const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(v), scales16(sc + i * SCALE_SIZE[sk], k, full, sk));
+    put16(o + i * size, p, k, mode, dst);
+}
+
+/* n elements whose parameters change at every element, from sc and zp on. */
+AVX512 INLINE void lanes_body(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t n, int src,
+                              int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    const int byte_bits = zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 4 : 8, is_signed = zp_kind == ZK_I8 || zp_kind == ZK_I4;
+    const __m512i keep = _mm512_set1_epi32((1 << byte_bits) - 1);
+    const __m512i sign = _mm512_set1_epi32(is_signed ? 1 << (byte_bits - 1) : 0);
+    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16 * size) : 0;
+    stream = stream && (uintptr_t)o % size == 0;
+#define STEP(I, K, MODE) lanes_step(s, o, sc, zp, I, K, MODE, src, dst, zmode, sk, zk, keep, sign)
+    if (h) STEP(0, (__mmask16)((1u << h) - 1), OUT_MASKED);
+    for (i = h; i + 16 <= n; i += 16)
+        STEP(i, 0xFFFF, stream ? OUT_STREAM : OUT_PLAIN);
+    if (i < n) STEP(i, (__mmask16)((1u << (n - i)) - 1), OUT_MASKED);
+#undef STEP
+}
+
+/* One table per group, of the 16 outputs indexed by src's nibble: float32, or 16-bit
+   values repeated in both halves (vpermw indexes 32 words by 5 bits; the fifth, src's
+   high nibble's low bit, then picks the same value). */
+AVX512 INLINE __m512i table_of(float c, int32_t z, int src, int dst, int zmode) {
+    const __m512i nib = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i v = src == SRC_I4 ? _mm512_srai_epi32(_mm512_slli_epi32(nib, 28), 28) : nib;
+    if (zmode != ZP_NONE) v = _mm512_sub_epi32(v, _mm512_set1_epi32(z));
+    const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(c));
+    if (dst == DST_F32) return _mm512_castps_si512(p);
+    const __m256i h = half16(p, dst);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
+}
+
+/* W elements (16 for float32, 32 for 16-bit outputs: one 64-byte vector) at i, of which
+   those in k are stored; T[gi] is element i's group's table, and the group after it
+   starts at element bnd (later groups every g). */
+AVX512 INLINE void table_step(const uint8_t *s, char *o, const __m512i *T, Py_ssize_t gi, Py_ssize_t bnd,
+                                     Py_ssize_t g, Py_ssize_t i, Py_ssize_t count, int mode, int dst) {
+    const int full = mode != OUT_MASKED;
+    if (dst == DST_F32) {
+        const __mmask16 k = (__mmask16)(full ? 0xFFFF : (1u << count) - 1);
+        const __m128i b = full ? _mm_loadu_si128((const __m128i *)(s + i)) : _mm_maskz_loadu_epi8(k, s + i);
+        const __m512i idx = _mm512_cvtepu8_epi32(b);
+        __m512i t = _mm512_permutexvar_epi32(idx, T[gi]);
+        for (Py_ssize_t b0 = bnd; b0 < i + count; b0 += g)
+            t = _mm512_mask_permutexvar_epi32(t, (__mmask16)(0xFFFFu << (b0 - i)), idx, T[++gi]);
+        put16(o + i * 4, _mm512_castsi512_ps(t), k, mode, DST_F32);
+        return;
+    }
+    const __mmask32 k = full ? 0xFFFFFFFFu : (__mmask32)((1ull << count) - 1);
+    const __m256i b = full ? _mm256_loadu_si256((const __m256i *)(s + i)) : _mm256_maskz_loadu_epi8(k, s + i);
+    const __m512i idx = _mm512_cvtepu8_epi16(b);
+    __m512i t = _mm512_permutexvar_epi16(idx, T[gi]);
+    for (Py_ssize_t b0 = bnd; b0 < i + count; b0 += g)
+        t = _mm512_mask_permutexvar_epi16(t, (__mmask32)(0xFFFFFFFFu << (b0 - i)), idx, T[++gi]);
+    if (mode == OUT_STREAM) _mm512_stream_si512((__m512i *)(o + i * 2), t);
+    else if (mode == OUT_PLAIN) _mm512_storeu_si512(o + i * 2, t);
+    else _mm512_mask_storeu_epi16(o + i * 2, k, t);
+}
+
+/* m elements of 4-bit src from column c of a row whose params (float32 / int32) change
+   every g >= 16 columns (sc[0], zp[0]: column 0's). */
+AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                                   Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, int stream) {
+    const Py_ssize_t g0 = c / g, ng = (c + m - 1) / g - g0 + 1;
+    __m512i T[STAGE / 16 + 2];
+    for (Py_ssize_t t = 0; t < ng; t++)
+        T[t] = table_of(sc[g0 + t], zmode == ZP_NONE ? 0 : zp[g0 + t], src, dst, zmode);
+    const int size = dst == DST_F32 ? 4 : 2, W = 64 / size;
+    Py_ssize_t gi = 0, bnd = (g0 + 1) * g - c; /* element i's table, the next group's first element */
+    Py_ssize_t i = stream ? head_of(o, m, size, 64) : 0;
+    stream = stream && (uintptr_t)o % size == 0;
+    if (i) table_step(s, o, T, gi, bnd, g, 0, i, OUT_MASKED, dst);
+    for (;; i += W) {
+        while (bnd <= i) { gi++; bnd += g; }
+        if (i + W > m) break;
+        table_step(s, o, T, gi, bnd, g, i, W, stream ? OUT_STREAM : OUT_PLAIN, dst);
+    }
+    if (i < m) table_step(s, o, T, gi, bnd, g, i, m - i, OUT_MASKED, dst);
+}
+
+#define LANES(SRC, DST, Z, SK, ZK) lanes_body(s, o, sc, zp, n, SRC, DST, Z, SK, ZK, stream, zk)
+#define LANES_ZK(SRC, DST, SK)                                  \
+    (zmode == ZP_NONE ? LANES(SRC, DST, ZP_NONE, SK, ZK_I32)    \
+     : zk == ZK_I32   ? LANES(SRC, DST, ZP_NARROW, SK, ZK_I32)  \
+                      : LANES(SRC, DST, ZP_NARROW, SK, ZK_I8)) /* ZK_I8: every 1-byte kind (zps16) */
+#define LANES_SK(SRC, DST) \
+    (sk == SK_F32 ? LANES_ZK(SRC, DST, SK_F32) : sk == SK_F16 ? LANES_ZK(SRC, DST, SK_F16) : LANES_ZK(SRC, DST, SK_BF16))
+#define LANES_DST(SRC) \
+    (dst == DST_F32 ? LANES_SK(SRC, DST_F32) : dst == DST_F16 ? LANES_SK(SRC, DST_F16) : LANES_SK(SRC, DST_BF16))
+
+/* lanes_body for zmode ZP_NONE or ZP_NARROW */
+AVX512 __attribute__((noinline)) static void lanes512(const uint8_t *s, char *o, const char *sc, const char *zp,
+                                                      Py_ssize_t n, int src, int dst, int zmode, int sk, int zk,
+                                                      int stream) {
+    switch (src) {
+    case SRC_I8: LANES_DST(SRC_I8); break;
+    case SRC_U8: LANES_DST(SRC_U8); break;
+    case SRC_I4: LANES_DST(SRC_I4); break;
+    default: LANES_DST(SRC_U4); break;
+    }
+}
+
+#define TABLE(SRC, DST, Z) table_body(s, o, sc, zp, c, m, g, SRC, DST, Z, stream)
+#define TABLE_Z(SRC, DST) (zmode == ZP_NONE ? TABLE(SRC, DST, ZP_NONE) : TABLE(SRC, DST, ZP_NARROW))
+#define TABLE_DST(SRC) \
+    (dst == DST_F32 ? TABLE_Z(SRC, DST_F32) : dst == DST_F16 ? TABLE_Z(SRC, DST_F16) : TABLE_Z(SRC, DST_BF16))
+
+/* table_body for 4-bit src, zmode ZP_NONE or ZP_NARROW */
+AVX512 __attribute__((noinline)) static void table512(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
+                                                      Py_ssize_t c, Py_ssize_t m, Py_ssize_t g, int src, int dst,
+                                                      int zmode, int stream) {
+    if (src == SRC_I4) TABLE_DST(SRC_I4);
+    else TABLE_DST(SRC_U4);
+}
+
 static void fence(void) { _mm_sfence(); } /* non-temporal stores made visible before we return */
 
 /* the widest emit the CPU has (AVX-512, AVX2 + F16C), and what each level may use */
 static int cpu_level = 0;
+static int level = 0; /* the level the kernel runs at: cpu_level, or lower for a test (set_level) */
 static void detect_cpu(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
@@ -298,6 +496,7 @@ static void detect_cpu(void) {
 static emit_fn emit_for(int level) { return level >= 2 ? emit512 : level == 1 ? emit : NULL; }
 #else
 static int cpu_level = 0;
+static int level = 0;
 static void fence(void) {}
 static void detect_cpu(void) {}
 static emit_fn emit_for(int level) { return NULL; }
@@ -343,20 +542,35 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
         poff += idx[d] * J->pstride[d];
     }
     const Py_ssize_t g = J->g;
-    const int own = g > 1 && (J->sk != SK_F32 || (J->zps && J->zk != ZK_I32)); /* params to widen here */
+    const int narrow_params = J->sk != SK_F32 || (J->zps && J->zk != ZK_I32);
+    const int own = g > 1 && narrow_params; /* group params to widen here, block by block */
     const int staged = emit_best && (J->stream || J->dst_kind == DST_F16);
+#ifdef HAVE_512
+    const int fused = level >= 2 && J->zmode != ZP_WIDE; /* lanes512 / table512 */
+    const int tables = fused && g >= 16 && (J->src_kind == SRC_I4 || J->src_kind == SRC_U4);
+#endif
     Py_ssize_t e = start;
     while (e < stop) {
         Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
         const char *sc_row = J->scales + poff * SCALE_SIZE[J->sk];
         const char *zp_row = J->zps ? J->zps + poff * ZP_SIZE[J->zk] : NULL;
+#ifdef HAVE_512
+        if (fused && g == 1) {
+            lanes512(J->src + e, J->out + e * J->out_size, sc_row + col * SCALE_SIZE[J->sk],
+                     zp_row ? zp_row + col * ZP_SIZE[J->zk] : NULL, n, J->src_kind, J->dst_kind, J->zmode, J->sk,
+                     J->zk, J->stream);
+            goto next_row;
+        }
+#endif
         for (Py_ssize_t j = 0; j < n; j += STAGE) {
             Py_ssize_t m = n - j < STAGE ? n - j : STAGE, c = col + j;
             const float *sc = (const float *)sc_row;
             const int32_t *zp = (const int32_t *)zp_row;
-            float sbuf[STAGE / 2 + 2];
-            int32_t zbuf[STAGE / 2 + 2];
-            if (own) { /* the groups this block touches (at most STAGE / 2 + 2 of them, g >= 2) */
+            float sbuf[STAGE];
+            int32_t zbuf[STAGE];
+            if (own || (g == 1 && narrow_params)) {
+                /* the groups this block touches (at most STAGE / 2 + 2 of them, g >= 2), or its
+                   elements' params (g == 1: where kernels/native.py did not widen them) */
                 Py_ssize_t g0 = c / g, count = (c + m - 1) / g - g0 + 1;
                 if (J->sk == SK_F32) sc += g0;
                 else { widen_range(sc_row + g0 * 2, sbuf, count, SCALE_WIDEN[J->sk]); sc = sbuf; }
@@ -364,6 +578,13 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
                 else if (zp_row) { widen_range(zp_row + g0, zbuf, count, ZP_WIDEN[J->zk]); zp = zbuf; }
                 c -= g0 * g;
             }
+#ifdef HAVE_512
+            if (tables) {
+                table512(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
+                         J->zmode, J->stream);
+                continue;
+            }
+#endif
             if (staged) {
                 float buf[STAGE];
                 segment(J->src + e + j, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode);
@@ -373,6 +594,9 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
                         J->zmode);
             }
         }
+#ifdef HAVE_512
+    next_row:
+#endif
         e += n;
         col = 0;
         for (int d = k - 2; d >= 0; d--) { /* next row: carry through the outer dims */
@@ -458,10 +682,6 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     if (!buffer_ok(&s, n, "src") || !buffer_ok(&o, n * J.out_size, "out") ||
         !buffer_ok(&sc, np_ * SCALE_SIZE[J.sk], "scales") || (z.buf && !buffer_ok(&z, np_ * ZP_SIZE[J.zk], "zps")))
         goto done;
-    if (J.g == 1 && (J.sk != SK_F32 || J.zk != ZK_I32)) {
-        PyErr_SetString(PyExc_ValueError, "parameters that change at every element must come as float32 / int32");
-        goto done;
-    }
     if (start < 0 || stop > n || start > stop) {
         PyErr_SetString(PyExc_ValueError, "start and stop must lie within the view");
         goto done;
@@ -609,13 +829,31 @@ static PyObject *py_narrow(PyObject *self, PyObject *args) {
 
 static PyObject *py_cpu_level(PyObject *self, PyObject *unused) { return PyLong_FromLong(cpu_level); }
 
+static PyObject *py_level(PyObject *self, PyObject *unused) { return PyLong_FromLong(level); }
+
+/* set_level(n): run at level n (0 to cpu_level) from now on; for tests of the lower levels'
+   paths on a machine that has a higher one. */
+static PyObject *py_set_level(PyObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > cpu_level) {
+        PyErr_Format(PyExc_ValueError, "level %ld: this CPU has levels 0 to %d", n, cpu_level);
+        return NULL;
+    }
+    level = (int)n;
+    emit_best = emit_for(level);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS, "Elements [start, stop) of a dequantization (see kernels/native.py)."},
     {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 (1) or bfloat16 (2) bits, as the kernel rounds at a level."},
     {"dequantize_one", (PyCFunction)(void (*)(void))py_dequantize_one, METH_FASTCALL,
      "src, out, scale, zp, src_kind, dst_kind: one scale and zero point for all of src (see kernels/native.py)."},
     {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (kinds 0-5)."},
-    {"cpu_level", py_cpu_level, METH_NOARGS, "0: plain C, 1: AVX2/F16C, 2: AVX-512 (how emit writes)."},
+    {"cpu_level", py_cpu_level, METH_NOARGS, "The CPU's level: 0 plain C, 1 AVX2/F16C, 2 AVX-512."},
+    {"level", py_level, METH_NOARGS, "The level the kernel runs at (cpu_level unless set_level lowered it)."},
+    {"set_level", py_set_level, METH_O, "Run at a level from 0 to cpu_level (for tests)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -623,6 +861,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__native(void) {
     detect_cpu();
-    emit_best = emit_for(cpu_level);
+    level = cpu_level;
+    emit_best = emit_for(level);
     return PyModule_Create(&module);
 }

@@ -231,7 +231,9 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
                 _VALID.clear()
             _VALID[key] = plan
     dst = plan.dst
-    if plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.dtype.isnative)):
+    # the compiled kernel writes C-contiguous, aligned outputs of native byte order; NumPy the rest
+    if plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.flags.aligned
+                                                       and out.dtype.isnative)):
         if out is None:
             out = _output(src, dst)
         if plan.count_p == 1 and src.size <= T.small:  # one scale, one thread: the lean entry

@@ -14,6 +14,7 @@ shares the elements among threads (the C loop releases the GIL).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -28,7 +29,7 @@ try:
 except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
     _native = None
 
-__all__ = ["built", "handles", "dequantize", "dequantize_one", "cpu_level", "narrow"]
+__all__ = ["built", "handles", "dequantize", "dequantize_one", "cpu_level", "level", "at_level", "narrow"]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -63,28 +64,35 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None
     n = src.size
     if n == 0:
         return out
-    if count_p is None:
-        count_p = math.prod(d for d, v in zip(vshape, varies) if v)
-    # Parameters that change at every element (varies[-1]) are read by the C loop as float32
-    # and int32, widened here once; others are read as given, one per group (no widening pass).
-    widen = varies[-1]
-    sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
-    if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
-        sc = np.full(count_p, sc.reshape(()), sc.dtype)
-    z, zmode, zk = (None, _ZP_NONE, 0) if zps is None else _zero_points(zps, count_p, widen)
-    sc, z, s, o = _bytes(sc), None if z is None else _bytes(z), _bytes(src), _bytes(out)
-    src_kind, dst_kind = _SRC[src.dtype], _DST[out.dtype]
+    head, kinds = c_args(src, scales, zps, vshape, varies, out, count_p)
     stream = out.nbytes >= T.stream_min
     if n < T.parallel_min:
-        _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode, 0, n, stream, sk, zk)
+        _native.dequantize(*head, 0, n, stream, *kinds)
         return out
     count = -(-n // T.chunk)
     n_threads = parallel.threads_for(n, count, threads)
     per = -(-count // n_threads) * T.chunk  # one contiguous range per thread: one C call each
-    parallel.run(lambda a, b: _native.dequantize(s, o, sc, z, vshape, varies, src_kind, dst_kind, zmode,
-                                                 a * per, min(b * per, n), stream, sk, zk),
+    parallel.run(lambda a, b: _native.dequantize(*head, a * per, min(b * per, n), stream, *kinds),
                  n_threads, n_threads)
     return out
+
+
+def c_args(src, scales, zps, vshape, varies, out, count_p=None):
+    """The C call's arguments before (src ... zmode) and after (scale and zero-point kinds)
+    its start, stop and stream: `_native.dequantize(*head, start, stop, stream, *kinds)`."""
+    if count_p is None:
+        count_p = math.prod(d for d, v in zip(vshape, varies) if v)
+    # Parameters that change at every element (varies[-1]) are widened here once to float32 and
+    # int32, unless the CPU has AVX-512, whose fused loop reads them as given; others are read
+    # as given, one per group, by every level (no widening pass before the threads).
+    widen = varies[-1] and _native.level() < 2
+    sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
+    if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
+        sc = np.full(count_p, sc.reshape(()), sc.dtype)
+    z, zmode, zk = (None, _ZP_NONE, 0) if zps is None else _zero_points(zps, count_p, widen)
+    head = (_bytes(src), _bytes(out), _bytes(sc), None if z is None else _bytes(z), vshape, varies,
+            _SRC[src.dtype], _DST[out.dtype], zmode)
+    return head, (sk, zk)
 
 
 def dequantize_one(src, scales, zps, out):
@@ -141,8 +149,26 @@ def _widened(a: np.ndarray, to: np.dtype) -> np.ndarray:
 
 
 def cpu_level() -> int:
-    """How the compiled kernel writes its output here: 0 plain C, 1 AVX2/F16C, 2 AVX-512."""
+    """What this CPU lets the compiled kernel use: 0 plain C, 1 AVX2/F16C, 2 AVX-512."""
     return _native.cpu_level()
+
+
+def level() -> int:
+    """The level the compiled kernel runs at: cpu_level(), unless at_level lowered it."""
+    return _native.level()
+
+
+@contextlib.contextmanager
+def at_level(n: int):
+    """Run the compiled kernel at level n (0 to cpu_level()) inside the block: how the tests
+    take the paths of machines without AVX-512, or without AVX2, on a machine with them.
+    (Process-wide: not for use while other threads dequantize.)"""
+    before = _native.level()
+    _native.set_level(n)
+    try:
+        yield
+    finally:
+        _native.set_level(before)
 
 
 def narrow(p: np.ndarray, dst, *, level: int | None = None) -> np.ndarray:

@@ -11,11 +11,14 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dyndq
 from dyndq.kernels import native
 from dyndq.kernels.dequantize_v2 import view
 from dyndq.kernels.parallel import NATIVE_ENV, switched_off, tuned
+from dyndq.opdefs import dtypes
 
 from cases import oracle_2, same_bits
 
@@ -74,11 +77,21 @@ FORMS = [  # shape, qtype, axis, group_shape
 ]
 
 
+def cut_run(src, scales, zps, shape, qtype, axis, group_shape, out, cuts, stream):
+    """The C loop over [a, b) for each pair of cuts, with the arguments kernels/native.py passes."""
+    vshape, varies = view(shape, qtype, axis, group_shape)
+    head, kinds = native.c_args(src, scales, zps, vshape, varies, out)
+    for a, b in zip(cuts, cuts[1:]):
+        native._native.dequantize(*head, a, b, stream, *kinds)
+    return out
+
+
 @pytest.mark.parametrize("shape,qtype,axis,group_shape", FORMS)
 @pytest.mark.parametrize("t2", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("zp", [None, "uint8", "wide"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape, t2, zp, stream):
+@pytest.mark.parametrize("level", LEVELS)
+def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape, t2, zp, stream, level):
     """The C loop starts and stops anywhere: mid-row, mid-group (as threads cut it)."""
     rng = np.random.default_rng(len(shape))
     src = rng.integers(-8, 8, shape).astype(ml_dtypes.int4)
@@ -87,20 +100,11 @@ def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape
     scales = rng.standard_normal(pshape).astype(t2)
     zps = None if zp is None else (rng.integers(0, 256, pshape).astype(np.uint8) if zp == "uint8"
                                    else np.full(pshape, 2**31 - 1, np.int32))  # src - zp overflows int32
-    vshape, varies = view(shape, qtype, axis, group_shape)
     expect = oracle_2(src, scales, zps, qtype, axis, group_shape)
-    n = src.size
-    cuts = sorted({0, n, *rng.integers(0, n, 7).tolist()})
-    out = np.zeros(shape, t2)
-    o = out.view(np.uint16) if out.dtype.itemsize == 2 else out
-    widen = varies[-1]  # as kernels/native.py passes them: as given, unless they change at every element
-    z, zmode, zk = (None, 0, 0) if zps is None else native._zero_points(zps, int(np.prod(pshape)), widen)
-    sc, sk = native._params(scales, native._SCALE_KIND, np.dtype(np.float32), widen)
-    z = None if z is None else native._bytes(z)
-    for a, b in zip(cuts, cuts[1:]):
-        native._native.dequantize(src.view(np.uint8), o, native._bytes(sc), z, vshape, varies,
-                                  native._SRC[src.dtype], native._DST[out.dtype], zmode, a, b, stream, sk, zk)
-    assert same_bits(out, expect)
+    cuts = sorted({0, src.size, *rng.integers(0, src.size, 7).tolist()})
+    with native.at_level(level):
+        got = cut_run(src, scales, zps, shape, qtype, axis, group_shape, np.zeros(shape, t2), cuts, stream)
+    assert same_bits(got, expect)
 
 
 def test_threads_cut_at_odd_places():
@@ -188,3 +192,114 @@ def test_the_lean_entry_for_one_scale(t2, zp):
     assert same_bits(out, oracle_2(src, scales, zps, "per_tensor", 0, None))
     with pytest.raises(ValueError, match="beyond int32"):
         native._native.dequantize_one(src, out, 1.0, 2**31, 0, 0)
+
+
+# -- the fused loops (AVX-512) and the loops beside them, on forms long enough to reach them ---------
+
+_RAW = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
+
+
+def _scales(rng, t2, shape):
+    """Ordinary scales of t2, with any bit pattern at a quarter of them (NaN payloads and signs,
+    infinities, subnormals)."""
+    s = (rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 4, shape)).astype(np.float32).astype(t2)
+    raw = rng.integers(0, np.iinfo(_RAW[t2]).max, shape, dtype=_RAW[t2], endpoint=True)
+    pick = rng.random(shape) < 0.25
+    s.view(_RAW[t2])[pick] = raw[pick]
+    return s
+
+
+def _ints(rng, name, shape, high_bits=False):
+    """Random values of an integer dtype; for 4-bit ones, maybe with random high nibbles (read
+    as the low nibble, as ml_dtypes reads it)."""
+    if name == "wide":  # int32 zero points far enough out that src - zp overflows int32
+        return (rng.integers(2**31 - 300, 2**31, shape) * rng.choice([-1, 1], shape)).astype(np.int32)
+    if name == "int32":  # up to the narrow bound, and small ones
+        big = rng.integers(-native._NARROW_ZP, native._NARROW_ZP, shape, endpoint=True)
+        return np.where(rng.random(shape) < 0.5, big, rng.integers(-20, 20, shape)).astype(np.int32)
+    lo, hi = dtypes.integer_range(name)
+    a = rng.integers(lo, hi, shape, endpoint=True).astype(dtypes.by_name(name).numpy)
+    if high_bits and a.dtype.itemsize == 1 and name in ("int4", "uint4"):
+        a.view(np.uint8)[...] |= (rng.integers(0, 16, shape) << 4).astype(np.uint8)
+    return a
+
+
+@st.composite
+def long_forms(draw):
+    """Forms whose rows reach the fused loops: groups of 1 to 140 along the last axis (tables, for
+    4-bit src, from 16 on) and along axis 0 (parameters at every element), per channel, per
+    tensor; every src, T2 and zero-point kind; cut anywhere, streamed or not, into an output
+    starting anywhere in a 64-byte line."""
+    t1 = draw(st.sampled_from(["int4", "uint4", "int8", "uint8"]))
+    t2 = draw(st.sampled_from(["float32", "float16", "bfloat16"]))
+    t3 = draw(st.sampled_from([None, "int8", "uint8", "int4", "uint4", "int32", "wide"]))
+    form = draw(st.sampled_from(["last", "axis 0", "channel last", "tensor"]))
+    g, count, other = draw(st.integers(1, 140)), draw(st.integers(1, 3)), draw(st.integers(1, 200))
+    if form == "last":
+        shape, qtype, axis, groups, pshape = (other, count * g), "per_group", 1, [1, g], (other, count)
+    elif form == "axis 0":
+        shape, qtype, axis, groups, pshape = (count * g, other), "per_group", 1, [g, 1], (count, other)
+    elif form == "channel last":
+        shape, qtype, axis, groups, pshape = (count, other), "per_channel", 1, None, (other,)
+    else:
+        shape, qtype, axis, groups, pshape = (count, other), "per_tensor", 1, None, (1,)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    src = _ints(rng, t1, shape, high_bits=draw(st.booleans()))
+    scales = _scales(rng, t2, pshape)
+    zps = None if t3 is None else _ints(rng, t3, pshape, high_bits=draw(st.booleans()))
+    n = src.size
+    cuts = sorted({0, n, *rng.integers(0, n + 1, draw(st.integers(0, 4))).tolist()})
+    return src, scales, zps, shape, qtype, axis, groups, cuts, draw(st.booleans()), draw(st.integers(0, 31))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(form=long_forms())
+def test_long_rows_any_cut_any_alignment_match_the_oracle(level, form):
+    src, scales, zps, shape, qtype, axis, groups, cuts, stream, offset = form
+    expect = oracle_2(src, scales, zps, qtype, axis, groups)
+    t2 = np.dtype(scales.dtype)
+    out = np.zeros(src.size + offset, t2)[offset:].reshape(shape)  # any start within a line
+    with native.at_level(level):
+        got = cut_run(src, scales, zps, shape, qtype, axis, groups, out, cuts, stream)
+    assert same_bits(got, expect)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("t2", ["float16", "bfloat16"])
+@pytest.mark.parametrize("groups", [[64, 1], [1, 64]])  # a scale at every element of a row, or a table each
+def test_every_16_bit_scale_pattern(level, t2, groups):
+    """Every float16 / bfloat16 pattern as a scale (the fused loop widens them in-register), times
+    every 4-bit value and a zero point."""
+    scales = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtypes.by_name(t2).numpy)
+    scales = scales.reshape(256, 256) if groups == [64, 1] else scales.reshape(-1, 8)
+    shape = tuple(p * g for p, g in zip(scales.shape, groups))
+    src = np.resize(np.arange(16, dtype=np.uint8), shape).view(ml_dtypes.int4)
+    zps = np.full(scales.shape, 3, np.int8)
+    expect = oracle_2(src, scales, zps, "per_group", 1, groups)
+    with native.at_level(level):
+        got = cut_run(src, scales, zps, shape, "per_group", 1, groups, np.zeros(shape, scales.dtype),
+                      [0, src.size], False)
+    assert same_bits(got, expect)
+
+
+def test_levels_are_set_and_restored():
+    top = native.cpu_level()
+    assert native.level() == top
+    with native.at_level(0):
+        assert native.level() == 0
+    assert native.level() == top
+    with pytest.raises(ValueError, match="this CPU has levels 0 to"):
+        native.at_level(top + 1).__enter__()
+    assert native.level() == top
+
+
+def test_an_output_off_its_element_alignment_gets_the_numpy_kernels_bits():
+    src = np.arange(256, dtype=np.uint8).view(ml_dtypes.uint4).reshape(8, 32)
+    scales = np.linspace(-3, 3, 8 * 2).astype(np.float16).reshape(8, 2)
+    buf = np.zeros(src.size * 2 + 1, np.uint8)
+    out = np.frombuffer(buf.data, np.float16, src.size, offset=1).reshape(src.shape)  # not 2-byte aligned
+    assert not out.flags.aligned
+    with tuned(native=True):
+        got = dyndq.dynamic_dequantize(src, scales, qtype="per_group", group_shape=[1, 16], out=out)
+    assert got is out and same_bits(out, oracle_2(src, scales, None, "per_group", 1, [1, 16]))
