@@ -2,7 +2,8 @@
 
 optional=True: a machine without a C compiler still installs, and the NumPy kernels
 run (kernels/native.py).  -ffp-contract=off: no fused multiply-add may change a bit
-of the float32 arithmetic.  (setup.py rather than pyproject's ext-modules table,
+of the float32 arithmetic.  -g0: no debug information (Python's own flags ask for it),
+which made the module six times its size.  (setup.py rather than pyproject's ext-modules table,
 which setuptools still calls experimental.)
 """
 from setuptools import Extension, setup
@@ -13,7 +14,7 @@ setup(
             "dyndq.kernels._native",
             ["kernels/_native.c"],
             optional=True,
-            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"],
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-g0"],
         )
     ]
 )

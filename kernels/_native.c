@@ -32,6 +32,7 @@ with the sign).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DIMS 32
@@ -199,16 +200,39 @@ static emit_fn emit_best = NULL; /* NULL: no vector emit; the fused loop writes 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+#define HAVE_FUSED 1
+
+/* Non-temporal stores in 16-byte pieces: they need the output aligned to 16 bytes only,
+   which large NumPy arrays are, so that no element is stored through the cache beside
+   streamed ones where a block or a row starts or ends (a line written both ways costs more
+   than the whole block saves; 32- and 64-byte stores made a head of cached stores in each
+   block, 15-40% slower). */
+AVX2 static inline void stream32(char *o, __m256i w) {
+    _mm_stream_si128((__m128i *)o, _mm256_castsi256_si128(w));
+    _mm_stream_si128((__m128i *)(o + 16), _mm256_extracti128_si256(w, 1));
+}
+
+AVX512 static inline void stream64(char *o, __m512i w) {
+    _mm_stream_si128((__m128i *)o, _mm512_castsi512_si128(w));
+    _mm_stream_si128((__m128i *)(o + 16), _mm512_extracti32x4_epi32(w, 1));
+    _mm_stream_si128((__m128i *)(o + 32), _mm512_extracti32x4_epi32(w, 2));
+    _mm_stream_si128((__m128i *)(o + 48), _mm512_extracti32x4_epi32(w, 3));
+}
+
+/* 8 products rounded to bfloat16 as to_bf16 rounds, the result in each lane's high half */
+AVX2 static inline __m256i bf16_high(__m256 v) {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+    const __m256i qnan = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32((int)0x80000000u)),
+                                         _mm256_set1_epi32(0x7FC00000));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), nan));
+}
 
 AVX2 static inline __m128i bf16x8(__m256 v) {
-    const __m256i x = _mm256_castps_si256(v);
-    const __m256i hi = _mm256_srli_epi32(x, 16);
-    __m256i r = _mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF));
-    r = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_and_si256(hi, _mm256_set1_epi32(1))), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF)),
-                                           _mm256_set1_epi32(0x7F800000));
-    const __m256i qnan = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7FC0));
-    r = _mm256_blendv_epi8(r, qnan, nan);
+    const __m256i r = _mm256_srli_epi32(bf16_high(v), 16);
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)); /* all <= 0xFFFF */
 }
 
@@ -216,6 +240,19 @@ AVX2 static inline __m128i f16x8(__m256 v) {
     const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(0x7C00));
     return _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan);
+}
+
+/* 16 products (p0's 8, then p1's) as float16 or bfloat16 bits, in order, as f16x8 / bf16x8 */
+AVX2 static inline __m256i halves16(__m256 p0, __m256 p1, int dst) {
+    if (dst == DST_F16) {
+        const __m256i h = _mm256_set_m128i(_mm256_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                           _mm256_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)),
+                                               _mm256_set1_epi16(0x7C00));
+        return _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), nan);
+    }
+    const __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(bf16_high(p0), 16), _mm256_srli_epi32(bf16_high(p1), 16));
+    return _mm256_permute4x64_epi64(r, 0xD8); /* packus interleaves the 128-bit lanes */
 }
 
 /* Elements stored one by one up to the first `align`-byte boundary of the output, where
@@ -231,12 +268,11 @@ INLINE Py_ssize_t store_until_aligned(const float *f, char *o, Py_ssize_t n, int
 }
 
 AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
-    const int size = dst == DST_F32 ? 4 : 2;
-    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 8 * size) : 0;
+    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 16) : 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(f + i);
         if (dst == DST_F32) {
-            if (stream) _mm256_stream_ps((float *)o + i, v);
+            if (stream) stream32((char *)((float *)o + i), _mm256_castps_si256(v));
             else _mm256_storeu_ps((float *)o + i, v);
         } else {
             const __m128i h = dst == DST_F16 ? f16x8(v) : bf16x8(v);
@@ -248,8 +284,6 @@ AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream
         store(o, i, dst, f[i]);
 }
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
-#define HAVE_512 1
 
 /* 16 products to float16 (the CPU's nearest-even conversion, NaN made 0x7E00) or to
    bfloat16 (to_bf16's integer rounding), NaNs found by one compare into a mask. */
@@ -269,17 +303,16 @@ AVX512 INLINE __m256i half16(__m512 v, int dst) {
 
 /* emit's AVX-512 twin: 16 elements a step. */
 AVX512 static void emit512(const float *f, char *o, Py_ssize_t n, int dst, int stream) {
-    const int size = dst == DST_F32 ? 4 : 2;
-    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 16 * size) : 0;
+    Py_ssize_t i = stream ? store_until_aligned(f, o, n, dst, 16) : 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 v = _mm512_loadu_ps(f + i);
         if (dst == DST_F32) {
-            if (stream) _mm512_stream_ps((float *)o + i, v);
+            if (stream) stream64((char *)((float *)o + i), _mm512_castps_si512(v));
             else _mm512_storeu_ps((float *)o + i, v);
             continue;
         }
         const __m256i h = half16(v, dst);
-        if (stream) _mm256_stream_si256((__m256i *)((uint16_t *)o + i), h);
+        if (stream) stream32((char *)((uint16_t *)o + i), h);
         else _mm256_storeu_si256((__m256i *)((uint16_t *)o + i), h);
     }
     for (; i < n; i++)
@@ -334,16 +367,16 @@ AVX512 INLINE __m512i zps16(const char *p, __mmask16 k, int full, int zk, __m512
     return _mm512_sub_epi32(_mm512_xor_si512(x, sign), sign);
 }
 
-/* 16 outputs: all (OUT_PLAIN), through the cache or not (OUT_STREAM: aligned), or those in k */
+/* 16 outputs: all (OUT_PLAIN), through the cache or not (OUT_STREAM: 16-byte aligned), or those in k */
 AVX512 INLINE void put16(char *o, __m512 p, __mmask16 k, int mode, int dst) {
     if (dst == DST_F32) {
-        if (mode == OUT_STREAM) _mm512_stream_ps((float *)o, p);
+        if (mode == OUT_STREAM) stream64(o, _mm512_castps_si512(p));
         else if (mode == OUT_PLAIN) _mm512_storeu_ps(o, p);
         else _mm512_mask_storeu_ps(o, k, p);
         return;
     }
     const __m256i h = half16(p, dst);
-    if (mode == OUT_STREAM) _mm256_stream_si256((__m256i *)o, h);
+    if (mode == OUT_STREAM) stream32(o, h);
     else if (mode == OUT_PLAIN) _mm256_storeu_si256((__m256i *)o, h);
     else _mm256_mask_storeu_epi16(o, k, h);
 }
@@ -373,7 +406,7 @@ AVX512 INLINE void lanes_body(const uint8_t *s, char *o, const char *sc, const c
     const int byte_bits = zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 4 : 8, is_signed = zp_kind == ZK_I8 || zp_kind == ZK_I4;
     const __m512i keep = _mm512_set1_epi32((1 << byte_bits) - 1);
     const __m512i sign = _mm512_set1_epi32(is_signed ? 1 << (byte_bits - 1) : 0);
-    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16 * size) : 0;
+    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
     stream = stream && (uintptr_t)o % size == 0;
 #define STEP(I, K, MODE) lanes_step(s, o, sc, zp, I, K, MODE, src, dst, zmode, sk, zk, keep, sign)
     if (h) STEP(0, (__mmask16)((1u << h) - 1), OUT_MASKED);
@@ -418,7 +451,7 @@ AVX512 INLINE void table_step(const uint8_t *s, char *o, const __m512i *T, Py_ss
     __m512i t = _mm512_permutexvar_epi16(idx, T[gi]);
     for (Py_ssize_t b0 = bnd; b0 < i + count; b0 += g)
         t = _mm512_mask_permutexvar_epi16(t, (__mmask32)(0xFFFFFFFFu << (b0 - i)), idx, T[++gi]);
-    if (mode == OUT_STREAM) _mm512_stream_si512((__m512i *)(o + i * 2), t);
+    if (mode == OUT_STREAM) stream64(o + i * 2, t);
     else if (mode == OUT_PLAIN) _mm512_storeu_si512(o + i * 2, t);
     else _mm512_mask_storeu_epi16(o + i * 2, k, t);
 }
@@ -433,7 +466,7 @@ AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const 
         T[t] = table_of(sc[g0 + t], zmode == ZP_NONE ? 0 : zp[g0 + t], src, dst, zmode);
     const int size = dst == DST_F32 ? 4 : 2, W = 64 / size;
     Py_ssize_t gi = 0, bnd = (g0 + 1) * g - c; /* element i's table, the next group's first element */
-    Py_ssize_t i = stream ? head_of(o, m, size, 64) : 0;
+    Py_ssize_t i = stream ? head_of(o, m, size, 16) : 0;
     stream = stream && (uintptr_t)o % size == 0;
     if (i) table_step(s, o, T, gi, bnd, g, 0, i, OUT_MASKED, dst);
     for (;; i += W) {
@@ -444,7 +477,7 @@ AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const 
     if (i < m) table_step(s, o, T, gi, bnd, g, i, m - i, OUT_MASKED, dst);
 }
 
-#define LANES(SRC, DST, Z, SK, ZK) lanes_body(s, o, sc, zp, n, SRC, DST, Z, SK, ZK, stream, zk)
+#define LANES(SRC, DST, Z, SK, ZK) BODY(s, o, sc, zp, n, SRC, DST, Z, SK, ZK, stream, zk)
 #define LANES_ZK(SRC, DST, SK)                                  \
     (zmode == ZP_NONE ? LANES(SRC, DST, ZP_NONE, SK, ZK_I32)    \
      : zk == ZK_I32   ? LANES(SRC, DST, ZP_NARROW, SK, ZK_I32)  \
@@ -454,17 +487,22 @@ AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const 
 #define LANES_DST(SRC) \
     (dst == DST_F32 ? LANES_SK(SRC, DST_F32) : dst == DST_F16 ? LANES_SK(SRC, DST_F16) : LANES_SK(SRC, DST_BF16))
 
+#define LANES_BY_SRC                                  \
+    switch (src) {                                    \
+    case SRC_I8: LANES_DST(SRC_I8); break;            \
+    case SRC_U8: LANES_DST(SRC_U8); break;            \
+    case SRC_I4: LANES_DST(SRC_I4); break;            \
+    default: LANES_DST(SRC_U4); break;                \
+    }
+
 /* lanes_body for zmode ZP_NONE or ZP_NARROW */
+#define BODY lanes_body
 AVX512 __attribute__((noinline)) static void lanes512(const uint8_t *s, char *o, const char *sc, const char *zp,
                                                       Py_ssize_t n, int src, int dst, int zmode, int sk, int zk,
                                                       int stream) {
-    switch (src) {
-    case SRC_I8: LANES_DST(SRC_I8); break;
-    case SRC_U8: LANES_DST(SRC_U8); break;
-    case SRC_I4: LANES_DST(SRC_I4); break;
-    default: LANES_DST(SRC_U4); break;
-    }
+    LANES_BY_SRC;
 }
+#undef BODY
 
 #define TABLE(SRC, DST, Z) table_body(s, o, sc, zp, c, m, g, SRC, DST, Z, stream)
 #define TABLE_Z(SRC, DST) (zmode == ZP_NONE ? TABLE(SRC, DST, ZP_NONE) : TABLE(SRC, DST, ZP_NARROW))
@@ -477,6 +515,172 @@ AVX512 __attribute__((noinline)) static void table512(const uint8_t *s, char *o,
                                                       int zmode, int stream) {
     if (src == SRC_I4) TABLE_DST(SRC_I4);
     else TABLE_DST(SRC_U4);
+}
+#undef TABLE
+#undef TABLE_DST
+
+/* The fused loops' AVX2 twins (CPUs with AVX2 and F16C but no AVX-512): 16 elements a step for
+   lanes256, 32 for table256, whose lookup is two byte shuffles (vpshufb: 16 entries, the low
+   and the high bytes of the 16-bit outputs; hence 16-bit outputs only: float32 ones go by
+   the staged loop).  AVX2 has no masked byte loads or stores: the head and the tail are
+   done element by element, with the same arithmetic. */
+
+/* one element of lanes256: scale and zero point read at i, as product8 reads 8 */
+INLINE void lane_one(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t i, int src, int dst,
+                     int zmode, int sk, int zp_kind) {
+    const uint16_t *h = (const uint16_t *)sc;
+    const float c = sk == SK_F32 ? ((const float *)sc)[i]
+                    : sk == SK_F16 ? bits_f32(f16_to_f32_bits(h[i])) : bits_f32((uint32_t)h[i] << 16);
+    const int32_t z = zmode == ZP_NONE ? 0
+                      : zp_kind == ZK_I32 ? ((const int32_t *)zp)[i]
+                                          : load((const uint8_t *)zp, i, zp_kind - ZK_I8 + SRC_I8);
+    store(o, i, dst, diff(s, i, src, zmode, z) * c);
+}
+
+AVX2 INLINE __m256i src8(const uint8_t *s, int src) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)s);
+    switch (src) {
+    case SRC_I8: return _mm256_cvtepi8_epi32(b);
+    case SRC_U8: return _mm256_cvtepu8_epi32(b);
+    case SRC_I4: return _mm256_srai_epi32(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 28), 28);
+    default: return _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(15));
+    }
+}
+
+/* 8 products at i */
+AVX2 INLINE __m256 product8(const uint8_t *s, const char *sc, const char *zp, Py_ssize_t i, int src, int zmode,
+                            int sk, int zk, __m256i keep, __m256i sign) {
+    __m256i v = src8(s + i, src);
+    if (zmode != ZP_NONE) {
+        __m256i z;
+        if (zk == ZK_I32) {
+            z = _mm256_loadu_si256((const __m256i *)(zp + i * 4));
+        } else { /* every 1-byte kind, as zps16 reads them */
+            z = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(zp + i))), keep);
+            z = _mm256_sub_epi32(_mm256_xor_si256(z, sign), sign);
+        }
+        v = _mm256_sub_epi32(v, z);
+    }
+    __m256 c;
+    if (sk == SK_F32) c = _mm256_loadu_ps((const float *)sc + i);
+    else {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(sc + i * 2));
+        c = sk == SK_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), c);
+}
+
+AVX2 INLINE void store32(char *o, __m256i w, int stream) {
+    if (stream) stream32(o, w);
+    else _mm256_storeu_si256((__m256i *)o, w);
+}
+
+/* 16 elements at i */
+AVX2 INLINE void lanes16(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t i, int stream,
+                         int src, int dst, int zmode, int sk, int zk, __m256i keep, __m256i sign) {
+    const __m256 p0 = product8(s, sc, zp, i, src, zmode, sk, zk, keep, sign);
+    const __m256 p1 = product8(s, sc, zp, i + 8, src, zmode, sk, zk, keep, sign);
+    if (dst == DST_F32) {
+        store32(o + i * 4, _mm256_castps_si256(p0), stream);
+        store32(o + i * 4 + 32, _mm256_castps_si256(p1), stream);
+    } else {
+        store32(o + i * 2, halves16(p0, p1, dst), stream);
+    }
+}
+
+AVX2 INLINE void lanes_body256(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t n, int src,
+                               int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    const int byte_bits = zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 4 : 8, is_signed = zp_kind == ZK_I8 || zp_kind == ZK_I4;
+    const __m256i keep = _mm256_set1_epi32((1 << byte_bits) - 1);
+    const __m256i sign = _mm256_set1_epi32(is_signed ? 1 << (byte_bits - 1) : 0);
+    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
+    stream = stream && (uintptr_t)o % size == 0;
+    for (; i < h; i++) lane_one(s, o, sc, zp, i, src, dst, zmode, sk, zp_kind);
+    for (; i + 16 <= n; i += 16) lanes16(s, o, sc, zp, i, stream, src, dst, zmode, sk, zk, keep, sign);
+    for (; i < n; i++) lane_one(s, o, sc, zp, i, src, dst, zmode, sk, zp_kind);
+}
+
+/* A group's table for table256: its 16 outputs' low bytes in *lo, high bytes in *hi, each
+   in both 128-bit lanes (vpshufb looks up within a lane). */
+AVX2 INLINE void table_of256(float c, int32_t z, int src, int dst, int zmode, __m256i *lo, __m256i *hi) {
+    __m256i v0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), v1 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+    if (src == SRC_I4) v1 = _mm256_sub_epi32(v1, _mm256_set1_epi32(16)); /* nibbles 8-15: -8 to -1 */
+    if (zmode != ZP_NONE) {
+        v0 = _mm256_sub_epi32(v0, _mm256_set1_epi32(z));
+        v1 = _mm256_sub_epi32(v1, _mm256_set1_epi32(z));
+    }
+    const __m256 cc = _mm256_set1_ps(c);
+    const __m256i w = halves16(_mm256_mul_ps(_mm256_cvtepi32_ps(v0), cc), _mm256_mul_ps(_mm256_cvtepi32_ps(v1), cc), dst);
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i a = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8); /* low bytes, high bytes */
+    *lo = _mm256_permute2x128_si256(a, a, 0x00);
+    *hi = _mm256_permute2x128_si256(a, a, 0x11);
+}
+
+/* element i's output from table t (T[2t], T[2t + 1]) */
+INLINE uint16_t table_word(const __m256i *T, Py_ssize_t t, uint8_t b) {
+    return (uint16_t)(((const uint8_t *)&T[2 * t])[b & 15] | ((const uint8_t *)&T[2 * t + 1])[b & 15] << 8);
+}
+
+/* 32 elements at i (table_step's twin) */
+AVX2 INLINE void table32(const uint8_t *s, char *o, const __m256i *T, Py_ssize_t gi, Py_ssize_t bnd, Py_ssize_t g,
+                         Py_ssize_t i, int stream) {
+    const __m256i idx = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(s + i)), _mm256_set1_epi8(15));
+    __m256i lo = _mm256_shuffle_epi8(T[2 * gi], idx), hi = _mm256_shuffle_epi8(T[2 * gi + 1], idx);
+    for (Py_ssize_t b0 = bnd; b0 < i + 32; b0 += g) { /* the groups that start in these 32 */
+        const __m256i iota = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                                              20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+        const __m256i next = _mm256_cmpgt_epi8(iota, _mm256_set1_epi8((char)(b0 - i - 1)));
+        gi++;
+        lo = _mm256_blendv_epi8(lo, _mm256_shuffle_epi8(T[2 * gi], idx), next);
+        hi = _mm256_blendv_epi8(hi, _mm256_shuffle_epi8(T[2 * gi + 1], idx), next);
+    }
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi); /* within lanes */
+    store32(o + i * 2, _mm256_permute2x128_si256(a, b, 0x20), stream);
+    store32(o + i * 2 + 32, _mm256_permute2x128_si256(a, b, 0x31), stream);
+}
+
+/* table_body's AVX2 twin, for 16-bit outputs */
+AVX2 INLINE void table_body256(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                               Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, int stream) {
+    const Py_ssize_t g0 = c / g, ng = (c + m - 1) / g - g0 + 1;
+    __m256i T[2 * (STAGE / 16 + 2)];
+    for (Py_ssize_t t = 0; t < ng; t++)
+        table_of256(sc[g0 + t], zmode == ZP_NONE ? 0 : zp[g0 + t], src, dst, zmode, &T[2 * t], &T[2 * t + 1]);
+    Py_ssize_t gi = 0, bnd = (g0 + 1) * g - c, i = 0; /* as in table_body */
+    const Py_ssize_t h = stream ? head_of(o, m, 2, 16) : 0;
+    stream = stream && (uintptr_t)o % 2 == 0;
+    for (;; i++) { /* the head, one by one, then 32 at a time, then the tail */
+        while (bnd <= i) { gi++; bnd += g; }
+        if (i >= m) break;
+        if (i >= h && i + 32 <= m) {
+            table32(s, o, T, gi, bnd, g, i, stream);
+            i += 31;
+        } else {
+            ((uint16_t *)o)[i] = table_word(T, gi, s[i]);
+        }
+    }
+}
+
+#define BODY lanes_body256
+AVX2 __attribute__((noinline)) static void lanes256(const uint8_t *s, char *o, const char *sc, const char *zp,
+                                                    Py_ssize_t n, int src, int dst, int zmode, int sk, int zk,
+                                                    int stream) {
+    LANES_BY_SRC;
+}
+#undef BODY
+
+AVX2 __attribute__((noinline)) static void table256(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
+                                                    Py_ssize_t c, Py_ssize_t m, Py_ssize_t g, int src, int dst,
+                                                    int zmode, int stream) {
+#define TABLE(SRC, DST, Z) table_body256(s, o, sc, zp, c, m, g, SRC, DST, Z, stream)
+#define TABLE_DST(SRC) (dst == DST_F16 ? TABLE_Z(SRC, DST_F16) : TABLE_Z(SRC, DST_BF16))
+    if (src == SRC_I4) TABLE_DST(SRC_I4);
+    else TABLE_DST(SRC_U4);
+#undef TABLE
+#undef TABLE_DST
 }
 
 static void fence(void) { _mm_sfence(); } /* non-temporal stores made visible before we return */
@@ -531,6 +735,42 @@ typedef struct {
 /* Elements [start, stop) of the view, row by row (a row: the innermost dim, or the two
    innermost when groups of g along the last dim vary along the one before), keeping
    the index and the params' offset as counters rather than dividing at every row. */
+#ifdef HAVE_FUSED
+/* A row of params widened to float32 / int32 (see run_range), for the row at poff. */
+#define ROW_CACHE 65536
+typedef struct {
+    float *sc;
+    int32_t *zp;
+    Py_ssize_t poff; /* whose params they hold; -1: none yet */
+} RowCache;
+
+static void row_cache_open(RowCache *rc, Py_ssize_t L) {
+    rc->sc = malloc(L * sizeof(float));
+    rc->zp = malloc(L * sizeof(int32_t));
+    if (!rc->sc || !rc->zp) { /* then the params are read as given */
+        free(rc->sc);
+        free(rc->zp);
+        rc->sc = NULL;
+        rc->zp = NULL;
+    }
+}
+
+static void row_cache_fill(RowCache *rc, const Job *J, const char *sc_row, const char *zp_row, Py_ssize_t L,
+                           Py_ssize_t poff) {
+    if (rc->poff == poff) return;
+    if (J->sk == SK_F32) memcpy(rc->sc, sc_row, L * sizeof(float));
+    else widen_range(sc_row, rc->sc, L, SCALE_WIDEN[J->sk]);
+    if (zp_row && J->zk == ZK_I32) memcpy(rc->zp, zp_row, L * sizeof(int32_t));
+    else if (zp_row) widen_range(zp_row, rc->zp, L, ZP_WIDEN[J->zk]);
+    rc->poff = poff;
+}
+
+static void row_cache_close(RowCache *rc) {
+    free(rc->sc);
+    free(rc->zp);
+}
+#endif
+
 CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
     const int k = J->k;
     const Py_ssize_t L = J->dims[k - 1];
@@ -545,20 +785,38 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
     const int narrow_params = J->sk != SK_F32 || (J->zps && J->zk != ZK_I32);
     const int own = g > 1 && narrow_params; /* group params to widen here, block by block */
     const int staged = emit_best && (J->stream || J->dst_kind == DST_F16);
-#ifdef HAVE_512
-    const int fused = level >= 2 && J->zmode != ZP_WIDE; /* lanes512 / table512 */
-    const int tables = fused && g >= 16 && (J->src_kind == SRC_I4 || J->src_kind == SRC_U4);
+#ifdef HAVE_FUSED
+    /* the fused loops: lanes512 / table512 with AVX-512, lanes256 / table256 (16-bit outputs)
+       with AVX2 and F16C */
+    const int fused = level >= 1 && J->zmode != ZP_WIDE;
+    const int tables = fused && g >= 16 && (J->src_kind == SRC_I4 || J->src_kind == SRC_U4) &&
+                       (level >= 2 || J->dst_kind != DST_F32);
+    /* Rows that share their params (groups along an outer axis; per channel on the last):
+       lanes reads them widened from a row widened once per change of params, since decoding
+       them at every element costs a quarter of its work.  Other rows, and rows longer than
+       ROW_CACHE, it reads as given. */
+    RowCache rc = {NULL, NULL, -1};
+    if (fused && g == 1 && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
+        row_cache_open(&rc, L);
 #endif
     Py_ssize_t e = start;
     while (e < stop) {
         Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
         const char *sc_row = J->scales + poff * SCALE_SIZE[J->sk];
         const char *zp_row = J->zps ? J->zps + poff * ZP_SIZE[J->zk] : NULL;
-#ifdef HAVE_512
+#ifdef HAVE_FUSED
         if (fused && g == 1) {
-            lanes512(J->src + e, J->out + e * J->out_size, sc_row + col * SCALE_SIZE[J->sk],
-                     zp_row ? zp_row + col * ZP_SIZE[J->zk] : NULL, n, J->src_kind, J->dst_kind, J->zmode, J->sk,
-                     J->zk, J->stream);
+            int sk = J->sk, zk = J->zk;
+            if (rc.sc) {
+                row_cache_fill(&rc, J, sc_row, zp_row, L, poff);
+                sc_row = (const char *)rc.sc;
+                zp_row = zp_row ? (const char *)rc.zp : NULL;
+                sk = SK_F32;
+                zk = ZK_I32;
+            }
+            (level >= 2 ? lanes512 : lanes256)(J->src + e, J->out + e * J->out_size, sc_row + col * SCALE_SIZE[sk],
+                                               zp_row ? zp_row + col * ZP_SIZE[zk] : NULL, n, J->src_kind,
+                                               J->dst_kind, J->zmode, sk, zk, J->stream);
             goto next_row;
         }
 #endif
@@ -578,9 +836,9 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
                 else if (zp_row) { widen_range(zp_row + g0, zbuf, count, ZP_WIDEN[J->zk]); zp = zbuf; }
                 c -= g0 * g;
             }
-#ifdef HAVE_512
+#ifdef HAVE_FUSED
             if (tables) {
-                table512(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
+                (level >= 2 ? table512 : table256)(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
                          J->zmode, J->stream);
                 continue;
             }
@@ -594,7 +852,7 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
                         J->zmode);
             }
         }
-#ifdef HAVE_512
+#ifdef HAVE_FUSED
     next_row:
 #endif
         e += n;
@@ -608,6 +866,9 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
     }
     if (J->stream && emit_best)
         fence();
+#ifdef HAVE_FUSED
+    row_cache_close(&rc);
+#endif
 }
 
 /* Whether the job's kinds are ones this file knows (else a ValueError is set). */

@@ -83,9 +83,9 @@ def c_args(src, scales, zps, vshape, varies, out, count_p=None):
     if count_p is None:
         count_p = math.prod(d for d, v in zip(vshape, varies) if v)
     # Parameters that change at every element (varies[-1]) are widened here once to float32 and
-    # int32, unless the CPU has AVX-512, whose fused loop reads them as given; others are read
-    # as given, one per group, by every level (no widening pass before the threads).
-    widen = varies[-1] and _native.level() < 2
+    # int32 for the plain C loop; the fused loops (AVX2, AVX-512) read them as given, as every
+    # level reads parameters that hold for a group: no widening pass before the threads.
+    widen = varies[-1] and _native.level() < 1
     sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), sc.dtype)

@@ -227,20 +227,22 @@ def _ints(rng, name, shape, high_bits=False):
 @st.composite
 def long_forms(draw):
     """Forms whose rows reach the fused loops: groups of 1 to 140 along the last axis (tables, for
-    4-bit src, from 16 on) and along axis 0 (parameters at every element), per channel, per
-    tensor; every src, T2 and zero-point kind; cut anywhere, streamed or not, into an output
-    starting anywhere in a 64-byte line."""
+    4-bit src, from 16 on) and along axis 0 (parameters at every element, rows sharing them),
+    per channel, a parameter per element, per tensor; every src, T2 and zero-point kind; cut
+    anywhere, streamed or not, into an output starting anywhere in a 64-byte line."""
     t1 = draw(st.sampled_from(["int4", "uint4", "int8", "uint8"]))
     t2 = draw(st.sampled_from(["float32", "float16", "bfloat16"]))
     t3 = draw(st.sampled_from([None, "int8", "uint8", "int4", "uint4", "int32", "wide"]))
-    form = draw(st.sampled_from(["last", "axis 0", "channel last", "tensor"]))
+    form = draw(st.sampled_from(["last", "axis 0", "channel last", "every element", "tensor"]))
     g, count, other = draw(st.integers(1, 140)), draw(st.integers(1, 3)), draw(st.integers(1, 200))
     if form == "last":
         shape, qtype, axis, groups, pshape = (other, count * g), "per_group", 1, [1, g], (other, count)
     elif form == "axis 0":
         shape, qtype, axis, groups, pshape = (count * g, other), "per_group", 1, [g, 1], (count, other)
-    elif form == "channel last":
+    elif form == "channel last":  # every row the same parameters
         shape, qtype, axis, groups, pshape = (count, other), "per_channel", 1, None, (other,)
+    elif form == "every element":  # no two rows the same parameters
+        shape, qtype, axis, groups, pshape = (count, other), "per_group", 1, [1, 1], (count, other)
     else:
         shape, qtype, axis, groups, pshape = (count, other), "per_tensor", 1, None, (1,)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -303,3 +305,20 @@ def test_an_output_off_its_element_alignment_gets_the_numpy_kernels_bits():
     with tuned(native=True):
         got = dyndq.dynamic_dequantize(src, scales, qtype="per_group", group_shape=[1, 16], out=out)
     assert got is out and same_bits(out, oracle_2(src, scales, None, "per_group", 1, [1, 16]))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_rows_longer_than_the_row_cache(level, stream):
+    """Rows sharing their parameters are read from a row widened once, up to 65536 elements
+    (ROW_CACHE in _native.c); longer ones from the parameters as given."""
+    rng = np.random.default_rng(5)
+    for length in (65536, 65537):
+        src = rng.integers(-8, 8, (3, length)).astype(ml_dtypes.int4)
+        scales = _scales(rng, "bfloat16", (length,))
+        zps = _ints(rng, "uint4", (length,), high_bits=True)
+        expect = oracle_2(src, scales, zps, "per_channel", 1, None)
+        with native.at_level(level):
+            got = cut_run(src, scales, zps, src.shape, "per_channel", 1, None, np.zeros(src.shape, scales.dtype),
+                          [0, 5, length + 3, src.size], stream)
+        assert same_bits(got, expect)
