@@ -29,6 +29,7 @@ checked bit for bit against the oracle first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -56,6 +57,7 @@ from dyndq.kernels import buffers, native, parallel
 from dyndq.opdefs import dtypes
 
 F32 = np.float32
+LEVELS = ("plain C", "AVX2/F16C", "AVX-512")  # the compiled kernel's levels (kernels/native.py)
 
 
 def elem(dtype) -> int:
@@ -380,18 +382,26 @@ def main(argv=None) -> int:
     ap.add_argument("--no-v2", action="store_true", help="leave out version 2's forms")
     ap.add_argument("--kernel", choices=["compiled", "numpy"], default=None,
                     help="which of our kernels (default: the compiled one where it was built)")
+    ap.add_argument("--level", type=int, choices=[0, 1, 2], default=None,
+                    help="run the compiled kernel at a lower level than this CPU's: 1 as on a CPU with AVX2 "
+                         "but no AVX-512, 0 as without AVX2 (as far as this CPU can stand in for one)")
     args = ap.parse_args(argv)
     n, reps, threads = args.size, args.reps, args.threads
     if args.kernel == "compiled" and not native.built():
         print("the compiled kernel was not built (kernels/_native.c: is there a C compiler?)")
         return 1
     kernel = args.kernel or ("compiled" if native.built() and parallel.TUNING.native else "numpy")
-    with parallel.tuned(native=kernel == "compiled"):
+    if args.level is not None and (kernel != "compiled" or args.level > native.cpu_level()):
+        print(f"--level {args.level}: needs the compiled kernel and a CPU of that level or above "
+              f"(this one: {native.cpu_level() if native.built() else 'none built'})")
+        return 1
+    with parallel.tuned(native=kernel == "compiled"), \
+            (native.at_level(args.level) if args.level is not None else contextlib.nullcontext()):
         return _run(args, n, reps, threads, kernel)
 
 
 def _run(args, n, reps, threads, kernel) -> int:
-    level = f", writing with {('plain C', 'AVX2/F16C', 'AVX-512')[native.cpu_level()]}" if kernel == "compiled" else ""
+    level = f" at level {native.level()} ({LEVELS[native.level()]})" if kernel == "compiled" else ""
     print(f"machine: {machine()}")
     print(f"src {n}x{n}, medians of {reps} interleaved repetitions after a warm-up; "
           f"our {kernel} kernel{level} on {parallel.threads_for(n * n, 10**9, threads)} thread(s); "

@@ -225,9 +225,10 @@ AVX2 static inline __m256i bf16_high(__m256 v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (!_mm256_movemask_ps(nan)) return r; /* (no NaN, as nearly always: no blend) */
     const __m256i qnan = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32((int)0x80000000u)),
                                          _mm256_set1_epi32(0x7FC00000));
-    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), nan));
 }
 
@@ -294,11 +295,12 @@ AVX512 INLINE __m256i half16(__m512 v, int dst) {
         return _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00));
     }
     const __m512i x = _mm512_castps_si512(v);
-    const __m512i hi = _mm512_srli_epi32(x, 16);
-    __m512i r = _mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF));
-    r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
-    const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7FC0));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, qnan));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb);
+    if (nan) /* (a NaN is rare: a branch costs less than a blend) its sign, and 0x7FC0 */
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(x, _mm512_set1_epi32((int)0x80000000u)),
+                                                          _mm512_set1_epi32(0x7FC00000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
 /* emit's AVX-512 twin: 16 elements a step. */
