@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench install test-oldest clean
 
-$(STAMP): pyproject.toml setup.py kernels/_native.c
+$(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

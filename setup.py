@@ -13,6 +13,7 @@ setup(
         Extension(
             "dyndq.kernels._native",
             ["kernels/_native.c"],
+            depends=["kernels/_native_scalar.h", "kernels/_native_x86.h", "kernels/_native_fused.h"],
             optional=True,
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-g0"],
         )

@@ -1,0 +1,154 @@
+/* dyndq's compiled kernel (_native.c): its arithmetic element by element, exactly as the
+   module docstring of _native.c states it, and the plain loop built from it (segment),
+   which every CPU level runs where no vector loop applies.  Included once, by _native.c. */
+#pragma once
+
+#define MAX_DIMS 32
+
+enum { SRC_I8, SRC_U8, SRC_I4, SRC_U4 };
+enum { DST_F32, DST_F16, DST_BF16 };
+enum { ZP_NONE, ZP_NARROW, ZP_WIDE };
+/* |zp| up to this: src - zp fits in int32 for every src (|src| <= 255); native.py's _NARROW_ZP */
+#define NARROW_ZP ((1LL << 31) - 256)
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Built for each x86-64 level; glibc picks the best the CPU has when the module loads. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+INLINE uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+INLINE float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* float32 -> float16, nearest even; NaN -> 0x7E00 (no sign, no payload).
+   Each of the three cases is computed for every element and one is selected, so the
+   loop has no branch and the compiler vectorizes it:
+   * |f| >= 65536 (or Inf/NaN): Inf, or the canonical NaN;
+   * |f| < 2**-14: |f| + 0.5 rounds |f| to a multiple of 2**-24 (float16's subnormal
+     spacing, the ulp of 0.5 in float32); the bits above 0.5's are the float16's;
+   * else: rebase the exponent (-112), add half an ulp less one plus the kept lsb
+     (nearest even), drop 13 bits; a carry into the exponent is the right result,
+     65520 and up included (they reach 0x7C00, Inf). */
+INLINE uint16_t to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t a = (int32_t)(x & 0x7FFFFFFFu);
+    uint32_t big = a > 0x7F800000 ? 0x7E00u : 0x7C00u;
+    uint32_t sub = f32_bits(bits_f32((uint32_t)a) + 0.5f) - 0x3F000000u;
+    uint32_t nrm = ((uint32_t)a + 0xC8000FFFu + (((uint32_t)a >> 13) & 1u)) >> 13;
+    uint32_t is_big = 0u - (uint32_t)(a >= 0x47800000), is_sub = 0u - (uint32_t)(a < 0x38800000);
+    uint32_t o = (big & is_big) | (sub & is_sub) | (nrm & ~(is_big | is_sub)); /* masks: no branch */
+    return (uint16_t)(o | (sign & ~(0u - (uint32_t)(a > 0x7F800000))));
+}
+
+/* float32 -> bfloat16, nearest even, as ml_dtypes (Eigen) casts: a NaN keeps its sign
+   and becomes 0x7FC0; subnormals are kept. */
+INLINE uint16_t to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    uint32_t nan = ((x >> 16) & 0x8000u) | 0x7FC0u;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : r);
+}
+
+INLINE int32_t load(const uint8_t *s, Py_ssize_t j, int src) {
+    uint8_t b = s[j];
+    switch (src) {
+    case SRC_I8: return (int8_t)b;
+    case SRC_U8: return b;
+    case SRC_I4: return (int32_t)(int8_t)(uint8_t)(b << 4) >> 4;
+    default: return b & 15;
+    }
+}
+
+INLINE float diff(const uint8_t *s, Py_ssize_t j, int src, int zmode, int32_t z) {
+    int32_t v = load(s, j, src);
+    if (zmode == ZP_NONE) return (float)v;
+    if (zmode == ZP_NARROW) return (float)(v - z);
+    return (float)((int64_t)v - (int64_t)z);
+}
+
+INLINE void store(void *o, Py_ssize_t j, int dst, float p) {
+    switch (dst) {
+    case DST_F32: ((float *)o)[j] = p; break;
+    case DST_F16: ((uint16_t *)o)[j] = to_f16(p); break;
+    default: ((uint16_t *)o)[j] = to_bf16(p); break;
+    }
+}
+
+/* The parameters as the caller gives them: scales float32, float16 or bfloat16, zero points
+   int32 or 4/8-bit.  run_range widens what each block of STAGE elements needs into a small
+   buffer (widen_range, vectorized: a group's, or at level 0 each element's where
+   kernels/native.py has not widened them), so no pass over all of them precedes the work
+   and the loops below see float32 / int32 only.  (The fused loops read them as given.) */
+enum { SK_F32, SK_F16, SK_BF16 };
+enum { ZK_I32, ZK_I8, ZK_U8, ZK_I4, ZK_U4 };
+static const int SCALE_SIZE[] = {4, 2, 2}, ZP_SIZE[] = {4, 1, 1, 1, 1};
+enum { W_F16, W_BF16, W_I8, W_U8, W_I4, W_U4 }; /* widen_range's kinds */
+static const int SCALE_WIDEN[] = {-1, W_F16, W_BF16}, ZP_WIDEN[] = {-1, W_I8, W_U8, W_I4, W_U4};
+
+INLINE uint32_t f16_to_f32_bits(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
+    uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
+    uint32_t special = sign | 0x7F800000u | (m << 13); /* Inf, NaN (payload kept, as NumPy does) */
+    uint32_t sub = sign | f32_bits((float)m * 0x1p-24f); /* exact: m < 2**10 */
+    uint32_t is_sub = 0u - (uint32_t)(e == 0), is_special = 0u - (uint32_t)(e == 31); /* masks: no branch */
+    return (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
+}
+
+/* One run of n elements with one zp and one scale. */
+INLINE void run_const(const uint8_t *s, void *o, float c, int32_t z, Py_ssize_t n, int src, int dst, int zmode) {
+    for (Py_ssize_t j = 0; j < n; j++)
+        store(o, j, dst, diff(s, j, src, zmode, z) * c);
+}
+
+/* n elements from column `col` of a row whose params change every g columns (g == 1:
+   at every element; g >= the row's length: never).  Every combination of the kinds is
+   its own loop once inlined into `segment`. */
+INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
+                Py_ssize_t g, int src, int dst, int zmode) {
+    if (g == 1) {
+        sc += col;
+        zp = zmode == ZP_NONE ? zp : zp + col;
+        for (Py_ssize_t j = 0; j < n; j++)
+            store(o, j, dst, diff(s, j, src, zmode, zmode == ZP_NONE ? 0 : zp[j]) * sc[j]);
+        return;
+    }
+    Py_ssize_t gi = col / g, off = col % g, j = 0;
+    const int out_size = dst == DST_F32 ? 4 : 2;
+    while (j < n) {
+        Py_ssize_t m = g - off < n - j ? g - off : n - j;
+        const float c = sc[gi];
+        const int32_t z = zmode == ZP_NONE ? 0 : zp[gi];
+        char *oj = (char *)o + j * out_size;
+        /* the usual group sizes as constants: a loop of known length unrolls into a few
+           vector instructions, where one of unknown length pays its set-up at every group */
+        switch (m) {
+        case 32: run_const(s + j, oj, c, z, 32, src, dst, zmode); break;
+        case 64: run_const(s + j, oj, c, z, 64, src, dst, zmode); break;
+        case 128: run_const(s + j, oj, c, z, 128, src, dst, zmode); break;
+        default: run_const(s + j, oj, c, z, m, src, dst, zmode); break;
+        }
+        j += m;
+        gi++;
+        off = 0;
+    }
+}
+
+#define SEG(SRC, DST, Z) seg(s, o, sc, zp, col, n, g, SRC, DST, Z)
+#define BY_ZP(SRC, DST) \
+    (zmode == ZP_NONE ? SEG(SRC, DST, ZP_NONE) : zmode == ZP_NARROW ? SEG(SRC, DST, ZP_NARROW) : SEG(SRC, DST, ZP_WIDE))
+#define BY_DST(SRC) \
+    (dst == DST_F32 ? BY_ZP(SRC, DST_F32) : dst == DST_F16 ? BY_ZP(SRC, DST_F16) : BY_ZP(SRC, DST_BF16))
+
+INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
+                    Py_ssize_t g, int src, int dst, int zmode) {
+    switch (src) {
+    case SRC_I8: BY_DST(SRC_I8); break;
+    case SRC_U8: BY_DST(SRC_U8); break;
+    case SRC_I4: BY_DST(SRC_I4); break;
+    default: BY_DST(SRC_U4); break;
+    }
+}
