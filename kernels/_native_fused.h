@@ -41,6 +41,11 @@ AVX512 INLINE __m512 scales16(const char *p, __mmask16 k, int full, int sk) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* A 1-byte zero-point kind's bits (keep) and its sign bit (sign; 0 for the unsigned kinds):
+   ((b & keep) ^ sign) - sign is the value, sign-extended where it has a sign. */
+INLINE int32_t zp_keep(int zp_kind) { return zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 0x0F : 0xFF; }
+INLINE int32_t zp_sign(int zp_kind) { return zp_kind == ZK_I4 ? 0x08 : zp_kind == ZK_I8 ? 0x80 : 0; }
+
 /* 16 zero points as int32: int32 as given (zk ZK_I32), or bytes of any of the 1-byte kinds
    (zk ZK_I8 standing for all four) as ((b & keep) ^ sign) - sign: the kind's bits, sign-
    extended from its top bit where it has a sign (sign 0 where not); one loop for four kinds */
@@ -87,9 +92,7 @@ AVX512 INLINE void lanes_step(const uint8_t *s, char *o, const char *sc, const c
 AVX512 INLINE void lanes_body(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t n, int src,
                               int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
     const int size = dst == DST_F32 ? 4 : 2;
-    const int byte_bits = zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 4 : 8, is_signed = zp_kind == ZK_I8 || zp_kind == ZK_I4;
-    const __m512i keep = _mm512_set1_epi32((1 << byte_bits) - 1);
-    const __m512i sign = _mm512_set1_epi32(is_signed ? 1 << (byte_bits - 1) : 0);
+    const __m512i keep = _mm512_set1_epi32(zp_keep(zp_kind)), sign = _mm512_set1_epi32(zp_sign(zp_kind));
     Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
     stream = stream && (uintptr_t)o % size == 0;
 #define STEP(I, K, MODE) lanes_step(s, o, sc, zp, I, K, MODE, src, dst, zmode, sk, zk, keep, sign)
@@ -275,9 +278,7 @@ AVX2 INLINE void lanes16(const uint8_t *s, char *o, const char *sc, const char *
 AVX2 INLINE void lanes_body256(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t n, int src,
                                int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
     const int size = dst == DST_F32 ? 4 : 2;
-    const int byte_bits = zp_kind == ZK_I4 || zp_kind == ZK_U4 ? 4 : 8, is_signed = zp_kind == ZK_I8 || zp_kind == ZK_I4;
-    const __m256i keep = _mm256_set1_epi32((1 << byte_bits) - 1);
-    const __m256i sign = _mm256_set1_epi32(is_signed ? 1 << (byte_bits - 1) : 0);
+    const __m256i keep = _mm256_set1_epi32(zp_keep(zp_kind)), sign = _mm256_set1_epi32(zp_sign(zp_kind));
     Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
     stream = stream && (uintptr_t)o % size == 0;
     for (; i < h; i++) lane_one(s, o, sc, zp, i, src, dst, zmode, sk, zp_kind);
