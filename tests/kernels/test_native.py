@@ -322,3 +322,21 @@ def test_rows_longer_than_the_row_cache(level, stream):
             got = cut_run(src, scales, zps, src.shape, "per_channel", 1, None, np.zeros(src.shape, scales.dtype),
                           [0, 5, length + 3, src.size], stream)
         assert same_bits(got, expect)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_per_element_parameters_as_given_at_any_level(level):
+    """The C side takes per-element float16 scales and 4-bit zero points as given at every level
+    (native.py widens them first for level 0 only; the plain loop widens a block at a time)."""
+    rng = np.random.default_rng(6)
+    src = rng.integers(0, 16, (64, 300)).astype(ml_dtypes.uint4)
+    scales = _scales(rng, "float16", (2, 300))
+    zps = _ints(rng, "int4", (2, 300), high_bits=True)
+    vshape, varies = view(src.shape, "per_group", 1, [32, 1])
+    out = np.zeros(src.shape, np.float16)
+    b = native._bytes
+    with native.at_level(level):
+        native._native.dequantize(b(src), b(out), b(scales), b(zps), vshape, varies, native._SRC[src.dtype],
+                                  native._DST[out.dtype], native._ZP_NARROW, 0, src.size, False,
+                                  native._SCALE_KIND[scales.dtype], native._ZP_KIND[zps.dtype])
+    assert same_bits(out, oracle_2(src, scales, zps, "per_group", 1, [32, 1]))
