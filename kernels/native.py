@@ -8,9 +8,14 @@ False) the NumPy kernels run, with the same bits.
 
 This module does what the C side expects done: the view in which the parameters
 broadcast (dequantize_v2.view, the one the NumPy path blocks by), the parameters
-contiguous (widened to float32 / int32 where they change at every element), a
-choice of integer width for the subtraction, and every array as its bytes; then it
-shares the elements among threads (the C loop releases the GIL).
+contiguous (widened to float32 / int32 where they change at every element and the
+kernel runs at level 0), a choice of integer width for the subtraction, and every
+array as its bytes; then it shares the elements among threads (the C loop releases
+the GIL).
+
+Levels (cpu_level, level, at_level): what the CPU lets the kernel use, 0 plain C, 1
+AVX2 and F16C, 2 AVX-512; the kernel runs at the CPU's, or lower inside at_level
+(for tests and `bench_kernel.py --level`).  _native.c says which loop each runs.
 """
 from __future__ import annotations
 
