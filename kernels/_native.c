@@ -78,13 +78,13 @@ static void detect_cpu(void) {
             cpu_level = 2;
     }
 }
-static emit_fn emit_for(int level) { return level >= 2 ? emit512 : level == 1 ? emit : NULL; }
+static emit_fn emit_for(int at) { return at >= 2 ? emit512 : at == 1 ? emit : NULL; }
 #else
 static int cpu_level = 0;
 static int level = 0;
 static void fence(void) {}
 static void detect_cpu(void) {}
-static emit_fn emit_for(int level) { return NULL; }
+static emit_fn emit_for(int at) { return NULL; }
 #endif
 
 CLONES static void widen_range(const void *in, void *out, Py_ssize_t n, int kind) {
@@ -113,44 +113,52 @@ typedef struct {
     Py_ssize_t dims[MAX_DIMS], pstride[MAX_DIMS];
 } Job;
 
-/* Elements [start, stop) of the view, row by row (a row: the innermost dim, or the two
-   innermost when groups of g along the last dim vary along the one before), keeping
-   the index and the params' offset as counters rather than dividing at every row. */
+/* Params [p0, p0 + count) of a row as float32 / int32 in *sc / *zp: the row itself where it
+   holds them so, else widened into sbuf / zbuf (zbuf unused without zero points). */
+static inline void widened(const Job *J, const char *sc_row, const char *zp_row, Py_ssize_t p0, Py_ssize_t count,
+                           float *sbuf, int32_t *zbuf, const float **sc, const int32_t **zp) {
+    if (J->sk == SK_F32) *sc = (const float *)sc_row + p0;
+    else { widen_range(sc_row + p0 * SCALE_SIZE[J->sk], sbuf, count, SCALE_WIDEN[J->sk]); *sc = sbuf; }
+    if (!zp_row) *zp = NULL;
+    else if (J->zk == ZK_I32) *zp = (const int32_t *)zp_row + p0;
+    else { widen_range(zp_row + p0 * ZP_SIZE[J->zk], zbuf, count, ZP_WIDEN[J->zk]); *zp = zbuf; }
+}
+
 #ifdef HAVE_FUSED
-/* A row of params widened to float32 / int32 (see run_range), for the row at poff. */
+/* A row of params as float32 / int32 (see run_range), for the row at poff. */
 #define ROW_CACHE 65536
 typedef struct {
-    float *sc;
-    int32_t *zp;
-    Py_ssize_t poff; /* whose params they hold; -1: none yet */
+    float *sbuf; /* where the kinds that need it are widened (NULL: none needs it) */
+    int32_t *zbuf;
+    const float *sc; /* the row's params, widened or as given */
+    const int32_t *zp;
+    Py_ssize_t poff; /* whose params they are; -1: none yet */
+    int on;          /* 0: not used (not wanted, or no memory): params are read as given */
 } RowCache;
 
-static void row_cache_open(RowCache *rc, Py_ssize_t L) {
-    rc->sc = malloc(L * sizeof(float));
-    rc->zp = malloc(L * sizeof(int32_t));
-    if (!rc->sc || !rc->zp) { /* then the params are read as given */
-        free(rc->sc);
-        free(rc->zp);
-        rc->sc = NULL;
-        rc->zp = NULL;
-    }
+static void row_cache_open(RowCache *rc, const Job *J, Py_ssize_t L) {
+    const int wide_sc = J->sk != SK_F32, wide_zp = J->zps && J->zk != ZK_I32;
+    rc->sbuf = wide_sc ? malloc(L * sizeof(float)) : NULL;
+    rc->zbuf = wide_zp ? malloc(L * sizeof(int32_t)) : NULL;
+    rc->on = (!wide_sc || rc->sbuf) && (!wide_zp || rc->zbuf);
 }
 
 static void row_cache_fill(RowCache *rc, const Job *J, const char *sc_row, const char *zp_row, Py_ssize_t L,
                            Py_ssize_t poff) {
     if (rc->poff == poff) return;
-    if (J->sk == SK_F32) memcpy(rc->sc, sc_row, L * sizeof(float));
-    else widen_range(sc_row, rc->sc, L, SCALE_WIDEN[J->sk]);
-    if (zp_row && J->zk == ZK_I32) memcpy(rc->zp, zp_row, L * sizeof(int32_t));
-    else if (zp_row) widen_range(zp_row, rc->zp, L, ZP_WIDEN[J->zk]);
+    widened(J, sc_row, zp_row, 0, L, rc->sbuf, rc->zbuf, &rc->sc, &rc->zp);
     rc->poff = poff;
 }
 
 static void row_cache_close(RowCache *rc) {
-    free(rc->sc);
-    free(rc->zp);
+    free(rc->sbuf);
+    free(rc->zbuf);
 }
 #endif
+
+/* Elements [start, stop) of the view, row by row (a row: the innermost dim, or the two
+   innermost when groups of g along the last dim vary along the one before), keeping
+   the index and the params' offset as counters rather than dividing at every row. */
 
 CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
     const int k = J->k;
@@ -163,8 +171,7 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
         poff += idx[d] * J->pstride[d];
     }
     const Py_ssize_t g = J->g;
-    const int narrow_params = J->sk != SK_F32 || (J->zps && J->zk != ZK_I32);
-    const int own = g > 1 && narrow_params; /* group params to widen here, block by block */
+    const int narrow_params = J->sk != SK_F32 || (J->zps && J->zk != ZK_I32); /* to widen here */
     const int staged = emit_best && (J->stream || J->dst_kind == DST_F16);
 #ifdef HAVE_FUSED
     /* the fused loops: lanes512 / table512 with AVX-512, lanes256 / table256 (16-bit outputs)
@@ -176,9 +183,9 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
        lanes reads them widened from a row widened once per change of params, since decoding
        them at every element costs a quarter of its work.  Other rows, and rows longer than
        ROW_CACHE, it reads as given. */
-    RowCache rc = {NULL, NULL, -1};
+    RowCache rc = {NULL, NULL, NULL, NULL, -1, 0};
     if (fused && g == 1 && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
-        row_cache_open(&rc, L);
+        row_cache_open(&rc, J, L);
 #endif
     Py_ssize_t e = start;
     while (e < stop) {
@@ -188,10 +195,10 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
 #ifdef HAVE_FUSED
         if (fused && g == 1) {
             int sk = J->sk, zk = J->zk;
-            if (rc.sc) {
+            if (rc.on) {
                 row_cache_fill(&rc, J, sc_row, zp_row, L, poff);
                 sc_row = (const char *)rc.sc;
-                zp_row = zp_row ? (const char *)rc.zp : NULL;
+                zp_row = (const char *)rc.zp;
                 sk = SK_F32;
                 zk = ZK_I32;
             }
@@ -207,20 +214,17 @@ CLONES static void run_range(const Job *J, Py_ssize_t start, Py_ssize_t stop) {
             const int32_t *zp = (const int32_t *)zp_row;
             float sbuf[STAGE];
             int32_t zbuf[STAGE];
-            if (own || (g == 1 && narrow_params)) {
+            if (narrow_params) {
                 /* the groups this block touches (at most STAGE / 2 + 2 of them, g >= 2), or its
                    elements' params (g == 1: where kernels/native.py did not widen them) */
                 Py_ssize_t g0 = c / g, count = (c + m - 1) / g - g0 + 1;
-                if (J->sk == SK_F32) sc += g0;
-                else { widen_range(sc_row + g0 * 2, sbuf, count, SCALE_WIDEN[J->sk]); sc = sbuf; }
-                if (zp_row && J->zk == ZK_I32) zp += g0;
-                else if (zp_row) { widen_range(zp_row + g0, zbuf, count, ZP_WIDEN[J->zk]); zp = zbuf; }
+                widened(J, sc_row, zp_row, g0, count, sbuf, zbuf, &sc, &zp);
                 c -= g0 * g;
             }
 #ifdef HAVE_FUSED
             if (tables) {
-                (level >= 2 ? table512 : table256)(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
-                         J->zmode, J->stream);
+                (level >= 2 ? table512 : table256)(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g,
+                                                   J->src_kind, J->dst_kind, J->zmode, J->stream);
                 continue;
             }
 #endif
@@ -440,22 +444,27 @@ static PyObject *py_widen(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Whether this CPU has level n (else a ValueError is set). */
+static int level_ok(long n) {
+    if (n >= 0 && n <= cpu_level) return 1;
+    PyErr_Format(PyExc_ValueError, "level %ld: this CPU has levels 0 to %d", n, cpu_level);
+    return 0;
+}
+
 /* narrow(f32_bytes, out_bytes, dst_kind, level): the rounding the kernel does at a CPU
    level: 0 the plain C one (what machines without AVX2/F16C run), 1 AVX2/F16C, 2 AVX-512;
    a level above the CPU's is refused. */
 static PyObject *py_narrow(PyObject *self, PyObject *args) {
     Py_buffer p = {0}, o = {0};
-    int dst, level;
-    if (!PyArg_ParseTuple(args, "y*w*ii", &p, &o, &dst, &level))
+    int dst, at;
+    if (!PyArg_ParseTuple(args, "y*w*ii", &p, &o, &dst, &at))
         return NULL;
     Py_ssize_t n = p.len / 4;
     PyObject *result = NULL;
     if ((dst != DST_F16 && dst != DST_BF16) || o.len < n * 2) {
         PyErr_SetString(PyExc_ValueError, "dst_kind must be float16 or bfloat16, out 2 bytes an element");
-    } else if (level < 0 || level > cpu_level) {
-        PyErr_Format(PyExc_ValueError, "level %d: this CPU has levels 0 to %d", level, cpu_level);
-    } else {
-        emit_fn fn = emit_for(level);
+    } else if (level_ok(at)) {
+        emit_fn fn = emit_for(at);
         Py_BEGIN_ALLOW_THREADS
         if (fn)
             fn(p.buf, o.buf, n, dst, 0);
@@ -477,11 +486,7 @@ static PyObject *py_level(PyObject *self, PyObject *unused) { return PyLong_From
    paths on a machine that has a higher one. */
 static PyObject *py_set_level(PyObject *self, PyObject *arg) {
     long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > cpu_level) {
-        PyErr_Format(PyExc_ValueError, "level %ld: this CPU has levels 0 to %d", n, cpu_level);
-        return NULL;
-    }
+    if ((n == -1 && PyErr_Occurred()) || !level_ok(n)) return NULL;
     level = (int)n;
     emit_best = emit_for(level);
     Py_RETURN_NONE;

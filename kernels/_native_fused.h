@@ -70,11 +70,12 @@ AVX512 INLINE void put16(char *o, __m512 p, __mmask16 k, int mode, int dst) {
     else _mm256_mask_storeu_epi16(o, k, h);
 }
 
-/* Elements before the first `vec`-byte boundary of o (none for an o not element-aligned,
-   which is then written without streaming), at most n. */
-INLINE Py_ssize_t head_of(const char *o, Py_ssize_t n, int size, int vec) {
+/* Elements before the first 16-byte boundary of o, where streamed stores (16 bytes each)
+   may start (none for an o not element-aligned, which is then written without streaming),
+   at most n. */
+INLINE Py_ssize_t head_of(const char *o, Py_ssize_t n, int size) {
     if ((uintptr_t)o % size) return 0;
-    Py_ssize_t h = (Py_ssize_t)((vec - (uintptr_t)o % vec) % vec) / size;
+    Py_ssize_t h = (Py_ssize_t)((16 - (uintptr_t)o % 16) % 16) / size;
     return h < n ? h : n;
 }
 
@@ -93,7 +94,7 @@ AVX512 INLINE void lanes_body(const uint8_t *s, char *o, const char *sc, const c
                               int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
     const int size = dst == DST_F32 ? 4 : 2;
     const __m512i keep = _mm512_set1_epi32(zp_keep(zp_kind)), sign = _mm512_set1_epi32(zp_sign(zp_kind));
-    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
+    Py_ssize_t i = 0, h = stream ? head_of(o, n, size) : 0;
     stream = stream && (uintptr_t)o % size == 0;
 #define STEP(I, K, MODE) lanes_step(s, o, sc, zp, I, K, MODE, src, dst, zmode, sk, zk, keep, sign)
     if (h) STEP(0, (__mmask16)((1u << h) - 1), OUT_MASKED);
@@ -120,7 +121,7 @@ AVX512 INLINE __m512i table_of(float c, int32_t z, int src, int dst, int zmode) 
    those in k are stored; T[gi] is element i's group's table, and the group after it
    starts at element bnd (later groups every g). */
 AVX512 INLINE void table_step(const uint8_t *s, char *o, const __m512i *T, Py_ssize_t gi, Py_ssize_t bnd,
-                                     Py_ssize_t g, Py_ssize_t i, Py_ssize_t count, int mode, int dst) {
+                              Py_ssize_t g, Py_ssize_t i, Py_ssize_t count, int mode, int dst) {
     const int full = mode != OUT_MASKED;
     if (dst == DST_F32) {
         const __mmask16 k = (__mmask16)(full ? 0xFFFF : (1u << count) - 1);
@@ -146,14 +147,14 @@ AVX512 INLINE void table_step(const uint8_t *s, char *o, const __m512i *T, Py_ss
 /* m elements of 4-bit src from column c of a row whose params (float32 / int32) change
    every g >= 16 columns (sc[0], zp[0]: column 0's). */
 AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
-                                   Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, int stream) {
+                              Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, int stream) {
     const Py_ssize_t g0 = c / g, ng = (c + m - 1) / g - g0 + 1;
     __m512i T[STAGE / 16 + 2];
     for (Py_ssize_t t = 0; t < ng; t++)
         T[t] = table_of(sc[g0 + t], zmode == ZP_NONE ? 0 : zp[g0 + t], src, dst, zmode);
     const int size = dst == DST_F32 ? 4 : 2, W = 64 / size;
     Py_ssize_t gi = 0, bnd = (g0 + 1) * g - c; /* element i's table, the next group's first element */
-    Py_ssize_t i = stream ? head_of(o, m, size, 16) : 0;
+    Py_ssize_t i = stream ? head_of(o, m, size) : 0;
     stream = stream && (uintptr_t)o % size == 0;
     if (i) table_step(s, o, T, gi, bnd, g, 0, i, OUT_MASKED, dst);
     for (;; i += W) {
@@ -279,7 +280,7 @@ AVX2 INLINE void lanes_body256(const uint8_t *s, char *o, const char *sc, const 
                                int dst, int zmode, int sk, int zk, int stream, int zp_kind) {
     const int size = dst == DST_F32 ? 4 : 2;
     const __m256i keep = _mm256_set1_epi32(zp_keep(zp_kind)), sign = _mm256_set1_epi32(zp_sign(zp_kind));
-    Py_ssize_t i = 0, h = stream ? head_of(o, n, size, 16) : 0;
+    Py_ssize_t i = 0, h = stream ? head_of(o, n, size) : 0;
     stream = stream && (uintptr_t)o % size == 0;
     for (; i < h; i++) lane_one(s, o, sc, zp, i, src, dst, zmode, sk, zp_kind);
     for (; i + 16 <= n; i += 16) lanes16(s, o, sc, zp, i, stream, src, dst, zmode, sk, zk, keep, sign);
@@ -335,7 +336,7 @@ AVX2 INLINE void table_body256(const uint8_t *s, char *o, const float *sc, const
     for (Py_ssize_t t = 0; t < ng; t++)
         table_of256(sc[g0 + t], zmode == ZP_NONE ? 0 : zp[g0 + t], src, dst, zmode, &T[2 * t], &T[2 * t + 1]);
     Py_ssize_t gi = 0, bnd = (g0 + 1) * g - c, i = 0; /* as in table_body */
-    const Py_ssize_t h = stream ? head_of(o, m, 2, 16) : 0;
+    const Py_ssize_t h = stream ? head_of(o, m, 2) : 0;
     stream = stream && (uintptr_t)o % 2 == 0;
     for (;; i++) { /* the head, one by one, then 32 at a time, then the tail */
         while (bnd <= i) { gi++; bnd += g; }
