@@ -20,6 +20,7 @@ the blocks are shared among threads.
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -29,7 +30,7 @@ from dyndq.opdefs import PER_GROUP, PER_TENSOR, dtypes
 from . import narrowing, parallel
 from .parallel import TUNING as T
 
-__all__ = ["dequantize_v2", "exact_zero_points", "view"]
+__all__ = ["dequantize_v2", "exact_zero_points", "param_count", "view"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -115,6 +116,11 @@ def view(shape, qtype, axis, group_shape):
     return tuple(d for d, _ in merged), tuple(v for _, v in merged)
 
 
+def param_count(vshape, varies) -> int:
+    """How many parameters a view (view's result) has: the product of the dims they vary along."""
+    return math.prod(d for d, v in zip(vshape, varies) if v)
+
+
 def _zero_points(zps, qtype, pshape):
     """The zero points shaped like the parameters, and how to subtract them exactly."""
     if zps is None:
@@ -131,6 +137,8 @@ def exact_zero_points(z: np.ndarray, src_itemsize: int = 1) -> tuple[np.ndarray,
     if src_itemsize == 1 and small:
         return z.astype(_F32), "f32"
     return z.astype(_F64), "f64"
+
+
 _F16_MIN_NORMAL = 2.0**-14
 _F16_MAX = 65504.0
 

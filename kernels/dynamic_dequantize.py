@@ -44,7 +44,7 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
 from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
 
 from . import buffers, native, parallel
-from .dequantize_v2 import dequantize_v2, exact_zero_points, view
+from .dequantize_v2 import dequantize_v2, exact_zero_points, param_count, view
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
@@ -281,8 +281,7 @@ class _Plan(NamedTuple):
             vshape, varies = (max(src.size, 1),), (False,)
         else:
             vshape, varies = view(src.shape, qtype, axis, group_shape)
-        return cls(dst, native.handles(src.dtype, dst), vshape, varies,
-                   math.prod(d for d, v in zip(vshape, varies) if v))
+        return cls(dst, native.handles(src.dtype, dst), vshape, varies, param_count(vshape, varies))
 
 
 def _native_order(d: np.dtype) -> np.dtype:

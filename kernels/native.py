@@ -20,13 +20,13 @@ AVX2 and F16C, 2 AVX-512; the kernel runs at the CPU's, or lower inside at_level
 from __future__ import annotations
 
 import contextlib
-import math
 
 import numpy as np
 
 from dyndq.opdefs import dtypes
 
 from . import parallel
+from .dequantize_v2 import param_count
 from .parallel import TUNING as T
 
 try:
@@ -86,7 +86,7 @@ def c_args(src, scales, zps, vshape, varies, out, count_p=None):
     """The C call's arguments before (src ... zmode) and after (scale and zero-point kinds)
     its start, stop and stream: `_native.dequantize(*head, start, stop, stream, *kinds)`."""
     if count_p is None:
-        count_p = math.prod(d for d, v in zip(vshape, varies) if v)
+        count_p = param_count(vshape, varies)
     # Parameters that change at every element (varies[-1]) are widened here once to float32 and
     # int32 for the plain C loop; the fused loops (AVX2, AVX-512) read them as given, as every
     # level reads parameters that hold for a group: no widening pass before the threads.
