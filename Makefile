@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install test-oldest clean
+.PHONY: demo test test-big bench install test-oldest clean
 
 $(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the tests that need more than 2 GiB of memory (models over 2 GiB; about 15 GiB at peak)
+test-big: $(STAMP)
+	$(PY) -m pytest -q -m big
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py

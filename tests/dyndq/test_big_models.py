@@ -15,6 +15,10 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.light import BIG, light_view, nbytes
 
+# Over 2 GiB of memory (about 15 GiB at peak while protobuf copies): not in the default `make
+# test`, which fits a laptop; `make test-big` runs these, and .ci/run runs both.
+pytestmark = pytest.mark.big
+
 COLS = 64
 ROWS = (2**31 + 2**26) // COLS
 
