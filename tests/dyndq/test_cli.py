@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
-from cases import close_after_matmul, same_values
+from cases import MATMUL_ATOL, MATMUL_RTOL, close_after_matmul, same_values
 from dyndq.cli import main
 from dyndq.demo import build_model, demo_input
 from dyndq.files import save_model
@@ -316,7 +317,10 @@ def test_run_prints_a_summary(capsys, models, engine):
     assert (code, err) == (0, "")
     y = dyndq.run(build_model(), {"x": demo_input()})["y"]
     assert out.startswith("y: float32[4, 16]  min ")
-    assert f"max {y.max():.6g}" in out and "first [" in out
+    # y comes out of float32 MatMuls, summed in each engine's (and BLAS's) own order: its
+    # figures are compared within the MatMul tolerance, not digit for digit
+    shown_max = float(re.search(r"max (\S+)", out).group(1))
+    assert np.isclose(shown_max, y.max(), rtol=MATMUL_RTOL * 10, atol=MATMUL_ATOL) and "first [" in out
     assert len(out.splitlines()) == 1
 
 
@@ -329,7 +333,9 @@ def test_run_writes_outputs(capsys, models, engine):
     assert out == f"wrote {outdir / 'y.npy'}: float32[4, 16]\n"
     assert os.listdir(outdir) == ["y.npy"]
     expected = dyndq.run(build_model(), {"x": demo_input()})["y"]
-    assert np.array_equal(np.load(outdir / "y.npy"), expected)
+    got = np.load(outdir / "y.npy")
+    # the same engine gives the same bits; ONNX Runtime sums its MatMuls in its own order
+    assert same_values(got, expected) if engine == "reference" else close_after_matmul(got, expected)
 
 
 def test_run_output_names_are_made_safe(capsys, tmp_path):
