@@ -1,21 +1,48 @@
 """The optional compiled kernel (kernels/_native.c); everything else is in pyproject.toml.
 
-optional=True: a machine without a C compiler still installs, and the NumPy kernels
-run (kernels/native.py).  -ffp-contract=off: no fused multiply-add may change a bit
-of the float32 arithmetic.  -g0: no debug information (Python's own flags ask for it),
-which made the module six times its size.  (setup.py rather than pyproject's ext-modules table,
-which setuptools still calls experimental.)
+optional=True: a machine without a C compiler still installs, and the NumPy kernel
+runs (kernels/native.py says which runs and why).  The flags depend on the compiler:
+GCC and Clang get -O3, -ffp-contract=off (no fused multiply-add may change a bit of the
+float32 arithmetic) and -g0 (no debug information, which made the module six times its
+size); MSVC gets /O2 and /fp:precise (which contracts nothing).  The vector variants are
+compiled per function for their targets (kernels/_native_port.h), so no -m flag is needed.
+
+DYNDQ_NO_SIMD=1 in the environment builds the plain C variant alone (what a CPU of another
+family than x86-64 gets), for testing it.  (setup.py rather than pyproject's ext-modules
+table, which setuptools still calls experimental, and cannot choose flags per compiler.)
 """
+import os
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+FLAGS = {
+    "msvc": ["/O2", "/fp:precise"],
+    "unix": ["-O3", "-ffp-contract=off", "-fno-fast-math", "-g0"],  # GCC and Clang alike
+}
+
+
+class BuildExt(build_ext):
+    """build_ext with the flags of the compiler it finds."""
+
+    def build_extensions(self):
+        flags = FLAGS.get(self.compiler.compiler_type, [])
+        for ext in self.extensions:
+            ext.extra_compile_args = flags + ext.extra_compile_args
+        super().build_extensions()
+
+
+no_simd = os.environ.get("DYNDQ_NO_SIMD", "").lower() not in {"", "0", "off", "false", "no"}
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "dyndq.kernels._native",
             ["kernels/_native.c"],
-            depends=["kernels/_native_scalar.h", "kernels/_native_x86.h", "kernels/_native_fused.h"],
+            depends=[f"kernels/_native_{h}.h" for h in ("port", "scalar", "variant", "x86", "fused")],
+            define_macros=[("DYNDQ_NO_SIMD", "1")] if no_simd else [],
             optional=True,
-            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-g0"],
         )
-    ]
+    ],
 )

@@ -57,7 +57,6 @@ from dyndq.kernels import buffers, native, parallel
 from dyndq.opdefs import dtypes
 
 F32 = np.float32
-LEVELS = ("plain C", "AVX2/F16C", "AVX-512")  # the compiled kernel's levels (kernels/native.py)
 
 
 def elem(dtype) -> int:
@@ -401,7 +400,8 @@ def main(argv=None) -> int:
 
 
 def _run(args, n, reps, threads, kernel) -> int:
-    level = f" at level {native.level()} ({LEVELS[native.level()]})" if kernel == "compiled" else ""
+    # the variant the C side's table really calls at this level (kernels/_native.c)
+    level = f" at level {native.level()} ({native.info()['entries']['dequantize']} variant)" if kernel == "compiled" else ""
     print(f"machine: {machine()}")
     print(f"src {n}x{n}, medians of {reps} interleaved repetitions after a warm-up; "
           f"our {kernel} kernel{level} on {parallel.threads_for(n * n, 10**9, threads)} thread(s); "

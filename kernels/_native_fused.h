@@ -185,7 +185,7 @@ AVX512 INLINE void table_body(const uint8_t *s, char *o, const float *sc, const 
 
 /* lanes_body for zmode ZP_NONE or ZP_NARROW */
 #define BODY lanes_body
-AVX512 __attribute__((noinline)) static void lanes512(const uint8_t *s, char *o, const char *sc, const char *zp,
+AVX512 DQ_NOINLINE static void lanes512(const uint8_t *s, char *o, const char *sc, const char *zp,
                                                       Py_ssize_t n, int src, int dst, int zmode, int sk, int zk,
                                                       int stream) {
     LANES_BY_SRC;
@@ -198,7 +198,7 @@ AVX512 __attribute__((noinline)) static void lanes512(const uint8_t *s, char *o,
     (dst == DST_F32 ? TABLE_Z(SRC, DST_F32) : dst == DST_F16 ? TABLE_Z(SRC, DST_F16) : TABLE_Z(SRC, DST_BF16))
 
 /* table_body for 4-bit src, zmode ZP_NONE or ZP_NARROW */
-AVX512 __attribute__((noinline)) static void table512(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
+AVX512 DQ_NOINLINE static void table512(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
                                                       Py_ssize_t c, Py_ssize_t m, Py_ssize_t g, int src, int dst,
                                                       int zmode, int stream) {
     if (src == SRC_I4) TABLE_DST(SRC_I4);
@@ -213,14 +213,13 @@ AVX512 __attribute__((noinline)) static void table512(const uint8_t *s, char *o,
    the staged loop).  AVX2 has no masked byte loads or stores: the head and the tail are
    done element by element, with the same arithmetic. */
 
-/* one element of lanes256: scale and zero point read at i, as product8 reads 8 */
+/* one element of lanes256: scale and zero point read at i, as product8 reads 8 (at any address) */
 INLINE void lane_one(const uint8_t *s, char *o, const char *sc, const char *zp, Py_ssize_t i, int src, int dst,
                      int zmode, int sk, int zp_kind) {
-    const uint16_t *h = (const uint16_t *)sc;
-    const float c = sk == SK_F32 ? ((const float *)sc)[i]
-                    : sk == SK_F16 ? bits_f32(f16_to_f32_bits(h[i])) : bits_f32((uint32_t)h[i] << 16);
+    const float c = sk == SK_F32 ? read_f32(sc, i)
+                    : sk == SK_F16 ? bits_f32(f16_to_f32_bits(read_u16(sc, i))) : bits_f32((uint32_t)read_u16(sc, i) << 16);
     const int32_t z = zmode == ZP_NONE ? 0
-                      : zp_kind == ZK_I32 ? ((const int32_t *)zp)[i]
+                      : zp_kind == ZK_I32 ? read_i32(zp, i)
                                           : load((const uint8_t *)zp, i, zp_kind - ZK_I8 + SRC_I8);
     store(o, i, dst, diff(s, i, src, zmode, z) * c);
 }
@@ -351,14 +350,14 @@ AVX2 INLINE void table_body256(const uint8_t *s, char *o, const float *sc, const
 }
 
 #define BODY lanes_body256
-AVX2 __attribute__((noinline)) static void lanes256(const uint8_t *s, char *o, const char *sc, const char *zp,
+AVX2 DQ_NOINLINE static void lanes256(const uint8_t *s, char *o, const char *sc, const char *zp,
                                                     Py_ssize_t n, int src, int dst, int zmode, int sk, int zk,
                                                     int stream) {
     LANES_BY_SRC;
 }
 #undef BODY
 
-AVX2 __attribute__((noinline)) static void table256(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
+AVX2 DQ_NOINLINE static void table256(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
                                                     Py_ssize_t c, Py_ssize_t m, Py_ssize_t g, int src, int dst,
                                                     int zmode, int stream) {
 #define TABLE(SRC, DST, Z) table_body256(s, o, sc, zp, c, m, g, SRC, DST, Z, stream)

@@ -1,24 +1,27 @@
 /* dyndq's compiled kernel (_native.c): its arithmetic element by element, exactly as the
    module docstring of _native.c states it, and the plain loop built from it (segment),
-   which every CPU level runs where no vector loop applies.  Included once, by _native.c. */
+   which every variant runs where no vector loop applies.  Included once, by _native.c. */
 #pragma once
+
+#include "_native_port.h"
 
 #define MAX_DIMS 32
 
+/* The kinds of every array the kernel reads or writes: defined here only.  kernels/native.py
+   reads them from the module (KINDS, built by _native.c from these), never by position. */
 enum { SRC_I8, SRC_U8, SRC_I4, SRC_U4 };
 enum { DST_F32, DST_F16, DST_BF16 };
 enum { ZP_NONE, ZP_NARROW, ZP_WIDE };
-/* |zp| up to this: src - zp fits in int32 for every src (|src| <= 255); native.py's _NARROW_ZP */
+/* |zp| up to this: src - zp fits in int32 for every src (|src| <= 255) */
 #define NARROW_ZP ((1LL << 31) - 256)
 
-#define INLINE static inline __attribute__((always_inline))
+#define INLINE DQ_INLINE
 
-/* Built for each x86-64 level; glibc picks the best the CPU has when the module loads. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
+/* Typed reads of parameters that may sit at any address (a NumPy array need not be aligned):
+   through memcpy, which compilers make one plain load. */
+INLINE float read_f32(const void *p, Py_ssize_t i) { float f; memcpy(&f, (const char *)p + 4 * i, 4); return f; }
+INLINE int32_t read_i32(const void *p, Py_ssize_t i) { int32_t v; memcpy(&v, (const char *)p + 4 * i, 4); return v; }
+INLINE uint16_t read_u16(const void *p, Py_ssize_t i) { uint16_t v; memcpy(&v, (const char *)p + 2 * i, 2); return v; }
 
 INLINE uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 INLINE float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -80,9 +83,9 @@ INLINE void store(void *o, Py_ssize_t j, int dst, float p) {
 
 /* The parameters as the caller gives them: scales float32, float16 or bfloat16, zero points
    int32 or 4/8-bit.  run_range widens what each block of STAGE elements needs into a small
-   buffer (widen_range, vectorized: a group's, or at level 0 each element's where
+   aligned buffer (widen_range, vectorized: a group's, or at level 0 each element's where
    kernels/native.py has not widened them), so no pass over all of them precedes the work
-   and the loops below see float32 / int32 only.  (The fused loops read them as given.) */
+   and the loops below see aligned float32 / int32 only.  (The fused loops read them as given.) */
 enum { SK_F32, SK_F16, SK_BF16 };
 enum { ZK_I32, ZK_I8, ZK_U8, ZK_I4, ZK_U4 };
 static const int SCALE_SIZE[] = {4, 2, 2}, ZP_SIZE[] = {4, 1, 1, 1, 1};

@@ -1,12 +1,11 @@
 /* dyndq's compiled kernel (_native.c): the vector conversions of x86 CPUs with AVX2 and F16C
    or AVX-512 (float32 to float16 / bfloat16, bit for bit as _native_scalar.h's to_f16 and
    to_bf16), their non-temporal stores, and emit / emit512, which write the plain loop's
-   staged products.  Included once, by _native.c, on x86-64 with GCC. */
+   staged products.  Included once, by _native.c, where _native_port.h defines DQ_X86. */
 #pragma once
 
-#define AVX2 __attribute__((target("avx2,f16c")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
-#define HAVE_FUSED 1
+#define AVX2 DQ_AVX2
+#define AVX512 DQ_AVX512
 
 /* Non-temporal stores in 16-byte pieces: they need the output aligned to 16 bytes only,
    which large NumPy arrays are, so that no element is stored through the cache beside

@@ -4,50 +4,121 @@ NumPy makes a pass per step (cast, subtract, multiply, a dozen for a float16
 rounding); _native.c reads each byte of src once and writes each output element
 once, which is what memory costs.  It is optional: `pip install` builds it where a
 C compiler is found, and without it (or with DYNDQ_NATIVE=0, or TUNING.native
-False) the NumPy kernels run, with the same bits.
+False) the NumPy kernel runs, with the same bits.  `info()` says which runs and why.
 
 This module does what the C side expects done: the view in which the parameters
-broadcast (dequantize_v2.view, the one the NumPy path blocks by), the parameters
+broadcast (geometry.view, the one the NumPy kernel blocks by), the parameters
 contiguous (widened to float32 / int32 where they change at every element and the
 kernel runs at level 0), a choice of integer width for the subtraction, and every
 array as its bytes; then it shares the elements among threads (the C loop releases
-the GIL).
+the GIL).  The kinds it passes are the C side's own codes (_native.KINDS), by name.
 
-Levels (cpu_level, level, at_level): what the CPU lets the kernel use, 0 plain C, 1
-AVX2 and F16C, 2 AVX-512; the kernel runs at the CPU's, or lower inside at_level
-(for tests and `bench_kernel.py --level`).  _native.c says which loop each runs.
+Levels and variants: the C side compiles each entry once per variant, each for its own
+target ("scalar": plain C, level 0; "avx2": AVX2 + F16C, level 1; "avx512": AVX-512, level
+2), and calls through one table filled for a level: the CPU's at import, or a lower one
+named by DYNDQ_CPU_LEVEL=0|1|2 in the environment before import; `at_level(n)` refills it
+for a while (tests, `bench_kernel.py --level`); `info()` reads the table.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
+import os
+import warnings
 
 import numpy as np
 
 from dyndq.opdefs import dtypes
 
 from . import parallel
-from .dequantize_v2 import param_count
+from .geometry import param_count
 from .parallel import TUNING as T
 
-try:
-    from . import _native
-except ImportError:  # not built (no C compiler at install): the NumPy kernels serve
-    _native = None
+CPU_LEVEL_ENV = "DYNDQ_CPU_LEVEL"
+# a compiled module to load instead of the installed one (the Makefile's builds with another
+# compiler or other flags: test-clang, test-nosimd, test-sanitize)
+MODULE_ENV = "DYNDQ_NATIVE_MODULE"
 
-__all__ = ["built", "handles", "dequantize", "dequantize_one", "cpu_level", "level", "at_level", "narrow"]
+
+def _load():
+    """The compiled module, or None and why not."""
+    path = os.environ.get(MODULE_ENV)
+    try:
+        if path:
+            loader = importlib.machinery.ExtensionFileLoader("dyndq.kernels._native", path)
+            spec = importlib.util.spec_from_file_location("dyndq.kernels._native", path, loader=loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            return module, None
+        from . import _native as module
+        return module, None
+    except ImportError as e:  # not built (no C compiler at install): the NumPy kernel serves
+        return None, f"not built ({e}); a C compiler at install time builds it"
+
+
+_native, _why_not = _load()
+
+__all__ = ["built", "handles", "info", "dequantize", "dequantize_one", "cpu_level", "level", "at_level", "narrow",
+           "CPU_LEVEL_ENV", "MODULE_ENV"]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
 _U8 = np.dtype(np.uint8)
 _U16 = np.dtype(np.uint16)
-_SRC = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int8", "uint8", "int4", "uint4"))}
-# float32 / float16 / bfloat16: the C side's DST_* for outputs and SK_* for scales alike
-_DST = _SCALE_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float32", "float16", "bfloat16"))}
-_ZP_NONE, _ZP_NARROW, _ZP_WIDE = 0, 1, 2
-# the zero-point dtypes the C loop reads as given, and its names for them (_native.c, ZK_*)
-_ZP_KIND = {dtypes.by_name(n).numpy: i for i, n in enumerate(("int32", "int8", "uint8", "int4", "uint4"))}
+
+
+def _codes(table: str) -> dict:
+    """{numpy dtype: the C side's code} for one of _native.KINDS' tables (dtype names)."""
+    return {} if _native is None else {dtypes.by_name(n).numpy: c for n, c in _native.KINDS[table].items()}
+
+
+_SRC, _DST, _SCALE_KIND, _ZP_KIND, _WIDEN = (_codes(t) for t in ("src", "dst", "scale", "zp", "widen"))
+_ZMODE = {} if _native is None else _native.KINDS["zmode"]
 # |zp| up to this: src - zp fits in int32 for every src of ours (|src| <= 255)
-_NARROW_ZP = (1 << 31) - 256
+_NARROW_ZP = 0 if _native is None else _native.NARROW_ZP
+
+
+def _level_from_environment() -> None:
+    """DYNDQ_CPU_LEVEL=0|1|2: fill the table for that level instead of the CPU's (a level above
+    the CPU's, or another value, is ignored with a warning that says so)."""
+    value = os.environ.get(CPU_LEVEL_ENV)
+    if _native is None or value in (None, ""):
+        return
+    top = _native.cpu_level()
+    if value.strip() in {str(n) for n in range(top + 1)}:
+        _native.set_level(int(value))
+    else:
+        warnings.warn(f"{CPU_LEVEL_ENV}={value!r}: this CPU has levels 0 to {top}; the kernel runs at {top}",
+                      RuntimeWarning, stacklevel=2)
+
+
+_level_from_environment()
+
+
+def info() -> dict:
+    """Which kernel runs, and why: whether the compiled one is built (else why not) and switched
+    on (TUNING.native, DYNDQ_NATIVE), the CPU's level and the level in force, the variant each
+    compiled entry runs (read from the C side's table), the variants built, the compiler, and
+    the module's file."""
+    if _native is None:
+        return {"built": False, "on": False, "why": _why_not, "kernel": "numpy"}
+    on = bool(T.native)
+    return {"built": True, "on": on, "kernel": "compiled" if on else "numpy",
+            "why": "built and switched on" if on else f"switched off ({parallel.NATIVE_ENV}=0 or TUNING.native)",
+            "cpu_level": _native.cpu_level(), "level": _native.level(), "entries": _native.entries(),
+            "variants": _native.VARIANTS, "compiler": _native.COMPILER, "module": _native.__file__}
+
+
+def summary() -> str:
+    """info() in one line: which kernel runs, and why."""
+    i = info()
+    if not i["built"]:
+        return f"kernel: NumPy (the compiled kernel is {i['why']})"
+    if not i["on"]:
+        return f"kernel: NumPy (the compiled kernel is {i['why']})"
+    return (f"kernel: compiled, {i['entries']['dequantize']} variant (CPU level {i['cpu_level']}, running at "
+            f"{i['level']}; {i['compiler'].split(' (')[0].strip()})")
 
 
 def built() -> bool:
@@ -94,7 +165,7 @@ def c_args(src, scales, zps, vshape, varies, out, count_p=None):
     sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), sc.dtype)
-    z, zmode, zk = (None, _ZP_NONE, 0) if zps is None else _zero_points(zps, count_p, widen)
+    z, zmode, zk = (None, _ZMODE["none"], _ZP_KIND[_I32]) if zps is None else _zero_points(zps, count_p, widen)
     head = (_bytes(src), _bytes(out), _bytes(sc), None if z is None else _bytes(z), vshape, varies,
             _SRC[src.dtype], _DST[out.dtype], zmode)
     return head, (sk, zk)
@@ -114,16 +185,15 @@ def _zero_points(zps, count_p, widen):
     z, zk = _params(zps, _ZP_KIND, _I32, widen)  # exact: every zp dtype of ours fits in int32
     if z.size != count_p:
         z = np.full(count_p, z.reshape(()), z.dtype)  # one zp for every channel
-    if zps.dtype.itemsize == 1 or z.size == 0:
-        return z, _ZP_NARROW, zk
-    return z, (_ZP_NARROW if max(-int(z.min()), int(z.max())) <= _NARROW_ZP else _ZP_WIDE), zk
+    narrow = zps.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _NARROW_ZP
+    return z, _ZMODE["narrow" if narrow else "wide"], zk
 
 
 def _params(a: np.ndarray, kinds: dict, wide: np.dtype, widen: bool):
     """a as given when the C loop reads its dtype (kinds) and widen is off, else widened to
-    `wide`; and its kind for the C loop (0: the wide dtype)."""
+    `wide`; and its kind for the C loop."""
     kind = None if widen else kinds.get(a.dtype)  # (a non-native byte order is not among the keys)
-    return (_widened(a, wide), 0) if kind is None else (a, kind)
+    return (_widened(a, wide), kinds[wide]) if kind is None else (a, kind)
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -135,7 +205,6 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.view(_U16) if a.dtype.itemsize == 2 else a.view(_U8) if a.dtype.itemsize == 1 else a
 
 
-_WIDEN = {dtypes.by_name(n).numpy: i for i, n in enumerate(("float16", "bfloat16", "int8", "uint8", "int4", "uint4"))}
 _WIDEN_MIN = 1024  # fewer parameters: NumPy's cast, whose call costs less than ours
 
 
@@ -165,9 +234,9 @@ def level() -> int:
 
 @contextlib.contextmanager
 def at_level(n: int):
-    """Run the compiled kernel at level n (0 to cpu_level()) inside the block: how the tests
-    take the paths of machines without AVX-512, or without AVX2, on a machine with them.
-    (Process-wide: not for use while other threads dequantize.)"""
+    """Run the compiled kernel at level n (0 to cpu_level()) inside the block: its table is
+    filled with that level's variants, the very code a machine without AVX-512 (or without
+    AVX2) runs.  (Process-wide: not for use while other threads dequantize.)"""
     before = _native.level()
     _native.set_level(n)
     try:
@@ -176,10 +245,10 @@ def at_level(n: int):
         _native.set_level(before)
 
 
-def narrow(p: np.ndarray, dst, *, level: int | None = None) -> np.ndarray:
-    """float32 -> float16 / bfloat16, as the compiled kernel rounds (for tests), at a CPU
-    level (default: this CPU's; 0 is the plain C rounding of machines without AVX2/F16C)."""
+def narrow(p: np.ndarray, dst) -> np.ndarray:
+    """float32 -> float16 / bfloat16, as the compiled kernel rounds at the level in force (for
+    tests: at_level(0) gives the plain C rounding of machines without AVX2/F16C)."""
     p = np.ascontiguousarray(p, dtype=_F32)
     out = np.empty(p.shape, dst)
-    _native.narrow(p, out.view(_U16), _DST[np.dtype(dst)], cpu_level() if level is None else level)
+    _native.narrow(p, out.view(_U16), _DST[np.dtype(dst)])
     return out

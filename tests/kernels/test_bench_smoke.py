@@ -7,7 +7,8 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernel.py"
 
 
-@pytest.mark.parametrize("kernel,level", [("compiled", None), ("compiled", 0), ("numpy", None)])
+@pytest.mark.parametrize("kernel,level", [pytest.param("compiled", None, marks=pytest.mark.native),
+                                          pytest.param("compiled", 0, marks=pytest.mark.native), ("numpy", None)])
 def test_bench_kernel_runs_small(capsys, kernel, level):
     pytest.importorskip("onnxruntime")
     spec = importlib.util.spec_from_file_location("bench_kernel", BENCH)
@@ -18,7 +19,7 @@ def test_bench_kernel_runs_small(capsys, kernel, level):
     text = capsys.readouterr().out
     assert f"our {kernel} kernel" in text
     if level is not None:
-        assert f"at level {level} (plain C)" in text
+        assert f"at level {level} (scalar variant)" in text
     assert "machine: " in text and "NumPy" in text and "onnxruntime" in text
     assert "geometric means" in text and "targets:" in text
     assert text.count("| uint8 ") == 8 and text.count("| int8 ") == 6

@@ -4,6 +4,7 @@ judged against the oracle by every test of test_dynamic_dequantize*.py, which ru
 both kernels."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,19 +17,13 @@ from hypothesis import strategies as st
 
 import dyndq
 from dyndq.kernels import native
-from dyndq.kernels.dequantize_v2 import view
-from dyndq.kernels.parallel import NATIVE_ENV, switched_off, tuned
+from dyndq.kernels.geometry import view
+from dyndq.kernels.parallel import NATIVE_ENV, tuned
 from dyndq.opdefs import dtypes
 
 from cases import oracle_2, same_bits
 
-if not native.built() and switched_off(NATIVE_ENV):
-    pytest.skip(f"{NATIVE_ENV}=0 and the compiled kernel not built: the NumPy kernel alone", allow_module_level=True)
-
-
-def test_it_was_built():
-    assert native.built(), ("kernels/_native.c was not built (is there a C compiler? `pip install -e .` says why); "
-                            "set DYNDQ_NATIVE=0 to test the NumPy kernel alone")
+pytestmark = pytest.mark.native  # (skipped, saying why, where it is not built: tests/conftest.py)
 
 
 def boundary_patterns(dropped_bits: int) -> np.ndarray:
@@ -45,9 +40,20 @@ def boundary_patterns(dropped_bits: int) -> np.ndarray:
     return np.concatenate([bits, rng.integers(0, 2**32, 1 << 18, dtype=np.uint32)]).view(np.float32)
 
 
-LEVELS = [pytest.param(k, id=name, marks=pytest.mark.skipif(native.built() and k > native.cpu_level(),
-                                                             reason=f"this CPU has no {name}"))
-          for k, name in enumerate(["plain-C", "AVX2-F16C", "AVX-512"])]
+LEVELS = [pytest.param(k, id=name, marks=pytest.mark.skipif(
+              native.built() and k > native.cpu_level(),
+              reason=f"no {name} variant here (this CPU, or a build without it: native.info())"))
+          for k, name in enumerate(["scalar", "avx2", "avx512"])]
+VARIANT = ["scalar", "avx2", "avx512"]  # the variant each level's table holds
+
+
+@contextlib.contextmanager
+def at(level):
+    """The kernel at `level`, checked to run that level's variant in every entry (not merely
+    told to): the table the C side calls through says so."""
+    with native.at_level(level):
+        assert native.info()["entries"] == dict.fromkeys(("dequantize", "widen", "narrow"), VARIANT[level])
+        yield
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -56,7 +62,8 @@ def test_float16_rounding_on_every_boundary(level):
     with np.errstate(all="ignore"):
         want = p.astype(np.float16)
     want.view(np.uint16)[np.isnan(p)] = 0x7E00  # NaNs: the one quiet NaN (kernels/narrowing.py)
-    assert same_bits(native.narrow(p, np.float16, level=level), want)
+    with at(level):
+        assert same_bits(native.narrow(p, np.float16), want)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -64,7 +71,8 @@ def test_bfloat16_rounding_on_every_boundary(level):
     p = boundary_patterns(16)
     with np.errstate(all="ignore"):
         want = p.astype(ml_dtypes.bfloat16)  # NaNs: 0x7FC0 with the sign, as ml_dtypes makes them
-    assert same_bits(native.narrow(p, ml_dtypes.bfloat16, level=level), want)
+    with at(level):
+        assert same_bits(native.narrow(p, ml_dtypes.bfloat16), want)
 
 
 FORMS = [  # shape, qtype, axis, group_shape
@@ -102,7 +110,7 @@ def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape
                                    else np.full(pshape, 2**31 - 1, np.int32))  # src - zp overflows int32
     expect = oracle_2(src, scales, zps, qtype, axis, group_shape)
     cuts = sorted({0, src.size, *rng.integers(0, src.size, 7).tolist()})
-    with native.at_level(level):
+    with at(level):
         got = cut_run(src, scales, zps, shape, qtype, axis, group_shape, np.zeros(shape, t2), cuts, stream)
     assert same_bits(got, expect)
 
@@ -130,7 +138,8 @@ def test_other_layouts_of_every_input():
 
 def test_a_level_above_the_cpus_is_refused():
     with pytest.raises(ValueError, match="this CPU has levels 0 to"):
-        native.narrow(np.zeros(4, np.float32), np.float16, level=native.cpu_level() + 1)
+        native._native.set_level(native.cpu_level() + 1)
+    assert native.level() == native.cpu_level()
 
 
 def test_the_c_side_refuses_buffers_too_small():
@@ -262,7 +271,7 @@ def test_long_rows_any_cut_any_alignment_match_the_oracle(level, form):
     expect = oracle_2(src, scales, zps, qtype, axis, groups)
     t2 = np.dtype(scales.dtype)
     out = np.zeros(src.size + offset, t2)[offset:].reshape(shape)  # any start within a line
-    with native.at_level(level):
+    with at(level):
         got = cut_run(src, scales, zps, shape, qtype, axis, groups, out, cuts, stream)
     assert same_bits(got, expect)
 
@@ -279,7 +288,7 @@ def test_every_16_bit_scale_pattern(level, t2, groups):
     src = np.resize(np.arange(16, dtype=np.uint8), shape).view(ml_dtypes.int4)
     zps = np.full(scales.shape, 3, np.int8)
     expect = oracle_2(src, scales, zps, "per_group", 1, groups)
-    with native.at_level(level):
+    with at(level):
         got = cut_run(src, scales, zps, shape, "per_group", 1, groups, np.zeros(shape, scales.dtype),
                       [0, src.size], False)
     assert same_bits(got, expect)
@@ -318,7 +327,7 @@ def test_rows_longer_than_the_row_cache(level, stream):
         scales = _scales(rng, "bfloat16", (length,))
         zps = _ints(rng, "uint4", (length,), high_bits=True)
         expect = oracle_2(src, scales, zps, "per_channel", 1, None)
-        with native.at_level(level):
+        with at(level):
             got = cut_run(src, scales, zps, src.shape, "per_channel", 1, None, np.zeros(src.shape, scales.dtype),
                           [0, 5, length + 3, src.size], stream)
         assert same_bits(got, expect)
@@ -335,8 +344,88 @@ def test_per_element_parameters_as_given_at_any_level(level):
     vshape, varies = view(src.shape, "per_group", 1, [32, 1])
     out = np.zeros(src.shape, np.float16)
     b = native._bytes
-    with native.at_level(level):
+    with at(level):
         native._native.dequantize(b(src), b(out), b(scales), b(zps), vshape, varies, native._SRC[src.dtype],
-                                  native._DST[out.dtype], native._ZP_NARROW, 0, src.size, False,
+                                  native._DST[out.dtype], native._ZMODE["narrow"], 0, src.size, False,
                                   native._SCALE_KIND[scales.dtype], native._ZP_KIND[zps.dtype])
     assert same_bits(out, oracle_2(src, scales, zps, "per_group", 1, [32, 1]))
+
+
+# -- the one dispatcher: what runs is what info() says, and DYNDQ_CPU_LEVEL picks it --------------
+
+
+def _info_in_subprocess(**env_changes) -> dict:
+    env = dict(os.environ, **env_changes)
+    code = "import json; from dyndq.kernels import native; print(json.dumps(native.info()))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1]) | {"stderr": out.stderr}
+
+
+def test_info_reads_the_table_the_calls_go_through():
+    i = native.info()
+    assert (i["built"], i["on"], i["kernel"]) == (True, True, "compiled")
+    assert i["level"] == i["cpu_level"] and i["variants"][: i["cpu_level"] + 1] == tuple(VARIANT[: i["cpu_level"] + 1])
+    for level in range(native.cpu_level() + 1):
+        with native.at_level(level):
+            assert native.info()["entries"] == dict.fromkeys(("dequantize", "widen", "narrow"), VARIANT[level])
+    assert native.info()["level"] == i["level"]
+    assert "compiled" in native.summary() and VARIANT[i["level"]] in native.summary()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_environment_chooses_the_level_at_import(level):
+    i = _info_in_subprocess(DYNDQ_CPU_LEVEL=str(level))
+    assert i["level"] == level and i["entries"]["dequantize"] == VARIANT[level]
+
+
+def test_a_level_the_cpu_lacks_in_the_environment_is_refused_with_a_warning():
+    i = _info_in_subprocess(DYNDQ_CPU_LEVEL="7")
+    assert i["level"] == native.cpu_level() and "DYNDQ_CPU_LEVEL='7': this CPU has levels 0 to" in i["stderr"]
+
+
+def test_a_module_that_does_not_load_leaves_the_numpy_kernel_saying_why(tmp_path):
+    i = _info_in_subprocess(DYNDQ_NATIVE_MODULE=str(tmp_path / "missing.so"))
+    assert (i["built"], i["kernel"]) == (False, "numpy") and i["why"].startswith("not built (")
+
+
+def test_kind_codes_come_from_the_c_side():
+    """The dtype -> code tables native.py passes are the C module's own, by name."""
+    assert {d.name for d in native._SRC} == set(native._native.KINDS["src"]) == {"int8", "uint8", "int4", "uint4"}
+    for table, codes in (("src", native._SRC), ("dst", native._DST), ("scale", native._SCALE_KIND),
+                         ("zp", native._ZP_KIND), ("widen", native._WIDEN)):
+        assert {d.name: c for d, c in codes.items()} == native._native.KINDS[table]
+
+
+def test_sizes_that_overflow_are_refused():
+    src = np.zeros(4, np.uint8)
+    with pytest.raises(ValueError, match="the size overflows"):
+        native._native.dequantize(src, np.zeros(4, np.float32), np.ones(1, np.float32), None, (2**40, 2**40),
+                                  (False, False), 1, 0, 0, 0, 4, False, 0, 0)
+
+
+@pytest.mark.parametrize("groups", [[32, 32], [32, 1], [1, 1]])  # runs of a group; a parameter per element
+def test_parameters_at_odd_addresses_are_read_exactly(groups):
+    """Scales and zero points need not be aligned (NumPy arrays need not be): read through memcpy."""
+    rng = np.random.default_rng(9)
+    src = rng.integers(-128, 128, (64, 96), dtype=np.int8)
+    pshape = (64 // groups[0], 96 // groups[1])
+    n = pshape[0] * pshape[1]
+    scales = np.ndarray(pshape, np.float32, np.zeros(4 * n + 1, np.uint8), offset=1)  # not 4-byte aligned
+    scales[...] = rng.standard_normal(pshape)
+    zps = np.ndarray(pshape, np.int32, np.zeros(4 * n + 3, np.uint8), offset=3)
+    zps[...] = rng.integers(-5, 5, pshape)
+    assert not scales.flags.aligned and not zps.flags.aligned
+    for level in range(native.cpu_level() + 1):
+        with at(level):
+            got = cut_run(src, scales, zps, src.shape, "per_group", 1, groups, np.zeros(src.shape, np.float32),
+                          [0, 100, src.size], False)
+        assert same_bits(got, oracle_2(src, scales, zps, "per_group", 1, groups))
+
+
+def test_an_output_off_its_alignment_is_refused_by_the_c_side():
+    buf = np.zeros(4 * 8 + 1, np.uint8)
+    with pytest.raises(ValueError, match="not aligned"):
+        native._native.dequantize(np.zeros(8, np.uint8), buf[1:], np.ones(1, np.float32), None, (8,), (False,),
+                                  1, 0, 0, 0, 8, False, 0, 0)
