@@ -5,13 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big bench install test-oldest clean
+.PHONY: demo test test-big bench install test-oldest test-clang test-nosimd test-sanitize clean
 
 $(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -26,6 +26,36 @@ test: $(STAMP)
 # the tests that need more than 2 GiB of memory (models over 2 GiB; about 15 GiB at peak)
 test-big: $(STAMP)
 	$(PY) -m pytest -q -m big
+
+# The compiled kernel built another way, into build/<name>/, and the kernel tests run on that
+# build (DYNDQ_NATIVE_MODULE points the package at it; DYNDQ_REQUIRE_NATIVE=1 fails the run if it
+# does not load).  Warnings are errors.  test-clang: with Clang (Debian: apt-get install clang);
+# test-nosimd: the plain C variant alone (DYNDQ_NO_SIMD=1), what a CPU of another family than
+# x86-64 gets; test-sanitize: with AddressSanitizer and UndefinedBehaviorSanitizer, any report
+# fatal (the sanitizer runtimes preloaded into Python, which is not built with them).
+KERNEL_TESTS := tests/kernels
+define build_kernel
+	rm -rf build/$(1)
+	$(2) CFLAGS="-Wall -Wextra -Werror $(3)" LDFLAGS="$(4)" $(PY) setup.py -q build_ext --build-lib build/$(1) --build-temp build/$(1)/tmp
+endef
+define test_kernel
+	DYNDQ_NATIVE_MODULE=$$(ls build/$(1)/dyndq/kernels/_native*) DYNDQ_REQUIRE_NATIVE=1 $(2) $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
+endef
+SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+test-clang: $(STAMP)
+	@command -v clang >/dev/null || { echo "test-clang needs clang (Debian: apt-get install clang)"; exit 1; }
+	$(call build_kernel,clang,CC=clang)
+	$(call test_kernel,clang)
+
+test-nosimd: $(STAMP)
+	$(call build_kernel,nosimd,DYNDQ_NO_SIMD=1)
+	$(call test_kernel,nosimd)
+
+test-sanitize: $(STAMP)
+	$(call build_kernel,sanitize,,$(SANITIZE),$(SANITIZE))
+	$(call test_kernel,sanitize,LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py

@@ -470,3 +470,40 @@ def readme_transcripts(readme_text: str, heading: str) -> list:
             code = re.search(r"exit code (\d)", comment)
             runs.append((shlex.split(command)[1:], int(code.group(1)) if code else 0, shown))
     return runs
+
+
+# -- the compiled kernel: whether its tests run --------------------------------------------------
+
+# Tests of the compiled kernel carry the `native` mark (or take kernel_path's compiled paths).
+# Where it is not built (no C compiler at install) or switched off (DYNDQ_NATIVE=0) they are
+# skipped from the one line in needs_native, so that pytest's summary says why in one line;
+# with DYNDQ_REQUIRE_NATIVE=1 (as .ci/run sets it) a missing compiled kernel ends the run as a
+# failure instead (tests/conftest.py), so CI can never skip it silently.
+REQUIRE_NATIVE_ENV = "DYNDQ_REQUIRE_NATIVE"
+
+
+def native_required() -> bool:
+    import os
+
+    return os.environ.get(REQUIRE_NATIVE_ENV, "").lower() not in {"", "0", "off", "false", "no"}
+
+
+def why_not_native() -> str | None:
+    """Why the compiled-kernel tests cannot run here (None: they can)."""
+    from dyndq.kernels import native
+    from dyndq.kernels.parallel import NATIVE_ENV, switched_off
+
+    if not native.built():
+        return f"the compiled kernel is {native.info()['why']}"
+    if switched_off(NATIVE_ENV):
+        return f"{NATIVE_ENV}=0 switches the compiled kernel off"
+    return None
+
+
+def needs_native() -> None:
+    """Skip the calling test unless the compiled kernel can run (the one place that says why)."""
+    import pytest
+
+    why = why_not_native()
+    if why:
+        pytest.skip(f"compiled-kernel tests skipped, the NumPy kernel is tested alone: {why}")

@@ -14,3 +14,25 @@ if "cases" not in sys.modules:
     _spec = importlib.util.spec_from_file_location("cases", os.path.join(_TESTS, "cases.py"))
     sys.modules["cases"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["cases"])
+
+import pytest  # noqa: E402
+
+from cases import REQUIRE_NATIVE_ENV, native_required, needs_native, why_not_native  # noqa: E402
+from dyndq.kernels import native  # noqa: E402
+
+
+def pytest_report_header(config):
+    return native.summary()
+
+
+def pytest_sessionstart(session):
+    why = why_not_native()
+    if why and native_required():
+        pytest.exit(f"{REQUIRE_NATIVE_ENV}=1, but {why}", returncode=1)
+
+
+@pytest.fixture(autouse=True)
+def _compiled_kernel_available(request):
+    """Tests marked `native` need the compiled kernel (see cases.needs_native)."""
+    if request.node.get_closest_marker("native") is not None:
+        needs_native()
