@@ -21,8 +21,9 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
-from dyndq.kernels.dynamic_dequantize import dequantize
-from dyndq.opdefs import Problem, ValidationError, all_versions, newest_domain_version, resolve
+from dyndq.kernels import numpy_kernel
+from dyndq.kernels.geometry import view
+from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version, resolve
 
 __all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
@@ -147,7 +148,8 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 
     if problems:
         raise ValidationError(problems)
     out = np.empty(x.shape, np.float32)
-    return dequantize(x, x_scale, x_zero_point, channel_axis, out)
+    vshape, varies = view(x.shape, PER_TENSOR if channel_axis is None else PER_CHANNEL, channel_axis or 0, None)
+    return numpy_kernel.dequantize(x, x_scale, x_zero_point, vshape, varies, out)
 
 
 class Loop(_OnnxLoop):

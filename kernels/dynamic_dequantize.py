@@ -1,56 +1,38 @@
-"""The NumPy kernels of DynamicDequantize-1 and -2.
+"""DynamicDequantize's kernels, versions 1 and 2: what every call goes through.
 
     dst = T2(float32(int64(src) - int64(zp)) * float32(scale))
 
-per tensor (one scale, one zero point), per channel (one per index of src
-along `axis`) or, from version 2, per group (one per block of `group_shape`),
-zp = 0 when `zps` is absent; T2 is the dtype of scales (float32 in version 1).
-Exact to the bit, for every dtype combination, as ONNX Runtime's
-DequantizeLinear computes it.  Version 1's forms (8-bit src, float32 scales)
-take the fast blocked path below; the other forms of version 2 take
-`dequantize_v2` (kernels/dequantize_v2.py), also blocked and threaded.
+per tensor (one scale, one zero point), per channel (one per index of src along `axis`) or,
+from version 2, per group (one per block of `group_shape`); zp = 0 when `zps` is absent; T2
+is the dtype of scales (float32 in version 1).  Exact to the bit, for every dtype
+combination, as ONNX Runtime's DequantizeLinear computes it.
 
-How it stays exact without int64 temporaries
---------------------------------------------
-* No zps: float32(src) is exact for 8-bit src, so dst = float32(src) * scale
-  (no subtraction at all).
-* 8-bit zps, or int32 zps with |zp| <= 2**23: float32(src) and float32(zp) are
-  exact and |src - zp| < 2**24, so the float32 subtraction is exact too:
-  dst = (float32(src) - float32(zp)) * scale.
-* Other int32 zps: float64(src) - float64(zp) is exact (|diff| < 2**53) and the
-  cast to float32 rounds once, to nearest even, exactly as the int64 difference
-  would.  Done in small blocks, so no full-size float64 array ever exists.
-
-How it is fast
---------------
-The work is cut into blocks of about `TUNING.chunk` elements that stay in the
-CPU cache between the cast, the subtraction and the multiply, and the blocks are
-shared among threads by `kernels/parallel.py` (NumPy's loops release the GIL).
-Tensors under `TUNING.parallel_min` elements run on the calling thread.
-
-Arguments are judged by the op's one shape-inference function (the rules are
-written once, in `shape_inference/`); this module adds only what is particular
-to a kernel: non-array inputs, and `out` and `threads`.
+This module holds what is common to every path, and nothing of the arithmetic:
+* validation: arguments are judged by the op's one shape-inference function (the rules are
+  written once, in shape_inference/), plus what is particular to a kernel (non-array
+  inputs, `out` and `threads`);
+* the plan cache: what a call's signature settles (the view in which the parameters
+  broadcast, geometry.view), worked out once per signature;
+* the dispatch, between two kernels with the same bits: the compiled one (kernels/native.py,
+  kernels/_native.c) where it is built, switched on and can write `out`, else the NumPy one
+  (kernels/numpy_kernel.py).
 """
 from __future__ import annotations
 
-import math
 import operator
 from typing import NamedTuple
 
 import numpy as np
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
-from dyndq.opdefs import PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import PER_TENSOR, Problem, TensorSpec, ValidationError
 
-from . import buffers, native, parallel
-from .dequantize_v2 import dequantize_v2, exact_zero_points, param_count, view
+from . import buffers, native, numpy_kernel
+from .geometry import param_count, view
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
-__all__ = ["dynamic_dequantize", "dequantize", "THREADS_ENV"]
-
-THREADS_ENV = "DYNDQ_NUM_THREADS"
+__all__ = ["dynamic_dequantize", "dynamic_dequantize_1", "THREADS_ENV"]
 
 _F32 = np.dtype(np.float32)
 
@@ -215,10 +197,6 @@ def dynamic_dequantize(
                    {"qtype": qtype, "axis": axis, "group_shape": group_shape}, out, threads)
 
 
-_FAST_SRC = (np.dtype(np.int8), np.dtype(np.uint8))
-_FAST_ZPS = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32))
-
-
 def _kernel(op, src, scales, zps, attrs, out, threads):
     qtype, axis = attrs["qtype"], attrs["axis"]
     key = _signature(op, src, scales, zps, qtype, axis, attrs.get("group_shape"))
@@ -230,38 +208,16 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
             _VALID[key] = plan
-    dst = plan.dst
     # the compiled kernel writes C-contiguous, aligned outputs of native byte order; NumPy the rest
-    if plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.flags.aligned
-                                                       and out.dtype.isnative)):
-        if out is None:
-            out = _output(src, dst)
-        if plan.count_p == 1 and src.size <= T.small:  # one scale, one thread: the lean entry
-            return native.dequantize_one(src, scales, zps, out)
-        return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
-    if not (qtype != PER_GROUP and dst == _F32 and src.dtype in _FAST_SRC
-            and (zps is None or zps.dtype in _FAST_ZPS)):
-        if out is None:
-            out = _output(src, dst)
-        return dequantize_v2(src, scales, zps, qtype, axis, attrs.get("group_shape"), out, threads)
-    if qtype == PER_TENSOR and src.size <= T.small and (zps is None or zps.dtype.itemsize == 1):
-        scale = scales.item()
-        if -1e30 < scale < 1e30:  # finite, and the product cannot overflow: no FP flags to silence
-            # The one-shot path for small tensors.  Exact: float32(src) and the 8-bit zp are
-            # exact in float32, so is their difference (|d| < 2**9); the Python float holds the
-            # float32 scale exactly and NumPy converts it back to that float32.
-            if out is None:
-                out = src.astype(_F32)
-            else:
-                np.copyto(out, src)
-            if zps is not None:
-                np.subtract(out, zps.item(), out=out)
-            np.multiply(out, scale, out=out)
-            return out
+    compiled = plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.flags.aligned
+                                                               and out.dtype.isnative))
     if out is None:
-        out = _output(src, _F32)
-    dequantize(src, scales, zps, None if qtype == PER_TENSOR else axis % src.ndim, out, threads=threads)
-    return out
+        out = _output(src, plan.dst)
+    if not compiled:
+        return numpy_kernel.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads)
+    if plan.count_p == 1 and src.size <= T.small:  # one scale, one thread: the lean entry
+        return native.dequantize_one(src, scales, zps, out)
+    return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
 
 
 class _Plan(NamedTuple):
@@ -270,7 +226,7 @@ class _Plan(NamedTuple):
 
     dst: np.dtype  # T2, in native byte order
     compiled: bool  # whether the compiled kernel has these dtypes (kernels/native.py)
-    vshape: tuple  # src viewed so that the parameters broadcast (dequantize_v2.view)
+    vshape: tuple  # src viewed so that the parameters broadcast (geometry.view)
     varies: tuple
     count_p: int  # how many parameters that view has
 
@@ -278,7 +234,7 @@ class _Plan(NamedTuple):
     def of(cls, src, scales, qtype, axis, group_shape) -> "_Plan":
         dst = _native_order(scales.dtype)
         if qtype == PER_TENSOR or src.ndim == 0:
-            vshape, varies = (max(src.size, 1),), (False,)
+            vshape, varies = (max(src.size, 1),), (False,)  # one run
         else:
             vshape, varies = view(src.shape, qtype, axis, group_shape)
         return cls(dst, native.handles(src.dtype, dst), vshape, varies, param_count(vshape, varies))
@@ -314,190 +270,3 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
         and not np.may_share_memory(out, scales)
         and (zps is None or not np.may_share_memory(out, zps))
     )
-
-
-# -- the arithmetic, shared with onnx.reference's DequantizeLinear (dyndq.reference) ------------
-
-def dequantize(src: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int | None,
-               out: np.ndarray, *, threads: int | None = None) -> np.ndarray:
-    """out[...] = float32(int64(src) - int64(zp)) * scale, with no argument checks.
-
-    src: any integer array; scale: float32 with one element, or 1-D along `axis`;
-    zp: None or an integer array shaped like scale (or one element); axis: None
-    for per tensor, else a non-negative axis of src; out: float32, src's shape.
-    """
-    n = src.size
-    if n == 0:
-        return out
-    if scale.dtype != _F32 or scale.ndim != 1:
-        scale = np.asarray(scale, dtype=_F32).reshape(-1)  # native byte order, exact
-    if zp is not None:
-        if not zp.dtype.isnative:
-            zp = zp.astype(zp.dtype.newbyteorder("="))
-        zp = zp.reshape(-1)
-    mode, zval = _zp_mode(src, zp)
-    if axis is not None and scale.size == 1 and (zval is None or zval.size == 1):
-        axis = None  # one channel: the same arithmetic as per tensor
-    if n <= T.small:
-        if axis is None:
-            sc = scale.reshape(())
-            z = None if zval is None else zval.reshape(())
-            if mode != "f64" and -1e30 < float(sc) < 1e30:  # finite and no overflow: no FP flags
-                _block(src, out, sc, z, mode)
-                return out
-        else:
-            pshape = [1] * src.ndim
-            pshape[axis] = -1
-            sc = scale.reshape(pshape)
-            z = None if zval is None else zval.reshape(pshape) if zval.size > 1 else zval.reshape(())
-        with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-            _block(src, out, sc, z, mode)
-        return out
-    count, make, bufsize = _jobs(src, out, scale, zval, axis, max(1, T.chunk // 4) if mode == "f64" else T.chunk)
-    parallel.run(lambda a, b: _run_jobs(make, a, b, mode, bufsize), count, parallel.threads_for(n, count, threads))
-    return out
-
-
-def _zp_mode(src: np.ndarray, zp: np.ndarray | None):
-    """How to subtract the zero point exactly: (mode, zero points converted for it)."""
-    if zp is None:
-        return None, None
-    zval, mode = exact_zero_points(zp, src.dtype.itemsize)
-    return mode, zval
-
-
-def _jobs(src, out, scale, zval, axis, chunk):
-    """Cut the work into blocks of about `chunk` elements.
-
-    Returns (count, make, bufsize): make(i) gives block i as (src, out, scale, zp)
-    views, built only when it runs (no list of views held in memory); bufsize is the
-    ufunc buffer size the blocks' broadcasting needs (None: NumPy's default).
-
-    Contiguous arrays are handled as flat runs of memory so that every ufunc call is
-    a plain loop; other layouts go through NumPy's broadcasting, block by block."""
-    n = src.size
-    if not (src.flags.c_contiguous and out.flags.c_contiguous and out.dtype.isnative):
-        return _strided_jobs(src, out, scale, zval, axis, chunk)
-    s1, o1 = src.reshape(-1), out.reshape(-1)
-    if axis is None:
-        sc = scale.reshape(())
-        z = None if zval is None else zval.reshape(())
-        return -(-n // chunk), lambda i: (s1[i * chunk:(i + 1) * chunk], o1[i * chunk:(i + 1) * chunk], sc, z), None
-    shape = src.shape
-    C = shape[axis]
-    pre = math.prod(shape[:axis])
-    post = math.prod(shape[axis + 1:])
-    if zval is not None and zval.size == 1:
-        zval = np.broadcast_to(zval, (C,))
-    if post == 1 or C * post <= T.expand_max:
-        # every row of L = C * post elements has the same parameters: lay them out as a row
-        if post > 1:
-            scale = np.repeat(scale, post)
-            zval = None if zval is None else np.repeat(zval, post)
-        L = C * post
-        if L > chunk:  # long rows: segments of a row, with the matching segment of the params
-            per_row = -(-L // chunk)
-
-            def make(i):
-                r, c0 = divmod(i, per_row)
-                c0 *= chunk
-                c1 = min(c0 + chunk, L)
-                return (s1[r * L + c0:r * L + c1], o1[r * L + c0:r * L + c1], scale[c0:c1],
-                        None if zval is None else zval[c0:c1])
-
-            return pre * per_row, make, None
-        R = chunk // L
-        s2, o2 = s1.reshape(pre, L), o1.reshape(pre, L)
-        if L >= T.row_broadcast_min:
-            # rows long enough to broadcast the params over, with a buffer no longer than a row
-            sc, z = scale.reshape(1, L), None if zval is None else zval.reshape(1, L)
-            return -(-pre // R), lambda i: (s2[i * R:(i + 1) * R], o2[i * R:(i + 1) * R], sc, z), parallel.bufsize_for(L)
-        # short rows: the params tiled over R rows (at most T.tile_max elements), flat loops
-        R = max(1, min(chunk, T.tile_max) // L)
-        sc_t = np.tile(scale, R)
-        z_t = None if zval is None else np.tile(zval, R)
-
-        def make(i):
-            m = min(R, pre - i * R) * L
-            return s1[i * R * L:i * R * L + m], o1[i * R * L:i * R * L + m], sc_t[:m], None if z_t is None else z_t[:m]
-
-        return -(-pre // R), make, None
-    # rows of `post` elements, row i on channel i % C, one scale per row
-    rows = pre * C
-    s2, o2 = src.reshape(rows, post), out.reshape(rows, post)
-    if post >= chunk:
-        per_row = -(-post // chunk)
-
-        def make(i):
-            r, c0 = divmod(i, per_row)
-            c0 *= chunk
-            ch = r % C
-            return (s2[r, c0:c0 + chunk], o2[r, c0:c0 + chunk], scale[ch:ch + 1],
-                    None if zval is None else zval[ch:ch + 1])
-
-        return rows * per_row, make, None
-    R = max(1, chunk // post)
-
-    def make(i):
-        r0, r1 = i * R, min(i * R + R, rows)
-        ch = slice(r0, r1) if pre == 1 else np.arange(r0, r1) % C
-        return s2[r0:r1], o2[r0:r1], scale[ch].reshape(-1, 1), None if zval is None else zval[ch].reshape(-1, 1)
-
-    return -(-rows // R), make, parallel.bufsize_for(post)
-
-
-def _strided_jobs(src, out, scale, zval, axis, chunk):
-    """Blocks of any layout, with parameters shaped to broadcast along `axis`."""
-    r = src.ndim
-    if axis is None:
-        pshape = ()
-    else:
-        pshape = tuple(src.shape[axis] if i == axis else 1 for i in range(r))
-        if zval is not None and zval.size == 1:
-            zval = np.broadcast_to(zval, (src.shape[axis],))
-    sc = scale.reshape(pshape)
-    z = None if zval is None else zval.reshape(pshape)
-    if r == 0:
-        return 1, lambda i: (src, out, sc, z), None
-    blocks = parallel.blocks(src.shape, chunk)
-
-    def make(i):
-        idx = blocks[i]
-        pidx = _param_index(idx, pshape) if pshape else ()
-        return src[idx], out[idx], sc[pidx], None if z is None else z[pidx]
-
-    return len(blocks), make, None
-
-
-def _param_index(idx, pshape):
-    return tuple(
-        (0 if isinstance(i, int) else slice(None)) if p == 1 else i for i, p in zip(idx, pshape)
-    )
-
-
-def _run_jobs(make, start, stop, mode, bufsize):
-    """Blocks [start, stop) of a job cut by _jobs or _strided_jobs."""
-    old = None
-    if bufsize is not None:
-        old = np.getbufsize()
-        np.setbufsize(bufsize)
-    try:
-        with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-            for i in range(start, stop):
-                _block(*make(i), mode)
-    finally:
-        if old is not None:
-            np.setbufsize(old)
-
-
-def _block(s, o, scale, zval, mode):
-    # A plain cast first (no ufunc casting buffers), then float32 ufuncs in place,
-    # while the block is still in cache.
-    if mode == "f64":
-        np.copyto(o, np.subtract(s, zval, dtype=np.float64))  # exact; one rounding to float32
-    else:
-        np.copyto(o, s)
-        if mode == "f32":
-            np.subtract(o, zval, out=o)
-    np.multiply(o, scale, out=o)
-

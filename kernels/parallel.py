@@ -37,9 +37,6 @@ class Tuning:
     parallel_min: int = 1 << 18  # below this many elements, no thread pool
     narrow_chunk: int = 1 << 16  # elements per block with float16/bfloat16 output (more passes, in L2)
     small: int = 1 << 15  # up to this many elements: one shot, no blocks
-    tile_max: int = 1 << 15  # per-channel params tiled over short rows up to this many elements
-    expand_max: int = 1 << 14  # per-channel params repeated along a row up to this length
-    row_broadcast_min: int = 1024  # rows at least this long take broadcast params, not tiled ones
     cores: int | None = None  # None: the cores this process may run on (sched_getaffinity)
     # outputs of at least this many bytes are written past the cache (kernels/_native.c, emit)
     stream_min: int = 8 << 20

@@ -507,3 +507,12 @@ def needs_native() -> None:
     why = why_not_native()
     if why:
         pytest.skip(f"compiled-kernel tests skipped, the NumPy kernel is tested alone: {why}")
+
+
+def budget(path: str, full: int) -> int:
+    """A property test's number of examples on a kernel path (tests/kernels/conftest.py,
+    kernel_path): the full budget on the path that serves calls here (the compiled kernel at
+    this CPU's level where it runs, else the NumPy kernel), a tenth (at least 25) on the others,
+    which the same properties cover at the serving path's full budget."""
+    serving = "compiled" if why_not_native() is None else "numpy"
+    return full if path == serving else max(25, full // 10)

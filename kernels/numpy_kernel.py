@@ -1,0 +1,161 @@
+"""The NumPy kernel: every form of DynamicDequantize (both versions), blocked and threaded;
+the fallback where the compiled kernel is not built, and its twin everywhere.
+
+    out[...] = T2(float32(int64(src) - int64(zp)) * float32(scale))
+
+src is viewed so that every parameter broadcasts (geometry.view: per_group (d0, d1) with
+groups (g0, g1) as (d0/g0, g0, d1/g1, g1), parameters (d0/g0, 1, d1/g1, 1); per_channel as
+(pre, C, post); per_tensor as one run), and the view is cut into blocks that stay in cache
+through the cast, the subtraction, the multiply and the narrowing; the blocks are shared
+among threads (NumPy's loops release the GIL).  Tensors up to `TUNING.small` elements are
+one block on the calling thread.
+
+How it stays exact, with nothing larger than a block beyond the output:
+* float32(src) is exact for 4- and 8-bit src (ml_dtypes' int4/uint4 cast reads the low nibble
+  of each byte, sign-extended for int4); for wider integer src (DequantizeLinear-10's int32,
+  run by dyndq.reference) it rounds once, as the formula's one rounding does.
+* float16/bfloat16 scales are subsets of float32: converted exactly.
+* 4/8-bit src with zps of 4 or 8 bits, or int32 with |zp| <= 2**23: |src - zp| < 2**24, so
+  float32(src) - float32(zp) is exact.  Other zps: the difference in float64 (exact, |diff| <
+  2**53), rounded once to float32, as the int64 one would be.
+* One float32 multiply, then one rounding to T2 (kernels/narrowing.py).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from dyndq.opdefs import dtypes
+
+from . import narrowing, parallel
+from .geometry import param_index, param_shape
+from .parallel import TUNING as T
+
+__all__ = ["dequantize", "exact_zero_points"]
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 subtraction is exact for 4/8-bit src
+_NARROW = {"float32": None, "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def dequantize(src, scales, zps, vshape, varies, out, threads=None):
+    """Fill out (T2, src's shape) and return it: src viewed as vshape, the parameters varying
+    along the dims flagged in `varies` (geometry.view); arguments already judged valid."""
+    if src.size == 0:
+        return out
+    pshape = param_shape(vshape, varies)
+    sc = np.asarray(scales, dtype=_F32).reshape(pshape)  # native order, exact
+    z, mode = (None, None) if zps is None else exact_zero_points(
+        zps.reshape(()) if zps.size == 1 else zps.reshape(pshape), src.dtype.itemsize)
+    src = np.ascontiguousarray(src)  # a copy only for other layouts: a byte an element
+    sv = src.reshape(vshape)
+    target = out if out.flags.c_contiguous and out.dtype.isnative else np.empty(src.shape, out.dtype.newbyteorder("="))
+    ov = target.reshape(vshape)
+    narrow = _NARROW[target.dtype.name]
+    # finite scales times integers below 2**33 are finite in float32: no NaN to look for
+    may_hold_nan = narrow is not None and not bool(np.isfinite(sc).all())
+    normal_or_zero = narrow == "float16" and not may_hold_nan and _products_normal_or_zero(src.dtype, sc, z)
+    # parameters broadcast along the rows: NumPy's buffer no longer than a row keeps each
+    # inner loop a plain 1-D loop (parallel.bufsize_for)
+    bufsize = parallel.bufsize_for(vshape[-1]) if any(varies) else None
+    args = mode, narrow, may_hold_nan, normal_or_zero
+    if src.size <= T.small:
+        with _buffer(bufsize), np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+            _block(sv, ov, sc, z, _scratch(src.size if narrow else 0), *args)
+    else:
+        chunk = T.chunk if narrow is None else T.narrow_chunk
+        if mode == "f64":
+            chunk = max(1, chunk // 2)
+        blocks = parallel.blocks(vshape, chunk)
+
+        def work(start, stop):
+            scratch = _scratch(chunk if narrow else 0)
+            with _buffer(bufsize), np.errstate(all="ignore"):
+                for idx in blocks[start:stop]:
+                    pidx = param_index(idx, varies)
+                    _block(sv[idx], ov[idx], sc[pidx], z if z is None or z.ndim == 0 else z[pidx], scratch, *args)
+
+        parallel.run(work, len(blocks), parallel.threads_for(src.size, len(blocks), threads))
+    if target is not out:
+        np.copyto(out, target)
+    return out
+
+
+def _block(s, o, sc, z, scratch, mode, narrow, may_hold_nan, normal_or_zero):
+    # A plain cast first (no ufunc casting buffers), then float32 ufuncs in place, while the
+    # block is still in cache.
+    t = o if narrow is None else scratch.f32[: s.size].reshape(s.shape)  # float32 output: in place
+    if mode == "f64":
+        np.copyto(t, np.subtract(s, z, dtype=_F64), casting="same_kind")  # exact; one rounding
+    else:
+        np.copyto(t, s, casting="unsafe")  # exact for 4/8-bit src; one rounding for wider ones
+        if z is not None:
+            np.subtract(t, z, out=t)
+    np.multiply(t, sc, out=t)
+    if narrow == "float16":
+        narrowing.to_float16(t, o, scratch.u32, may_hold_nan=may_hold_nan, normal_or_zero=normal_or_zero)
+    elif narrow == "bfloat16":
+        narrowing.to_bfloat16(t, o)
+
+
+def exact_zero_points(z: np.ndarray, src_itemsize: int = 1) -> tuple[np.ndarray, str]:
+    """The zero points converted for an exact subtraction, and in what: "f32" when src is of
+    4 or 8 bits and every |zp| <= 2**23 (then |src - zp| < 2**24, exact in float32), else "f64"
+    (exact, |diff| < 2**53, rounded once to float32 afterwards)."""
+    small = z.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _F32_EXACT_ZP
+    if src_itemsize == 1 and small:
+        return z.astype(_F32), "f32"
+    return z.astype(_F64), "f64"
+
+
+_F16_MIN_NORMAL = 2.0**-14
+_F16_MAX = 65504.0
+
+
+def _products_normal_or_zero(src_dtype, sc, z) -> bool:
+    """Whether every product float32(src - zp) * scale is +-0 or a normal float16 in magnitude
+    (then the float16 rounding skips its clamps): |src - zp| is 0 or at least 1, so nonzero
+    scales of at least 2**-14 keep nonzero products normal, and the largest |scale| times
+    the largest |src - zp| bounds them from above. Finite scales assumed."""
+    lo, hi = dtypes.integer_range(src_dtype)
+    z_lo, z_hi = (0.0, 0.0) if z is None or z.size == 0 else (float(z.min()), float(z.max()))
+    d_max = max(abs(lo - z_hi), abs(hi - z_lo))
+    a = np.abs(sc)  # the parameters' size (no copy of its nonzero part: a masked min instead)
+    smallest = float(np.min(a, where=a != 0, initial=np.inf))
+    return (smallest == np.inf or smallest >= _F16_MIN_NORMAL) and float(a.max()) * d_max <= _F16_MAX
+
+
+class _buffer:
+    """NumPy's ufunc buffer size set for a while (None: left as it is)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __enter__(self):
+        if self.size is not None:
+            self.old = np.setbufsize(self.size)
+
+    def __exit__(self, *exc):
+        if self.size is not None:
+            np.setbufsize(self.old)
+
+
+class _Scratch:
+    """Per-thread block buffers: a float32 block and the narrowing's uint32 scratch."""
+
+    def __init__(self, n):
+        self.n = n
+        self.f32 = np.empty(n, _F32)
+        self.u32 = np.empty(2 * n, np.uint32)
+
+
+_local = threading.local()
+
+
+def _scratch(n) -> _Scratch:
+    s = getattr(_local, "scratch", None)
+    if s is None or s.n < n:
+        s = _local.scratch = _Scratch(n)
+    return s
