@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 
+import ml_dtypes
 import numpy as np
 
 from dyndq.opdefs import dtypes
@@ -37,50 +38,101 @@ __all__ = ["dequantize", "exact_zero_points"]
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 subtraction is exact for 4/8-bit src
-_NARROW = {"float32": None, "float16": "float16", "bfloat16": "bfloat16"}
+# T2 -> the rounding after the float32 product (by dtype: a dtype's name costs a microsecond)
+_NARROW = {np.dtype(np.float32): None, np.dtype(np.float16): "float16", np.dtype(ml_dtypes.bfloat16): "bfloat16"}
 
 
 def dequantize(src, scales, zps, vshape, varies, out, threads=None):
     """Fill out (T2, src's shape) and return it: src viewed as vshape, the parameters varying
     along the dims flagged in `varies` (geometry.view); arguments already judged valid."""
-    if src.size == 0:
+    n = src.size
+    if n == 0:
+        return out
+    if n <= T.small and not any(varies) and _one_shot(src, scales, zps, out):
         return out
     pshape = param_shape(vshape, varies)
     sc = np.asarray(scales, dtype=_F32).reshape(pshape)  # native order, exact
     z, mode = (None, None) if zps is None else exact_zero_points(
         zps.reshape(()) if zps.size == 1 else zps.reshape(pshape), src.dtype.itemsize)
     src = np.ascontiguousarray(src)  # a copy only for other layouts: a byte an element
-    sv = src.reshape(vshape)
     target = out if out.flags.c_contiguous and out.dtype.isnative else np.empty(src.shape, out.dtype.newbyteorder("="))
-    ov = target.reshape(vshape)
-    narrow = _NARROW[target.dtype.name]
+    narrow = _NARROW[target.dtype]
     # finite scales times integers below 2**33 are finite in float32: no NaN to look for
     may_hold_nan = narrow is not None and not bool(np.isfinite(sc).all())
     normal_or_zero = narrow == "float16" and not may_hold_nan and _products_normal_or_zero(src.dtype, sc, z)
-    # parameters broadcast along the rows: NumPy's buffer no longer than a row keeps each
-    # inner loop a plain 1-D loop (parallel.bufsize_for)
-    bufsize = parallel.bufsize_for(vshape[-1]) if any(varies) else None
     args = mode, narrow, may_hold_nan, normal_or_zero
-    if src.size <= T.small:
-        with _buffer(bufsize), np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
-            _block(sv, ov, sc, z, _scratch(src.size if narrow else 0), *args)
+    sv, ov = src.reshape(vshape), target.reshape(vshape)
+    if n <= T.small:  # one block on the calling thread, the parameters broadcast
+        with np.errstate(all="ignore"):  # NaN and Inf follow IEEE arithmetic, silently
+            _block(sv, ov, sc, z, _scratch(n if narrow else 0), *args)
     else:
         chunk = T.chunk if narrow is None else T.narrow_chunk
         if mode == "f64":
             chunk = max(1, chunk // 2)
-        blocks = parallel.blocks(vshape, chunk)
+        count, block, bufsize = _jobs(sv, ov, sc, z, varies, chunk)
 
         def work(start, stop):
             scratch = _scratch(chunk if narrow else 0)
             with _buffer(bufsize), np.errstate(all="ignore"):
-                for idx in blocks[start:stop]:
-                    pidx = param_index(idx, varies)
-                    _block(sv[idx], ov[idx], sc[pidx], z if z is None or z.ndim == 0 else z[pidx], scratch, *args)
+                for i in range(start, stop):
+                    _block(*block(i), scratch, *args)
 
-        parallel.run(work, len(blocks), parallel.threads_for(src.size, len(blocks), threads))
+        parallel.run(work, count, parallel.threads_for(n, count, threads))
     if target is not out:
         np.copyto(out, target)
     return out
+
+
+def _one_shot(src, scales, zps, out) -> bool:
+    """A small tensor with one scale, float32 out and an 8-bit (or no) zero point, in three NumPy
+    calls (a tiny call's cost is its overhead); False where these do not hold.  Exact: float32(src)
+    and the zero point are exact in float32, so is their difference (|d| < 2**9); the Python float
+    holds the float32 scale exactly and NumPy converts it back to that float32."""
+    if not (out.dtype == _F32 and src.dtype.itemsize == 1 and (zps is None or zps.dtype.itemsize == 1)):
+        return False
+    scale = float(scales.reshape(-1)[0])
+    if not -1e30 < scale < 1e30:  # not finite, or the product could overflow: the blocks, under errstate
+        return False
+    np.copyto(out, src, casting="unsafe")
+    if zps is not None:
+        np.subtract(out, int(zps.reshape(-1)[0]), out=out)
+    np.multiply(out, scale, out=out)
+    return True
+
+
+_TILE_ROWS_BELOW = 1024  # rows this short sharing their parameters: the parameters tiled over flat runs
+_TILE = 1 << 15  # elements of such a run
+
+
+def _jobs(sv, ov, sc, z, varies, chunk):
+    """The work cut into blocks: (count, block(i) -> (src, out, scale, zp) of block i, NumPy's
+    ufunc buffer size for them (None: its default)).
+
+    Short rows that share their parameters (per channel on the last axis: the view (rows, C),
+    parameters varying along C only) are done as flat runs of whole rows with the parameters
+    tiled to match: NumPy's broadcasting would loop over each short row.  Otherwise blocks of the
+    view, with the parameters' part of each (geometry.param_index); where parameters broadcast
+    along rows, NumPy's buffer no longer than a row keeps each inner loop a plain 1-D loop."""
+    if varies == (False, True) and sv.shape[1] < _TILE_ROWS_BELOW:
+        rows, L = sv.shape
+        R = min(rows, max(1, min(chunk, _TILE) // L))
+        sc_t = np.tile(sc.reshape(-1), R)
+        z_t = z if z is None or z.ndim == 0 else np.tile(z.reshape(-1), R)
+        s1, o1 = sv.reshape(-1), ov.reshape(-1)
+
+        def tiled(i):
+            a, m = i * R * L, min(R, rows - i * R) * L
+            return s1[a:a + m], o1[a:a + m], sc_t[:m], z_t if z_t is None or z_t.ndim == 0 else z_t[:m]
+
+        return -(-rows // R), tiled, None
+    blocks = parallel.blocks(sv.shape, chunk)
+
+    def block(i):
+        idx = blocks[i]
+        pidx = param_index(idx, varies)
+        return sv[idx], ov[idx], sc[pidx], z if z is None or z.ndim == 0 else z[pidx]
+
+    return len(blocks), block, parallel.bufsize_for(sv.shape[-1]) if any(varies) else None
 
 
 def _block(s, o, sc, z, scratch, mode, narrow, may_hold_nan, normal_or_zero):
