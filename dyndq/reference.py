@@ -21,9 +21,10 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
+from dyndq.graphs import op_version, with_nested
 from dyndq.kernels import numpy_kernel
 from dyndq.kernels.geometry import view
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version, resolve
+from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version
 
 __all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
@@ -39,11 +40,11 @@ class OurOp(OpRun):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        opsets = run_params.get("opsets") or {}
-        version = opsets.get(self.op_domain) or newest_domain_version(self.op_domain)
-        self.op_version = resolve(self.op_domain, self.op_type, version)
+        # the imports of the graph or function the node stands in; a lone node runs at the newest
+        opsets = {self.op_domain: newest_domain_version(self.op_domain), **(run_params.get("opsets") or {})}
+        self.op_version = op_version(onnx_node, opsets)
         if self.op_version is None:
-            raise ValidationError([Problem("opset_import", f"{self.op_domain!r} at version {version}",
+            raise ValidationError([Problem("opset_import", f"{self.op_domain!r} at version {opsets[self.op_domain]}",
                                            f"a version at which {self.op_type} exists")])
 
     def _run(self, *inputs, **attributes):
@@ -184,8 +185,6 @@ def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
     ReferenceEvaluator builds functions in the order the model lists them, each knowing only
     the ones before it, so a function that calls one listed after it fails ("Node type 'Inner'
     ... is unknown"), while ONNX itself (and ONNX Runtime) accept any order."""
-    from dyndq.graphs import with_nested
-
     functions = {(f.domain, f.name): f for f in model.functions}
     callees = {
         key: {(n.domain, n.op_type) for node in f.node for n in with_nested(node)} & functions.keys()
