@@ -256,7 +256,9 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 #   per_group scales that may hold one element at run time, unknown dtypes): Cast src and zps to
 #   int64, Sub, Cast to float32, Mul by the float32 scales, Cast to T2.  The int64 subtraction
 #   is exact (never int32: full-range int32 zero points overflow; never float16/bfloat16);
-#   broadcasting is done by Reshape/Gather of the float32 scales and int64 zps only.
+#   broadcasting is done by Reshape/Gather of the float32 scales and int64 zps only.  Where
+#   the dtype of scales is not known (inside a model-local function) the product is CastLike'd
+#   to it, its NaNs made 0x7E00 first when that dtype turns out float16 at run time.
 
 
 INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
@@ -400,7 +402,7 @@ def dynamic_dequantize_2(
     x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
     y = ctx.op("Mul", x, scale, hint="dst" if t == "float32" else "dst_float")
     if t is None:  # inside a function: dst takes the dtype of scales, whatever it is
-        return ctx.op("CastLike", y, scales, hint="dst")
+        return ctx.op("CastLike", _quiet_nans_if_float16(ctx, y, scales), scales, hint="dst")
     if t != "float32":
         return _narrow(ctx, y, t)
     return y
@@ -415,6 +417,20 @@ def _narrow(ctx: LoweringContext, y: str, t: str) -> str:
         nan = ctx.const(np.array(np.nan, np.float32), "quiet_nan")
         y = ctx.op("Where", ctx.op("IsNaN", y, hint="is_nan"), nan, y, hint="dst_quiet_nan")
     return ctx.op("Cast", y, to=dtypes.by_name(t).onnx, hint="dst")
+
+
+def _quiet_nans_if_float16(ctx: LoweringContext, y: str, scales: str) -> str:
+    """`_narrow`'s canonical NaN where dst's dtype is known only at run time (inside a
+    model-local function, one lowering serves every call, whatever the dtype of scales): the
+    NaNs of the float32 product are made the one quiet NaN exactly when scales are float16,
+    and float32 and bfloat16 NaNs are left as the kernel leaves them.  2**16 is finite in
+    float32 and bfloat16 and rounds to infinity in float16 (largest finite 65504), so
+    IsInf(Cast(CastLike(2**16, scales), float32)) is true exactly for float16 scales."""
+    big = ctx.op("CastLike", ctx.const(np.array(2.0**16, np.float32), "two_to_16"), scales, hint="two_to_16_as_dst")
+    is_float16 = ctx.op("IsInf", ctx.op("Cast", big, to=TensorProto.FLOAT, hint="two_to_16_back"), hint="dst_is_float16")
+    quiet = ctx.op("And", ctx.op("IsNaN", y, hint="is_nan"), is_float16, hint="nan_to_quiet")
+    nan = ctx.const(np.array(np.nan, np.float32), "quiet_nan")
+    return ctx.op("Where", quiet, nan, y, hint="dst_quiet_nan")
 
 
 def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):

@@ -23,7 +23,6 @@ from dyndq.opdefs import (
     newest_domain_version,
     ops_of,
     qualname,
-    resolve,
     versions_of,
 )
 from dyndq.schema import MARK
@@ -38,7 +37,7 @@ def check_node(site: Site, all_types: ValueTypes) -> list[Problem]:
     if node.domain not in domains():
         return []
     where = dict(op=qualname(node.domain, node.op_type), node=node.name, node_index=site.index, graph=site.graph)
-    op, problems = _resolve(node, site.opsets)
+    op, problems = _resolve(site)
     if op is None:
         return [p.at(**where) for p in problems]
     problems += _arity(op, node)
@@ -78,7 +77,9 @@ def input_specs(op: OpVersion, node: onnx.NodeProto, spec_of) -> list[TensorSpec
     ]
 
 
-def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
+def _resolve(site: Site) -> tuple[OpVersion | None, list[Problem]]:
+    """The op version the node resolves to where it stands (`Site.op`), or why there is none."""
+    node, opsets = site.node, site.opsets
     if not versions_of(node.domain, node.op_type):
         ops = ops_of(node.domain)
         return None, [Problem("op_type", repr(node.op_type), f"an op of domain {node.domain!r}: {', '.join(ops)}")]
@@ -88,7 +89,7 @@ def _resolve(node, opsets) -> tuple[OpVersion | None, list[Problem]]:
     if node.domain not in opsets:
         return None, [Problem("opset_import", f"no opset import for domain {node.domain!r}", allowed)]
     version = opsets[node.domain]
-    op = resolve(node.domain, node.op_type, version)
+    op = site.op
     if op is None or version > newest:
         return None, [Problem("opset_import", f"{node.domain!r} at version {version}", allowed)]
     return op, []

@@ -79,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a model on .npy inputs",
                        description="Run MODEL's graph. Outputs are saved as OUTPUT_NAME.npy in --output-dir, "
-                                   "or described (shape, dtype, summary) when no folder is given.")
+                                   "or described (shape, dtype, summary) when no folder is given. An output that "
+                                   "does not fit the type the graph declares for it (dtype, rank, a fixed dimension) "
+                                   "is not shown: exit 1, naming it.")
     r.add_argument("model", metavar="MODEL")
     r.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
                    help="a graph input and the .npy file holding it (repeat for each input)")
@@ -333,7 +335,7 @@ def cmd_run(args) -> int:
     import dataclasses
 
     import dyndq
-    from dyndq.runner import FeedError, runner
+    from dyndq.runner import FeedError, OutputError, runner
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
@@ -355,6 +357,10 @@ def cmd_run(args) -> int:
         if len(e.problems) == 1:
             raise UsageError(f"{args.model}: input {e.problems[0]}") from None
         raise UsageError(problem_list(f"{args.model}: the inputs", e.problems, item="input ")) from None
+    except OutputError as e:  # what the engine gave does not fit the declared outputs: no result is shown
+        _err(problem_list(f"{args.model}: the {args.engine} engine gave outputs that do not fit their declared types",
+                          e.problems, item="output "))
+        return PROBLEMS
     except dyndq.ValidationError as e:  # a node refused what it was given while running
         where = [f"node {p.node!r} ({p.op}): " if p.node else f"({p.op}): " if p.op else "" for p in e.problems]
         lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]

@@ -21,9 +21,10 @@ from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values
-from dyndq.function_attrs import inline_referring_functions
-from dyndq.graphs import ai_onnx_version, all_names, function_path, graphs, subgraph_path, subgraphs, walk, with_nested
-from dyndq.opdefs import Needs, OpVersion, ValidationError, domains, resolve
+from dyndq.function_attrs import functions_with_references, inline_referring_functions
+from dyndq.graphs import (ai_onnx_version, all_names, function_path, graphs, op_version, scope_opsets, subgraph_path,
+                          subgraphs, walk, with_nested)
+from dyndq.opdefs import Needs, OpVersion, ValidationError, domains
 
 # Model-local functions need at least this IR version.
 _FUNCTIONS_IR = 8
@@ -95,7 +96,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    out = inline_referring_functions(out)  # a node taking attributes by reference is lowered per call
+    out = _inlined(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(ir_version_before=model.ir_version)
     current = ai_onnx_version(out.opset_import)
     report.opset_before = current
@@ -112,16 +113,14 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if report.converted:
         types = value_types(out)
 
-    opsets = {o.domain: o.version for o in out.opset_import}
-    _lower_graph(out.graph, "main", opsets, target, names, types.specs_at, report)
+    _lower_graph(out.graph, "main", scope_opsets(out.opset_import), target, names, types.specs_at, report)
     for k, f in enumerate(out.functions):
         if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
             f = out.functions[k]
-        f_opsets = {o.domain: o.version for o in f.opset_import}
         path = function_path(f)
         before = len(report.lowered)
-        new = _lower_nodes(list(f.node), path, f_opsets, target, names, types.specs_at, report)
+        new = _lower_nodes(list(f.node), path, scope_opsets(f.opset_import), target, names, types.specs_at, report)
         del f.node[:]
         f.node.extend(new)
         if len(report.lowered) > before:
@@ -144,14 +143,19 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     return out, report
 
 
+def _inlined(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`inline_referring_functions`, onnx.inliner's refusal told as an ExportError."""
+    try:
+        return inline_referring_functions(model)
+    except RuntimeError as e:  # e.g. a function importing ai.onnx at another version than the model
+        referring = ", ".join(f"{d}::{n}" for d, n in functions_with_references(model))
+        raise ExportError(
+            f"onnx.inliner could not inline the model-local functions whose nodes take attributes by "
+            f"reference ({referring}): {e} (it needs the model and its functions to import each domain "
+            f"at one version)") from e
+
+
 # -- opsets -------------------------------------------------------------------------------------
-
-def _op_of(node: onnx.NodeProto, opsets) -> OpVersion | None:
-    """The op version a node of a registered domain resolves to (check has judged it)."""
-    if node.domain not in domains():
-        return None
-    return resolve(node.domain, node.op_type, opsets.get(node.domain, 0))
-
 
 def _attrs(op: OpVersion, node: onnx.NodeProto) -> dict:
     """The node's attributes as the op's parts take them: the version's defaults, then the node's own."""
@@ -163,7 +167,7 @@ def _attrs(op: OpVersion, node: onnx.NodeProto) -> dict:
 def _needs(site, types) -> Needs:
     """What the node's lowering needs, asked of its op version, with the types its graph
     sees (inside a function none: TensorSpec(None, None) for every present input)."""
-    op = _op_of(site.node, site.opsets)
+    op = site.op
     return op.lowering_needs(*input_specs(op, site.node, types.specs_at(site.graph)), **_attrs(op, site.node))
 
 
@@ -325,7 +329,7 @@ def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx
     for i, node in enumerate(nodes):
         for label, g in subgraphs(node):
             _lower_graph(g, subgraph_path(path, node, i, label), opsets, target, names, specs, report)
-        op = _op_of(node, opsets)
+        op = op_version(node, opsets)
         if op is None:
             out.append(node)
             continue

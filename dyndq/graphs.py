@@ -3,7 +3,9 @@ depth, and of every model-local function, with a readable path to its graph.
 
 One walker serves check, export, lift and the CLI, so that they agree on what
 "every node" means and on how a place in the model is named in messages:
-"main", "main/branch.then_branch", "function local::Deq".
+"main", "main/branch.then_branch", "function local::Deq".  A node of ours is resolved
+(`op_version`) by the opset imports of the scope it stands in: the model's for the main
+graph and its bodies, a function's own for its nodes, as ONNX resolves them.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Iterator
 
 import onnx
 from onnx import AttributeProto
+
+from dyndq.opdefs import OpVersion, domains, resolve
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,28 @@ class Site:
     opsets: dict[str, int]
     in_function: bool = False
     scope: str = "main"  # the top graph it stands in: "main", or the function's path "function dom::Name"
+
+    @property
+    def op(self) -> OpVersion | None:
+        """The op version of ours the node resolves to where it stands (None: not ours, or its
+        scope imports no version at which its op exists)."""
+        return op_version(self.node, self.opsets)
+
+
+def scope_opsets(imports) -> dict[str, int]:
+    """{domain: version} of a scope's opset imports (a model's or a function's)."""
+    return {o.domain: o.version for o in imports}
+
+
+def op_version(node: onnx.NodeProto, opsets: dict[str, int]) -> OpVersion | None:
+    """The op version of ours a node resolves to under the opset imports of its scope: the
+    largest not above the version its scope imports, as ONNX resolves schemas.  The one
+    lookup check, export, lift and run share (a scope without an import of the node's domain
+    resolves nothing: the node is judged or lowered where it stands, never by another
+    scope's imports)."""
+    if node.domain not in domains() or node.domain not in opsets:
+        return None
+    return resolve(node.domain, node.op_type, opsets[node.domain])
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
@@ -58,12 +84,16 @@ def with_nested(node: onnx.NodeProto) -> list[onnx.NodeProto]:
 def walk(model: onnx.ModelProto) -> Iterator[Site]:
     """Every node of the model: main graph and nested graphs (depth first, each node before
     its bodies), then each function. The protos are the model's own: editing them edits it."""
-    opsets = {o.domain: o.version for o in model.opset_import}
-    yield from _walk_nodes(model.graph.node, "main", opsets, False, "main")
+    yield from _walk_nodes(model.graph.node, "main", scope_opsets(model.opset_import), False, "main")
     for f in model.functions:
-        f_opsets = {o.domain: o.version for o in f.opset_import}
-        path = function_path(f)
-        yield from _walk_nodes(f.node, path, f_opsets, True, path)
+        yield from function_sites(f)
+
+
+def function_sites(f: onnx.FunctionProto, path: str | None = None) -> Iterator[Site]:
+    """Every node of a model-local function (its bodies included), with the function's own
+    opset imports; `path` names the function in messages (its `function_path` by default)."""
+    path = path or function_path(f)
+    yield from _walk_nodes(f.node, path, scope_opsets(f.opset_import), True, function_path(f))
 
 
 def function_path(f: onnx.FunctionProto) -> str:

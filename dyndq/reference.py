@@ -21,9 +21,10 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
+from dyndq.graphs import op_version, with_nested
 from dyndq.kernels import numpy_kernel
 from dyndq.kernels.geometry import view
-from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version, resolve
+from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version
 
 __all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
 
@@ -39,11 +40,11 @@ class OurOp(OpRun):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        opsets = run_params.get("opsets") or {}
-        version = opsets.get(self.op_domain) or newest_domain_version(self.op_domain)
-        self.op_version = resolve(self.op_domain, self.op_type, version)
+        # the imports of the graph or function the node stands in; a lone node runs at the newest
+        opsets = {self.op_domain: newest_domain_version(self.op_domain), **(run_params.get("opsets") or {})}
+        self.op_version = op_version(onnx_node, opsets)
         if self.op_version is None:
-            raise ValidationError([Problem("opset_import", f"{self.op_domain!r} at version {version}",
+            raise ValidationError([Problem("opset_import", f"{self.op_domain!r} at version {opsets[self.op_domain]}",
                                            f"a version at which {self.op_type} exists")])
 
     def _run(self, *inputs, **attributes):
@@ -153,17 +154,90 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, opset: int = 
 
 
 class Loop(_OnnxLoop):
-    """ai.onnx Loop, with an omitted `cond` read as true, as the ONNX spec and ONNX Runtime
-    read it. onnx.reference (1.23) tests `while cond` on the None it gets for an omitted
-    input, so it runs such a loop zero times and returns the initial values: a wrong result
-    without an error, and one engine disagreeing with the other."""
+    """ai.onnx Loop as the ONNX spec says and ONNX Runtime runs it, written whole: onnx.reference's
+    (1.23) gives wrong results without an error.  It reads an omitted `cond` (None) as false, so
+    the loop runs zero times; it concatenates scan outputs along their first axis (np.vstack: a
+    [3, 2] value over 2 trips gives [6, 2]) where ONNX stacks them ([2, 3, 2]); it seeds outer
+    values over the loop-carried ones (a body input named like an outer value would read the
+    outer value); and with zero trips it fails on scan outputs.  Here zero trips give scan
+    outputs of shape [0, ...], their other dims as the body's output type gives them (0 where
+    unknown, [0] when the rank is), as ONNX Runtime gives them."""
 
     op_domain = ""
 
-    def _run(self, M, cond=None, *args, **kwargs):
-        if cond is None:
-            cond = np.array(True)
-        return super()._run(M, cond, *args, **kwargs)
+    def _run(self, M, cond=None, *initial, context=None, body=None, attributes=None, bindings=None):
+        names = self.body.input_names
+        trips = None if M is None else int(np.asarray(M).reshape(-1)[0])
+        go = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        carried = list(initial)
+        scans: list[list] = [[] for _ in range(self.K)]
+        it = 0
+        while go and (trips is None or it < trips):
+            feeds = dict(context or {})  # outer values first: the body's own inputs shadow them
+            feeds[names[0]] = np.array(it, np.int64)
+            feeds[names[1]] = np.array(go)
+            feeds.update(zip(names[2:], carried))
+            outputs = self._run_body(feeds, attributes=attributes, bindings=bindings)
+            go = bool(np.asarray(outputs[0]).reshape(-1)[0])
+            carried = list(outputs[1 : 1 + self.N])
+            for k in range(self.K):
+                scans[k].append(outputs[1 + self.N + k])
+            it += 1
+        return self._check_and_fix_outputs(tuple(carried + [self._stacked(k, v) for k, v in enumerate(scans)]))
+
+    def _scan_output(self, k: int) -> onnx.ValueInfoProto:
+        return _body(self.onnx_node).output[1 + self.N + k]
+
+    def _problem(self, k: int, found: str, allowed: str) -> ValidationError:
+        return ValidationError([Problem(f"scan output {self._scan_output(k).name!r}", found, allowed,
+                                        op="ai.onnx::Loop", node=self.onnx_node.name or None)])
+
+    def _stacked(self, k: int, values: list) -> np.ndarray:
+        """The k-th scan output: one value per trip, stacked along a new first axis."""
+        if not values:
+            return self._empty(k)
+        arrays = [np.asarray(v) for v in values]
+        for i, a in enumerate(arrays):
+            if a.shape != arrays[0].shape:
+                raise self._problem(k, f"shape {list(a.shape)} in iteration {i}",
+                                    f"shape {list(arrays[0].shape)}, as in iteration 0 (a scan output keeps one shape)")
+        return np.stack(arrays)
+
+    def _empty(self, k: int) -> np.ndarray:
+        tp = self._scan_output(k).type
+        tensor = tp.tensor_type if tp.WhichOneof("value") == "tensor_type" else None
+        if tensor is None or not tensor.elem_type:
+            raise self._problem(k, "zero iterations, and an element type neither declared nor inferred",
+                                "a scan output of known element type (its body output's type)")
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim] if tensor.HasField("shape") else []
+        return np.zeros([0] + dims, onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+
+
+def _body(loop: onnx.NodeProto) -> onnx.GraphProto | None:
+    return next((a.g for a in loop.attribute if a.name == "body"), None)
+
+
+def _loop_outputs_typed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or a copy whose Loop bodies' outputs carry the types ONNX infers for them,
+    when a Loop has scan outputs: a loop that runs zero times gives them the shape and element
+    type its body would have, which ONNX Runtime reads off its own inference.  (Model-local
+    functions have no types: a Loop there reads what its body declares.)"""
+    from dyndq.graphs import graphs
+    from dyndq.scopes import inferred_model
+
+    loops = [_body(n) for g in graphs(model.graph) for n in g.node if n.op_type == "Loop" and n.domain in ("", "ai.onnx")]
+    if not any(body is not None and len(body.output) > len(body.input) - 1 for body in loops):  # no scan output
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inferred = inferred_model(model)  # (nodes as they are: the walk below pairs them by position)
+    for mine, theirs in zip(graphs(out.graph), graphs(inferred.graph)):
+        for a, b in zip(mine.node, theirs.node):
+            if a.op_type == "Loop" and a.domain in ("", "ai.onnx") and _body(a) is not None:
+                for va, vb in zip(_body(a).output, _body(b).output):
+                    if vb.HasField("type"):
+                        va.type.CopyFrom(vb.type)
+    return out
 
 
 class DyndqReferenceEvaluator(ReferenceEvaluator):
@@ -174,7 +248,7 @@ class DyndqReferenceEvaluator(ReferenceEvaluator):
         ours = our_ops() + [DequantizeLinear, Loop]
         ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
         if isinstance(proto, onnx.ModelProto):
-            proto = _functions_in_call_order(proto)
+            proto = _loop_outputs_typed(_functions_in_call_order(proto))
         super().__init__(proto, *args, new_ops=ops, **kwargs)
 
 
@@ -184,8 +258,6 @@ def _functions_in_call_order(model: onnx.ModelProto) -> onnx.ModelProto:
     ReferenceEvaluator builds functions in the order the model lists them, each knowing only
     the ones before it, so a function that calls one listed after it fails ("Node type 'Inner'
     ... is unknown"), while ONNX itself (and ONNX Runtime) accept any order."""
-    from dyndq.graphs import with_nested
-
     functions = {(f.domain, f.name): f for f in model.functions}
     callees = {
         key: {(n.domain, n.op_type) for node in f.node for n in with_nested(node)} & functions.keys()

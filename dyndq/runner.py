@@ -40,6 +40,12 @@ class FeedError(ValidationError):
     or fixed dimension): told apart from a ValidationError that a node raises while running."""
 
 
+class OutputError(ValidationError):
+    """An engine gave an output that does not fit the type the graph declares for it (its
+    dtype, rank or a fixed dimension; a symbolic dimension takes any size): a wrong result
+    is refused, never returned."""
+
+
 class Runner:
     """One model made ready on one engine; call it with feeds."""
 
@@ -49,7 +55,8 @@ class Runner:
         self.engine = engine
         self.model = model
         self.inputs = _graph_inputs(model)
-        self.output_names = [o.name for o in model.graph.output]
+        self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
+        self.output_names = [name for name, _ in self.outputs]
         if engine == "reference":
             from dyndq.reference import reference_evaluator
 
@@ -100,8 +107,12 @@ class Runner:
         if self.engine == "onnxruntime":
             # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
             arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
-        results = self._run(arrays)
-        return {name: _output(value) for name, value in zip(self.output_names, results)}
+        results = {name: _output(value) for name, value in zip(self.output_names, self._run(arrays))}
+        problems = [problem for name, spec in self.outputs if spec is not None
+                    for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
+        if problems:
+            raise OutputError(problems)
+        return results
 
 
 def _output(value):
@@ -288,10 +299,14 @@ def clear_cache() -> None:
 def _graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
     """(name, spec or None for non-tensor types, required) of each graph input."""
     initializers = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
+    return [(vi.name, _declared(vi.type), vi.name not in initializers) for vi in model.graph.input]
+
+
+def _declared(tp: onnx.TypeProto) -> TensorSpec | None:
+    """The declared spec of a graph input or output: None for non-tensor types (and none)."""
     from dyndq.scopes import untyped_tensor
 
-    return [(vi.name, TensorSpec(None, None) if untyped_tensor(vi.type) else spec_of_type(vi.type), vi.name not in initializers)
-            for vi in model.graph.input]
+    return TensorSpec(None, None) if untyped_tensor(tp) else spec_of_type(tp)
 
 
 def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
@@ -311,7 +326,7 @@ def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
             arrays[name] = value
             continue
         array = _typed(_native(value), spec)
-        problem = _feed_problem(name, spec, array)
+        problem = _value_problem(name, spec, array, "graph input")
         if problem:
             problems.append(problem)
         arrays[name] = array
@@ -347,10 +362,16 @@ def _native(value) -> np.ndarray:
     return array
 
 
-def _feed_problem(name: str, spec: TensorSpec, array: np.ndarray) -> Problem | None:
+def _value_problem(name: str, spec: TensorSpec, array, role: str) -> Problem | None:
+    """How a feed or an engine's output does not fit the declared type of the graph input or
+    output `name` (`role`): its dtype, rank, or a fixed dimension; None when it fits."""
+    allowed = f"{_describe(spec)}, the type of {role} {name!r}"
+    if not isinstance(array, np.ndarray):  # an output: a sequence or no value where a tensor is declared
+        found = "no value" if array is None else f"a sequence of {len(array)} tensors"
+        return Problem(name, found, allowed)
     found = f"{article(array.dtype.name)} array of shape {list(array.shape)}"
-    allowed = f"{_describe(spec)}, the type of graph input {name!r}"
-    if spec.dtype is not None and array.dtype.name != spec.dtype:
+    strings = spec.dtype == "string" and array.dtype.kind in "OUS"  # (NumPy has no one string dtype)
+    if spec.dtype is not None and array.dtype.name != spec.dtype and not strings:
         return Problem(name, found, allowed)
     if spec.shape is not None:
         if array.ndim != len(spec.shape):

@@ -44,6 +44,15 @@ class ValueTypes:
 
 def value_types(model: onnx.ModelProto) -> ValueTypes:
     """The type of every value ONNX can infer, scope by scope."""
+    scopes: dict[str, ChainMap] = {}
+    _collect(inferred_model(model).graph, "main", ChainMap(), scopes)
+    return ValueTypes(scopes)
+
+
+def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model's light view with every type ONNX can infer written in (value_info, and the
+    outputs of If/Loop/Scan bodies), our ops judged leniently; the view as it is when ONNX
+    cannot infer the model at all."""
     from dyndq.schema import lenient_inference  # (schema imports this module: imported here)
 
     from dyndq.light import light_view
@@ -51,12 +60,9 @@ def value_types(model: onnx.ModelProto) -> ValueTypes:
     model = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's inference)
     try:
         with lenient_inference():
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            return onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # a model ONNX cannot even infer: judge what it declares
-        inferred = model
-    scopes: dict[str, ChainMap] = {}
-    _collect(inferred.graph, "main", ChainMap(), scopes)
-    return ValueTypes(scopes)
+        return model
 
 
 def _collect(graph: onnx.GraphProto, path: str, outer: ChainMap, scopes: dict) -> None:

@@ -17,6 +17,7 @@ from cases import oracle_2, same_bits, vi
 import dyndq
 from dyndq.build import ORT_MAX_OPSET
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_2_needs
+from dyndq.graphs import walk
 from dyndq.opdefs import TensorSpec
 from dyndq.runner import OrtBoundary
 
@@ -97,8 +98,14 @@ def forms(draw):
                 scales_as=draw(st.sampled_from(["input", "initializer"])),
                 zps_as=draw(st.sampled_from(["input", "initializer"])),
                 opset=draw(st.sampled_from([13, 19, 21, 23, ORT_MAX_OPSET])),
+                place=draw(st.sampled_from(PLACES)),
                 kind=draw(st.sampled_from(["normal", "pow2", "extreme"])),
                 seed=draw(st.integers(0, 2**32 - 1)))
+
+
+# Where the node stands: the main graph (every value typed), or a model-local function (nothing
+# typed: one lowering for every call), its attributes written on it or given by the call.
+PLACES = ["main", "function", "function, attributes by reference"]
 
 
 def arrays_of(p):
@@ -120,23 +127,46 @@ def model_of(p, src, scales, zps):
             inputs.append(vi(name, values[name].dtype, list(values[name].shape)))
             feeds[name] = values[name]
     node = dyndq.make_node(names, ["dst"], name="dq", version=2, **p["attrs"])
-    graph = helper.make_graph([node], "g", inputs, [vi("dst", p["t2"], list(src.shape))], initializer=inits)
     imports = [helper.make_opsetid("", p["opset"]), dyndq.opset_import(2)]
-    return helper.make_model(graph, opset_imports=imports, ir_version=10), feeds
+    functions = []
+    if p["place"] != "main":
+        node, functions = in_a_function(node, p["place"].endswith("by reference"), imports)
+        imports = imports + [helper.make_opsetid("local", 1)]
+    graph = helper.make_graph([node], "g", inputs, [vi("dst", p["t2"], list(src.shape))], initializer=inits)
+    return helper.make_model(graph, opset_imports=imports, functions=functions, ir_version=10), feeds
+
+
+def in_a_function(node, by_reference: bool, imports):
+    """(a call of local::Deq, [Deq]): Deq holds the node; with `by_reference` each of the
+    node's attributes is a reference to an attribute of Deq, which the call gives."""
+    body = onnx.NodeProto()
+    body.CopyFrom(node)
+    call = helper.make_node("Deq", list(node.input), list(node.output), domain="local", name="call")
+    if by_reference:
+        del body.attribute[:]
+        for a in node.attribute:
+            body.attribute.append(onnx.AttributeProto(name=a.name, type=a.type, ref_attr_name=a.name))
+            call.attribute.append(a)
+    f = helper.make_function("local", "Deq", list(node.input), list(node.output), [body], imports,
+                             attributes=[a.name for a in node.attribute] if by_reference else [])
+    return call, [f]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forms())
 def test_every_form_exports_and_runs_in_onnxruntime_bit_for_bit(p):
+    """Every form, in the main graph and inside a model-local function (where the lowering
+    cannot see dst's dtype), with normal, power-of-two and special scales (NaN, Inf,
+    subnormals): ONNX Runtime's bits are the kernel's and the oracle's (float16 NaNs 0x7E00)."""
     src, scales, zps = arrays_of(p)
     model, feeds = model_of(p, src, scales, zps)
     assert dyndq.check(model) == []
     before = model.SerializeToString()
     exported, report = dyndq.export_with_report(model)
-    event(f"{p['qtype']} {p['t2']} -> {report.lowered[0].form}")
+    event(f"{p['place']}: {p['qtype']} {p['t2']} -> {report.lowered[0].form}")
     assert model.SerializeToString() == before  # never mutated
     onnx.checker.check_model(exported, full_check=True)
-    assert not any(n.domain == dyndq.DOMAIN for n in exported.graph.node)
+    assert not any(site.node.domain == dyndq.DOMAIN for site in walk(exported))
     kwargs = dict(qtype=p["qtype"], axis=p["attrs"].get("axis", 1), group_shape=p["group_shape"])
     want = oracle_2(src, scales, zps, **kwargs)
     kernel = dyndq.dynamic_dequantize(src, scales, zps, **kwargs)
