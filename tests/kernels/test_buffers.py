@@ -141,3 +141,64 @@ def test_the_kernel_allocates_from_the_pool():
     f16 = dyndq.dynamic_dequantize(src, scales.astype(np.float16), qtype="per_channel", axis=1)
     assert same_bits(f16, oracle_2(src, scales.astype(np.float16), None, "per_channel", 1))
     buffers.POOL.free_all_blocks()
+
+
+def test_a_pickled_copy_is_its_own_and_the_buffer_comes_back(pool):
+    import pickle
+
+    a = pool.empty((64, 64), np.float32)
+    a.fill(3)
+    copy = pickle.loads(pickle.dumps(a))
+    del a
+    b = pool.empty((64, 64), np.float32)  # the buffer, back: the copy holds memory of its own
+    b.fill(7)
+    assert pool.hits == 1 and not np.shares_memory(b, copy) and (copy == 3).all()
+
+
+def test_np_asarray_of_a_result_keeps_it(pool):
+    a = pool.empty((64, 64), np.float32)
+    same = np.asarray(a)
+    del a
+    b = pool.empty((64, 64), np.float32)
+    assert not np.shares_memory(b, same) and pool.hits == 0
+
+
+def test_a_result_passed_back_as_out_is_held_while_anything_holds_it():
+    buffers.POOL.free_all_blocks()
+    src = np.zeros((512, 1024), np.uint8)  # 2 MiB float32 outputs: pooled
+    first = dyndq.dynamic_dequantize(src, np.ones(1, np.float32))
+    again = dyndq.dynamic_dequantize(src + 1, np.ones(1, np.float32), out=first)
+    assert again is first
+    del first
+    other = dyndq.dynamic_dequantize(src, np.ones(1, np.float32))
+    assert not np.shares_memory(other, again) and (again == 1).all()
+    where = addr(again)
+    del again
+    assert addr(dyndq.dynamic_dequantize(src, np.ones(1, np.float32))) == where
+    buffers.POOL.free_all_blocks()
+
+
+def test_ownership_decides_not_reference_counts(pool, monkeypatch):
+    """The pool never asks how many references a buffer has (CPython's counts change from one
+    version to another, and free-threaded builds defer them): an array in a reference cycle
+    keeps its buffer until the cycle collector frees the cycle."""
+    import gc
+    import sys
+
+    def no(*a):
+        raise AssertionError("the pool asked for a reference count")
+
+    monkeypatch.setattr(sys, "getrefcount", no)
+    gc.disable()
+    try:
+        a = pool.empty((64, 64), np.float32)
+        cycle = [a]
+        cycle.append(cycle)
+        del a, cycle
+        b = pool.empty((64, 64), np.float32)
+        assert pool.hits == 0  # still reachable from the uncollected cycle
+        del b
+        gc.collect()
+        assert pool.idle_bytes() == 2 * 64 * 64 * 4
+    finally:
+        gc.enable()
