@@ -8,10 +8,13 @@ size); MSVC gets /O2 and /fp:precise (which contracts nothing).  The vector vari
 compiled per function for their targets (kernels/_native_port.h), so no -m flag is needed.
 
 DYNDQ_NO_SIMD=1 in the environment builds the plain C variant alone (what a CPU of another
-family than x86-64 gets), for testing it.  (setup.py rather than pyproject's ext-modules
+family than x86-64 gets), for testing it.  DYNDQ_PREBUILT_NATIVE=PATH puts that compiled
+module in the build instead of compiling one (the packaging test builds a wheel so, from the
+module `make test` compiled once).  (setup.py rather than pyproject's ext-modules
 table, which setuptools still calls experimental, and cannot choose flags per compiler.)
 """
 import os
+import shutil
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -30,6 +33,14 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = flags + ext.extra_compile_args
         super().build_extensions()
+
+    def build_extension(self, ext):
+        prebuilt = os.environ.get("DYNDQ_PREBUILT_NATIVE")
+        if not prebuilt:
+            return super().build_extension(ext)
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(prebuilt, target)
 
 
 no_simd = os.environ.get("DYNDQ_NO_SIMD", "").lower() not in {"", "0", "off", "false", "no"}

@@ -16,6 +16,11 @@ if "cases" not in sys.modules:
     _spec.loader.exec_module(sys.modules["cases"])
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# No example database: it would be a folder in the source tree, where no test writes.
+settings.register_profile("dyndq", database=None)
+settings.load_profile("dyndq")
 
 from cases import REQUIRE_NATIVE_ENV, native_required, needs_native, why_not_native  # noqa: E402
 from dyndq.kernels import native  # noqa: E402
