@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import dyndq
 from dyndq.converters.onnx_types import elem_type, make_attribute
@@ -516,3 +516,51 @@ def budget(path: str, full: int) -> int:
     which the same properties cover at the serving path's full budget."""
     serving = "compiled" if why_not_native() is None else "numpy"
     return full if path == serving else max(25, full // 10)
+
+
+# -- small models the edge-case tests share (tests/dyndq/test_*_edge_cases.py) -----------------------
+
+def call(capsys, *argv):
+    """dyndq's CLI on argv (str()'d), through its real entry point: (exit code, stdout, stderr)."""
+    from dyndq.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def matmul_model() -> onnx.ModelProto:
+    """y = x @ DynamicDequantize(w, s): x float32[2, 3], w int8[3, 2]."""
+    node = dyndq.make_node(["w", "s"], ["wf"], name="dq")
+    g = helper.make_graph(
+        [node, helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.arange(6, dtype=np.int8).reshape(3, 2), "w"), numpy_helper.from_array(np.array([0.5], np.float32), "s")])
+    return dyndq.make_model(g)
+
+
+def dq_input_model() -> onnx.ModelProto:
+    """y = DynamicDequantize(w, s) with both as graph inputs of free shape."""
+    g = helper.make_graph(
+        [dyndq.make_node(["w", "s"], ["y"], name="dq")], "g",
+        [helper.make_tensor_value_info("w", onnx.TensorProto.INT8, [None, None]), helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, None])])
+    return dyndq.make_model(g)
+
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3)
+Y = X @ (np.arange(6, dtype=np.float32).reshape(3, 2) * np.float32(0.5))
+
+
+def sequence_model() -> onnx.ModelProto:
+    g = helper.make_graph(
+        [dyndq.make_node(["a", "s"], ["da"], name="dqa"), dyndq.make_node(["b", "s"], ["db"], name="dqb"),
+         helper.make_node("SequenceConstruct", ["da", "db"], ["seq"])], "g",
+        [helper.make_tensor_value_info("a", onnx.TensorProto.INT8, [2]), helper.make_tensor_value_info("b", onnx.TensorProto.INT8, [None])],
+        [helper.make_tensor_sequence_value_info("seq", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([0.5], np.float32), "s")])
+    return dyndq.make_model(g)
+
+
+A, B = np.array([1, 2], np.int8), np.array([3, 4, 5], np.int8)

@@ -1,7 +1,6 @@
 """dyndq.run: both engines, bit for bit; feed checking; the per-model cache."""
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import onnx
