@@ -227,6 +227,7 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     """Do the whole demo, print what was done to `stream` (stdout), and return the results."""
     import dyndq
     from dyndq.files import save_array, save_model
+    from dyndq.kernels import native
 
     out = stream or sys.stdout
 
@@ -240,6 +241,7 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
 
     say(f"dyndq demo: a weight-only int4 MLP, x[batch,{IN}] -> {HIDDEN} -> {HIDDEN2} -> {OUT} (seed {SEED})")
+    say(native.summary())  # which kernel runs, and why (kernels/native.py)
     say()
     say(f"graph {model.graph.name!r}: {len(model.graph.node)} nodes (opsets: {opsets}; IR {model.ir_version})")
     for node in model.graph.node:

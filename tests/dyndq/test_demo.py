@@ -162,6 +162,28 @@ def test_what_it_prints(demo):
     assert f"wrote {out / 'model.onnx'}" in text
 
 
+def test_its_second_line_names_the_kernel_and_why(demo):
+    from dyndq.kernels import native
+
+    line = demo[1].splitlines()[1]
+    assert line == native.summary()
+    if native.info()["kernel"] == "compiled":
+        assert line.startswith(f"kernel: compiled, {native.info()['entries']['dequantize']} variant")
+    else:
+        assert line.startswith("kernel: NumPy (the compiled kernel is ")
+
+
+@pytest.mark.parametrize("env,shown", [
+    ({"DYNDQ_NATIVE": "0"}, "kernel: NumPy (the compiled kernel is switched off"),
+    ({"DYNDQ_NATIVE_MODULE": "/nowhere/_native.so"}, "kernel: NumPy (the compiled kernel is not built ("),
+])
+def test_without_the_compiled_kernel_it_says_so(tmp_path, env, shown):
+    p = subprocess.run([sys.executable, "-m", "dyndq", "demo", "--out", "d"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, **env))
+    assert p.returncode == 0 and p.stdout.splitlines()[1].startswith(shown), p.stdout[:300]
+    assert "both engines agree bit for bit on every dequantized weight: yes" in p.stdout
+
+
 def test_a_weight_that_differs_is_reported_as_such(monkeypatch, tmp_path):
     """The agreement line is computed, not printed: a wrong bit in one engine's weight says NO."""
     import io
