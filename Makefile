@@ -1,5 +1,9 @@
 # `make demo` and `make test` work on a fresh clone with only python3 and make:
 # each creates .venv when missing and installs the package with its test extra.
+# The editable install is setuptools' "compat" mode: the clone's root on sys.path, so that
+# `import dyndq` finds the clone's dyndq/ from anywhere, its parent folder included, where
+# the default mode's import hook comes after Python's own search, which takes a clone named
+# dyndq for a namespace package (pypa/setuptools#3557).  dyndq/__init__.py maps the parts.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,7 +16,7 @@ $(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*
 		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)

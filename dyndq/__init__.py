@@ -9,7 +9,17 @@ The face is loaded lazily: `import dyndq.kernels` or `dyndq.shape_inference`
 needs NumPy (and ml_dtypes) only and never imports onnx; `dyndq.check`,
 `dyndq.export` and the other graph operations import their module on first use.
 """
+import os as _os
 from importlib import import_module, metadata
+
+# Imported from a clone rather than from an install (`python -m pytest` or a script in the
+# clone's root puts its dyndq/ folder, the face alone, ahead of what is installed), the parts
+# live beside this folder, not in it: the clone's root joins this package's path, so that
+# dyndq.opdefs, dyndq.kernels, ... are its opdefs/, kernels/, ... as an install maps them.
+if not _os.path.isdir(_os.path.join(__path__[0], "opdefs")):
+    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    if _os.path.isfile(_os.path.join(_root, "opdefs", "__init__.py")):
+        __path__.append(_root)
 
 from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, Problem, TensorSpec, ValidationError
 
