@@ -63,9 +63,9 @@ class BufferPool:
             return np.empty(shape, dtype)
         with self._lock:
             self._take_back()
-            block = next((b for b in self._idle if b.nbytes == nbytes), None)
-            if block is not None:
-                self._idle.remove(block)
+            i = next((i for i, b in enumerate(self._idle) if b.nbytes == nbytes), None)
+            if i is not None:  # (by position: list.remove would compare arrays element by element)
+                block = self._idle.pop(i)
                 self.hits += 1
             else:
                 self._trim(self.limit - nbytes)

@@ -43,18 +43,22 @@ MODULE_ENV = "DYNDQ_NATIVE_MODULE"
 
 def _load():
     """The compiled module, or None and why not."""
+    name = __name__.rsplit(".", 1)[0] + "._native"
     path = os.environ.get(MODULE_ENV)
     try:
         if path:
-            loader = importlib.machinery.ExtensionFileLoader("dyndq.kernels._native", path)
-            spec = importlib.util.spec_from_file_location("dyndq.kernels._native", path, loader=loader)
-            module = importlib.util.module_from_spec(spec)
-            loader.exec_module(module)
-            return module, None
-        from . import _native as module
+            loader = importlib.machinery.ExtensionFileLoader(name, path)
+            spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+        else:
+            spec = importlib.util.find_spec(name)
+            if spec is None:  # no C compiler when dyndq was installed: the NumPy kernel serves
+                return None, f"not built (no compiled module in {os.path.dirname(__file__)}: was a C compiler " \
+                             "found when dyndq was installed?)"
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         return module, None
-    except ImportError as e:  # not built (no C compiler at install): the NumPy kernel serves
-        return None, f"not built ({e}); a C compiler at install time builds it"
+    except ImportError as e:  # there, but it does not load
+        return None, f"not loadable ({e})"
 
 
 _native, _why_not = _load()

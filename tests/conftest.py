@@ -36,6 +36,28 @@ def pytest_sessionstart(session):
         pytest.exit(f"{REQUIRE_NATIVE_ENV}=1, but {why}", returncode=1)
 
 
+_NOT_RUN: list = []  # compiled-kernel tests left out, and why
+
+
+def pytest_collection_modifyitems(config, items):
+    """Where the compiled kernel cannot run, its tests (marked `native`, or on kernel_path's
+    compiled paths) are left out here, and one line of the summary says how many and why."""
+    why = why_not_native()
+    if not why:
+        return
+    out = [item for item in items if item.get_closest_marker("native") is not None]
+    if out:
+        items[:] = [item for item in items if item.get_closest_marker("native") is None]
+        config.hook.pytest_deselected(items=out)
+        _NOT_RUN[:] = [len(out), why]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _NOT_RUN:
+        count, why = _NOT_RUN
+        terminalreporter.write_line(f"compiled-kernel tests: {count} not run, the NumPy kernel tested alone: {why}")
+
+
 @pytest.fixture(autouse=True)
 def _compiled_kernel_available(request):
     """Tests marked `native` need the compiled kernel (see cases.needs_native)."""

@@ -387,7 +387,7 @@ def test_a_level_the_cpu_lacks_in_the_environment_is_refused_with_a_warning():
 
 def test_a_module_that_does_not_load_leaves_the_numpy_kernel_saying_why(tmp_path):
     i = _info_in_subprocess(DYNDQ_NATIVE_MODULE=str(tmp_path / "missing.so"))
-    assert (i["built"], i["kernel"]) == (False, "numpy") and i["why"].startswith("not built (")
+    assert (i["built"], i["kernel"]) == (False, "numpy") and i["why"].startswith("not loadable (")
 
 
 def test_kind_codes_come_from_the_c_side():
