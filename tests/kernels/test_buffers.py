@@ -202,3 +202,13 @@ def test_ownership_decides_not_reference_counts(pool, monkeypatch):
         assert pool.idle_bytes() == 2 * 64 * 64 * 4
     finally:
         gc.enable()
+
+
+def test_an_idle_block_of_the_size_asked_is_found_behind_others(pool):
+    """(list.remove compared arrays element by element: a ValueError once two idle blocks of
+    other sizes stood before the one taken.)"""
+    a, b, c = (pool.empty((n,), np.float32) for n in (1024, 2048, 4096))
+    where = addr(c)
+    del a, b, c
+    d = pool.empty((4096,), np.float32)
+    assert addr(d) == where and pool.hits == 1
