@@ -154,7 +154,12 @@ def test_the_anchors_are_all_here():
     assert len(onednn_ops()) == 16  # the MLP holds three, two SDPA cases two each
 
 
-@pytest.mark.parametrize("path", ANCHORS, ids=lambda p: str(p.relative_to(DATA)))
+# The gated MLP's whole run (int4 weights of 4096 x 14336, dequantized, on both engines) peaks at
+# about 4 GiB: a `big` test (make test-big), not in the default suite, which fits in 2 GiB.
+_WHOLE_RUNS = [pytest.param(p, marks=pytest.mark.big) if p.name == "gated-mlp-int4.json" else p for p in ANCHORS]
+
+
+@pytest.mark.parametrize("path", _WHOLE_RUNS, ids=lambda p: str(p.relative_to(DATA)))
 def test_each_anchor_imports_checks_and_runs_on_both_engines(path):
     model, report = onednn.load(path)
     doc = json.loads(path.read_text())
