@@ -81,3 +81,70 @@ def test_editable_install_maps_the_parts_to_the_repository_folders(tmp_path):
     assert mods["dyndq"] == str(ROOT / "dyndq" / "__init__.py")
     for part in PARTS:
         assert mods[part] == str(ROOT / part / "__init__.py")
+
+
+# -- importable from the clone: its root, and its parent folder (the clone named dyndq) -------------
+
+IMPORT = "import dyndq; dyndq.run; dyndq.export; print(dyndq.opdefs.__file__)"
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    """A folder holding the clone under the name dyndq (as `git clone .../dyndq` leaves it), so
+    that its parent is where a user stands right after cloning."""
+    folder = tmp_path_factory.mktemp("parent")
+    (folder / "dyndq").symlink_to(ROOT)
+    return folder
+
+
+def _regular(wheel, tmp_path_factory):
+    """A regular install of the wheel, and the command that runs Python on it without this
+    environment's editable install (-S: no .pth files; the dependencies by PYTHONPATH)."""
+    import numpy
+
+    target = tmp_path_factory.mktemp("regular")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    deps = os.path.dirname(os.path.dirname(numpy.__file__))
+    return [sys.executable, "-S"], dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), deps]))
+
+
+@pytest.fixture(scope="module")
+def installs(wheel, tmp_path_factory):
+    """(name, python command, environment) for each way dyndq is installed here."""
+    found = [("regular", *_regular(wheel, tmp_path_factory))]
+    urls = [d.read_text("direct_url.json") for d in metadata.distributions(name="dyndq")]
+    if any(u and json.loads(u).get("dir_info", {}).get("editable") for u in urls):
+        found.append(("editable", [sys.executable], dict(os.environ)))
+    return found
+
+
+def _readme_quick_start() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("where", ["root", "parent"])
+def test_import_dyndq_from_the_clone_and_its_parent(installs, parent, where):
+    cwd = ROOT if where == "root" else parent
+    for name, python, env in installs:
+        out = subprocess.run([*python, "-c", IMPORT], cwd=cwd, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, (name, where, out.stderr[-2000:])
+        assert out.stdout.strip().endswith(os.path.join("opdefs", "__init__.py")), (name, where, out.stdout)
+
+
+@pytest.mark.parametrize("where", ["root", "parent"])
+def test_python_dash_m_pytest_from_the_clone_and_its_parent(installs, parent, where):
+    cwd, test = (ROOT, "tests/opdefs/test_registry.py") if where == "root" else (parent, "dyndq/tests/opdefs/test_registry.py")
+    for name, python, env in installs:
+        out = subprocess.run([*python, "-m", "pytest", "-q", test], cwd=cwd, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, (name, where, out.stdout[-2000:], out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("where", ["root", "parent"])
+def test_the_readme_quick_start_from_the_clone_and_its_parent(installs, parent, where):
+    """As a script in that folder would run it (python -c: the folder first on sys.path)."""
+    for name, python, env in installs:
+        out = subprocess.run([*python, "-c", _readme_quick_start()], cwd=ROOT if where == "root" else parent, env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, (name, where, out.stderr[-2000:])
