@@ -69,10 +69,10 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None):
         chunk = T.chunk if narrow is None else T.narrow_chunk
         if mode == "f64":
             chunk = max(1, chunk // 2)
-        count, block, bufsize = _jobs(sv, ov, sc, z, varies, chunk)
+        count, block, largest, bufsize = _jobs(sv, ov, sc, z, varies, chunk)
 
         def work(start, stop):
-            scratch = _scratch(chunk if narrow else 0)
+            scratch = _scratch(largest if narrow else 0)
             with _buffer(bufsize), np.errstate(all="ignore"):
                 for i in range(start, stop):
                     _block(*block(i), scratch, *args)
@@ -105,8 +105,8 @@ _TILE = 1 << 15  # elements of such a run
 
 
 def _jobs(sv, ov, sc, z, varies, chunk):
-    """The work cut into blocks: (count, block(i) -> (src, out, scale, zp) of block i, NumPy's
-    ufunc buffer size for them (None: its default)).
+    """The work cut into blocks: (count, block(i) -> (src, out, scale, zp) of block i, the most
+    elements a block holds, NumPy's ufunc buffer size for them (None: its default)).
 
     Short rows that share their parameters (per channel on the last axis: the view (rows, C),
     parameters varying along C only) are done as flat runs of whole rows with the parameters
@@ -124,7 +124,7 @@ def _jobs(sv, ov, sc, z, varies, chunk):
             a, m = i * R * L, min(R, rows - i * R) * L
             return s1[a:a + m], o1[a:a + m], sc_t[:m], z_t if z_t is None or z_t.ndim == 0 else z_t[:m]
 
-        return -(-rows // R), tiled, None
+        return -(-rows // R), tiled, R * L, None  # (R * L > chunk where one row is longer)
     blocks = parallel.blocks(sv.shape, chunk)
 
     def block(i):
@@ -132,7 +132,8 @@ def _jobs(sv, ov, sc, z, varies, chunk):
         pidx = param_index(idx, varies)
         return sv[idx], ov[idx], sc[pidx], z if z is None or z.ndim == 0 else z[pidx]
 
-    return len(blocks), block, parallel.bufsize_for(sv.shape[-1]) if any(varies) else None
+    largest = max(1, chunk)  # (parallel.blocks: at most chunk elements each)
+    return len(blocks), block, largest, parallel.bufsize_for(sv.shape[-1]) if any(varies) else None
 
 
 def _block(s, o, sc, z, scratch, mode, narrow, may_hold_nan, normal_or_zero):

@@ -317,3 +317,13 @@ def test_float16_rounding_without_clamps_matches_numpy():
         h = np.empty(q.size, np.float16)
         narrowing.to_float16(q.copy(), h, np.empty(2 * q.size, np.uint32), may_hold_nan=False, normal_or_zero=True)
         assert same_bits(h, q.astype(np.float16))
+
+
+def test_rows_longer_than_a_block_with_a_16_bit_output():
+    """Short rows sharing their parameters run as whole rows (the NumPy kernel's tiled runs), each
+    more elements than a block where a row is longer than `narrow_chunk`: the scratch holds them."""
+    src = np.arange(-32, 32, dtype=np.int8).reshape(4, 16)
+    scales = np.linspace(-2, 2, 16).astype(np.float16)
+    with tuned(chunk=3, narrow_chunk=3, small=0, parallel_min=0, cores=2):
+        kernel_agrees(src, scales, qtype="per_channel", axis=-1)
+        kernel_agrees(src, scales.astype(ml_dtypes.bfloat16), np.full(16, 3, np.uint8), qtype="per_channel", axis=1)
