@@ -81,7 +81,7 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     if scales.shape != want:
         return f"scales has shape {list(scales.shape)}, not {list(want)}"
     form = {"op": QUALNAME, "data": kind, "bits": bits,
-            "attributes": sorted(a.name for a in node.attribute)}
+            "attributes": {a.name: int(a.i) for a in node.attribute}}
     readers = [node]
     inits = []
     code_type = "uint4" if kind == "uint8" and bits == 4 else kind
@@ -202,8 +202,18 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
             inits.append(foreign.tensor(zero_data, name))
             inputs.append(name)
     attrs = {"block_size": block, "gather_axis": ga, "quantize_axis": qa, "bits": bits}
-    written = form.get("attributes") or ["block_size", "gather_axis", "quantize_axis"] + (["bits"] if data_type == "uint8" else [])
-    kept = {k: v for k, v in attrs.items() if k in written or v != DEFAULTS[k]}
+    # the attributes the lifted node had, as it wrote them (a negative axis stays negative), else the
+    # ones that differ from their defaults and those ONNX Runtime's quantizer writes
+    had = form.get("attributes") if isinstance(form.get("attributes"), dict) else None
+    if had is None:
+        had = {k: v for k, v in attrs.items() if k != "bits" or data_type == "uint8"}
+    kept = {}
+    for k, v in attrs.items():
+        old = had.get(k)
+        if old is not None and (old == v or (k.endswith("axis") and old % rank == v)):
+            kept[k] = old
+        elif old is not None or v != DEFAULTS[k]:
+            kept[k] = v
     fused = onnx.helper.make_node(OP, inputs, [gather.output[0]], domain=MS_DOMAIN, **kept)
     foreign.stand_in(fused, gather)
     shown = f"{QUALNAME} ({data_type} data, block_size {block}, quantize_axis {qa}, gather_axis {ga})"
