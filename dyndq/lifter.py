@@ -35,6 +35,7 @@ import onnx
 from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
 from dyndq.converters import FOREIGN
+from dyndq.converters.dynamic_dequantize import lift_padded_blocks
 from dyndq.converters.foreign import MS_DOMAIN
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import repeated_attributes
@@ -148,13 +149,23 @@ def _ensure_domain(imports, domain: str, version: int) -> None:
 
 
 def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:
-    """Lift ONNX Runtime's contrib ops (converters.FOREIGN) in place, recording each in the report."""
-    if not any(o.domain == MS_DOMAIN for o in out.opset_import):
+    """Lift in place what takes more than renaming one node: ONNX Runtime's contrib ops
+    (converters.FOREIGN), and blocked DequantizeLinear whose blocked axis is padded (x constant);
+    recording each in the report."""
+
+    def candidate(node) -> bool:
+        return (node.domain, node.op_type) in FOREIGN or (
+            node.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in node.attribute))
+
+    if not any(candidate(site.node) for site in walk(out)):
         return
 
     def convert(node, view):
         module = FOREIGN.get((node.domain, node.op_type))
-        return None if module is None else module.lift(node, view)
+        if module is None:
+            padded = lift_padded_blocks(node, view)
+            return padded if not isinstance(padded, str) else None  # (the op versions' lifting tells why)
+        return module.lift(node, view)
 
     def in_function(node):
         return "inside a model-local function: its weights are not initializers" if (node.domain, node.op_type) in FOREIGN else None
