@@ -54,11 +54,6 @@ class GraphView:
     names: NameScope
     producer: Callable[[str], onnx.NodeProto | None] = lambda name: None
 
-    def only_reader(self, name: str, node: onnx.NodeProto) -> bool:
-        """Whether `node` is the one reader of `name` (once), and the value stays inside the graph."""
-        readers = self.consumers(name)
-        return len(readers) == 1 and readers[0] is node and list(node.input).count(name) == 1 and not self.is_output(name)
-
 
 @dataclass
 class Rewrite:
