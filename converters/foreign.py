@@ -33,6 +33,8 @@ MS_OPSET = 1  # the one version of com.microsoft's MatMulNBits and GatherBlockQu
 LIFTED_FROM = "dyndq.lifted_from"
 # Metadata on a lifted MatMul: MatMulNBits' accuracy_level, which a MatMul has no attribute for.
 ACCURACY_LEVEL = "dyndq.accuracy_level"
+# The scales (and A) types ONNX Runtime 1.32's CPU kernels of both contrib ops take.
+RUNTIME_FLOATS = ("float32", "float16")
 # Slice with its bounds as inputs (the lifted form of a padded weight) needs this ai.onnx opset.
 SLICE_OPSET = 10
 
@@ -106,6 +108,18 @@ def remember(node: onnx.NodeProto, key: str, value) -> None:
     """Set a metadata entry (JSON for anything but a string)."""
     entry = node.metadata_props.add()
     entry.key, entry.value = key, value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def float_scales(view: GraphView, name: str | None, allowed=("float32", "float16", "bfloat16"), refusal: str = ""):
+    """(the constant scales, their dtype name), or why not: not a constant, or a dtype not `allowed`
+    (`refusal` says whose rule that is)."""
+    scales = view.constant(name) if name else None
+    if scales is None:
+        return "scales is not a constant"
+    t = dtypes.name_of(scales.dtype)
+    if t not in allowed:
+        return f"scales is {t}" + (f": {refusal}" if refusal else f", not {'/'.join(allowed)}")
+    return scales, t
 
 
 def integer_values(array: np.ndarray) -> np.ndarray | None:

@@ -33,14 +33,12 @@ import onnx
 from dyndq.opdefs import PER_GROUP, dtypes
 
 from . import foreign
-from .foreign import MS_DOMAIN, MS_OPSET, GraphView, Rewrite
+from .foreign import RUNTIME_FLOATS, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
 from .onnx_types import attribute_values
 
 OP = "GatherBlockQuantized"
 SOURCE = (MS_DOMAIN, OP)
 QUALNAME = f"{MS_DOMAIN}::{OP}"
-_FLOATS = ("float32", "float16", "bfloat16")
-RUNTIME_FLOATS = ("float32", "float16")  # ONNX Runtime 1.32's CPU kernel
 DEFAULTS = {"bits": 4, "block_size": 128, "quantize_axis": 1, "gather_axis": 0}
 
 
@@ -72,12 +70,10 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     length = codes.shape[qa]
     blocks = -(-length // block)
     want = tuple(blocks if i == qa else d for i, d in enumerate(codes.shape))
-    scales = view.constant(s) if s else None
-    if scales is None:
-        return "scales is not a constant"
-    t = dtypes.name_of(scales.dtype)
-    if t not in _FLOATS:
-        return f"scales is {t}, not float32/float16/bfloat16"
+    found = foreign.float_scales(view, s)
+    if isinstance(found, str):
+        return found
+    scales, t = found
     if scales.shape != want:
         return f"scales has shape {list(scales.shape)}, not {list(want)}"
     form = {"op": QUALNAME, "data": kind, "bits": bits,
@@ -144,12 +140,10 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
     if len(grouped) != 1 or not foreign.power_of_two_block(group[grouped[0]]):
         return f"group_shape {list(group)}: GatherBlockQuantized takes one blocked axis, by a power of two from 16"
     qa, block, rank = grouped[0], int(group[grouped[0]]), codes.ndim
-    scales = view.constant(s)
-    if scales is None:
-        return "scales is not a constant"
-    t = dtypes.name_of(scales.dtype)
-    if t not in RUNTIME_FLOATS:
-        return f"scales is {t}: ONNX Runtime's CPU GatherBlockQuantized takes float32 and float16"
+    found = foreign.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
+    if isinstance(found, str):
+        return found
+    scales, t = found
     chain = foreign.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
     if isinstance(chain, str):
         return chain

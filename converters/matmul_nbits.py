@@ -40,14 +40,12 @@ import onnx
 from dyndq.opdefs import PER_GROUP, dtypes
 
 from . import foreign
-from .foreign import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
+from .foreign import RUNTIME_FLOATS, ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
 from .onnx_types import attribute_values
 
 OP = "MatMulNBits"
 SOURCE = (MS_DOMAIN, OP)
 QUALNAME = f"{MS_DOMAIN}::{OP}"
-# What ONNX Runtime's CPU kernel takes for A, scales and bias (1.32: float and float16 only).
-RUNTIME_FLOATS = ("float32", "float16")
 
 
 def absent_zero_point(bits: int) -> int:
@@ -80,12 +78,10 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         return "B is not a constant (an initializer or a Constant of this graph): its codes are repacked offline"
     if codes.dtype != np.uint8 or codes.shape != (N, blocks, blob):
         return f"B is {codes.dtype}{list(codes.shape)}, not uint8[N, n_blocks, blob] = uint8{[N, blocks, blob]}"
-    scales = view.constant(s) if s else None
-    if scales is None:
-        return "scales is not a constant"
-    t = dtypes.name_of(scales.dtype)
-    if t not in ("float32", "float16", "bfloat16"):
-        return f"scales is {t}, not float32/float16/bfloat16"
+    found = foreign.float_scales(view, s)
+    if isinstance(found, str):
+        return found
+    scales, t = found
     if scales.shape not in ((N, blocks), (N * blocks,)):
         return f"scales has shape {list(scales.shape)}, not {[N, blocks]} or {[N * blocks]}"
     form = {"op": QUALNAME, "scales_shape": list(scales.shape)}
@@ -178,12 +174,10 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
     if len(group) != 2 or group[1] != 1 or not foreign.power_of_two_block(group[0]):
         return f"group_shape {list(group)}: MatMulNBits takes [block, 1] with block a power of two from 16"
     block = int(group[0])
-    scales = view.constant(s)
-    if scales is None:
-        return "scales is not a constant"
-    t = dtypes.name_of(scales.dtype)
-    if t not in RUNTIME_FLOATS:
-        return f"scales is {t}: ONNX Runtime's CPU MatMulNBits takes float32 and float16"
+    found = foreign.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
+    if isinstance(found, str):
+        return found
+    scales, t = found
     chain = foreign.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
     if isinstance(chain, str):
         return chain
