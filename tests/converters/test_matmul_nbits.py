@@ -219,3 +219,42 @@ def test_two_bit_model_runs_as_it_was_after_a_standard_export():
     model, _, _ = matmul_nbits(64, 3, 2, 16)
     A = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
     assert np.array_equal(on_ort(dyndq.export(model), A), on_ort(model, A))
+
+
+def test_a_node_in_an_if_branch_is_lifted_with_the_branch_s_own_weights():
+    model, _, _ = matmul_nbits(64, 3, 4, 32)
+    inner = model.graph
+    branch = helper.make_graph(list(inner.node), "then", [], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+                               list(inner.initializer))
+    other = helper.make_graph([helper.make_node("Slice", ["A", "zero", "three", "one"], ["Z"])], "else", [],
+                              [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array([0]), "zero"), numpy_helper.from_array(np.array([3]), "three"),
+                               numpy_helper.from_array(np.array([1]), "one")])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["out"], name="if", then_branch=branch, else_branch=other)],
+                              "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                    helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+    wrapped = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=10)
+    lifted, report = dyndq.lift_with_report(wrapped)
+    assert report.lifted[0][0] == "main/if.then_branch" and not report.skipped
+    A = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    expected = on_ort(model, A)
+    got = dyndq.run(lifted, {"c": np.array(True), "A": A}, engine="reference")["out"]
+    assert np.abs(got - expected).max() <= TOLERANCE * np.abs(expected).max()
+    back = dyndq.export(lifted, target="onnxruntime")
+    then = next(a.g for a in back.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["MatMulNBits"]
+    assert {t.name: t.SerializeToString() for t in then.initializer} == initializers(model)
+
+
+def test_a_node_in_a_model_local_function_is_left_alone_and_named():
+    model, _, _ = matmul_nbits(32, 2, 4, 16)
+    fn = helper.make_function("local", "Proj", ["A", "B", "scales"], ["Y"], list(model.graph.node),
+                              [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph([helper.make_node("Proj", ["A", "B", "scales"], ["Y"], domain="local")], "g",
+                              list(model.graph.input), list(model.graph.output), list(model.graph.initializer))
+    wrapped = helper.make_model(graph, functions=[fn], ir_version=10,
+                                opset_imports=list(model.opset_import) + [helper.make_opsetid("local", 1)])
+    _, report = dyndq.lift_with_report(wrapped)
+    assert report.count == 0
+    assert str(report.skipped[0]).startswith("function local::Proj: com.microsoft::MatMulNBits 'mm' left alone: inside a")

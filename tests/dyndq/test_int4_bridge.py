@@ -151,6 +151,18 @@ def test_onnxruntime_quantizer_models_lift_and_export_exactly(float_model, fmt, 
         assert np.abs(on_ort(written, {"input_ids": ids})["logits"] - original).max() <= TOLERANCE * scale
 
 
+@pytest.fixture(scope="module")
+def float_model_1024():
+    return decoder_model(hidden=1024, layers=2, vocab=2048)
+
+
+@pytest.mark.big  # (about 2.3 GiB at peak, 75 s: make test-big)
+@pytest.mark.parametrize("fmt, bits, block, sym", CONFIGS, ids=[f"{f}-{b}bit-b{k}-{'sym' if s else 'asym'}"
+                                                                for f, b, k, s in CONFIGS])
+def test_the_same_at_hidden_1024(float_model_1024, fmt, bits, block, sym):
+    test_onnxruntime_quantizer_models_lift_and_export_exactly(float_model_1024, fmt, bits, block, sym)
+
+
 def test_qdq_padded_k_is_lifted_with_its_padding_and_becomes_matmul_nbits(float_model):
     """K = 336 (the MLP's down projection) is not a multiple of 32: ONNX Runtime's QDQ form rounds the
     block count up; the lift pads the codes to whole blocks and slices back, exactly."""
