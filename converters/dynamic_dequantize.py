@@ -27,6 +27,7 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
 from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec, dtypes
 
+from .foreign import GraphView, Rewrite, context, inputs_of, new_name, slice_to, stand_in, tensor
 from .lowering_context import LoweringContext
 from .onnx_types import attribute_values
 
@@ -473,19 +474,17 @@ def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftR
     return LiftRefusal(plan) if isinstance(plan, str) else plan
 
 
-def lift_padded_blocks(node: onnx.NodeProto, view) -> "Rewrite | str | None":
+def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str | None:
     """A blocked DequantizeLinear-21 on constant x whose blocked axis is not a multiple of
     block_size (ONNX rounds the block count up; per_group divides exactly), as
     DynamicDequantize-2 per_group on x padded with zeros to whole blocks, then a Slice back to
     x's length: what ONNX Runtime's quantizer writes (QDQ) for a K that is not a multiple of the
     block.  None for every other node (the op versions' lifting judges those)."""
-    from .foreign import Rewrite, context, inputs_of, new_name, slice_to, tensor, stand_in
-
     attrs = attribute_values(node)
     block = int(attrs.get("block_size", 0))
     if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or block <= 0:
         return None
-    x, scale, zp = inputs_of(node, 3)
+    x = inputs_of(node, 1)[0]
     codes = view.constant(x) if x else None
     if codes is None or codes.ndim == 0:
         return None
@@ -500,9 +499,7 @@ def lift_padded_blocks(node: onnx.NodeProto, view) -> "Rewrite | str | None":
         return plan
     padding = [(0, p - d) for p, d in zip(padded_shape, codes.shape)]
     name = new_name(view, x, [node])
-    padded = tensor(np.pad(codes, padding).astype(codes.dtype) if codes.dtype.kind in "iu" else
-                    np.pad(codes.astype(np.int8 if dtypes.name_of(codes.dtype) == "int4" else np.uint8), padding)
-                    .astype(codes.dtype), name)
+    padded = tensor(np.pad(codes.astype(np.int64), padding).astype(codes.dtype), name)  # (int4 has no np.pad of its own)
     ctx = context(view, node.name or node.output[0])
     group = plan.attrs["group_shape"]
     dst = ctx.op(OP2.name, name, *plan.inputs[1:], domain=OP2.domain, hint="padded", qtype=PER_GROUP,

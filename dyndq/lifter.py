@@ -9,7 +9,9 @@ Which standard nodes are liftable, and how, is asked of the op versions whose
 - version 2 also takes int4/uint4 x, float16/bfloat16 x_scale (output_dtype
   absent or equal), and block_size (DequantizeLinear-21) as per_group with
   group_shape block_size along axis and 1 elsewhere, when every dim of x is
-  known and divides exactly (ONNX rounds the block count up; our op does not).
+  known and divides exactly (ONNX rounds the block count up; our op does not);
+  when x is a constant whose blocked axis does not divide, its codes are padded
+  to whole blocks and a Slice cuts the result back (converters/dynamic_dequantize.py).
 
 The oldest version that takes a node gets it, so forms version 1 expresses stay
 version 1, and the model imports our domain at the lowest version that covers
