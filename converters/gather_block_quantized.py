@@ -87,7 +87,8 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         if zero is None:
             return "zero_points is not a constant"
         zero = foreign.unpack(zero, bits) if kind == "uint8" else zero
-        if dtypes.name_of(zero.dtype) not in (kind, "uint8") or zero.shape[:-1] != want[:-1] or zero.shape[-1] < want[-1]:
+        if dtypes.name_of(zero.dtype) != kind or zero.shape[:-1] != want[:-1] or zero.shape[-1] < want[-1] \
+                or (kind != "uint8" and zero.shape != want):
             return f"zero_points (as codes) have shape {list(zero.shape)}, not {list(want)}"
         form["zero_points"] = "given"
         zero = zero[..., :want[-1]]

@@ -221,6 +221,7 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
         name, shape, kind = form["g_idx"]
         if int(np.prod(shape)) in (K, k_pad) and name not in view.names.used:
             inputs += [""] * (4 - len(inputs)) + [name]
+            view.names.used.add(name)
             inits.append(foreign.tensor((np.arange(int(np.prod(shape))) // block).astype(kind).reshape(shape), name))
     if bias:
         inputs += [""] * (5 - len(inputs)) + [bias]
