@@ -27,6 +27,7 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
 from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec, dtypes
 
+from .foreign import GraphView, Rewrite, context, inputs_of, new_name, slice_to, stand_in, tensor
 from .lowering_context import LoweringContext
 from .onnx_types import attribute_values
 
@@ -471,3 +472,39 @@ def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftR
     per_group when every dim of x is known and divides exactly."""
     plan = _plan_or_reason(node, spec, OP2)
     return LiftRefusal(plan) if isinstance(plan, str) else plan
+
+
+def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str | None:
+    """A blocked DequantizeLinear-21 on constant x whose blocked axis is not a multiple of
+    block_size (ONNX rounds the block count up; per_group divides exactly), as
+    DynamicDequantize-2 per_group on x padded with zeros to whole blocks, then a Slice back to
+    x's length: what ONNX Runtime's quantizer writes (QDQ) for a K that is not a multiple of the
+    block.  None for every other node (the op versions' lifting judges those)."""
+    attrs = attribute_values(node)
+    block = int(attrs.get("block_size", 0))
+    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or block <= 0:
+        return None
+    x = inputs_of(node, 1)[0]
+    codes = view.constant(x) if x else None
+    if codes is None or codes.ndim == 0:
+        return None
+    axis = int(attrs.get("axis", 1))
+    if not -codes.ndim <= axis < codes.ndim or codes.shape[axis] % block == 0:
+        return None
+    axis %= codes.ndim
+    padded_shape = tuple(-(-d // block) * block if i == axis else d for i, d in enumerate(codes.shape))
+    plan = _plan_or_reason(node, lambda name: TensorSpec(dtypes.name_of(codes.dtype), padded_shape) if name == x
+                           else view.spec(name), OP2)
+    if isinstance(plan, str):
+        return plan
+    padding = [(0, p - d) for p, d in zip(padded_shape, codes.shape)]
+    name = new_name(view, x, [node])
+    padded = tensor(np.pad(codes.astype(np.int64), padding).astype(codes.dtype), name)  # (int4 has no np.pad of its own)
+    ctx = context(view, node.name or node.output[0])
+    group = plan.attrs["group_shape"]
+    dst = ctx.op(OP2.name, name, *plan.inputs[1:], domain=OP2.domain, hint="padded", qtype=PER_GROUP,
+                 group_shape=[int(g) for g in group])
+    out = slice_to(ctx, dst, axis, codes.shape[axis])
+    ctx.output_as(out, node.output[0])
+    stand_in(ctx.nodes[-1], node)
+    return Rewrite([node], list(ctx.nodes), [padded], f"DynamicDequantize per_group {list(group)} (padded) + Slice")

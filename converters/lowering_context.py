@@ -58,12 +58,22 @@ class LoweringContext:
     def fresh(self, hint: str) -> str:
         return self.names.fresh(f"{self.base}/{hint}")
 
-    def op(self, op_type: str, *inputs: str, hint: str | None = None, **attrs) -> str:
-        """Add one single-output node of ai.onnx; return the name of its output."""
+    def op(self, op_type: str, *inputs: str, hint: str | None = None, domain: str = "", **attrs) -> str:
+        """Add one single-output node (of ai.onnx unless `domain` says); return the name of its output."""
         hint = hint or op_type.lower()
         out = self.fresh(hint)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.fresh(op_type), **attrs))
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.fresh(op_type), domain=domain or None,
+                                           **attrs))
         return out
+
+    def output_as(self, result: str, dst: str) -> None:
+        """Make the value `result` (made by this context's nodes) be called `dst`: the original
+        node's output name, which the rest of the graph reads."""
+        if result == dst:
+            return
+        for n in self.nodes:
+            n.output[:] = [dst if name == result else name for name in n.output]
+            n.input[:] = [dst if name == result else name for name in n.input]
 
     def const(self, array, hint: str) -> str:
         """A Constant node (one per distinct value per lowered node); works in functions too."""

@@ -50,6 +50,7 @@ _LAZY = {
     "lift": "dyndq.lifter",
     "lift_with_report": "dyndq.lifter",
     "run": "dyndq.runner",
+    "runtime_parity": "dyndq.parity",
     "ModelFileError": "dyndq.files",
     "load_model": "dyndq.files",
     "save_model": "dyndq.files",

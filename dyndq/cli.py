@@ -1,8 +1,8 @@
 """The `dyndq` command (also `python -m dyndq`): every job of the package from a shell.
 
     dyndq demo   [--out DIR]
-    dyndq check  MODEL [--json]
-    dyndq export IN OUT [--opset N]
+    dyndq check  MODEL [--json] [--runtime-parity [--level basic|extended|all] [--input NAME=FILE.npy ...]]
+    dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
     dyndq lift   IN OUT
     dyndq run    MODEL --input NAME=FILE.npy ... [--engine reference|onnxruntime] [--output-dir DIR]
     dyndq schema
@@ -65,15 +65,32 @@ def _parser() -> argparse.ArgumentParser:
                                    "Exit 0 when it is valid, 1 when problems were found.")
     c.add_argument("model", metavar="MODEL")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
+    c.add_argument("--runtime-parity", action="store_true",
+                   help="instead: run MODEL on ONNX Runtime with graph optimizations off and at --level, and name "
+                        "every output that differs beyond MatMul reordering (max |a - b| > 1e-4 * max |b|), "
+                        "with the node types ONNX Runtime rewrote; exit 1 when one does")
+    c.add_argument("--level", choices=("basic", "extended", "all"), default="all",
+                   help="the optimization level compared with none (default: all, ONNX Runtime's default)")
+    c.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="with --runtime-parity: a graph input and the .npy file holding it (others get example "
+                        "values: open dims 4, floats N(0, 1), Gather indices in range)")
 
     e = sub.add_parser("export", help="lower every DynamicDequantize to standard ONNX",
                        description="Write OUT: IN with every DynamicDequantize lowered to standard ONNX operators.")
     e.add_argument("input", metavar="IN")
     e.add_argument("output", metavar="OUT")
     e.add_argument("--opset", metavar="N", type=int, help="the ai.onnx opset to write (default: the model's, raised if needed)")
+    e.add_argument("--target", choices=("onnx", "onnxruntime"), default="onnx",
+                   help="onnx: standard ONNX only (ONNX Runtime's MatMulNBits/GatherBlockQuantized become "
+                        "DequantizeLinear + MatMul/Gather); onnxruntime: those contrib ops where they express "
+                        "a DynamicDequantize on constant weights exactly (default: onnx)")
+    e.add_argument("--accuracy-level", metavar="N", type=int, choices=range(5),
+                   help="with --target onnxruntime: the accuracy_level of every MatMulNBits written (default: what "
+                        "a lifted node kept, else 0, the graph's float meaning; 4 quantizes the activations to int8)")
 
-    l = sub.add_parser("lift", help="turn DequantizeLinear nodes into DynamicDequantize",
-                       description="Write OUT: IN with every DequantizeLinear that DynamicDequantize expresses exactly lifted to it.")
+    l = sub.add_parser("lift", help="turn DequantizeLinear, MatMulNBits and GatherBlockQuantized nodes into DynamicDequantize",
+                       description="Write OUT: IN with every DequantizeLinear, com.microsoft::MatMulNBits and "
+                                   "com.microsoft::GatherBlockQuantized that DynamicDequantize expresses exactly lifted to it.")
     l.add_argument("input", metavar="IN")
     l.add_argument("output", metavar="OUT")
 
@@ -240,6 +257,10 @@ def _check_writable(folder: str) -> None:
 def cmd_check(args) -> int:
     import dyndq
 
+    if args.runtime_parity:
+        return _runtime_parity(args)
+    if args.input or args.level != "all":
+        raise UsageError("--input and --level go with --runtime-parity")
     loaded = _load(args.model)
     problems = dyndq.check(loaded.model)
     if args.json:
@@ -249,6 +270,30 @@ def cmd_check(args) -> int:
     else:
         print(f"{args.model}: valid (no problems found)")
     return PROBLEMS if problems else OK
+
+
+def _runtime_parity(args) -> int:
+    import dyndq
+    from dyndq.parity import runtime_parity
+
+    if args.json:
+        raise UsageError("--json does not go with --runtime-parity")
+    loaded = _load(args.model)
+    feeds = _parse_inputs(args.input)
+    try:
+        report = runtime_parity(loaded.model, level=args.level, feeds=feeds)
+    except dyndq.ValidationError as e:
+        _print_problems(args.model, e.problems, sys.stderr)
+        return PROBLEMS
+    except ValueError as e:  # an input no example can be made for
+        raise UsageError(f"{args.model}: {first_line(e)}") from None
+    except Exception as e:  # ONNX Runtime cannot load or run the model
+        _err(f"{args.model}: ONNX Runtime cannot run this model: {_engine_message(e)}")
+        return PROBLEMS
+    print(f"{args.model}: {report.summary()}")
+    for line in report.lines():
+        print(f"  {line}")
+    return PROBLEMS if report.differing else OK
 
 
 def _opset_and_ir(model) -> str:
@@ -263,8 +308,11 @@ def cmd_export(args) -> int:
     from dyndq.exporter import export_with_report
 
     loaded = _load(args.input)
+    if args.accuracy_level is not None and args.target != "onnxruntime":
+        raise UsageError("--accuracy-level goes with --target onnxruntime (standard ONNX has no MatMulNBits)")
     try:
-        out, report = export_with_report(loaded.model, opset=args.opset)
+        out, report = export_with_report(loaded.model, opset=args.opset, target=args.target,
+                                         accuracy_level=args.accuracy_level)
         loaded.model = None  # (the input's memory is free before the output is written: peak 2x, not 3x)
     except dyndq.ValidationError as e:
         _print_problems(args.input, e.problems, sys.stderr)
@@ -275,6 +323,8 @@ def cmd_export(args) -> int:
     print(f"wrote {args.output}: {report.summary()}")
     for note in notes:
         print(note)
+    for line in report.lines():
+        print(f"  {line}")
     return OK
 
 
@@ -290,6 +340,8 @@ def cmd_lift(args) -> int:
         print(note)
     for s in report.skipped:
         print(f"  {s}")
+    for note in report.notes:
+        print(f"  note: {note}")
     return OK
 
 

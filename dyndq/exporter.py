@@ -11,6 +11,7 @@ lowered nodes and the element types the model holds need (int4 needs IR 10).
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -19,12 +20,15 @@ import onnx
 
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.checker import check, input_specs, model_of, value_types
+from dyndq.converters import FOREIGN, TARGETS
+from dyndq.converters.foreign import MS_DOMAIN, MS_OPSET
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
 from dyndq.graphs import (ai_onnx_version, all_names, function_path, graphs, op_version, scope_opsets, subgraph_path,
                           subgraphs, walk, with_nested)
-from dyndq.opdefs import Needs, OpVersion, ValidationError, domains
+from dyndq.opdefs import DOMAIN, Needs, OpVersion, ValidationError, domains
+from dyndq.rewrites import rewrite_model, uses_domain
 
 # Model-local functions need at least this IR version.
 _FUNCTIONS_IR = 8
@@ -53,17 +57,34 @@ class LoweredNode:
     attrs: dict  # its attributes, defaults filled in
     form: str  # what the lowering chose (e.g. "DequantizeLinear", "integer arithmetic")
     nodes: int  # how many standard nodes replaced it
+    why: str = ""  # why this form (target "onnxruntime": why not a contrib op)
 
     @property
     def qtype(self) -> str | None:
         return self.attrs.get("qtype")
 
 
+@dataclass(frozen=True)
+class ForeignNode:
+    """A node that became, or was, one of ONNX Runtime's contrib ops, or a contrib node of the input."""
+
+    graph: str
+    node: str
+    op: str  # what it was: "org.dyndq::DynamicDequantize-2", "com.microsoft::MatMulNBits"
+    form: str  # what it is now
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.graph}: {self.op} {self.node!r} -> {self.form}: {self.why}"
+
+
 @dataclass
 class ExportReport:
     """What `export` did: the nodes lowered, the opset and IR version written."""
 
+    target: str = "onnx"
     lowered: list[LoweredNode] = field(default_factory=list)
+    foreign: list[ForeignNode] = field(default_factory=list)  # contrib ops written, lifted or kept
     opset_before: int | None = None
     opset: int | None = None  # the ai.onnx opset written
     ir_version_before: int = 0
@@ -80,15 +101,41 @@ class ExportReport:
         if self.converted:
             opset += f" (converted from {self.opset_before})"
         ops = sorted({n.op.split("::")[-1].rsplit("-", 1)[0] for n in self.lowered}) or ["custom-domain"]
-        return f"lowered {self.count} {'/'.join(ops)} node(s); {opset}, IR version {self.ir_version}"
+        text = f"lowered {self.count} {'/'.join(ops)} node(s); {opset}, IR version {self.ir_version}"
+        written = [n for n in self.foreign if n.op.startswith(DOMAIN)]
+        if written:
+            kinds = "/".join(sorted({n.form.split(" (")[0].split("::")[-1] for n in written}))
+            text = f"wrote {len(written)} {kinds} node(s); " + text
+        taken = [n for n in self.foreign if not n.op.startswith(DOMAIN)]
+        if taken:
+            kinds = "/".join(sorted({n.op.split("::")[-1] for n in taken}))
+            text += f"; {len(taken)} {kinds} node(s) in the input"
+        return text
+
+    def lines(self) -> list[str]:
+        """One line per node whose form the target decided: each contrib node (written, lifted or
+        kept) and, for target "onnxruntime", each DynamicDequantize lowered the standard way."""
+        out = [str(n) for n in self.foreign]
+        out += [f"{n.graph}: {n.op} {n.node!r} -> {n.form}: {n.why}" for n in self.lowered if n.why]
+        return out
 
 
-def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> onnx.ModelProto:
-    """A copy of `model` in standard ONNX: every DynamicDequantize lowered (see the module doc)."""
-    return export_with_report(model, opset=opset)[0]
+def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None, target: str = "onnx",
+           accuracy_level: int | None = None) -> onnx.ModelProto:
+    """A copy of `model` for `target` ("onnx": standard ONNX, every DynamicDequantize lowered;
+    "onnxruntime": MatMulNBits/GatherBlockQuantized where they express a node exactly; see the
+    module doc)."""
+    return export_with_report(model, opset=opset, target=target, accuracy_level=accuracy_level)[0]
 
 
-def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None, target: str = "onnx",
+                       accuracy_level: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+    if target not in TARGETS:
+        raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
+    if accuracy_level is not None and (isinstance(accuracy_level, bool) or not isinstance(accuracy_level, numbers.Integral)
+                                       or not 0 <= int(accuracy_level) <= 4):
+        raise ExportError(f"accuracy_level {accuracy_level!r}: MatMulNBits takes 0 (unset), 1 (fp32), 2 (fp16), "
+                          "3 (bf16) or 4 (int8)")
     model = model_of(model, "export")
     problems = check(model)
     if problems:
@@ -97,10 +144,13 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out = _inlined(out)  # a node taking attributes by reference is lowered per call
-    report = ExportReport(ir_version_before=model.ir_version)
+    report = ExportReport(target=target, ir_version_before=model.ir_version)
     current = ai_onnx_version(out.opset_import)
     report.opset_before = current
     types = value_types(out)
+    why_standard, lifted = _for_target(out, target, accuracy_level, types, report)
+    if lifted:  # (new nodes of ours to type; after a fusion the types before it still hold for what is left)
+        types = value_types(out)
     needs = [(site, _needs(site, types)) for site in _our_sites(out)]
     target = _target_opset(opset, current, needs)
     report.opset = target
@@ -114,6 +164,12 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
         types = value_types(out)
 
     _lower_graph(out.graph, "main", scope_opsets(out.opset_import), target, names, types.specs_at, report)
+    for k, n in enumerate(report.lowered):
+        if n.node in why_standard:
+            report.lowered[k] = dataclasses.replace(n, why=why_standard[n.node])
+        if n.node in lifted:  # a contrib node of the input: its form is what its DynamicDequantize became
+            i, rest = lifted[n.node]
+            report.foreign[i] = dataclasses.replace(report.foreign[i], form=" + ".join([n.form] + rest))
     for k, f in enumerate(out.functions):
         if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
@@ -153,6 +209,77 @@ def _inlined(model: onnx.ModelProto) -> onnx.ModelProto:
             f"onnx.inliner could not inline the model-local functions whose nodes take attributes by "
             f"reference ({referring}): {e} (it needs the model and its functions to import each domain "
             f"at one version)") from e
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+def _for_target(out: onnx.ModelProto, target: str, accuracy_level, types, report: ExportReport):
+    """What the target does before the standard lowering, in place: "onnxruntime" writes contrib
+    ops for the DynamicDequantize nodes they express; "onnx" lifts the contrib ops of the input
+    (which then lower as ours do).  Returns why each node "onnxruntime" left standard stays so
+    (by node name), and for "onnx" each lifted contrib node's DynamicDequantize (by name) ->
+    (its entry in report.foreign, the standard ops after it)."""
+    names = NameScope(all_names(out))
+    opsets = scope_opsets(out.opset_import)
+    if TARGETS[target]:
+        return _write_contrib_ops(out, TARGETS[target], accuracy_level, types, names, opsets, report), {}
+    lifted: dict[str, tuple[int, list[str]]] = {}
+    if not any(o.domain == MS_DOMAIN for o in out.opset_import):
+        return {}, lifted
+
+    def lift(node, view):
+        module = FOREIGN.get((node.domain, node.op_type))
+        return None if module is None else module.lift(node, view)
+
+    for o in rewrite_model(out, lift, types, names):
+        op = f"{o.node.domain}::{o.node.op_type}"
+        if o.rewrite is None:
+            report.foreign.append(ForeignNode(o.graph, o.name, op, "kept", f"no standard form: {o.reason}"))
+            continue
+        ours = next(n for n in o.rewrite.nodes if n.domain == DOMAIN)
+        rest = [n.op_type for n in o.rewrite.nodes if n.domain in ("", "ai.onnx") and n.op_type != "Constant"]
+        lifted[ours.name] = (len(report.foreign), rest)
+        report.foreign.append(ForeignNode(o.graph, o.name, op, o.rewrite.form, "target onnx: standard ONNX only"))
+    if lifted:
+        _set_opset(out.opset_import, DOMAIN, max(2, opsets.get(DOMAIN, 0)))
+        if not uses_domain(out, MS_DOMAIN):
+            _drop_opset(out.opset_import, MS_DOMAIN)
+    return {}, lifted
+
+
+def _write_contrib_ops(out, lowerings, accuracy_level, types, names, opsets, report) -> dict[str, str]:
+    for site in walk(out):
+        if (site.node.domain, site.node.op_type) in FOREIGN:
+            report.foreign.append(ForeignNode(site.graph, site.node.name or site.node.output[0],
+                                              f"{site.node.domain}::{site.node.op_type}", "kept",
+                                              "already ONNX Runtime's form"))
+
+    def convert(node, view):
+        if op_version(node, opsets) is None:
+            return None
+        reasons = []
+        for module in lowerings:
+            result = module.lower(node, view, accuracy_level=accuracy_level)
+            if not isinstance(result, str):
+                return result
+            reasons.append(f"not {module.OP}: {result}")
+        return "; ".join(reasons)
+
+    def in_function(node):
+        return "inside a model-local function: its weights are not constants" if node.domain in domains() else None
+
+    why = {}
+    outcomes = rewrite_model(out, convert, types, names, in_functions=in_function)
+    for o in outcomes:
+        if o.rewrite is None:
+            why[o.name] = o.reason
+            continue
+        op = op_version(o.node, opsets)
+        report.foreign.append(ForeignNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", o.rewrite.form,
+                                          "constant weights that op expresses exactly"))
+    if any(o.rewrite for o in outcomes):
+        _set_opset(out.opset_import, MS_DOMAIN, MS_OPSET)
+    return why
 
 
 # -- opsets -------------------------------------------------------------------------------------
@@ -343,16 +470,8 @@ def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeP
     base = node.name or node.output[0]
     ctx = LoweringContext(opset=target, base=base, names=names, specs=specs)
     result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs)
-    dst = node.output[0]
+    ctx.output_as(result, node.output[0])
     new = list(ctx.nodes)
-    if result != dst:
-        for n in new:
-            for k, name in enumerate(n.output):
-                if name == result:
-                    n.output[k] = dst
-            for k, name in enumerate(n.input):
-                if name == result:
-                    n.input[k] = dst
     if new:  # the last node stands where the original stood: it keeps its name and doc string
         names.used.discard(new[-1].name)
         if node.name:

@@ -9,7 +9,9 @@ Which standard nodes are liftable, and how, is asked of the op versions whose
 - version 2 also takes int4/uint4 x, float16/bfloat16 x_scale (output_dtype
   absent or equal), and block_size (DequantizeLinear-21) as per_group with
   group_shape block_size along axis and 1 elsewhere, when every dim of x is
-  known and divides exactly (ONNX rounds the block count up; our op does not).
+  known and divides exactly (ONNX rounds the block count up; our op does not);
+  when x is a constant whose blocked axis does not divide, its codes are padded
+  to whole blocks and a Slice cuts the result back (converters/dynamic_dequantize.py).
 
 The oldest version that takes a node gets it, so forms version 1 expresses stay
 version 1, and the model imports our domain at the lowest version that covers
@@ -17,6 +19,13 @@ every lifted node (a version it already imports is kept when it is newer: a
 model importing version 2 keeps it, and its version-1 forms mean the same
 there).  Every node left alone is listed in the report (and logged by `lift`).
 `export(lift(m))` computes what `m` computes, bit for bit.
+
+ONNX Runtime's contrib ops `com.microsoft::MatMulNBits` and `GatherBlockQuantized`
+are lifted first, each by its module in converters/ (docs/int4-bridge.md): into
+DynamicDequantize-2 per_group + MatMul (+ Slice, Add) and DynamicDequantize-2 +
+Gather, their codes, scales and zero points carried over value for value; the
+forms ours cannot express exactly (2-bit codes, a g_idx that is not the identity,
+float zero points that are not integers, ...) are left alone and reported.
 """
 from __future__ import annotations
 
@@ -27,9 +36,17 @@ import onnx
 
 from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
+from dyndq.converters import FOREIGN
+from dyndq.converters.dynamic_dequantize import lift_padded_blocks
+from dyndq.converters.foreign import MS_DOMAIN
+from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import repeated_attributes
-from dyndq.graphs import function_path, walk
-from dyndq.opdefs import LiftPlan, all_versions, lifters
+from dyndq.graphs import all_names, function_path, walk
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, LiftPlan, all_versions, lifters
+from dyndq.rewrites import rewrite_model, uses_domain
+
+# int4/uint4 tensors (lifted codes and zero points) need this IR version.
+_INT4_IR = 10
 
 log = logging.getLogger("dyndq.lift")
 
@@ -47,11 +64,12 @@ class SkippedNode:
 
 @dataclass
 class LiftReport:
-    """What `lift` did: how many DequantizeLinear nodes it lifted, and each one it left alone, with why."""
+    """What `lift` did: the nodes it lifted (with what they became), and each one it left alone, with why."""
 
-    lifted: list[tuple[str, str, str]] = field(default_factory=list)  # (graph, node, qtype or op)
+    lifted: list[tuple[str, str, str]] = field(default_factory=list)  # (graph, node, qtype or what it became)
     sources: list[str] = field(default_factory=list)  # the op type of each lifted node
     skipped: list[SkippedNode] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what to know of a lifted node (e.g. float zero points)
 
     @property
     def count(self) -> int:
@@ -67,6 +85,8 @@ def lift(model: onnx.ModelProto | str) -> onnx.ModelProto:
     out, report = lift_with_report(model)
     for s in report.skipped:
         log.info("%s", s)
+    for note in report.notes:
+        log.info("note: %s", note)
     return out
 
 
@@ -75,6 +95,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = LiftReport()
+    _lift_foreign(out, report)
     types = value_types(out)
 
     imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
@@ -127,3 +148,41 @@ def _ensure_domain(imports, domain: str, version: int) -> None:
             o.version = max(o.version, version)
             return
     imports.append(opset_import(version, domain))
+
+
+def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:
+    """Lift in place what takes more than renaming one node: ONNX Runtime's contrib ops
+    (converters.FOREIGN), and blocked DequantizeLinear whose blocked axis is padded (x constant);
+    recording each in the report."""
+
+    def candidate(node) -> bool:
+        return (node.domain, node.op_type) in FOREIGN or (
+            node.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in node.attribute))
+
+    if not any(candidate(site.node) for site in walk(out)):
+        return
+
+    def convert(node, view):
+        module = FOREIGN.get((node.domain, node.op_type))
+        if module is None:
+            padded = lift_padded_blocks(node, view)
+            return padded if not isinstance(padded, str) else None  # (the op versions' lifting tells why)
+        return module.lift(node, view)
+
+    def in_function(node):
+        return "inside a model-local function: its weights are not initializers" if (node.domain, node.op_type) in FOREIGN else None
+
+    outcomes = rewrite_model(out, convert, value_types(out), NameScope(all_names(out)), in_functions=in_function)
+    for o in outcomes:
+        if o.rewrite is None:
+            report.skipped.append(SkippedNode(o.graph, o.name, o.reason, f"{o.node.domain}::{o.node.op_type}"))
+            continue
+        report.lifted.append((o.graph, o.name, o.rewrite.form))
+        report.sources.append(o.node.op_type)
+        report.notes.extend(o.rewrite.notes)
+    if report.lifted:
+        _ensure_domain(out.opset_import, DOMAIN, DYNAMIC_DEQUANTIZE_2.since_version)
+        out.ir_version = max(out.ir_version, _INT4_IR)
+        if not uses_domain(out, MS_DOMAIN):
+            for o in [o for o in out.opset_import if o.domain == MS_DOMAIN]:
+                out.opset_import.remove(o)

@@ -9,11 +9,13 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 # as a namespace package. So tests/ never stays on sys.path...
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TESTS]
 
-# ...and the shared table of cases (tests/cases.py) is loaded by file, as `cases`.
-if "cases" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("cases", os.path.join(_TESTS, "cases.py"))
-    sys.modules["cases"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["cases"])
+# ...and the shared table of cases (tests/cases.py) is loaded by file, as `cases` (and the
+# LLM-shaped model of the int4 bridge's tests, tests/decoder.py, as `decoder`).
+for _name in ("cases", "decoder"):
+    if _name not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(_name, os.path.join(_TESTS, f"{_name}.py"))
+        sys.modules[_name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_name])
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

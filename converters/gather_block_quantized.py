@@ -1,0 +1,215 @@
+"""com.microsoft::GatherBlockQuantized <-> DynamicDequantize-2 + Gather, exactly.
+
+GatherBlockQuantized(data, indices, scales, zero_points?) with attributes quantize_axis,
+gather_axis, block_size and bits gathers rows of a block-quantized table and dequantizes
+them: one scale and zero point per block of `block_size` along quantize_axis (the last
+block may be short).  data is int4/uint4 (zero points of the same type; absent means 0,
+as ours), or uint8 holding `bits`-bit codes packed along its last axis, low bits first
+(absent zero point: 2^(bits-1)); FP8/FP4 data has no zero points and no codes of ours.
+
+Lifting gives the equivalent
+
+    table = DynamicDequantize-2(codes, scales, zps, per_group, block_size along quantize_axis)
+    table = Slice(table, [0], [D], [quantize_axis])   when D is not a multiple of block_size
+    output = Gather(table, indices, axis=gather_axis)
+
+int4/uint4 data is used as it is (padded along quantize_axis when D is not a multiple of
+the block); uint8 data is unpacked to uint4 (or kept, for 8 bits) and its absent zero
+point written out.  The lifted form dequantizes the whole table and then gathers, where
+GatherBlockQuantized gathers codes and then dequantizes: equal for every index in range;
+an index out of range is an error for Gather, and zeros for GatherBlockQuantized.
+
+Lowering (export for ONNX Runtime) takes the reverse path from a DynamicDequantize-2
+per_group node on constant codes (one axis grouped, by a power of two >= 16) with float32
+or float16 scales whose output is the data of one Gather.  int4/uint4 codes stay as
+they are; uint8/int8 codes become uint8 data (int8 shifted by 128 with its zero points)
+where ONNX Runtime's kernel takes it (gather_axis 0, quantize_axis last).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from dyndq.opdefs import PER_GROUP, dtypes
+
+from . import foreign
+from .foreign import RUNTIME_FLOATS, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
+from .onnx_types import attribute_values
+
+OP = "GatherBlockQuantized"
+SOURCE = (MS_DOMAIN, OP)
+QUALNAME = f"{MS_DOMAIN}::{OP}"
+DEFAULTS = {"bits": 4, "block_size": 128, "quantize_axis": 1, "gather_axis": 0}
+
+
+# == lifting ===================================================================================
+
+def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
+    """The rewrite of one GatherBlockQuantized into DynamicDequantize-2 (+ Slice) + Gather, or why not."""
+    attrs = {**DEFAULTS, **attribute_values(node)}
+    data_name, indices, s, z = foreign.inputs_of(node, 4)
+    bits, block = int(attrs["bits"]), int(attrs["block_size"])
+    data = view.constant(data_name) if data_name else None
+    if data is None:
+        return "data is not a constant (an initializer or a Constant of this graph)"
+    kind = dtypes.name_of(data.dtype)
+    if kind not in ("int4", "uint4", "uint8"):
+        return f"data is {kind}: DynamicDequantize takes integer codes (int4/uint4/uint8 here)"
+    if kind == "uint8" and bits not in (4, 8):
+        return f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes; {bits}-bit codes have no type of its own"
+    if kind != "uint8" and bits != 4:
+        return f"bits={bits} with {kind} data"
+    if not foreign.power_of_two_block(block):
+        return f"block_size {block}: GatherBlockQuantized takes powers of two from 16 for integer codes"
+    codes = foreign.unpack(data, bits) if kind == "uint8" else data
+    rank = codes.ndim
+    qa, ga = int(attrs["quantize_axis"]), int(attrs["gather_axis"])
+    if rank == 0 or not (-rank <= qa < rank and -rank <= ga < rank):
+        return f"quantize_axis {qa} or gather_axis {ga} out of range for data of rank {rank}"
+    qa, ga = qa % rank, ga % rank
+    length = codes.shape[qa]
+    blocks = -(-length // block)
+    want = tuple(blocks if i == qa else d for i, d in enumerate(codes.shape))
+    found = foreign.float_scales(view, s)
+    if isinstance(found, str):
+        return found
+    scales, t = found
+    if scales.shape != want:
+        return f"scales has shape {list(scales.shape)}, not {list(want)}"
+    form = {"op": QUALNAME, "data": kind, "bits": bits,
+            "attributes": {a.name: int(a.i) for a in node.attribute}}
+    readers = [node]
+    inits = []
+    code_type = "uint4" if kind == "uint8" and bits == 4 else kind
+    zero_name = None
+    if z:
+        zero = view.constant(z)
+        if zero is None:
+            return "zero_points is not a constant"
+        zero = foreign.unpack(zero, bits) if kind == "uint8" else zero
+        if dtypes.name_of(zero.dtype) != kind or zero.shape[:-1] != want[:-1] or zero.shape[-1] < want[-1] \
+                or (kind != "uint8" and zero.shape != want):
+            return f"zero_points (as codes) have shape {list(zero.shape)}, not {list(want)}"
+        form["zero_points"] = "given"
+        zero = zero[..., :want[-1]]
+        if kind == "uint8":
+            zero_name = foreign.new_name(view, z, readers)
+            inits.append(foreign.tensor(foreign.as_codes(zero, code_type), zero_name))
+        else:
+            zero_name = z
+    elif kind == "uint8":
+        form["zero_points"] = "absent"
+        zero_name = view.names.fresh(f"{data_name}_zero_points")
+        inits.append(foreign.tensor(foreign.as_codes(np.full(want, 1 << (bits - 1)), code_type), zero_name))
+    padded = blocks * block != length
+    if kind == "uint8" or padded:
+        padding = [(0, blocks * block - length) if i == qa else (0, 0) for i in range(rank)]
+        full = np.pad(codes.astype(np.int64), padding) if padded else codes
+        code_name = foreign.new_name(view, data_name, readers)
+        inits.insert(0, foreign.tensor(foreign.as_codes(full, code_type), code_name))
+    else:
+        code_name = data_name
+
+    base = node.name or node.output[0]
+    ctx = foreign.context(view, base)
+    group = [block if i == qa else 1 for i in range(rank)]
+    table = foreign.dynamic_dequantize(ctx, code_name, s, zero_name, group, form)
+    if padded:
+        table = foreign.slice_to(ctx, table, qa, length)
+    out = ctx.op("Gather", table, indices, axis=ga, hint="gathered")
+    ctx.output_as(out, node.output[0])
+    foreign.stand_in(ctx.nodes[-1], node)
+    shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
+    return Rewrite([node], list(ctx.nodes), inits, shown)
+
+
+# == lowering ==================================================================================
+
+def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
+    """The rewrite of a DynamicDequantize-2 (and the Gather reading it) into one GatherBlockQuantized, or why not."""
+    qtype, group = foreign.ddq_attrs(node)
+    src, s, z = foreign.inputs_of(node, 3)
+    if qtype != PER_GROUP:
+        return f"{qtype}: GatherBlockQuantized takes blocks along one axis (per_group)"
+    codes = view.constant(src)
+    if codes is None:
+        return "src is not a constant"
+    kind = dtypes.name_of(codes.dtype)
+    if kind not in ("int4", "uint4", "int8", "uint8"):
+        return f"src is {kind}"
+    grouped = [i for i, g in enumerate(group) if g > 1]
+    if len(grouped) != 1 or not foreign.power_of_two_block(group[grouped[0]]):
+        return f"group_shape {list(group)}: GatherBlockQuantized takes one blocked axis, by a power of two from 16"
+    qa, block, rank = grouped[0], int(group[grouped[0]]), codes.ndim
+    found = foreign.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
+    if isinstance(found, str):
+        return found
+    scales, t = found
+    chain = foreign.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
+    if isinstance(chain, str):
+        return chain
+    nodes, gather, length = chain
+    if not codes.shape[qa] - block < length <= codes.shape[qa]:
+        return f"Slice keeps {length} of {codes.shape[qa]}: more than the last block's padding"
+    ga = int(attribute_values(gather).get("axis", 0)) % rank
+    form = foreign.lifted_from(node, QUALNAME)
+    keep = tuple(slice(0, length) if i == qa else slice(None) for i in range(rank))
+    zero = view.constant(z) if z else None
+    if z and zero is None:
+        return "zps is not a constant"
+    if kind in ("int4", "uint4"):
+        data_type, bits, shift = kind, 4, 0
+    else:
+        data_type, bits, shift = "uint8", 8, 128 if kind == "int8" else 0
+        if ga != 0 or qa != rank - 1:
+            return ("8-bit codes: ONNX Runtime's GatherBlockQuantized takes uint8 data with gather_axis 0 and "
+                    f"quantize_axis last, not {ga} and {qa}")
+    lo, hi = dtypes.integer_range(dtypes.by_name(data_type))
+    values = codes.astype(np.int64)[keep] + shift
+    # the zero points as the contrib op's codes; absent (ours: 0) becomes explicit where its default differs
+    zero_values = (np.zeros(scales.shape, np.int64) if zero is None else zero.astype(np.int64)) + shift
+    if zero_values.min(initial=lo) < lo or zero_values.max(initial=hi) > hi:
+        return f"zero points outside {data_type}'s range"
+
+    packed4 = form.get("data") == "uint8" and form.get("bits") == 4 and kind == "uint4" and ga == 0 \
+        and qa == rank - 1 and values.shape[-1] % 2 == 0
+    if packed4:
+        data_type, bits = "uint8", 4
+    default = 1 << (bits - 1) if data_type == "uint8" else 0
+    replaced = foreign.chain_nodes(view, [node] + nodes + [gather])
+    inits = []
+    rewritten = packed4 or shift or length != codes.shape[qa]
+    data_name = foreign.new_name(view, src, replaced) if rewritten else src
+    if rewritten:
+        inits.append(foreign.tensor(foreign.pack(values, 4) if packed4 else foreign.as_codes(values, data_type), data_name))
+    inputs = [data_name, gather.input[1], s]
+    if form.get("zero_points") == "given" or np.any(zero_values != default):
+        if z and not rewritten and dtypes.name_of(zero.dtype) == data_type:
+            inputs.append(z)  # the zero points as they are
+        else:
+            if packed4:
+                odd = zero_values.shape[-1] % 2
+                rows = np.concatenate([zero_values, np.zeros(zero_values.shape[:-1] + (odd,), np.int64)], axis=-1)
+                zero_data = foreign.pack(rows, 4)
+            else:
+                zero_data = foreign.as_codes(zero_values, data_type)
+            name = foreign.new_name(view, z, replaced) if z else view.names.fresh(f"{data_name}_zero_points")
+            inits.append(foreign.tensor(zero_data, name))
+            inputs.append(name)
+    attrs = {"block_size": block, "gather_axis": ga, "quantize_axis": qa, "bits": bits}
+    # the attributes the lifted node had, as it wrote them (a negative axis stays negative), else the
+    # ones that differ from their defaults and those ONNX Runtime's quantizer writes
+    had = form.get("attributes") if isinstance(form.get("attributes"), dict) else None
+    if had is None:
+        had = {k: v for k, v in attrs.items() if k != "bits" or data_type == "uint8"}
+    kept = {}
+    for k, v in attrs.items():
+        old = had.get(k)
+        if old is not None and (old == v or (k.endswith("axis") and old % rank == v)):
+            kept[k] = old
+        elif old is not None or v != DEFAULTS[k]:
+            kept[k] = v
+    fused = onnx.helper.make_node(OP, inputs, [gather.output[0]], domain=MS_DOMAIN, **kept)
+    foreign.stand_in(fused, gather)
+    shown = f"{QUALNAME} ({data_type} data, block_size {block}, quantize_axis {qa}, gather_axis {ga})"
+    return Rewrite(replaced, [fused], inits, shown, domains={MS_DOMAIN: MS_OPSET})

@@ -1,0 +1,260 @@
+"""com.microsoft::MatMulNBits <-> DynamicDequantize-2 + MatMul: lifted exactly and written back
+byte for byte, over bits, block sizes, K padding, zero-point forms, scales types and bias.
+
+The effective weights of a MatMulNBits are read the way ONNX Runtime computes them: a run with
+A = identity(K) returns W (each output a sum of one weight and zeros).  They must equal, in value,
+what the lifted graph gives on our reference engine and on ONNX Runtime after the standard export.
+Outputs for other A are compared with a tolerance (parity.TOLERANCE of the output's largest
+magnitude): MatMulNBits and MatMul sum in different orders.  ONNX Runtime runs with basic graph
+optimizations, so that the standard export's DequantizeLinear + MatMul is not fused back.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import dyndq
+from dyndq.converters import foreign
+from dyndq.parity import TOLERANCE
+
+FLOAT = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+def matmul_nbits(K, N, bits, block, zp="packed", t="float32", bias=False, seed=0, g_idx=None, scales_1d=False,
+                 accuracy_level=None, zp_values=None):
+    """A model of one MatMulNBits with random codes, scales and zero points; and the codes, zero points as ints."""
+    rng = np.random.default_rng(seed)
+    blocks = -(-K // block)
+    q = rng.integers(0, 2**bits, (N, blocks * block))
+    B = foreign.pack(q, bits).reshape(N, blocks, block * bits // 8)
+    scales = (rng.standard_normal((N, blocks)) * 0.05).astype(t)
+    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(scales.reshape(-1) if scales_1d else scales, "scales")]
+    inputs = ["A", "B", "scales"]
+    zero = np.full((N, blocks), 2 ** (bits - 1))
+    if zp == "packed":
+        zero = rng.integers(0, 2**bits, (N, blocks)) if zp_values is None else zp_values
+        per = 8 // bits
+        rows = np.concatenate([zero, np.full((N, (-blocks) % per), 2 ** (bits - 1))], axis=1)
+        inits.append(numpy_helper.from_array(foreign.pack(rows, bits).reshape(-1), "zp"))
+        inputs.append("zp")
+    elif zp == "float":
+        zero = rng.integers(0, 2**bits, (N, blocks)) if zp_values is None else zp_values
+        inits.append(numpy_helper.from_array(zero.astype(t), "zp"))
+        inputs.append("zp")
+    if g_idx is not None:
+        inputs += [""] * (4 - len(inputs)) + ["g_idx"]
+        inits.append(numpy_helper.from_array(np.asarray(g_idx, np.int32), "g_idx"))
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + ["bias"]
+        inits.append(numpy_helper.from_array((rng.standard_normal(N)).astype(t), "bias"))
+    attrs = dict(K=K, N=N, bits=bits, block_size=block)
+    if accuracy_level is not None:
+        attrs["accuracy_level"] = accuracy_level
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], name="mm", domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", FLOAT[t], ["M", K])],
+                              [helper.make_tensor_value_info("Y", FLOAT[t], ["M", N])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    return model, q, zero
+
+
+def on_ort(model, A):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"A": A})[0]
+
+
+def initializers(model):
+    return {t.name: t.SerializeToString() for t in model.graph.initializer}
+
+
+def same_node_but_accuracy_level(original, written):
+    """The written node is the original one, but for accuracy_level, which export always writes
+    (0, its default, when the original had none)."""
+    attrs = {a.name: a for a in written.attribute}
+    level = attrs.pop("accuracy_level")
+    expected = {a.name: a for a in original.attribute}
+    assert level.i == (expected.pop("accuracy_level").i if "accuracy_level" in expected else 0)
+    rest = onnx.NodeProto()
+    rest.CopyFrom(written)
+    del rest.attribute[:]
+    rest.attribute.extend(a for a in written.attribute if a.name != "accuracy_level")
+    plain = onnx.NodeProto()
+    plain.CopyFrom(original)
+    del plain.attribute[:]
+    plain.attribute.extend(a for a in original.attribute if a.name != "accuracy_level")
+    assert rest.SerializeToString() == plain.SerializeToString()
+
+
+@st.composite
+def forms(draw):
+    bits = draw(st.sampled_from([4, 8]))
+    block = draw(st.sampled_from([16, 32, 64, 128]))
+    K = draw(st.integers(1, 3 * block))
+    return dict(K=K, N=draw(st.integers(1, 12)), bits=bits, block=block,
+                zp=draw(st.sampled_from(["absent", "packed"] + (["float"] if bits == 4 else []))),
+                t=draw(st.sampled_from(["float32", "float16"])), bias=draw(st.booleans()),
+                scales_1d=draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)),
+                accuracy_level=draw(st.sampled_from([None, 0, 4])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forms())
+def test_lifted_weights_equal_matmul_nbits_effective_weights_and_write_back_byte_for_byte(p):
+    model, q, zero = matmul_nbits(**p)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1 and not report.skipped and dyndq.check(lifted) == []
+    assert {n.op_type for n in lifted.graph.node} <= {"DynamicDequantize", "Slice", "Constant", "MatMul", "Add"}
+    K, t = p["K"], np.dtype(p["t"])
+    eye = np.eye(K, dtype=t)
+    # the weights: of the same node without bias, at accuracy_level 0 (at 4 ONNX Runtime quantizes A)
+    plain, _, _ = matmul_nbits(**{**p, "accuracy_level": None, "bias": False})
+    effective = on_ort(plain, eye)
+    # the documented formula, (q - zp) * scale, computed exactly
+    scales = numpy_helper.to_array(next(x for x in model.graph.initializer if x.name == "scales")).reshape(p["N"], -1)
+    formula = ((q - np.repeat(zero, p["block"], axis=1)).astype(np.float32)
+               * np.repeat(scales.astype(np.float32), p["block"], axis=1)).astype(t).T[:K]
+    plain_lifted = dyndq.lift(plain)
+    assert np.array_equal(dyndq.run(plain_lifted, {"A": eye}, engine="reference")["Y"], formula)
+    assert np.array_equal(on_ort(dyndq.export(plain_lifted), eye), formula)
+    if p["zp"] == "float" and t == np.float32:  # ORT's kernel: q*scale - zp*scale, each product rounded
+        terms = ((q + np.repeat(zero, p["block"], axis=1)) * np.abs(np.repeat(scales, p["block"], axis=1))).T[:K]
+        assert np.all(np.abs(effective.astype(np.float64) - formula) <= 2**-23 * terms)
+        assert report.notes and "float zero points" in report.notes[0]
+    else:
+        assert np.array_equal(effective, formula)
+
+    back, written = dyndq.export_with_report(lifted, target="onnxruntime")
+    assert [n.form.split(" (")[0] for n in written.foreign] == ["com.microsoft::MatMulNBits"]
+    assert initializers(back) == initializers(model)
+    assert [t.name for t in back.graph.initializer] == [t.name for t in model.graph.initializer]
+    assert len(back.graph.node) == 1
+    same_node_but_accuracy_level(model.graph.node[0], back.graph.node[0])
+
+    A = np.random.default_rng(p["seed"]).standard_normal((3, K)).astype(t)
+    assert np.array_equal(on_ort(back, A), on_ort(model, A))  # the same kernel on the same bytes
+    float_meaning, _, _ = matmul_nbits(**{**p, "accuracy_level": None})
+    original = on_ort(float_meaning, A)
+    scale = float(np.abs(original.astype(np.float64)).max())
+    tolerance = TOLERANCE * scale if t == np.float32 else 2e-3 * scale  # (float16 outputs round at 2^-11)
+    assert np.abs(on_ort(dyndq.export(lifted), A).astype(np.float64) - original).max() <= tolerance
+
+
+def test_absent_zero_point_is_written_out_as_two_to_the_bits_minus_one():
+    for bits, value in ((4, 8), (8, 128)):
+        model, _, _ = matmul_nbits(40, 3, bits, 16, zp="absent")
+        lifted = dyndq.lift(model)
+        ddq = next(n for n in lifted.graph.node if n.op_type == "DynamicDequantize")
+        zps = numpy_helper.to_array(next(t for t in lifted.graph.initializer if t.name == ddq.input[2]))
+        assert zps.dtype.name == ("uint4" if bits == 4 else "uint8") and np.all(zps.astype(int) == value)
+        assert dyndq.export(lifted, target="onnxruntime").graph.node[0].input[3:] == []  # absent again
+
+
+def test_padded_k_is_kept_in_the_codes_and_cut_by_a_slice():
+    model, q, _ = matmul_nbits(40, 5, 4, 32)
+    lifted = dyndq.lift(model)
+    codes = next(t for t in lifted.graph.initializer if t.name == "B")
+    assert list(codes.dims) == [64, 5] and codes.data_type == TensorProto.UINT4
+    assert np.array_equal(numpy_helper.to_array(codes).astype(int), q.T)
+    assert [n.op_type for n in lifted.graph.node if n.op_type != "Constant"] == ["DynamicDequantize", "Slice", "MatMul"]
+
+
+def test_accuracy_level_is_kept_as_metadata_and_written_explicitly():
+    model, _, _ = matmul_nbits(64, 4, 4, 32, accuracy_level=4)
+    lifted = dyndq.lift(model)
+    matmul = next(n for n in lifted.graph.node if n.op_type == "MatMul")
+    assert {p.key: p.value for p in matmul.metadata_props} == {foreign.ACCURACY_LEVEL: "4"}
+    level = lambda m: next(a.i for a in m.graph.node[0].attribute if a.name == "accuracy_level")  # noqa: E731
+    assert level(dyndq.export(lifted, target="onnxruntime")) == 4
+    assert level(dyndq.export(lifted, target="onnxruntime", accuracy_level=0)) == 0
+    plain, _, _ = matmul_nbits(64, 4, 4, 32)
+    back, report = dyndq.export_with_report(dyndq.lift(plain), target="onnxruntime")
+    assert level(back) == 0 and "accuracy_level 0: kept from the lifted node" in report.foreign[0].form
+
+
+def test_identity_g_idx_is_lifted_and_written_back():
+    model, _, _ = matmul_nbits(64, 3, 4, 16, g_idx=np.arange(64) // 16)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1 and "g_idx" not in {t.name for t in lifted.graph.initializer}
+    back = dyndq.export(lifted, target="onnxruntime")
+    assert initializers(back) == initializers(model)
+    assert list(back.graph.node[0].input) == list(model.graph.node[0].input)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(bits=2), "bits=2: DynamicDequantize takes 4- and 8-bit codes"),
+    (dict(g_idx=(np.arange(64) // 16)[::-1]), "g_idx is not the identity"),
+    (dict(zp="float", zp_values=np.full((3, 4), 7.5)), "not integers"),
+])
+def test_forms_not_expressible_exactly_are_left_alone_and_named(change, reason):
+    p = dict(K=64, N=3, bits=4, block=16)
+    p.update(change)
+    model, _, _ = matmul_nbits(**p)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 0 and len(report.skipped) == 1
+    assert reason in str(report.skipped[0]) and "com.microsoft::MatMulNBits 'mm'" in str(report.skipped[0])
+    assert lifted.graph.node[0].op_type == "MatMulNBits"  # untouched
+    assert any(o.domain == "com.microsoft" for o in lifted.opset_import)
+    exported, written = dyndq.export_with_report(model)
+    assert exported.graph.node[0].op_type == "MatMulNBits"
+    assert written.foreign[0].form == "kept" and reason in written.foreign[0].why
+
+
+def test_a_weight_that_is_a_graph_input_is_not_a_constant():
+    model, _, _ = matmul_nbits(32, 2, 4, 16)
+    model.graph.input.append(helper.make_tensor_value_info("B", TensorProto.UINT8, [2, 2, 8]))
+    _, report = dyndq.lift_with_report(model)
+    assert "B is not a constant" in report.skipped[0].reason
+
+
+def test_two_bit_model_runs_as_it_was_after_a_standard_export():
+    """A node left alone is left as it is: the exported model still holds it, and computes the same."""
+    model, _, _ = matmul_nbits(64, 3, 2, 16)
+    A = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    assert np.array_equal(on_ort(dyndq.export(model), A), on_ort(model, A))
+
+
+def test_a_node_in_an_if_branch_is_lifted_with_the_branch_s_own_weights():
+    model, _, _ = matmul_nbits(64, 3, 4, 32)
+    inner = model.graph
+    branch = helper.make_graph(list(inner.node), "then", [], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+                               list(inner.initializer))
+    other = helper.make_graph([helper.make_node("Slice", ["A", "zero", "three", "one"], ["Z"])], "else", [],
+                              [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array([0]), "zero"), numpy_helper.from_array(np.array([3]), "three"),
+                               numpy_helper.from_array(np.array([1]), "one")])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["out"], name="if", then_branch=branch, else_branch=other)],
+                              "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                    helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+    wrapped = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=10)
+    lifted, report = dyndq.lift_with_report(wrapped)
+    assert report.lifted[0][0] == "main/if.then_branch" and not report.skipped
+    A = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    expected = on_ort(model, A)
+    got = dyndq.run(lifted, {"c": np.array(True), "A": A}, engine="reference")["out"]
+    assert np.abs(got - expected).max() <= TOLERANCE * np.abs(expected).max()
+    back = dyndq.export(lifted, target="onnxruntime")
+    then = next(a.g for a in back.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["MatMulNBits"]
+    assert {t.name: t.SerializeToString() for t in then.initializer} == initializers(model)
+
+
+def test_a_node_in_a_model_local_function_is_left_alone_and_named():
+    model, _, _ = matmul_nbits(32, 2, 4, 16)
+    fn = helper.make_function("local", "Proj", ["A", "B", "scales"], ["Y"], list(model.graph.node),
+                              [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph([helper.make_node("Proj", ["A", "B", "scales"], ["Y"], domain="local")], "g",
+                              list(model.graph.input), list(model.graph.output), list(model.graph.initializer))
+    wrapped = helper.make_model(graph, functions=[fn], ir_version=10,
+                                opset_imports=list(model.opset_import) + [helper.make_opsetid("local", 1)])
+    _, report = dyndq.lift_with_report(wrapped)
+    assert report.count == 0
+    assert str(report.skipped[0]).startswith("function local::Proj: com.microsoft::MatMulNBits 'mm' left alone: inside a")
