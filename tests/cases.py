@@ -447,31 +447,6 @@ def close_after_matmul(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.allclose(a, b, rtol=MATMUL_RTOL, atol=MATMUL_ATOL)
 
 
-# -- the README's command transcripts ----------------------------------------------------------------
-
-
-def readme_transcripts(readme_text: str, heading: str) -> list:
-    """(argv, exit code, [lines shown]) for each `$ dyndq ...` line in the plain code fences of
-    one README section (`heading` up to the next "## "); fences are taken in pairs, so a
-    ```python block never swallows its neighbours; a `# exit code N` comment gives the code."""
-    import re
-    import shlex
-
-    section = readme_text.split(heading, 1)[1].split("\n## ", 1)[0]
-    runs = []
-    for language, block in re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S):
-        if language:
-            continue
-        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
-            if not chunk.startswith("$ dyndq"):
-                continue
-            head, *shown = chunk.rstrip("\n").split("\n")
-            command, _, comment = head[2:].partition("#")
-            code = re.search(r"exit code (\d)", comment)
-            runs.append((shlex.split(command)[1:], int(code.group(1)) if code else 0, shown))
-    return runs
-
-
 # -- the compiled kernel: whether its tests run --------------------------------------------------
 
 # Tests of the compiled kernel carry the `native` mark (or take kernel_path's compiled paths).

@@ -114,3 +114,23 @@ def test_docs_pages_link_to_pages_that_exist():
     for page in [ROOT / "README.md", *DOCS]:
         for target in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def _subcommands() -> set[str]:
+    import argparse
+
+    from dyndq import cli
+
+    parser = cli._parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(sub.choices)
+
+
+def test_every_command_has_a_transcript_in_the_docs_and_a_line_in_the_readme():
+    """docs/cli.md (or the page of its subject) shows each command run; the README lists each."""
+    shown = {argv[0] for page in DOCS for language, body in fences(page.read_text()) if language == ""
+             for argv, _, _ in commands(body)}
+    readme = (ROOT / "README.md").read_text()
+    for command in sorted(_subcommands()):
+        assert command in shown, f"no docs page shows `dyndq {command}` run"
+        assert f"`dyndq {command}" in readme, f"the README's command table lacks `dyndq {command}`"

@@ -107,33 +107,23 @@ def test_demo_checks_its_folder_before_the_work(capsys, tmp_path, monkeypatch):
     assert code == 2 and "cannot write there" in err, err
 
 
-# -- the README for a newcomer; its promises about exit codes ------------------------------------
+# -- the README and docs/cli.md for a newcomer; their promises about exit codes ---------------------
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
-
-
-def test_readme_tells_how_to_get_dyndq_on_the_path_and_that_snippets_build_on_each_other():
-    text = open(README).read()
-    assert ". .venv/bin/activate" in text and ".venv/bin/dyndq" in text
-    assert "build on each other" in text
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README = os.path.join(ROOT, "README.md")
+CLI_PAGE = os.path.join(ROOT, "docs", "cli.md")
 
 
-def test_readme_recipe_for_broken_onnx_gives_the_transcripts_problems(capsys, tmp_path, monkeypatch):
-    import re
-    import textwrap
-
-    text = open(README).read()
-    recipe = textwrap.dedent(re.search(r"    python - <<'EOF'\n(.*?)\n    EOF\n", text, flags=re.S).group(1))
-    monkeypatch.chdir(tmp_path)
-    assert call(capsys, "demo")[0] == 0
-    exec(compile(recipe, "README recipe", "exec"), {})
-    code, out, err = call(capsys, "check", "broken.onnx")
-    assert code == 1 and "2 problems" in out and "found 128 elements" in out and "type STRING ('1')" in out
+def test_readme_and_cli_page_tell_how_to_get_dyndq_on_the_path():
+    for path in (README, CLI_PAGE):
+        text = open(path).read()
+        assert ". .venv/bin/activate" in text and ".venv/bin/dyndq" in text, path
+    assert "build on each other" in open(os.path.join(ROOT, "docs", "graphs.md")).read()
 
 
-def test_readme_exit_codes_are_the_clis():
+def test_the_cli_page_gives_the_clis_exit_codes():
     from dyndq import cli
 
-    text = open(README).read()
+    text = open(CLI_PAGE).read()
     for code in (cli.OK, cli.PROBLEMS, cli.USAGE, cli.INTERNAL, 130):
         assert f"| {code} |" in text

@@ -1,45 +1,10 @@
-"""The README's "oneDNN graphs" transcripts are what the commands print.
-
-Run as tests/test_readme_cli.py runs the Command line section: each `$ dyndq` line in a fresh
-folder (where `tests/data` is this repository's), in order, through the CLI's entry point; every
-line shown must appear in what it printed, a `# exit code N` its exit code.  A line the README
-elides with "..." must match a printed line up to the "...".
-"""
+"""oneDNN example inputs through their .npy files (docs/onednn.md's transcripts are run by
+tests/test_docs.py)."""
 from pathlib import Path
-
-from cases import readme_transcripts
 
 from dyndq.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## oneDNN graphs"
-
-
-def transcripts():
-    return readme_transcripts((ROOT / "README.md").read_text(), SECTION)
-
-
-def _norm(line: str) -> str:
-    return " ".join(line.split())
-
-
-def test_the_onednn_transcripts(tmp_path, monkeypatch, capsys):
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "data").symlink_to(ROOT / "tests" / "data")
-    monkeypatch.chdir(tmp_path)
-    runs = transcripts()
-    assert {argv[0] for argv, _, _ in runs} >= {"import-onednn", "run", "export-onednn", "check"}
-    for argv, code, shown in runs:
-        got = main(argv)
-        out, err = capsys.readouterr()
-        printed = [_norm(line) for line in (out + err).splitlines()]
-        assert got == code, (argv, got, err)
-        for line in filter(str.strip, shown):
-            if "..." in line:
-                head = _norm(line.split("...", 1)[0])
-                assert any(p.startswith(head) for p in printed), f"`dyndq {' '.join(argv)}` did not print {line!r}"
-            else:
-                assert _norm(line) in printed, f"`dyndq {' '.join(argv)}` did not print {line!r}"
 
 
 def test_example_inputs_of_int4_run_from_their_npy_files(tmp_path, capsys):
