@@ -21,8 +21,9 @@ class Problem:
     allowed: str
     op: str | None = None
     node: str | None = None
-    node_index: int | None = None
+    node_index: int | None = None  # the node's index in an ONNX graph
     graph: str | None = None
+    op_id: int | None = None  # the id of an op of a oneDNN graph (its JSON's "id"), which is no index
 
     def at(self, *, op: str, node: str, node_index: int, graph: str) -> "Problem":
         """The same problem, located at a node of a graph."""
@@ -35,8 +36,9 @@ class Problem:
         where = []
         if self.graph is not None:
             where.append(f"graph {self.graph!r}")
-        if self.node_index is not None:
-            where.append(f"node {self.node_index} {self.node!r}" if self.node else f"node {self.node_index} (unnamed)")
+        number = self.node_index if self.node_index is not None else self.op_id  # said alike: `node 3 'fc'`
+        if number is not None:
+            where.append(f"node {number} {self.node!r}" if self.node else f"node {number} (unnamed)")
         if self.op is not None:
             where.append(f"({self.op})")
         head = " ".join(where)

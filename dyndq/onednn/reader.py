@@ -43,7 +43,7 @@ class Op:
     outputs: tuple[Tensor, ...]
 
     def problem(self, argument: str | None, found: str, allowed: str) -> Problem:
-        return Problem(argument, found, allowed, op=self.kind, node=self.name, node_index=self.id, graph=GRAPH)
+        return Problem(argument, found, allowed, op=self.kind, node=self.name, op_id=self.id, graph=GRAPH)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`load(path_or_dict)`: a oneDNN graph as an ONNX model, with a report of what was done.
 
-All or nothing: every op is mapped (onednn_kinds.py) and every problem of every op is
+All or nothing: every op is mapped by its kind's handler (kinds.py) and every problem of every op is
 collected; any problem raises `ValidationError` with all of them, and no model is
 returned.  The finished model must pass `dyndq.check`, and every value's dtype and
 shape as ONNX infers them must be what the JSON declares; a disagreement is a
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-from dyndq.onednn_emitter import OpEmitter, Refused
-from dyndq.onednn_kinds import KINDS, ROLES
-from dyndq.onednn_reader import GRAPH, Graph, Op, Tensor, read
+from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.kinds import KINDS
+from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, read
 from dyndq.opdefs import Problem, ValidationError
 
 OPSET = 21
@@ -52,7 +52,7 @@ def value_names(graph: Graph) -> dict[int, str]:
             names[t.id] = f"{base}_{'dst' if i == 0 else f'dst{i}'}_{t.id}"
     for op in graph.ops:
         base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
-        roles = ROLES.get(op.kind, ())
+        roles = KINDS[op.kind].roles if op.kind in KINDS else ()
         for i, t in enumerate(op.inputs):
             names.setdefault(t.id, f"{base}_{roles[i] if i < len(roles) else f'in{i}'}_{t.id}")
     return names
@@ -76,13 +76,14 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
     nodes, initializers, problems = [], [], []
     taken = set(names.values()) | set(op_names.values())
     for op in graph.ops:
-        mapping = KINDS.get(op.kind)
-        if mapping is None:
+        h = KINDS.get(op.kind)
+        if h is None:
             problems.append(op.problem("kind", repr(op.kind), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
             continue
         e = OpEmitter(op, names, taken, op_names[op.id])
         try:
-            mapping(e)
+            e.arity(h.inputs, h.outputs)
+            h.to_onnx(e, h.read_attrs(e))
         except Refused:
             pass
         problems += e.problems

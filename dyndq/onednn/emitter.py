@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem, dtypes
-from dyndq.onednn_reader import Op, Tensor
+from dyndq.onednn.reader import Op, Tensor
 
 FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}
@@ -49,22 +49,12 @@ class OpEmitter:
         self.problem(argument, found, allowed)
         raise Refused()
 
-    def attrs(self, **defaults) -> dict:
-        """The op's attributes over `defaults`; an attribute not in `defaults` is one the
-        mapping cannot honour, and is named."""
-        for key in self.op.attrs:
-            if key not in defaults:
-                known = ", ".join(defaults) or "none"
-                self.problem(key, f"attribute {key}={self.op.attrs[key]!r}", f"the attributes this mapping honours: {known}")
-        return {**defaults, **self.op.attrs}
-
-    def arity(self, inputs, outputs=1) -> None:
-        """`inputs`: a count or (least, most)."""
-        lo, hi = (inputs, inputs) if isinstance(inputs, int) else inputs
-        if not lo <= len(self.op.inputs) <= hi:
-            self.problem("inputs", f"{len(self.op.inputs)} inputs", f"{lo}" if lo == hi else f"{lo} to {hi}")
-        if len(self.op.outputs) != outputs:
-            self.problem("outputs", f"{len(self.op.outputs)} outputs", f"{outputs}")
+    def arity(self, inputs: tuple[int, int], outputs: tuple[int, int]) -> None:
+        """How many inputs and outputs, each (least, most); Refused when out of range."""
+        for side, (lo, hi) in (("inputs", inputs), ("outputs", outputs)):
+            n = len(getattr(self.op, side))
+            if not lo <= n <= hi:
+                self.problem(side, f"{n} {side}", f"{lo}" if lo == hi else f"{lo} to {hi}")
         if self.problems:
             raise Refused()
 

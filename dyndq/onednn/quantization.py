@@ -1,0 +1,153 @@
+"""Handlers of the quantization kinds: DynamicDequantize (our op), Quantize, Dequantize, DynamicQuantize.
+
+Each follows oneDNN's doc/graph/operations/*.md: Quantize and DynamicQuantize compute
+saturate(round(src / scale + zp)) (oneDNN leaves the rounding to the library; we round half
+to even, as ONNX does); Dequantize computes (src - zp) * scale with the attribute's values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.handler import REQUIRED, Attr, from_opdefs, handler
+from dyndq.onednn.shared import axis_of, per_axis_shape
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2, dtypes
+
+QTYPES = ("per_tensor", "per_channel")
+
+
+def _dequantizer_example(i: int, draw):
+    """scales small and positive; zero points within the range of the src they are subtracted
+    from (an u8 zp beside u4 weights stays in 0..15)."""
+    if i == 2 and draw.dtype.is_integer:
+        src = draw.input_dtype(0)
+        lo, hi = dtypes.integer_range(src) if src is not None and src.is_integer else (None, None)
+        return draw.integers(lo, hi)
+    if i == 1 and not draw.dtype.is_integer:
+        return draw.floats(2.0**-8, 2.0**-4)
+    return None
+
+
+def _ddq_from_onnx(w) -> dict:
+    return {k: v for k, v in w.values.items() if k in {a.name for a in DYNAMIC_DEQUANTIZE_2.attributes}}
+
+
+@handler("DynamicDequantize", roles=("src", "scales", "zps"), inputs=(2, 3),
+         attrs=tuple(from_opdefs(a) for a in DYNAMIC_DEQUANTIZE_2.attributes),
+         onnx_types=("DynamicDequantize",), from_onnx=_ddq_from_onnx, example=_dequantizer_example)
+def dynamic_dequantize(e: OpEmitter, attrs: dict) -> None:
+    """Our op, as it is: same inputs, attributes and dtypes (its version 2 judges them)."""
+    import dyndq
+    from dyndq.opdefs import ValidationError
+
+    if e.problems:
+        raise Refused()
+    try:
+        node = dyndq.make_node([e.input(i) for i in range(len(e.op.inputs))], [e.output()], name=e.node_name,
+                               **e.op.attrs)
+    except ValidationError as err:
+        for p in err.problems:
+            e.problem(p.argument, p.found, p.allowed)
+        raise Refused() from None
+    e.tag(node, main=True)
+    e.nodes.append(node)
+
+
+def quantize_arith(e: OpEmitter, src: str, scale: str, zp: str | None, dst_index: int = 0) -> None:
+    """dst = saturate(round_half_even(src / scale + zp))."""
+    dst = e.op.outputs[dst_index]
+    lo, hi = dtypes.integer_range(dst.dtype)
+    value = e.node("Div", [src, scale], main=True, what="div")
+    if zp is not None:
+        value = e.node("Add", [value, zp], what="add_zp")
+    value = e.node("Round", [value], what="round")
+    value = e.node("Clip", [value, e.const(lo, "float32", "min"), e.const(hi, "float32", "max")], what="saturate")
+    e.node("Cast", [value], e.output(dst_index), what="to_dst", to=dst.dtype.onnx)
+
+
+def _static_params(e: OpEmitter, attrs: dict, rank: int, channels_of) -> tuple[list, list, int | None]:
+    scales, zps = attrs["scales"], attrs["zps"]
+    if not scales:
+        e.refuse("scales", repr(scales), "a non-empty list of f32 scales")
+    zps = [0] * len(scales) if zps is None else zps
+    if attrs["qtype"] == "per_tensor":
+        if len(scales) != 1 or len(zps) != 1:
+            e.refuse("scales", f"{len(scales)} scales and {len(zps)} zps", "one of each for qtype='per_tensor'")
+        return scales, zps, None
+    axis = axis_of(e, "axis", attrs["axis"], rank)
+    n = channels_of(axis)
+    if len(scales) != n or len(zps) != n:
+        e.refuse("scales", f"{len(scales)} scales and {len(zps)} zps",
+                 f"{n} of each, the size of dimension {axis} (qtype='per_channel')")
+    return scales, zps, axis
+
+
+STATIC = (Attr("qtype", "string", "per_tensor", QTYPES), Attr("axis", "s64", 1),
+          Attr("scales", "f32[]", REQUIRED), Attr("zps", "s64[]"))
+
+
+@handler("Quantize", attrs=STATIC)
+def quantize(e: OpEmitter, attrs: dict) -> None:
+    src, dst = e.op.inputs[0], e.op.outputs[0]
+    e.dtype_in(src, "inputs[0]", {"float32"})
+    e.dtype_in(dst, "outputs[0]", {"int8", "uint8"})
+    if e.problems:
+        raise Refused()
+    scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
+    shape = [] if axis is None else per_axis_shape(len(src.shape), axis, len(scales))
+    quantize_arith(e, e.input(0), e.const(np.reshape(scales, shape), "float32", "scales"),
+                   e.const(np.reshape(zps, shape), "float32", "zps"))
+
+
+@handler("Dequantize", attrs=STATIC, example=_dequantizer_example)
+def dequantize(e: OpEmitter, attrs: dict) -> None:
+    """dst = (src - zp) * scale with the attribute's scales and zps: our op with constant inputs
+    (int32 zero points hold every s64 zp that fits the s8/u8 range oneDNN takes)."""
+    import dyndq
+
+    src, dst = e.op.inputs[0], e.op.outputs[0]
+    e.dtype_in(src, "inputs[0]", {"int8", "uint8"})
+    e.dtype_in(dst, "outputs[0]", {"float32"})
+    if e.problems:
+        raise Refused()
+    scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
+    if any(not -2**31 <= z < 2**31 for z in zps):
+        e.refuse("zps", repr(zps), "zero points within the s32 range")
+    extra = {} if axis is None else {"qtype": "per_channel", "axis": axis}
+    node = dyndq.make_node([e.input(0), e.const(scales, "float32", "scales"), e.const(zps, "int32", "zps")],
+                           [e.output()], name=e.node_name, **extra)
+    e.tag(node, main=True)
+    e.nodes.append(node)
+
+
+@handler("DynamicQuantize", roles=("src", "scales", "zps"), inputs=(2, 3),
+         attrs=(Attr("qtype", "string", "per_tensor", QTYPES), Attr("axis", "s64", 1)))
+def dynamic_quantize(e: OpEmitter, attrs: dict) -> None:
+    src, dst = e.op.inputs[0], e.op.outputs[0]
+    e.dtype_in(src, "inputs[0]", {"float32"})
+    e.dtype_in(e.op.inputs[1], "inputs[1]", {"float32"})
+    if len(e.op.inputs) > 2:
+        e.dtype_in(e.op.inputs[2], "inputs[2]", {"int8", "uint8", "int32"})
+    e.dtype_in(dst, "outputs[0]", {"int8", "uint8"})
+    if e.problems:
+        raise Refused()
+    rank = len(src.shape)
+    shape = [] if attrs["qtype"] == "per_tensor" else per_axis_shape(rank, axis_of(e, "axis", attrs["axis"], rank), -1)
+
+    def param(i: int) -> str:
+        t = e.op.inputs[i]
+        n = int(np.prod(t.shape)) if t.shape else 1
+        if attrs["qtype"] == "per_tensor" or n == 1:
+            if n != 1:
+                e.refuse(f"inputs[{i}]", f"{t.describe()}", "one element for qtype='per_tensor'")
+            target = []
+        else:
+            channels = src.shape[shape.index(-1)]
+            if len(t.shape) != 1 or n != channels:
+                e.refuse(f"inputs[{i}]", t.describe(), f"a 1-D tensor of {channels} elements, src's dimension "
+                                                       f"{shape.index(-1)} (qtype='per_channel')")
+            target = shape
+        value = e.input(i) if t.dtype.name == "float32" else e.cast(e.input(i), e.op.inputs[1].dtype, what=f"in{i}_f32")
+        return e.node("Reshape", [value, e.const(target, "int64", f"in{i}_shape")], what=f"in{i}_broadcast")
+
+    quantize_arith(e, e.input(0), param(1), param(2) if len(e.op.inputs) > 2 else None)
