@@ -30,7 +30,11 @@ class Problem:
         return dataclasses.replace(self, op=op, node=node, node_index=node_index, graph=graph)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict; op_id only when the problem is about a oneDNN op."""
+        fields = dataclasses.asdict(self)
+        if self.op_id is None:
+            del fields["op_id"]
+        return fields
 
     def __str__(self) -> str:
         where = []
