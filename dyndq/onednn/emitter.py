@@ -23,6 +23,8 @@ from dyndq.onednn.reader import Op, Tensor
 
 FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}
+FLOAT8 = {"float8_e4m3fn", "float8_e5m2"}  # oneDNN's f8_e4m3 and f8_e5m2 (finite-only e4m3, IEEE-like e5m2)
+WIDENS_EXACTLY = LOW_FLOATS | FLOAT8 | {"int32"}  # to float32 by a Cast (int32: exact within 2^24)
 
 
 class Refused(Exception):
@@ -101,7 +103,8 @@ class OpEmitter:
                      "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
                      "input_names": [self.names[t.id] for t in self.op.inputs],
                      "output_names": [self.names[t.id] for t in self.op.outputs]}
-            helper.set_metadata_props(node, {"onednn.id": str(self.op.id), "onednn.op": json.dumps(entry)})
+            helper.set_metadata_props(node, {"onednn.id": str(self.op.id),
+                                             "onednn.op": json.dumps(entry, separators=(",", ":"))})
 
     def const(self, values, dtype: str, what: str = "const") -> str:
         name = self.temp(what)
@@ -116,7 +119,7 @@ class OpEmitter:
         t = self.op.inputs[i]
         if t.dtype.name == "float32":
             return self.input(i)
-        if t.dtype.name not in LOW_FLOATS:
+        if t.dtype.name not in WIDENS_EXACTLY:
             self.refuse(f"inputs[{i}]", f"dtype {t.dtype.onednn}", "f32, f16, bf16")
         return self.cast(self.input(i), FLOAT32, what=f"in{i}_f32")
 
@@ -126,7 +129,7 @@ class OpEmitter:
         if dst.dtype.name == "float32":
             self.node(op_type, inputs, self.output(out), main=True, **attrs)
         else:
-            if dst.dtype.name not in LOW_FLOATS:
+            if dst.dtype.name not in LOW_FLOATS | FLOAT8:
                 self.refuse(f"outputs[{out}]", f"dtype {dst.dtype.onednn}", "f32, f16, bf16")
             tmp = self.node(op_type, inputs, main=True, what=f"{value}_f32", **attrs)
             self.node("Cast", [tmp], self.output(out), what="round_to_dst", to=dst.dtype.onnx)

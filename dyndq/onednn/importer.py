@@ -16,8 +16,8 @@ import onnx
 from onnx import helper
 
 from dyndq.onednn.emitter import OpEmitter, Refused
-from dyndq.onednn.kinds import KINDS
-from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, read
+from dyndq.onednn.kinds import KINDS, REFUSED
+from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, fits, read
 from dyndq.opdefs import Problem, ValidationError
 
 OPSET = 21
@@ -77,6 +77,9 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
     taken = set(names.values()) | set(op_names.values())
     for op in graph.ops:
         h = KINDS.get(op.kind)
+        if op.kind in REFUSED:
+            problems.append(op.problem("kind", repr(op.kind), REFUSED[op.kind]))
+            continue
         if h is None:
             problems.append(op.problem("kind", repr(op.kind), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
             continue
@@ -112,7 +115,8 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
             if spec.dtype is not None and spec.dtype != t.dtype.name:
                 problems.append(op.problem(f"outputs[{i}]", f"declared dtype {t.dtype.onednn}",
                                            f"{spec.dtype}, what the op computes from its inputs"))
-            elif spec.shape is not None and all(isinstance(d, int) for d in spec.shape) and tuple(spec.shape) != t.shape:
+            elif (spec.shape is not None and all(isinstance(d, int) for d in spec.shape)
+                  and not fits(tuple(spec.shape), t.shape)):
                 problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
                                            f"{list(spec.shape)}, what the op computes from its inputs"))
     return problems

@@ -8,4 +8,10 @@ float32 between exact Casts (see emitter.py).
 from dyndq.onednn import elementwise, layout, matmul, quantization  # noqa: F401  (each registers its handlers)
 from dyndq.onednn.handler import KINDS, Handler, inverse_table
 
-__all__ = ["KINDS", "Handler", "inverse_table"]
+# Kinds that no mapping can honour, and why: named as such rather than as unknown.
+REFUSED = {
+    "Dropout": "a kind ONNX engines can run alike: Dropout draws oneDNN's own random numbers (Philox, from "
+               "its seed and offset inputs), which no ONNX op reproduces",
+}
+
+__all__ = ["KINDS", "REFUSED", "Handler", "inverse_table"]

@@ -2,7 +2,7 @@
 StaticTranspose, Concat, ReduceSum, ReduceMax."""
 from __future__ import annotations
 
-from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.emitter import FLOAT8, OpEmitter, Refused
 from dyndq.onednn.handler import REQUIRED, Attr, handler
 from dyndq.onednn.shared import FLOATS, axis_of, no_attrs_from_onnx
 
@@ -13,9 +13,9 @@ def _cast_from_onnx(w) -> dict:
 
 @handler("TypeCast", onnx_types=("Cast",), from_onnx=_cast_from_onnx)
 def type_cast(e: OpEmitter, attrs: dict) -> None:
-    """A float dtype to another, rounding to nearest even."""
-    e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
-    e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS)
+    """A float dtype to another, rounding to nearest even (to f8: ONNX's Cast, saturating)."""
+    e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS | FLOAT8)
+    e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS | FLOAT8)
     if e.problems:
         raise Refused()
     e.node("Cast", [e.input(0)], e.output(), main=True, to=e.op.outputs[0].dtype.onnx)

@@ -3,12 +3,23 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from dyndq.onednn.emitter import OpEmitter, Refused
 from dyndq.onednn.handler import Attr, handler
 from dyndq.onednn.shared import FLOATS, no_attrs_from_onnx
 
 
-@handler("MatMul", roles=("src", "weights", "bias"), inputs=(2, 3),
+def _weights_example(i: int, draw):
+    """A linear layer's float weights (a rank-2 second operand) are N(0, 1/K), K the reduction
+    length, as initialisers make them: activations then keep their magnitude."""
+    if i != 1 or draw.dtype.is_integer or len(draw.shape) != 2:
+        return None
+    k = draw.shape[1] if draw.op.attrs.get("transpose_b") in (True, 1, "true", "True") else draw.shape[0]
+    return draw.floats(std=1 / np.sqrt(max(k, 1)))
+
+
+@handler("MatMul", roles=("src", "weights", "bias"), inputs=(2, 3), example=_weights_example,
          attrs=(Attr("transpose_a", "bool", False), Attr("transpose_b", "bool", False),
                 Attr("accumulation_mode", "string", "strict", ("strict", "relaxed", "any", "f32"),
                      "we accumulate in float32")),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.emitter import FLOAT8, OpEmitter, Refused
 from dyndq.onednn.handler import REQUIRED, Attr, from_opdefs, handler
 from dyndq.onednn.shared import axis_of, per_axis_shape
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2, dtypes
@@ -18,14 +18,41 @@ QTYPES = ("per_tensor", "per_channel")
 
 def _dequantizer_example(i: int, draw):
     """scales small and positive; zero points within the range of the src they are subtracted
-    from (an u8 zp beside u4 weights stays in 0..15)."""
+    from (an u8 zp beside u4 weights stays in 0..15).  Weights of a linear layer (dequantized
+    into a rank-2 second operand of a MatMul) get scales that give them the magnitude
+    1/sqrt(K) initialisers give weights, K the MatMul's reduction length."""
+    if i == 0 and draw.dtype.name in FLOAT8:  # f8 data over a good part of its range
+        return draw.floats(-8.0, 8.0)
     if i == 2 and draw.dtype.is_integer:
         src = draw.input_dtype(0)
         lo, hi = dtypes.integer_range(src) if src is not None and src.is_integer else (None, None)
         return draw.integers(lo, hi)
     if i == 1 and not draw.dtype.is_integer:
-        return draw.floats(2.0**-8, 2.0**-4)
+        k = linear_weights_k(draw, draw.op.outputs[0] if draw.op and draw.op.outputs else None, draw.input_shape(0))
+        src = draw.input_dtype(0)
+        if k is None or src is None or not src.is_integer:
+            return draw.floats(2.0**-8, 2.0**-4)
+        target = 1 / np.sqrt(k) / _rms_of_quantized(src, zps=len(draw.names) > 2)
+        return draw.floats(0.5 * target, 1.5 * target)
     return None
+
+
+def linear_weights_k(draw, value: str | None, shape) -> int | None:
+    """K when `value` (of `shape`) is the rank-2 second operand of a MatMul: a linear layer's weights."""
+    if value is None or shape is None or len(shape) != 2:
+        return None
+    for use, index in draw.uses(value):
+        if use.kind == "MatMul" and index == 1:
+            return shape[1] if use.attrs.get("transpose_b") in (True, 1, "true", "True") else shape[0]
+    return None
+
+
+def _rms_of_quantized(src: dtypes.DType, zps: bool) -> float:
+    """The root mean square of src - zp with src (and zp) uniform over src's range."""
+    lo, hi = dtypes.integer_range(src)
+    n = hi - lo + 1
+    variance = (n * n - 1) / 12
+    return float(np.sqrt(2 * variance)) if zps else float(np.sqrt(variance + ((lo + hi) / 2) ** 2))
 
 
 def _ddq_from_onnx(w) -> dict:
@@ -86,14 +113,33 @@ STATIC = (Attr("qtype", "string", "per_tensor", QTYPES), Attr("axis", "s64", 1),
           Attr("scales", "f32[]", REQUIRED), Attr("zps", "s64[]"))
 
 
+def _float8_linear(e: OpEmitter, onnx_type: str, scales: list, zps: list, axis: int | None) -> None:
+    """f8 data: ONNX's QuantizeLinear / DequantizeLinear (opset 21) with float scales, which
+    compute exactly what oneDNN documents (oneDNN takes no zero points for f8: they must be 0).
+    QuantizeLinear saturates to the largest finite f8 (its default, saturate=1)."""
+    if any(z != 0 for z in zps):
+        e.refuse("zps", repr(zps), "zero points of 0 (oneDNN takes none for f8_e4m3 and f8_e5m2)")
+    extra = {} if axis is None else {"axis": axis}
+    scale = e.const(scales[0] if axis is None else scales, "float32", "scales")
+    if onnx_type == "DequantizeLinear":
+        e.node(onnx_type, [e.input(0), scale], e.output(), main=True, **extra)
+        return
+    dst = e.op.outputs[0].dtype.name
+    zp = e.const(0.0 if axis is None else [0.0] * len(scales), dst, "zps")
+    e.node(onnx_type, [e.input(0), scale, zp], e.output(), main=True, **extra)
+
+
 @handler("Quantize", attrs=STATIC)
 def quantize(e: OpEmitter, attrs: dict) -> None:
     src, dst = e.op.inputs[0], e.op.outputs[0]
     e.dtype_in(src, "inputs[0]", {"float32"})
-    e.dtype_in(dst, "outputs[0]", {"int8", "uint8"})
+    e.dtype_in(dst, "outputs[0]", {"int8", "uint8"} | FLOAT8)
     if e.problems:
         raise Refused()
     scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
+    if dst.dtype.name in FLOAT8:
+        _float8_linear(e, "QuantizeLinear", scales, zps, axis)
+        return
     shape = [] if axis is None else per_axis_shape(len(src.shape), axis, len(scales))
     quantize_arith(e, e.input(0), e.const(np.reshape(scales, shape), "float32", "scales"),
                    e.const(np.reshape(zps, shape), "float32", "zps"))
@@ -106,11 +152,14 @@ def dequantize(e: OpEmitter, attrs: dict) -> None:
     import dyndq
 
     src, dst = e.op.inputs[0], e.op.outputs[0]
-    e.dtype_in(src, "inputs[0]", {"int8", "uint8"})
+    e.dtype_in(src, "inputs[0]", {"int8", "uint8"} | FLOAT8)
     e.dtype_in(dst, "outputs[0]", {"float32"})
     if e.problems:
         raise Refused()
     scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
+    if src.dtype.name in FLOAT8:
+        _float8_linear(e, "DequantizeLinear", scales, zps, axis)
+        return
     if any(not -2**31 <= z < 2**31 for z in zps):
         e.refuse("zps", repr(zps), "zero points within the s32 range")
     extra = {} if axis is None else {"qtype": "per_channel", "axis": axis}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dyndq.opdefs import Problem, ValidationError, dtypes
 
@@ -85,40 +85,77 @@ def load_json(source) -> dict:
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return type(x) is int  # not bool, whose type is its own
+
+
+UNKNOWN_DIM = -(2**63)  # DNNL_GRAPH_UNKNOWN_DIM: a dim oneDNN infers (from the producer), also written -1
+INT64_MAX = 2**63 - 1
+MAX_RANK = 12  # DNNL_MAX_NDIMS
+MAX_ELEMENTS = 2**53  # far beyond any real tensor; bounds what a hostile file can make us allocate
+
+
+def _dim(d) -> int | None:
+    """A dim as we hold it (-1 for unknown), or None when it is none."""
+    if type(d) is not int:
+        return None
+    if d == UNKNOWN_DIM or d == -1:
+        return -1
+    return d if 0 <= d <= INT64_MAX else None
+
+
+def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
+    if not isinstance(shape, list):
+        return None, [blame(f"{where}.shape", repr(shape)[:80], "a list of dimensions")]
+    if len(shape) <= MAX_RANK and all(type(d) is int and 0 <= d <= INT64_MAX for d in shape):  # the common case
+        count = 1
+        for d in shape:
+            count *= d or 1
+        if count <= MAX_ELEMENTS:
+            return tuple(shape), []
+    if len(shape) > MAX_RANK:
+        return None, [blame(f"{where}.shape", f"rank {len(shape)}", f"a rank of at most {MAX_RANK} (oneDNN's DNNL_MAX_NDIMS)")]
+    dims = tuple(_dim(d) for d in shape)
+    if None in dims:
+        bad = shape[dims.index(None)]
+        return None, [blame(f"{where}.shape", f"{shape!r} (dimension {bad!r})"[:120],
+                            "dimensions that are integers in [0, 2^63 - 1], or -1 or -9223372036854775808 "
+                            "(DNNL_GRAPH_UNKNOWN_DIM) for unknown")]
+    count = 1
+    for d in dims:
+        count *= max(d, 1)
+    if count > MAX_ELEMENTS:
+        return None, [blame(f"{where}.shape", f"{list(dims)}: {count:.3g} elements", f"at most 2^53 elements")]
+    return dims, []
 
 
 def _tensor(raw, where: str, problems: list, blame) -> Tensor | None:
     """One logical tensor, or None with its problems added."""
     if not isinstance(raw, dict):
-        problems.append(blame(where, f"{raw!r}", "a logical tensor object"))
+        problems.append(blame(where, f"{raw!r}"[:80], "a logical tensor object"))
         return None
-    bad = []
     tid = raw.get("id")
-    if not _is_int(tid):
-        bad.append(blame(f"{where}.id", "missing" if tid is None else repr(tid), "an integer tensor id"))
-    name = raw.get("dtype")
-    try:
-        dtype = dtypes.by_onednn(name)
-    except (KeyError, TypeError):
+    bad = [] if _is_int(tid) and -2**63 <= tid <= INT64_MAX else [
+        blame(f"{where}.id", "missing" if tid is None else repr(tid)[:80], "an integer tensor id (int64)")]
+    dtype = dtypes.by_onednn(raw.get("dtype")) if isinstance(raw.get("dtype"), str) and raw["dtype"] in _ONEDNN_NAMES else None
+    if dtype is None:
         known = ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)
-        bad.append(blame(f"{where}.dtype", repr(name), f"a oneDNN dtype: {known}"))
-        dtype = None
-    shape = raw.get("shape", [])
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= -1 for d in shape):
-        bad.append(blame(f"{where}.shape", repr(shape), "a list of dimensions (integers >= 0, -1 for unknown)"))
-        shape = []
+        bad.append(blame(f"{where}.dtype", repr(raw.get("dtype"))[:80], f"a oneDNN dtype: {known}"))
+    shape, wrong = _shape(raw.get("shape", []), where, blame)
+    bad += wrong
     stride = raw.get("stride", [])
+    layout = raw.get("layout_type", "strided")
     if not isinstance(stride, list) or not all(_is_int(s) for s in stride):
-        bad.append(blame(f"{where}.stride", repr(stride), "a list of integer strides"))
-        stride = []
-    elif stride and len(stride) != len(shape) and raw.get("layout_type", "strided") == "strided":
+        bad.append(blame(f"{where}.stride", repr(stride)[:80], "a list of integer strides"))
+    elif (shape is not None and stride and len(stride) != len(shape) and layout == "strided"
+          and UNKNOWN_DIM not in stride):
         bad.append(blame(f"{where}.stride", f"{len(stride)} strides for a rank-{len(shape)} tensor", "one stride per dimension"))
     problems += bad
     if bad:
         return None
-    return Tensor(tid, dtype, tuple(shape), tuple(stride), str(raw.get("layout_type", "strided")),
-                  str(raw.get("property_type", "undef")))
+    return Tensor(tid, dtype, shape, tuple(stride), str(layout), str(raw.get("property_type", "undef")))
+
+
+_ONEDNN_NAMES = {d.onednn for d in dtypes.DTYPES if d.onednn}
 
 
 def _attrs(raw, blame, problems) -> tuple[dict, dict]:
@@ -147,10 +184,9 @@ def _ops(doc: dict, problems: list) -> list[Op]:
             problems.append(_file_problem(f"graph[{n}]", repr(raw), "an op object"))
             continue
         oid, name, kind = raw.get("id"), raw.get("name", ""), raw.get("kind")
-        label = Op(oid if _is_int(oid) else None, str(name), str(kind), {}, {}, (), ())
 
-        def blame(argument, found, allowed, label=label):
-            return label.problem(argument, found, allowed)
+        def blame(argument, found, allowed, oid=oid, name=name, kind=kind):  # the op, as far as it can be told
+            return Op(oid if _is_int(oid) else None, str(name), str(kind), {}, {}, (), ()).problem(argument, found, allowed)
 
         bad = len(problems)
         if not _is_int(oid):
@@ -183,38 +219,75 @@ def _producers(ops: list[Op], problems: list) -> dict[int, tuple[Op, Tensor]]:
     return produced
 
 
-def _agreements(ops: list[Op], produced: dict, problems: list) -> None:
-    """Every description of a tensor must agree with its producer's (dtype and shape)."""
+def fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two shapes that may describe one tensor: the same rank, and each dim equal or unknown in one."""
+    return len(a) == len(b) and all(x == y or x < 0 or y < 0 for x, y in zip(a, b))
+
+
+def _agreements(ops: list[Op], produced: dict, problems: list) -> dict[int, tuple[int, ...]]:
+    """Every description of a tensor must agree with its producer's (dtype and shape; a dim unknown
+    in one is taken from another).  Returns the shapes in which an unknown dim was so filled."""
     first_seen: dict[int, tuple[Op, Tensor]] = dict(produced)
+    known: dict[int, tuple[int, ...]] = {}
     for op in ops:
         for i, t in enumerate(op.inputs):
             if t.id not in first_seen:
                 first_seen[t.id] = (op, t)
                 continue
             other, want = first_seen[t.id]
-            if (t.dtype, t.shape) != (want.dtype, want.shape):
+            if t.dtype != want.dtype or not fits(t.shape, want.shape):
                 how = "produces" if t.id in produced else "takes"
                 problems.append(op.problem(f"inputs[{i}]", f"tensor {t.id} as {t.describe()}",
                                            f"{want.describe()}, as op {other.id} {other.name!r} ({other.kind}) {how} it"))
+            elif t.shape != want.shape:
+                base = known.get(t.id, want.shape)
+                known[t.id] = tuple(x if x >= 0 else y for x, y in zip(base, t.shape))
+    return known
+
+
+def _filled(ops: list[Op], known: dict[int, tuple[int, ...]]) -> list[Op]:
+    """The ops with every description of a tensor given the dims some description knows."""
+    if not known:
+        return ops
+
+    def fill(ts):
+        return tuple(replace(t, shape=known[t.id]) if t.id in known else t for t in ts)
+    return [replace(op, inputs=fill(op.inputs), outputs=fill(op.outputs)) for op in ops]
 
 
 def _sorted(ops: list[Op], produced: dict, problems: list) -> list[Op]:
-    """Ops in an order where producers come first (stable: the file's order where it can);
-    the ops on a cycle are each named."""
-    waiting = {op.id: {t.id for t in op.inputs if t.id in produced and produced[t.id][0] is not op} for op in ops}
-    selfloops = [op for op in ops if any(t.id in produced and produced[t.id][0] is op for t in op.inputs)]
-    done: set[int] = set()
+    """Ops in an order where producers come first, the ops on a cycle each named.
+
+    Kahn's algorithm with a ready queue, in rounds: round k holds the ops whose longest chain
+    of producers has k ops, each round in the file's order (stable: the file's order where it
+    can).  Each op's count of producers still to come goes down once per producer finished,
+    so the whole takes time linear in the ops and tensors (and a sort per round)."""
+    index = {id(op): n for n, op in enumerate(ops)}
+    waiting = [0] * len(ops)  # producers (other than the op itself) still to come
+    consumers: list[list[int]] = [[] for _ in ops]
+    selfloops = []
+    for n, op in enumerate(ops):
+        producers = {index[id(produced[t.id][0])] for t in op.inputs if t.id in produced}
+        if n in producers:
+            selfloops.append(op)
+            producers.discard(n)
+        waiting[n] = len(producers)
+        for p in producers:
+            consumers[p].append(n)
     order: list[Op] = []
-    remaining = list(ops)
-    while remaining:
-        ready = [op for op in remaining if all(produced[t][0].id in done for t in waiting[op.id])]
-        if not ready:
-            break
-        for op in ready:
-            done.add(op.id)
-            order.append(op)
-        remaining = [op for op in remaining if op.id not in done]
-    for op in selfloops + [op for op in remaining if op not in selfloops]:
+    ready = [n for n in range(len(ops)) if waiting[n] == 0]
+    while ready:
+        following = []
+        for n in ready:
+            order.append(ops[n])
+            for c in consumers[n]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    following.append(c)
+        ready = sorted(following)
+    looped = {id(op) for op in selfloops}
+    on_cycle = [op for n, op in enumerate(ops) if waiting[n] > 0 and id(op) not in looped]
+    for op in selfloops + on_cycle:
         problems.append(op.problem("inputs", "an input that depends on the op's own output (a cycle)",
                                    "a graph without cycles"))
     return order
@@ -235,12 +308,16 @@ def read(source) -> Graph:
     doc = load_json(source)
     problems: list[Problem] = []
     ops = _ops(doc, problems)
-    ids = [op.id for op in ops]
-    for op in ops:
-        if ids.count(op.id) > 1 and op is not next(o for o in ops if o.id == op.id):
+    ids: set[int] = set()
+    for op in ops:  # every op after the first of an id is named
+        if op.id in ids:
             problems.append(op.problem("id", f"op id {op.id}, used by another op too", "a unique op id"))
+        ids.add(op.id)
     produced = _producers(ops, problems)
-    _agreements(ops, produced, problems)
+    known = _agreements(ops, produced, problems)
+    if known and not problems:
+        ops = _filled(ops, known)
+        produced = _producers(ops, [])
     order = _sorted(ops, produced, problems)
     in_ports, out_ports = _ports(doc, "input_ports", problems), _ports(doc, "output_ports", problems)
     notes: list[str] = []
@@ -273,8 +350,10 @@ def read(source) -> Graph:
         elif tid in inputs:
             outputs.append(inputs[tid])
         else:
-            problems.append(_file_problem("output_ports", f"tensor {tid}, which no op produces or takes",
-                                          "tensor ids of the graph"))
+            notes.append(f"output port {tid} names a tensor no op produces or takes: left out")
+    if out_ports is not None and not outputs:  # every port named nothing: the values no op uses
+        used = {t.id for op in ops for t in op.inputs}
+        outputs = [t for op in order for t in op.outputs if t.id not in used]
     if not ops and not problems:
         problems.append(_file_problem("graph", "no ops", "at least one op"))
     if problems:
