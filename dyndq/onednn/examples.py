@@ -118,7 +118,7 @@ def example_input(rng, dtype: dtypes.DType, shape, role, specs, users) -> np.nda
 
 
 def _problem(name: str, found: str, allowed: str) -> Problem:
-    return Problem(name, found, allowed, graph="example inputs")
+    return Problem(f"input {name}", found, allowed)
 
 
 def example_inputs(model: onnx.ModelProto, seed: int = 0, max_bytes: int = MAX_BYTES) -> dict[str, np.ndarray]:

@@ -5,9 +5,9 @@ A `Handler` holds everything the interop knows about a kind:
   each.  The reader's validation (`read_attrs`) and the writer's attribute types both
   derive from it, so the two cannot drift apart;
 - `to_onnx(e, attrs)`: the mapping, writing the op as ONNX nodes through an `OpEmitter`;
-- `onnx_types` and `from_onnx(node_attrs, ranks, blame)`: the inverse, used by `dump` for
-  ONNX nodes that `load` did not make (the op types written back as this kind, and the
-  oneDNN attributes of such a node);
+- `onnx_types` and `from_onnx(node)`: the inverse, used by `dump` for ONNX nodes that
+  `load` did not make (the op types written back as this kind, and the oneDNN attributes
+  of such a node, from its ONNX attributes and constant inputs);
 - `example(i, draw)`: the example-input rule for the op's input `i` (None: the default rule).
 
 Adding a kind means adding one handler (`@handler(...)` on its mapping) in one of the family
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dyndq.onednn.reader import show
 from dyndq.opdefs import REQUIRED, AttrKind
 
 # oneDNN's attribute types (src/graph/interface/op_def.hpp), as its graph JSON writes them
@@ -87,7 +88,9 @@ class Handler:
     outputs: tuple[int, int] = (1, 1)
     attrs: tuple[Attr, ...] = ()
     onnx_types: tuple[str, ...] = ()  # ONNX op types `dump` writes back as this kind
-    from_onnx: Callable | None = None  # (ONNX attribute values, input ranks, blame) -> oneDNN attribute values
+    from_onnx: Callable | None = None  # (what the writer sees of the ONNX node) -> oneDNN attribute values
+    onnx_inputs: int | None = None  # how many of the ONNX node's inputs are the op's (None: all); the
+    #                                 rest are constants from_onnx reads as attributes
     example: Callable | None = None  # (input index, Draw) -> array or None
     spec: dict[str, Attr] = field(init=False)
 
@@ -103,15 +106,15 @@ class Handler:
             a = self.spec.get(key)
             if a is None:
                 known = ", ".join(self.spec) or "none"
-                e.problem(key, f"attribute {key}={value!r}", f"the attributes this mapping honours: {known}")
+                e.problem(key, f"attribute {key}={show(value)}", f"the attributes this mapping honours: {known}")
                 continue
             try:
                 value = a.coerce(value)
             except ValueError:
-                e.problem(key, repr(value), a.describe())
+                e.problem(key, show(value), a.describe())
                 continue
             if a.allowed and value not in a.allowed:
-                e.problem(key, repr(value), a.describe())
+                e.problem(key, show(value), a.describe())
                 continue
             values[key] = value
         for a in self.attrs:

@@ -178,8 +178,9 @@ def load(source) -> tuple[onnx.ModelProto, ImportReport]:
     Raises ValidationError with every problem found; never returns a partial model."""
     graph = read(source)
     name = "onednn"
-    if isinstance(source, os.PathLike) or isinstance(source, str) and not source.lstrip().startswith("{"):
+    if isinstance(source, os.PathLike) or isinstance(source, str) and source.lstrip()[:1] not in ("{", "["):
         name = re.sub(r"\.json$", "", os.path.basename(os.fspath(source))) or name  # the graph is named after its file
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")  # a file name need not be UTF-8
     return build(graph, name)
 
 

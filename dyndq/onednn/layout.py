@@ -38,7 +38,23 @@ def reorder(e: OpEmitter, attrs: dict) -> None:
     e.node("Identity", [e.input(0)], e.output(), main=True)
 
 
-@handler("StaticReshape", attrs=(Attr("shape", "s64[]", REQUIRED), Attr("special_zero", "bool", REQUIRED)))
+def _constant(w, i: int, what: str):
+    """Input i of the ONNX node as a list, when it is an initializer; else named."""
+    value = w.constants[i] if i < len(w.constants) else None
+    if value is None:
+        w.problem(f"inputs[{i}]", "a value computed in the graph", f"a constant {what} (an initializer): oneDNN's "
+                                                                   f"{w.kind} takes it as an attribute")
+        return None
+    return value.tolist()
+
+
+def _reshape_from_onnx(w) -> dict:
+    shape = _constant(w, 1, "shape")
+    return {"shape": [int(d) for d in shape or []], "special_zero": not w.values.get("allowzero", 0)}
+
+
+@handler("StaticReshape", attrs=(Attr("shape", "s64[]", REQUIRED), Attr("special_zero", "bool", REQUIRED)),
+         onnx_types=("Reshape",), onnx_inputs=1, from_onnx=_reshape_from_onnx)
 def static_reshape(e: OpEmitter, attrs: dict) -> None:
     """`shape` with -1 inferred; 0 copies src's dim when special_zero, else means a zero dim."""
     _same_tensor(e)
@@ -105,5 +121,16 @@ def _reduce(onnx_type: str):
     return mapping
 
 
+def _reduce_from_onnx(w) -> dict:
+    """axes from the input (opset 18) or the attribute (older ReduceMax); none means every dim."""
+    axes = _constant(w, 1, "axes") if w.n_inputs > 1 else w.values.get("axes")
+    if not axes:
+        if w.values.get("noop_with_empty_axes"):
+            w.problem("noop_with_empty_axes", "1 with no axes", "axes: oneDNN's reductions take at least one")
+        axes = list(range(w.ranks[0] or 0))
+    return {"axes": [int(a) for a in axes], "keep_dims": bool(w.values.get("keepdims", 1))}
+
+
 for _kind in ("ReduceSum", "ReduceMax"):
-    handler(_kind, attrs=(Attr("axes", "s64[]", REQUIRED), Attr("keep_dims", "bool", False)))(_reduce(_kind))
+    handler(_kind, attrs=(Attr("axes", "s64[]", REQUIRED), Attr("keep_dims", "bool", False)), onnx_types=(_kind,),
+            onnx_inputs=1, from_onnx=_reduce_from_onnx)(_reduce(_kind))

@@ -129,7 +129,24 @@ def _float8_linear(e: OpEmitter, onnx_type: str, scales: list, zps: list, axis: 
     e.node(onnx_type, [e.input(0), scale, zp], e.output(), main=True, **extra)
 
 
-@handler("Quantize", attrs=STATIC)
+def _quantize_from_onnx(w) -> dict:
+    """QuantizeLinear with a constant scale (and zero point): per tensor or per axis."""
+    for key in ("block_size", "output_dtype", "precision"):
+        if w.values.get(key):
+            w.problem(key, repr(w.values[key]), "none: oneDNN's Quantize has no counterpart for it")
+    scale = w.constants[1] if len(w.constants) > 1 else None
+    if scale is None:
+        w.problem("inputs[1]", "a scale computed in the graph", "a constant scale (an initializer)")
+        return {}
+    zp = w.constants[2] if len(w.constants) > 2 and w.constants[2] is not None else np.zeros(scale.shape)
+    attrs = {"scales": [float(v) for v in np.ravel(scale)],
+             "zps": [int(v) for v in np.ravel(zp.astype(np.float64))]}
+    if scale.size > 1:
+        attrs.update(qtype="per_channel", axis=int(w.values.get("axis", 1)))
+    return attrs
+
+
+@handler("Quantize", attrs=STATIC, onnx_types=("QuantizeLinear",), onnx_inputs=1, from_onnx=_quantize_from_onnx)
 def quantize(e: OpEmitter, attrs: dict) -> None:
     src, dst = e.op.inputs[0], e.op.outputs[0]
     e.dtype_in(src, "inputs[0]", {"float32"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from dataclasses import dataclass, field, replace
 
 from dyndq.opdefs import Problem, ValidationError, dtypes
@@ -63,25 +64,58 @@ def _file_problem(argument: str, found: str, allowed: str) -> Problem:
 
 
 def load_json(source) -> dict:
-    """The JSON object of a path, a JSON text or a dict; ValidationError when it is not one."""
+    """The JSON object of a path, a JSON text or a dict; ValidationError when it is not one
+    (a file that is not UTF-8 text, malformed JSON, nesting deeper than the parser follows)."""
     if isinstance(source, dict):
         return source
-    if isinstance(source, (str, os.PathLike)) and not (isinstance(source, str) and source.lstrip().startswith("{")):
+    if isinstance(source, (str, os.PathLike)) and not (isinstance(source, str) and source.lstrip()[:1] in ("{", "[")):
         path = os.fspath(source)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
             raise ValidationError([_file_problem("file", f"{path}: {e.strerror or e}", "a readable oneDNN graph JSON file")]) from None
+        except UnicodeDecodeError as e:
+            raise ValidationError([_file_problem("file", f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+                                                 "a oneDNN graph JSON file, UTF-8 text")]) from None
     else:
         text = source
     try:
         doc = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValidationError([_file_problem("json", f"malformed JSON ({e})", "a oneDNN graph JSON object")]) from None
+    except RecursionError:
+        raise ValidationError([_file_problem("json", "arrays or objects nested deeper than the parser follows",
+                                             "a oneDNN graph JSON object (a few levels deep)")]) from None
     if not isinstance(doc, dict):
         raise ValidationError([_file_problem("json", f"a JSON {type(doc).__name__}", "a oneDNN graph JSON object")])
     return doc
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 60, 60, 8, 6
+
+
+def show(value) -> str:
+    """A value of the JSON as a problem shows it: short, and safe at any depth of nesting."""
+    return _SHOW.repr(value)
+
+
+def unencodable(text) -> bool:
+    """Whether a str holds what UTF-8 cannot encode (a lone surrogate, from an escape such as
+    \\ud800): ONNX's names and strings are UTF-8."""
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _printable(text) -> str:
+    """str(text), with what UTF-8 cannot encode written as escapes (so that a problem prints)."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_int(x) -> bool:
@@ -105,7 +139,7 @@ def _dim(d) -> int | None:
 
 def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
     if not isinstance(shape, list):
-        return None, [blame(f"{where}.shape", repr(shape)[:80], "a list of dimensions")]
+        return None, [blame(f"{where}.shape", show(shape), "a list of dimensions")]
     if len(shape) <= MAX_RANK and all(type(d) is int and 0 <= d <= INT64_MAX for d in shape):  # the common case
         count = 1
         for d in shape:
@@ -117,7 +151,7 @@ def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
     dims = tuple(_dim(d) for d in shape)
     if None in dims:
         bad = shape[dims.index(None)]
-        return None, [blame(f"{where}.shape", f"{shape!r} (dimension {bad!r})"[:120],
+        return None, [blame(f"{where}.shape", f"{show(shape)} (dimension {show(bad)})",
                             "dimensions that are integers in [0, 2^63 - 1], or -1 or -9223372036854775808 "
                             "(DNNL_GRAPH_UNKNOWN_DIM) for unknown")]
     count = 1
@@ -131,21 +165,21 @@ def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
 def _tensor(raw, where: str, problems: list, blame) -> Tensor | None:
     """One logical tensor, or None with its problems added."""
     if not isinstance(raw, dict):
-        problems.append(blame(where, f"{raw!r}"[:80], "a logical tensor object"))
+        problems.append(blame(where, show(raw), "a logical tensor object"))
         return None
     tid = raw.get("id")
     bad = [] if _is_int(tid) and -2**63 <= tid <= INT64_MAX else [
-        blame(f"{where}.id", "missing" if tid is None else repr(tid)[:80], "an integer tensor id (int64)")]
+        blame(f"{where}.id", "missing" if tid is None else show(tid), "an integer tensor id (int64)")]
     dtype = dtypes.by_onednn(raw.get("dtype")) if isinstance(raw.get("dtype"), str) and raw["dtype"] in _ONEDNN_NAMES else None
     if dtype is None:
         known = ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)
-        bad.append(blame(f"{where}.dtype", repr(raw.get("dtype"))[:80], f"a oneDNN dtype: {known}"))
+        bad.append(blame(f"{where}.dtype", show(raw.get("dtype")), f"a oneDNN dtype: {known}"))
     shape, wrong = _shape(raw.get("shape", []), where, blame)
     bad += wrong
     stride = raw.get("stride", [])
     layout = raw.get("layout_type", "strided")
     if not isinstance(stride, list) or not all(_is_int(s) for s in stride):
-        bad.append(blame(f"{where}.stride", repr(stride)[:80], "a list of integer strides"))
+        bad.append(blame(f"{where}.stride", show(stride), "a list of integer strides"))
     elif (shape is not None and stride and len(stride) != len(shape) and layout == "strided"
           and UNKNOWN_DIM not in stride):
         bad.append(blame(f"{where}.stride", f"{len(stride)} strides for a rank-{len(shape)} tensor", "one stride per dimension"))
@@ -163,11 +197,15 @@ def _attrs(raw, blame, problems) -> tuple[dict, dict]:
     if raw is None:
         return values, types
     if not isinstance(raw, dict):
-        problems.append(blame("attrs", repr(raw), "an object of attributes {name: {type, value}}"))
+        problems.append(blame("attrs", show(raw), "an object of attributes {name: {type, value}}"))
         return values, types
     for key, a in raw.items():
+        if unencodable(key) or isinstance(a, dict) and unencodable(a.get("value")):
+            problems.append(blame("attrs", f"{key!r}: a string UTF-8 cannot encode (a lone surrogate)",
+                                  "attribute names and string values in UTF-8"))
+            continue
         if not isinstance(a, dict) or "value" not in a:
-            problems.append(blame(key, repr(a), "an attribute {\"type\": ..., \"value\": ...}"))
+            problems.append(blame(key, show(a), "an attribute {\"type\": ..., \"value\": ...}"))
             continue
         values[key], types[key] = a["value"], a.get("type", "")
     return values, types
@@ -181,24 +219,27 @@ def _ops(doc: dict, problems: list) -> list[Op]:
     ops = []
     for n, raw in enumerate(raw_ops):
         if not isinstance(raw, dict):
-            problems.append(_file_problem(f"graph[{n}]", repr(raw), "an op object"))
+            problems.append(_file_problem(f"graph[{n}]", show(raw), "an op object"))
             continue
         oid, name, kind = raw.get("id"), raw.get("name", ""), raw.get("kind")
 
         def blame(argument, found, allowed, oid=oid, name=name, kind=kind):  # the op, as far as it can be told
-            return Op(oid if _is_int(oid) else None, str(name), str(kind), {}, {}, (), ()).problem(argument, found, allowed)
+            return Op(oid if _is_int(oid) else None, _printable(name), _printable(kind), {}, {}, (), ()).problem(
+                argument, found, allowed)
 
         bad = len(problems)
         if not _is_int(oid):
-            problems.append(blame("id", "missing" if oid is None else repr(oid), "an integer op id"))
-        if not isinstance(kind, str) or not kind:
-            problems.append(blame("kind", repr(kind), "an op kind (a string such as \"MatMul\")"))
+            problems.append(blame("id", "missing" if oid is None else show(oid), "an integer op id"))
+        if unencodable(name):
+            problems.append(blame("name", f"{name!r}: a string UTF-8 cannot encode (a lone surrogate)", "a name in UTF-8"))
+        if not isinstance(kind, str) or not kind or unencodable(kind):
+            problems.append(blame("kind", show(kind), "an op kind (a string such as \"MatMul\")"))
         attrs, types = _attrs(raw.get("attrs", {}), blame, problems)
         tensors = {}
         for side in ("inputs", "outputs"):
             lts = raw.get(side, [])
             if not isinstance(lts, list):
-                problems.append(blame(side, repr(lts), "a list of logical tensors"))
+                problems.append(blame(side, show(lts), "a list of logical tensors"))
                 lts = []
             tensors[side] = tuple(_tensor(lt, f"{side}[{i}]", problems, blame) for i, lt in enumerate(lts))
         if len(problems) == bad:
@@ -298,7 +339,7 @@ def _ports(doc: dict, key: str, problems: list) -> list[int] | None:
     if ports is None:
         return None
     if not isinstance(ports, list) or not all(_is_int(p) for p in ports):
-        problems.append(_file_problem(key, repr(ports), "a list of tensor ids"))
+        problems.append(_file_problem(key, show(ports), "a list of tensor ids"))
         return None
     return list(dict.fromkeys(ports))  # a port listed twice is one port
 
@@ -354,6 +395,9 @@ def read(source) -> Graph:
     if out_ports is not None and not outputs:  # every port named nothing: the values no op uses
         used = {t.id for op in ops for t in op.inputs}
         outputs = [t for op in order for t in op.outputs if t.id not in used]
+    for key in ("version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int"):
+        if unencodable(doc.get(key)):
+            problems.append(_file_problem(key, f"{doc[key]!r}: a string UTF-8 cannot encode (a lone surrogate)", "UTF-8 text"))
     if not ops and not problems:
         problems.append(_file_problem("graph", "no ops", "at least one op"))
     if problems:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dyndq.onednn.emitter import FLOAT8, LOW_FLOATS, OpEmitter
 from dyndq.onednn.handler import Attr
+from dyndq.onednn.reader import show
 
 FLOATS = {"float32"} | LOW_FLOATS
 BROADCAST = Attr("auto_broadcast", "string", "numpy", ("numpy", "none"))
@@ -11,7 +12,7 @@ BROADCAST = Attr("auto_broadcast", "string", "numpy", ("numpy", "none"))
 def axis_of(e: OpEmitter, key: str, value, rank: int) -> int:
     """`value` as an axis in [0, rank), or Refused naming `key`."""
     if isinstance(value, bool) or not isinstance(value, int) or not -rank <= value < max(rank, 1):
-        e.refuse(key, repr(value), f"an integer in [{-rank}, {rank - 1}]")
+        e.refuse(key, show(value), f"an integer in [{-rank}, {rank - 1}]")
     return value % rank if rank else 0
 
 

@@ -34,16 +34,25 @@ class _Node:
     ranks: list
     n_inputs: int
     problem: Callable
+    constants: list  # each input's array when it is an initializer, else None
 
 
-def _attrs_of(node: onnx.NodeProto, h, shapes: dict, blame) -> dict:
+def _attrs_of(node: onnx.NodeProto, h, shapes: dict, constants: dict, blame) -> dict:
     ranks = [len(shapes[n]) if shapes.get(n) is not None else None for n in node.input]
-    values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame))
+    arrays = [constants.get(n) for n in node.input]
+    values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame, arrays))
     return h.typed(values)
 
 
-def dump(model: onnx.ModelProto) -> dict:
-    """The model's main graph as a oneDNN graph JSON object (see the module doc)."""
+def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict | None = None) -> dict:
+    """The model's main graph as a oneDNN graph JSON object (see the module doc).
+
+    oneDNN's JSON holds no tensor data: an initializer an op takes is refused, unless
+    `weights_as_inputs`, which makes each such initializer an input port of property_type
+    constant (after the graph's inputs); pass a dict as `weights` to have it filled with their
+    arrays, keyed by the names `load` gives those ports (as `import-onednn --inputs-dir`
+    names files).  Initializers a handler reads as attributes (Reshape's shape, Quantize's
+    scales) stay attributes."""
     from dyndq.checker import value_types
 
     if not isinstance(model, onnx.ModelProto):
@@ -95,6 +104,8 @@ def dump(model: onnx.ModelProto) -> dict:
                 "layout_type": "strided" if layout in ("strided", "any", "undef") else layout, "property_type": prop}
 
     initializers = {t.name for t in g.initializer}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+    weight_names: list[str] = []
     inverse = inverse_table()
     ops, written = [], set()
     next_op = [max([int(k) for k in groups] or [-1]) + 1]
@@ -117,22 +128,27 @@ def dump(model: onnx.ModelProto) -> dict:
             continue
         h = inverse[node.op_type]
         kind = h.kind
-        for name in node.input:
-            if name in initializers:
+        data = [n for n in node.input[:h.onnx_inputs] if n]  # the rest: constants read as attributes
+        for name in data:
+            if name in initializers and not weights_as_inputs:
                 problems.append(blame(name, "an initializer (data held in the model)",
-                                      "a graph input: oneDNN's graph JSON holds no tensor data"))
-        attrs = _attrs_of(node, h, shapes, lambda *a, blame=blame: problems.append(blame(*a)))
+                                      "a graph input: oneDNN's graph JSON holds no tensor data "
+                                      "(or weights_as_inputs, --weights-as-inputs)"))
+            elif name in initializers and name not in weight_names:
+                weight_names.append(name)
+                notes[str(tid(name))] = ["constant", "strided"]
+        attrs = _attrs_of(node, h, shapes, constants, lambda *a, blame=blame: problems.append(blame(*a)))
         ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
-                    "attrs": attrs, "inputs": [tensor(n, blame) for n in node.input if n],
+                    "attrs": attrs, "inputs": [tensor(n, blame) for n in data],
                     "outputs": [tensor(n, blame) for n in node.output]})
         next_op[0] += 1
-    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers]
+    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers] + weight_names
     for name in graph_inputs + [vi.name for vi in g.output]:
         if name not in ids:
             problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops", graph=g.name))
     if problems:
         raise ValidationError(problems)
-    return {
+    doc = {
         "version": meta.get("onednn.version") or FORMAT_VERSION,
         "engine_kind": meta.get("onednn.engine_kind", "cpu"),
         "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
@@ -141,6 +157,13 @@ def dump(model: onnx.ModelProto) -> dict:
         "output_ports": [ids[vi.name] for vi in g.output],
         "graph": ops,
     }
+    if weights is not None and weight_names:
+        from dyndq.onednn.importer import value_names
+        from dyndq.onednn.reader import read
+
+        names = value_names(read(doc))
+        weights.update({names[ids[n]]: constants[n] for n in weight_names})
+    return doc
 
 
 def save_json(doc: dict, path) -> None:
