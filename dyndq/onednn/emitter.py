@@ -41,6 +41,7 @@ class OpEmitter:
         self.initializers: list[onnx.TensorProto] = []
         self.problems: list[Problem] = []
         self._main_done = False
+        self.views: dict[int, str] = {}  # input index -> the value to read it as (see view())
 
     # -- judging ------------------------------------------------------------------------
 
@@ -68,7 +69,14 @@ class OpEmitter:
     # -- names --------------------------------------------------------------------------
 
     def input(self, i: int) -> str:
-        return self.names[self.op.inputs[i].id]
+        return self.views.get(i) or self.names[self.op.inputs[i].id]
+
+    def view(self, i: int, shape: tuple[int, ...]) -> None:
+        """Read input i as this op describes it: the same elements as its producer gave them, in
+        another shape (oneDNN lets descriptions of one tensor differ so: a [256, 1] MatMul dst
+        taken as [256])."""
+        self.views[i] = self.node("Reshape", [self.names[self.op.inputs[i].id],
+                                              self.const(list(shape), "int64", f"in{i}_view_shape")], what=f"in{i}_view")
 
     def output(self, i: int = 0) -> str:
         return self.names[self.op.outputs[i].id]

@@ -73,6 +73,11 @@ class Draw:
         spec = self.specs.get(self.names[i]) if i < len(self.names) else None
         return dtypes.by_name(spec.dtype) if spec is not None and spec.dtype else None
 
+    def output_dtype(self, i: int) -> dtypes.DType | None:
+        outputs = self.op.outputs if self.op else []
+        spec = self.specs.get(outputs[i]) if i < len(outputs) else None
+        return dtypes.by_name(spec.dtype) if spec is not None and spec.dtype else None
+
     def input_shape(self, i: int) -> tuple | None:
         spec = self.specs.get(self.names[i]) if i < len(self.names) else None
         return tuple(spec.shape) if spec is not None and spec.shape is not None else None
@@ -127,7 +132,7 @@ def example_inputs(model: onnx.ModelProto, seed: int = 0, max_bytes: int = MAX_B
     that would take more than `max_bytes` together (naming the largest)."""
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
-    specs = {vi.name: spec_of_type(vi.type) for vi in model.graph.input}
+    specs = {vi.name: spec_of_type(vi.type) for vi in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
     ops = _ops(model)
     roles: dict[str, tuple[Use, int]] = {}
     users: dict[str, list[tuple[Use, int]]] = {}

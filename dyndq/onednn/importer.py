@@ -8,10 +8,12 @@ problem of the op that produced the value.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -75,6 +77,8 @@ def node_names(graph: Graph) -> dict[int, str]:
 def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> tuple[list, list, list[Problem]]:
     nodes, initializers, problems = [], [], []
     taken = set(names.values()) | set(op_names.values())
+    canonical = {t.id: t.shape for t in graph.inputs}  # the shape a value has in the ONNX graph
+    canonical.update((t.id, t.shape) for op in graph.ops for t in op.outputs)
     for op in graph.ops:
         h = KINDS.get(op.kind)
         if op.kind in REFUSED:
@@ -85,6 +89,9 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
             continue
         e = OpEmitter(op, names, taken, op_names[op.id])
         try:
+            for i, t in enumerate(op.inputs):
+                if canonical.get(t.id, t.shape) != t.shape:
+                    e.view(i, t.shape)
             e.arity(h.inputs, h.outputs)
             h.to_onnx(e, h.read_attrs(e))
         except Refused:
@@ -96,8 +103,10 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
     return nodes, initializers, problems
 
 
-def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> list[Problem]:
-    """Each op output whose inferred dtype or shape differs from the declared one."""
+def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> tuple[list[Problem], list]:
+    """Each op output whose inferred dtype or shape differs from the declared one, as problems,
+    and the (op, output index) whose declared shape holds as many elements as the computed one
+    (oneDNN lets an op's dst be another view of what it computes: [256] for numpy's [1, 256])."""
     from dyndq.checker import value_types
     from dyndq.converters.onnx_types import spec_of_type
 
@@ -106,8 +115,9 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
     for out in bare.graph.output:  # inferred from the inputs alone, not from what the JSON declares
         out.ClearField("type")
     types = value_types(bare)
-    problems = []
+    problems, views, viewed = [], [], set()
     for op in graph.ops:
+        upstream = any(t.id in viewed for t in op.inputs)  # computed from a value about to be reshaped
         for i, t in enumerate(op.outputs):
             spec = spec_of_type(types.get(names[t.id]))
             if spec is None:
@@ -117,9 +127,36 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
                                            f"{spec.dtype}, what the op computes from its inputs"))
             elif (spec.shape is not None and all(isinstance(d, int) for d in spec.shape)
                   and not fits(tuple(spec.shape), t.shape)):
-                problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
-                                           f"{list(spec.shape)}, what the op computes from its inputs"))
-    return problems
+                viewed.add(t.id)
+                if upstream:
+                    continue
+                if min(t.shape, default=0) >= 0 and math.prod(spec.shape) == math.prod(t.shape):
+                    views.append((op, i))
+                else:
+                    problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
+                                               f"{list(spec.shape)}, what the op computes from its inputs"))
+    return problems, views
+
+
+def _reshaped(model: onnx.ModelProto, views: list, names: dict[int, str]) -> onnx.ModelProto:
+    """The model with each (op, output) of `views` computed under a fresh name and reshaped to the
+    shape the JSON declares, by a node of the op's."""
+    wanted = {names[op.outputs[i].id]: (op, op.outputs[i]) for op, i in views}
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        for k, out in enumerate(node.output):
+            if out in wanted:
+                op, t = wanted[out]
+                computed, shape = f"{out}/computed", f"{out}/declared_shape"
+                node.output[k] = computed
+                model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(t.shape, np.int64), shape))
+                reshape = helper.make_node("Reshape", [computed, shape], [out], name=f"{out}/as_declared")
+                helper.set_metadata_props(reshape, {"onednn.id": str(op.id)})
+                nodes.append(reshape)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportReport]:
@@ -133,9 +170,13 @@ def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportRe
     outputs = [_value_info(names[t.id], t) for t in graph.outputs]
     g = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
     model = dyndq.make_model(g, opset=OPSET)
-    problems = _disagreements(model, graph, names)
-    if problems:
-        raise ValidationError(problems)
+    for _ in graph.ops:  # each round reshapes the first views on a path; later ones are then seen anew
+        problems, views = _disagreements(model, graph, names)
+        if problems:
+            raise ValidationError(problems)
+        if not views:
+            break
+        model = _reshaped(model, views, names)
     io = {t.id for t in graph.inputs + graph.outputs}
     declared = {t.id: t for op in graph.ops for t in op.outputs if t.id not in io}
     model.graph.value_info.extend(_value_info(names[i], t) for i, t in declared.items())

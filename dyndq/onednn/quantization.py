@@ -186,7 +186,18 @@ def dequantize(e: OpEmitter, attrs: dict) -> None:
     e.nodes.append(node)
 
 
-@handler("DynamicQuantize", roles=("src", "scales", "zps"), inputs=(2, 3),
+def _quantizer_example(i: int, draw):
+    """A quantizer's scales are positive (1/64 to 1/16: N(0, 1) activations then span tens of
+    steps); its zero points lie in the range of the dst they are added to."""
+    if i == 1 and not draw.dtype.is_integer:
+        return draw.floats(1 / 64, 1 / 16)
+    dst = draw.output_dtype(0)
+    if i == 2 and draw.dtype.is_integer and dst is not None and dst.is_integer:
+        return draw.integers(*dtypes.integer_range(dst))
+    return None
+
+
+@handler("DynamicQuantize", roles=("src", "scales", "zps"), inputs=(2, 3), example=_quantizer_example,
          attrs=(Attr("qtype", "string", "per_tensor", QTYPES), Attr("axis", "s64", 1)))
 def dynamic_quantize(e: OpEmitter, attrs: dict) -> None:
     src, dst = e.op.inputs[0], e.op.outputs[0]

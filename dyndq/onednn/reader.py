@@ -9,6 +9,7 @@ ports that name no tensor, and cycles.  Each problem names the op (id, name, kin
 from __future__ import annotations
 
 import json
+import math
 import os
 import reprlib
 from dataclasses import dataclass, field, replace
@@ -265,9 +266,15 @@ def fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) and all(x == y or x < 0 or y < 0 for x, y in zip(a, b))
 
 
-def _agreements(ops: list[Op], produced: dict, problems: list) -> dict[int, tuple[int, ...]]:
+def _same_elements(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two known shapes of other ranks or dims holding as many elements: one memory, two views."""
+    return a != b and min(a + b, default=0) >= 0 and math.prod(a) == math.prod(b) and not fits(a, b)
+
+
+def _agreements(ops: list[Op], produced: dict, problems: list, views: list) -> dict[int, tuple[int, ...]]:
     """Every description of a tensor must agree with its producer's (dtype and shape; a dim unknown
-    in one is taken from another).  Returns the shapes in which an unknown dim was so filled."""
+    in one is taken from another; a shape of as many elements is a view of the same memory,
+    noted in `views`).  Returns the shapes in which an unknown dim was so filled."""
     first_seen: dict[int, tuple[Op, Tensor]] = dict(produced)
     known: dict[int, tuple[int, ...]] = {}
     for op in ops:
@@ -276,7 +283,10 @@ def _agreements(ops: list[Op], produced: dict, problems: list) -> dict[int, tupl
                 first_seen[t.id] = (op, t)
                 continue
             other, want = first_seen[t.id]
-            if t.dtype != want.dtype or not fits(t.shape, want.shape):
+            if t.dtype == want.dtype and _same_elements(t.shape, want.shape):
+                views.append(f"tensor {t.id} is {list(want.shape)} as op {other.id} {other.name!r} gives it and "
+                             f"{list(t.shape)} as op {op.id} {op.name!r} takes it: the same elements, reshaped")
+            elif t.dtype != want.dtype or not fits(t.shape, want.shape):
                 how = "produces" if t.id in produced else "takes"
                 problems.append(op.problem(f"inputs[{i}]", f"tensor {t.id} as {t.describe()}",
                                            f"{want.describe()}, as op {other.id} {other.name!r} ({other.kind}) {how} it"))
@@ -355,13 +365,14 @@ def read(source) -> Graph:
             problems.append(op.problem("id", f"op id {op.id}, used by another op too", "a unique op id"))
         ids.add(op.id)
     produced = _producers(ops, problems)
-    known = _agreements(ops, produced, problems)
+    views: list[str] = []
+    known = _agreements(ops, produced, problems, views)
     if known and not problems:
         ops = _filled(ops, known)
         produced = _producers(ops, [])
     order = _sorted(ops, produced, problems)
     in_ports, out_ports = _ports(doc, "input_ports", problems), _ports(doc, "output_ports", problems)
-    notes: list[str] = []
+    notes: list[str] = list(views)
     seen: dict[int, Tensor] = {}
     for op in ops:
         for t in op.inputs + op.outputs:

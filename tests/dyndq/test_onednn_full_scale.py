@@ -222,11 +222,15 @@ def test_duplicate_op_ids_are_each_named_once():
 
 # -- the upstream graphs -------------------------------------------------------------------------
 
-UPSTREAM_GRAPHS = sorted(UPSTREAM.rglob("*.json"))
 REFUSED = {"pattern/f32/softmax_dropout.json": "load", "op/f32/lnorm.json": "load"}  # Dropout; RMSNorm (no handler yet)
+BIG = {"complex_fusion/mha-f32-softmax/sdpa-plain-wo-mask-f16-with-f32-softmax.json",  # 1.9 GB peak
+       "complex_fusion/mha/jsons/torchbench/graph-100002-4077425134136159961.json"}  # 1.3 GB peak
+UPSTREAM_GRAPHS = [pytest.param(p, id=str(p.relative_to(UPSTREAM)),
+                                marks=[pytest.mark.big] if str(p.relative_to(UPSTREAM)) in BIG else [])
+                   for p in sorted(UPSTREAM.rglob("*.json"))]
 
 
-@pytest.mark.parametrize("path", UPSTREAM_GRAPHS, ids=lambda p: str(p.relative_to(UPSTREAM)))
+@pytest.mark.parametrize("path", UPSTREAM_GRAPHS)
 def test_each_upstream_graph_imports_checks_runs_and_agrees(path):
     step, detail = _bench("onednn_upstream").judge(path)
     assert step == REFUSED.get(str(path.relative_to(UPSTREAM)), "ok"), detail
