@@ -103,16 +103,17 @@ class OpEmitter:
         return output
 
     def tag(self, node: onnx.NodeProto, main: bool) -> None:
-        helper.set_metadata_props(node, {"onednn.id": str(self.op.id)})
-        if main and not self._main_done:
+        if not main or self._main_done:
+            node.metadata_props.add(key="onednn.id", value=str(self.op.id))
+        else:
             self._main_done = True
             entry = {"id": self.op.id, "name": self.op.name, "kind": self.op.kind,
                      "attrs": {k: {"type": self.op.attr_types.get(k, ""), "value": v} for k, v in self.op.attrs.items()},
                      "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
                      "input_names": [self.names[t.id] for t in self.op.inputs],
                      "output_names": [self.names[t.id] for t in self.op.outputs]}
-            helper.set_metadata_props(node, {"onednn.id": str(self.op.id),
-                                             "onednn.op": json.dumps(entry, separators=(",", ":"))})
+            node.metadata_props.add(key="onednn.id", value=str(self.op.id))
+            node.metadata_props.add(key="onednn.op", value=json.dumps(entry, separators=(",", ":")))
 
     def const(self, values, dtype: str, what: str = "const") -> str:
         name = self.temp(what)

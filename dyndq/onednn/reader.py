@@ -12,16 +12,17 @@ import json
 import math
 import os
 import reprlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dyndq.opdefs import Problem, ValidationError, dtypes
 
 GRAPH = "oneDNN graph"  # the `graph` field of problems about the file as a whole
 
 
-@dataclass(frozen=True)
-class Tensor:
-    """One logical tensor as an op sees it."""
+class Tensor(NamedTuple):
+    """One logical tensor as an op sees it.  (Named tuples, not dataclasses: a graph dump holds
+    tens of thousands of them, and a frozen dataclass takes twice as long to make.)"""
 
     id: int
     dtype: dtypes.DType
@@ -34,8 +35,7 @@ class Tensor:
         return f"{self.dtype.onednn}{list(self.shape)}"
 
 
-@dataclass(frozen=True)
-class Op:
+class Op(NamedTuple):
     id: int
     name: str
     kind: str
@@ -141,12 +141,15 @@ def _dim(d) -> int | None:
 def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
     if not isinstance(shape, list):
         return None, [blame(f"{where}.shape", show(shape), "a list of dimensions")]
-    if len(shape) <= MAX_RANK and all(type(d) is int and 0 <= d <= INT64_MAX for d in shape):  # the common case
+    if len(shape) <= MAX_RANK:  # the common case first: known dims, a sensible count
         count = 1
         for d in shape:
+            if type(d) is not int or d < 0:
+                break
             count *= d or 1
-        if count <= MAX_ELEMENTS:
-            return tuple(shape), []
+        else:
+            if count <= MAX_ELEMENTS:
+                return tuple(shape), []
     if len(shape) > MAX_RANK:
         return None, [blame(f"{where}.shape", f"rank {len(shape)}", f"a rank of at most {MAX_RANK} (oneDNN's DNNL_MAX_NDIMS)")]
     dims = tuple(_dim(d) for d in shape)
@@ -169,17 +172,18 @@ def _tensor(raw, where: str, problems: list, blame) -> Tensor | None:
         problems.append(blame(where, show(raw), "a logical tensor object"))
         return None
     tid = raw.get("id")
-    bad = [] if _is_int(tid) and -2**63 <= tid <= INT64_MAX else [
+    bad = [] if type(tid) is int and -2**63 <= tid <= INT64_MAX else [
         blame(f"{where}.id", "missing" if tid is None else show(tid), "an integer tensor id (int64)")]
-    dtype = dtypes.by_onednn(raw.get("dtype")) if isinstance(raw.get("dtype"), str) and raw["dtype"] in _ONEDNN_NAMES else None
+    name = raw.get("dtype")
+    dtype = _BY_ONEDNN.get(name) if type(name) is str else None
     if dtype is None:
         known = ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)
-        bad.append(blame(f"{where}.dtype", show(raw.get("dtype")), f"a oneDNN dtype: {known}"))
+        bad.append(blame(f"{where}.dtype", show(name), f"a oneDNN dtype: {known}"))
     shape, wrong = _shape(raw.get("shape", []), where, blame)
     bad += wrong
     stride = raw.get("stride", [])
     layout = raw.get("layout_type", "strided")
-    if not isinstance(stride, list) or not all(_is_int(s) for s in stride):
+    if type(stride) is not list or not all(type(s) is int for s in stride):
         bad.append(blame(f"{where}.stride", show(stride), "a list of integer strides"))
     elif (shape is not None and stride and len(stride) != len(shape) and layout == "strided"
           and UNKNOWN_DIM not in stride):
@@ -190,7 +194,7 @@ def _tensor(raw, where: str, problems: list, blame) -> Tensor | None:
     return Tensor(tid, dtype, shape, tuple(stride), str(layout), str(raw.get("property_type", "undef")))
 
 
-_ONEDNN_NAMES = {d.onednn for d in dtypes.DTYPES if d.onednn}
+_BY_ONEDNN = {d.onednn: d for d in dtypes.DTYPES if d.onednn}
 
 
 def _attrs(raw, blame, problems) -> tuple[dict, dict]:
@@ -302,8 +306,8 @@ def _filled(ops: list[Op], known: dict[int, tuple[int, ...]]) -> list[Op]:
         return ops
 
     def fill(ts):
-        return tuple(replace(t, shape=known[t.id]) if t.id in known else t for t in ts)
-    return [replace(op, inputs=fill(op.inputs), outputs=fill(op.outputs)) for op in ops]
+        return tuple(t._replace(shape=known[t.id]) if t.id in known else t for t in ts)
+    return [op._replace(inputs=fill(op.inputs), outputs=fill(op.outputs)) for op in ops]
 
 
 def _sorted(ops: list[Op], produced: dict, problems: list) -> list[Op]:
