@@ -113,6 +113,21 @@ STATIC = (Attr("qtype", "string", "per_tensor", QTYPES), Attr("axis", "s64", 1),
           Attr("scales", "f32[]", REQUIRED), Attr("zps", "s64[]"))
 
 
+def _static_op(e: OpEmitter, attrs: dict, src_types: set, dst_types: set, float8_op: str) -> tuple | None:
+    """A static (de)quantization's dtypes and parameters checked: (scales, zps, axis), or None
+    when f8 data went straight to ONNX's `float8_op` (QuantizeLinear / DequantizeLinear)."""
+    src, dst = e.op.inputs[0], e.op.outputs[0]
+    e.dtype_in(src, "inputs[0]", src_types)
+    e.dtype_in(dst, "outputs[0]", dst_types)
+    if e.problems:
+        raise Refused()
+    scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
+    if src.dtype.name in FLOAT8 or dst.dtype.name in FLOAT8:
+        _float8_linear(e, float8_op, scales, zps, axis)
+        return None
+    return scales, zps, axis
+
+
 def _float8_linear(e: OpEmitter, onnx_type: str, scales: list, zps: list, axis: int | None) -> None:
     """f8 data: ONNX's QuantizeLinear / DequantizeLinear (opset 21) with float scales, which
     compute exactly what oneDNN documents (oneDNN takes no zero points for f8: they must be 0).
@@ -148,15 +163,11 @@ def _quantize_from_onnx(w) -> dict:
 
 @handler("Quantize", attrs=STATIC, onnx_types=("QuantizeLinear",), onnx_inputs=1, from_onnx=_quantize_from_onnx)
 def quantize(e: OpEmitter, attrs: dict) -> None:
-    src, dst = e.op.inputs[0], e.op.outputs[0]
-    e.dtype_in(src, "inputs[0]", {"float32"})
-    e.dtype_in(dst, "outputs[0]", {"int8", "uint8"} | FLOAT8)
-    if e.problems:
-        raise Refused()
-    scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
-    if dst.dtype.name in FLOAT8:
-        _float8_linear(e, "QuantizeLinear", scales, zps, axis)
+    params = _static_op(e, attrs, {"float32"}, {"int8", "uint8"} | FLOAT8, "QuantizeLinear")
+    if params is None:
         return
+    scales, zps, axis = params
+    src = e.op.inputs[0]
     shape = [] if axis is None else per_axis_shape(len(src.shape), axis, len(scales))
     quantize_arith(e, e.input(0), e.const(np.reshape(scales, shape), "float32", "scales"),
                    e.const(np.reshape(zps, shape), "float32", "zps"))
@@ -168,15 +179,10 @@ def dequantize(e: OpEmitter, attrs: dict) -> None:
     (int32 zero points hold every s64 zp that fits the s8/u8 range oneDNN takes)."""
     import dyndq
 
-    src, dst = e.op.inputs[0], e.op.outputs[0]
-    e.dtype_in(src, "inputs[0]", {"int8", "uint8"} | FLOAT8)
-    e.dtype_in(dst, "outputs[0]", {"float32"})
-    if e.problems:
-        raise Refused()
-    scales, zps, axis = _static_params(e, attrs, len(src.shape), lambda a: src.shape[a])
-    if src.dtype.name in FLOAT8:
-        _float8_linear(e, "DequantizeLinear", scales, zps, axis)
+    params = _static_op(e, attrs, {"int8", "uint8"} | FLOAT8, {"float32"}, "DequantizeLinear")
+    if params is None:
         return
+    scales, zps, axis = params
     if any(not -2**31 <= z < 2**31 for z in zps):
         e.refuse("zps", repr(zps), "zero points within the s32 range")
     extra = {} if axis is None else {"qtype": "per_channel", "axis": axis}
