@@ -4,10 +4,10 @@
     dyndq check  MODEL [--json] [--runtime-parity [--level basic|extended|all] [--input NAME=FILE.npy ...]]
     dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
     dyndq lift   IN OUT
-    dyndq run    MODEL --input NAME=FILE.npy ... [--engine reference|onnxruntime] [--output-dir DIR]
+    dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output-dir DIR]
     dyndq schema
-    dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR]
-    dyndq export-onednn MODEL.onnx OUT.json
+    dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
+    dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
 
 Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
 2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
@@ -102,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("model", metavar="MODEL")
     r.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
                    help="a graph input and the .npy file holding it (repeat for each input)")
+    r.add_argument("--inputs-dir", metavar="DIR", action="append", default=[],
+                   help="take each graph input from DIR/NAME.npy (as import-onednn --inputs-dir writes them; "
+                        "repeat for several folders, the first holding a file wins); --input names one in "
+                        "place of its file")
     r.add_argument("--engine", choices=ENGINES, default="reference",
                    help="reference: ONNX's reference evaluator with our kernel (default); "
                         "onnxruntime: export, then ONNX Runtime on the CPU")
@@ -365,18 +369,55 @@ def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np.ndarray]:
+    """Each graph input not in `given`, from the file `_output_files` names for it (NAME.npy, as
+    import-onednn --inputs-dir and run --output-dir write them) in the first of `folders` that
+    holds one.  Every input missing from all of them is named at once; files for no input are
+    said and left alone."""
+    from dyndq.files import ModelFileError, read_array
+
+    for folder in folders:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--inputs-dir {folder}: no such folder")
+    initializers = {t.name for t in model.graph.initializer}
+    names = [vi.name for vi in model.graph.input if vi.name not in initializers and vi.name not in given]
+    found, known = {}, set()
+    for folder in folders:
+        files = {label: path for label, path, _ in _output_files(folder, {n: np.empty(0) for n in names})}
+        known |= {os.path.abspath(p) for p in files.values()}
+        found.update({n: files[n] for n in names if n not in found and os.path.isfile(files[n])})
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise UsageError(f"--inputs-dir {', '.join(folders)}: no file for {plural(len(missing), 'input')}: " +
+                         ", ".join(f"{n} ({_output_files('', {n: np.empty(0)})[0][1]})" for n in missing))
+    for folder in folders:
+        for extra in sorted(f for f in os.listdir(folder) if f.endswith(".npy")):
+            if os.path.abspath(os.path.join(folder, extra)) not in known:
+                print(f"note: --inputs-dir {folder}: {extra} is for no input of the model (left alone)", file=sys.stderr)
+    feeds = {}
+    for name in names:
+        try:
+            feeds[name] = read_array(found[name])
+        except ModelFileError as e:
+            raise UsageError(f"--inputs-dir: {e}") from None
+    return feeds
+
+
 def _summary(name: str, a: np.ndarray) -> str:
     head = f"{name}: {a.dtype.name}{list(a.shape)}"
     if a.size == 0:
         return f"{head}  (empty)"
-    # (ml_dtypes' bfloat16, int4 and uint4 are of NumPy kind "V": judged by name)
-    floating = a.dtype.kind == "f" or a.dtype.name == "bfloat16"
-    if a.dtype.kind in "fiub" or a.dtype.name in ("bfloat16", "int4", "uint4"):
+    # (ml_dtypes' bfloat16, float8, int4 and uint4 are of NumPy kind "V": judged by name)
+    floating = a.dtype.kind == "f" or a.dtype.name == "bfloat16" or a.dtype.name.startswith("float8")
+    if a.dtype.kind in "fiub" or floating or a.dtype.name in ("int4", "uint4"):
         numeric = a.astype(np.float64) if a.dtype.kind != "b" else a.astype(np.int8)
         finite = numeric[np.isfinite(numeric)] if floating else numeric.ravel()
         stats = "no finite values" if finite.size == 0 else (
             f"min {finite.min():.6g}  max {finite.max():.6g}  mean {finite.mean():.6g}"
         )
+        if finite.size < a.size:  # said, not skipped: an overflow in the run is what one wants to know
+            inf, nan = int(np.isinf(numeric).sum()), int(np.isnan(numeric).sum())
+            stats += "  (" + ", ".join(w for w in (f"{inf} infinite" if inf else "", f"{nan} NaN" if nan else "") if w) + ")"
         first = np.array2string(a.ravel()[:6], precision=6, separator=", ")
         more = ", ...]" if a.size > 6 else ""
         return f"{head}  {stats}  first {first[:-1] + more if more else first}"
@@ -391,6 +432,8 @@ def cmd_run(args) -> int:
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
+    if args.inputs_dir:
+        feeds = {**_inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
     if args.output_dir:
@@ -445,11 +488,16 @@ def _onednn_parsers(sub) -> None:
     i.add_argument("output", metavar="OUT.onnx")
     i.add_argument("--inputs-dir", metavar="DIR", help="also write one example NAME.npy per graph input into DIR")
     i.add_argument("--seed", type=int, default=0, help="the seed of the example inputs (default 0)")
+    i.add_argument("--max-input-bytes", type=int, default=None, metavar="N",
+                   help="refuse example inputs over N bytes together (default 4 GiB)")
     x = sub.add_parser("export-onednn", help="an ONNX model as a oneDNN Graph JSON",
                        description="Write OUT.json: MODEL as a oneDNN graph (3.x format). Exit 1 with every "
                                    "problem when oneDNN cannot express it.")
     x.add_argument("model", metavar="MODEL.onnx")
     x.add_argument("output", metavar="OUT.json")
+    x.add_argument("--weights-as-inputs", action="store_true",
+                   help="make each initializer an op takes an input port (property_type constant) and write "
+                        "its array as NAME.npy into OUT-weights/ beside OUT.json")
 
 
 def cmd_import_onednn(args) -> int:
@@ -461,18 +509,28 @@ def cmd_import_onednn(args) -> int:
         raise UsageError(f"{args.graph}: no such file")
     try:
         model, report = onednn.load(args.graph)
+        arrays = None
+        if args.inputs_dir:  # made before anything is written: OUT and DIR only when every step succeeded
+            budget = {} if args.max_input_bytes is None else {"max_bytes": args.max_input_bytes}
+            arrays = onednn.example_inputs(model, args.seed, **budget)
     except dyndq.ValidationError as e:
         _print_problems(args.graph, e.problems, sys.stderr)
         return PROBLEMS
+    existed = os.path.exists(args.output)
     try:
         save_model(model, args.output)
-        print(f"wrote {args.output}: {report.summary()}")
-        for note in report.notes:
-            print(f"  note: {note}")
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
-    if args.inputs_dir:
-        _save_arrays(args.inputs_dir, onednn.example_inputs(model, args.seed), "--inputs-dir", raw_bytes_note=True)
+    print(f"wrote {args.output}: {report.summary()}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    if arrays is not None:
+        try:
+            _save_arrays(args.inputs_dir, arrays, "--inputs-dir", raw_bytes_note=True)
+        except UsageError:
+            if not existed:  # the inputs could not be written: neither is the model
+                os.remove(args.output)
+            raise
     return OK
 
 
@@ -482,8 +540,9 @@ def cmd_export_onednn(args) -> int:
     from dyndq.files import ModelFileError
 
     loaded = _load(args.model)
+    weights: dict = {}
     try:
-        doc = onednn.dump(loaded.model)
+        doc = onednn.dump(loaded.model, weights_as_inputs=args.weights_as_inputs, weights=weights)
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
@@ -495,6 +554,9 @@ def cmd_export_onednn(args) -> int:
         raise UsageError(f"{args.output}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "
           f"{len(doc['input_ports'])} input ports, {len(doc['output_ports'])} output ports")
+    if weights:
+        _save_arrays(re.sub(r"\.json$", "", args.output) + "-weights", weights, "--weights-as-inputs",
+                     raw_bytes_note=True)
     return OK
 
 

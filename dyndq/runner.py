@@ -134,11 +134,13 @@ class OrtBoundary:
       int4/uint4 that produces the original name (exact: every int4 value is an
       int8 value); the feed is converted with NumPy, also exactly;
     - a bfloat16 feed goes in as an OrtValue of ONNX type BFLOAT16 over the
-      array's 16-bit pattern (the bits as they are, NaN payloads included);
+      array's 16-bit pattern (the bits as they are, NaN payloads included), and a
+      float8 feed likewise over its 8-bit pattern;
     - an int4/uint4 graph output is Cast to int8/uint8 and a bfloat16 one to
       float32 (ORT's bfloat16 -> float32 Cast shifts the bits: exact, NaN
       payloads included), and converted back here: int4 by value, bfloat16 by
-      taking the upper 16 bits (no rounding involved).
+      taking the upper 16 bits (no rounding involved); a float8 output is Cast to
+      float32 and back by value (exact: every float8 value is a float32 one).
 
     Returned arrays have the graph's own dtypes, as the reference engine returns.
     """
@@ -152,8 +154,8 @@ class OrtBoundary:
         initializers = {t.name for t in graph.initializer}
         int4_in = [vi for vi in graph.input
                    if _elem(vi) in self._WIDE and vi.name not in initializers]
-        self.bfloat16_in = {vi.name for vi in graph.input if _elem(vi) == onnx.TensorProto.BFLOAT16}
-        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) == onnx.TensorProto.BFLOAT16]
+        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS}
+        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) in _BITS]
         self.model = exported
         self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
         self.renamed_out: dict[str, tuple[str, int]] = {}  # graph output -> (name ORT returns, ONNX type it had)
@@ -176,7 +178,7 @@ class OrtBoundary:
                 vi.type.tensor_type.elem_type = wide
         for vi in model.graph.output:
             narrow = _elem(vi)
-            if narrow not in self._WIDE and narrow != onnx.TensorProto.BFLOAT16:
+            if narrow not in self._WIDE and narrow not in _BITS:
                 continue
             wide = self._WIDE.get(narrow, onnx.TensorProto.FLOAT)
             out = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
@@ -198,9 +200,11 @@ class OrtBoundary:
             if name in self.renamed_in:
                 fed, dtype = self.renamed_in[name]
                 out[fed] = np.asarray(value).astype(dtype)
-            elif name in self.bfloat16_in and isinstance(value, np.ndarray) and value.dtype.name == "bfloat16":
+            elif (name in self.bits_in and isinstance(value, np.ndarray)
+                  and value.dtype.name == dtypes.by_onnx(self.bits_in[name]).name):
+                elem = self.bits_in[name]
                 out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    np.ascontiguousarray(value).view(np.uint16), onnx.TensorProto.BFLOAT16)
+                    np.ascontiguousarray(value).view(_BITS[elem]), elem)
             else:
                 out[name] = value
         return out
@@ -215,10 +219,15 @@ class OrtBoundary:
                 value = np.asarray(value)
                 if narrow == onnx.TensorProto.BFLOAT16:
                     value = (value.view(np.uint32) >> 16).astype(np.uint16).view(dtypes.by_name("bfloat16").numpy)
-                else:  # int8/uint8 back to int4/uint4, by value
+                else:  # int8/uint8 back to int4/uint4, float32 back to float8, by value
                     value = value.astype(dtypes.by_onnx(narrow).numpy)
             back.append(value)
         return back
+
+
+_BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
+         onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
+         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8}
 
 
 def _elem(vi: onnx.ValueInfoProto) -> int:

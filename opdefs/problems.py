@@ -21,22 +21,28 @@ class Problem:
     allowed: str
     op: str | None = None
     node: str | None = None
-    node_index: int | None = None
+    node_index: int | None = None  # the node's index in an ONNX graph
     graph: str | None = None
+    op_id: int | None = None  # the id of an op of a oneDNN graph (its JSON's "id"), which is no index
 
     def at(self, *, op: str, node: str, node_index: int, graph: str) -> "Problem":
         """The same problem, located at a node of a graph."""
         return dataclasses.replace(self, op=op, node=node, node_index=node_index, graph=graph)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict; op_id only when the problem is about a oneDNN op."""
+        fields = dataclasses.asdict(self)
+        if self.op_id is None:
+            del fields["op_id"]
+        return fields
 
     def __str__(self) -> str:
         where = []
         if self.graph is not None:
             where.append(f"graph {self.graph!r}")
-        if self.node_index is not None:
-            where.append(f"node {self.node_index} {self.node!r}" if self.node else f"node {self.node_index} (unnamed)")
+        number = self.node_index if self.node_index is not None else self.op_id  # said alike: `node 3 'fc'`
+        if number is not None:
+            where.append(f"node {number} {self.node!r}" if self.node else f"node {number} (unnamed)")
         if self.op is not None:
             where.append(f"({self.op})")
         head = " ".join(where)

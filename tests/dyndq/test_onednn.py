@@ -35,7 +35,8 @@ def _anchors_module():
 
 run_onnxruntime = _anchors_module().run_onnxruntime
 KIND_FILES = sorted((DATA / "kinds").glob("*.json"))
-GOOD = sorted(p for p in DATA.rglob("*.json") if "bad" not in p.relative_to(DATA).parts)  # anchors and kinds
+GOOD = sorted(p for p in DATA.rglob("*.json")  # anchors and kinds (upstream/ has its own test)
+              if not {"bad", "upstream"} & set(p.relative_to(DATA).parts))
 MHA = DATA / "complex_fusion/mha/sdpa-compressed-kv-implicit-causal-mask-int8-gs128.json"
 
 
@@ -180,15 +181,15 @@ def test_dynamic_quantize_per_channel_takes_one_scale_per_channel():
     assert np.array_equal(got, _quantize(src, scales[None, :], 0, np.int8))
 
 
-def test_the_modules_ship_in_the_wheel():
-    """pyproject lists packages one by one: the interop's modules sit directly in dyndq/ (a
-    dyndq/onednn/ package would be left out of the wheel unless listed)."""
+def test_the_package_ships_in_the_wheel():
+    """pyproject lists packages one by one: dyndq.onednn must be among them, or the wheel
+    would leave the interop out."""
     import tomllib
 
     root = Path(__file__).resolve().parents[2]
     packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    modules = sorted((root / "dyndq").glob("onednn*"))
-    assert modules and all(m.is_file() and m.suffix == ".py" for m in modules) and "dyndq" in packages
+    assert (root / "dyndq" / "onednn" / "__init__.py").is_file() and "dyndq.onednn" in packages
+    assert not list((root / "dyndq").glob("onednn_*.py"))
 
 
 # -- bad graphs: every problem, naming the op ---------------------------------------------------
@@ -210,7 +211,7 @@ def test_unknown_kinds_and_unhonoured_attributes_are_all_named_at_once():
     doc["graph"][7]["attrs"]["mode"]["value"] = "sideways"  # softmax
     doc["graph"][1]["attrs"]["fancy"] = {"type": "bool", "value": True}  # matmul
     problems = _problems(doc)
-    found = {(p.node_index, p.node, p.op, p.argument) for p in problems}
+    found = {(p.op_id, p.node, p.op, p.argument) for p in problems}
     assert found == {(3, "genindex_row", "Frobnicate", "kind"), (7, "softmax", "SoftMax", "mode"),
                      (1, "matmul", "MatMul", "fancy")}
 
@@ -219,7 +220,7 @@ def test_a_tensor_produced_twice_is_named():
     doc = _doc()
     doc["graph"][4]["outputs"][0]["id"] = 17  # genindex_col now writes genindex_row's tensor
     problems = _problems(doc)
-    assert any(p.node_index == 4 and "17" in p.found and "produces too" in p.found for p in problems)
+    assert any(p.op_id == 4 and "17" in p.found and "produces too" in p.found for p in problems)
 
 
 def test_a_consumer_that_disagrees_with_the_producer_is_named():
@@ -227,7 +228,7 @@ def test_a_consumer_that_disagrees_with_the_producer_is_named():
     doc["graph"][2]["inputs"][0]["dtype"] = "f32"  # div takes matmul's f16 output as f32
     doc["graph"][5]["inputs"][0]["shape"] = [1, 32, 32, 16]  # mask_greater_equal, wrong shape
     problems = _problems(doc)
-    assert {(p.node_index, p.argument) for p in problems} == {(2, "inputs[0]"), (5, "inputs[0]")}
+    assert {(p.op_id, p.argument) for p in problems} == {(2, "inputs[0]"), (5, "inputs[0]")}
     assert all("as op" in p.allowed for p in problems)
 
 
@@ -235,7 +236,7 @@ def test_a_declared_output_the_op_does_not_compute_is_named():
     doc = _doc(DATA / "kinds/MatMul.json")
     doc["graph"][0]["outputs"][0]["shape"] = [2, 3, 6]  # [2,3,4] @ [5,4]^T is [2,3,5]
     [p] = _problems(doc)
-    assert (p.node_index, p.node, p.op) == (0, "matmul", "MatMul") and "declared shape [2, 3, 6]" in p.found
+    assert (p.op_id, p.node, p.op) == (0, "matmul", "MatMul") and "declared shape [2, 3, 6]" in p.found
     assert "[2, 3, 5]" in p.allowed
 
 
@@ -248,13 +249,13 @@ def test_a_cycle_is_named():
     assert any("cycle" in p.found for p in problems)
 
 
-def test_missing_ids_and_ports_that_name_nothing_are_named():
+def test_missing_ids_are_named():
     doc = _doc()
     del doc["graph"][0]["inputs"][1]["id"]
     doc["output_ports"] = [50, 999]
     problems = _problems(doc)
-    assert any(p.node_index == 0 and p.argument == "inputs[1].id" for p in problems)
-    assert any(p.argument == "output_ports" and "999" in p.found for p in problems)
+    assert any(p.op_id == 0 and p.argument == "inputs[1].id" for p in problems)
+    assert not any(p.argument == "output_ports" for p in problems)  # a port naming nothing is a note
 
 
 def test_malformed_json_is_named(tmp_path):
@@ -270,7 +271,7 @@ def test_an_unknown_dtype_is_named():
     doc = _doc()
     doc["graph"][0]["inputs"][2]["dtype"] = "s3"
     problems = _problems(doc)
-    assert any(p.node_index == 0 and p.argument == "inputs[2].dtype" and "'s3'" in p.found for p in problems)
+    assert any(p.op_id == 0 and p.argument == "inputs[2].dtype" and "'s3'" in p.found for p in problems)
 
 
 # -- tensors, ports, names, metadata ----------------------------------------------------------
@@ -425,7 +426,7 @@ def test_cli_imports_runs_and_exports(tmp_path, capsys):
 
 def test_the_bad_example_of_the_readme_is_refused_whole():
     problems = _problems(str(DATA / "bad/unknown-kinds.json"))
-    assert [(p.node_index, p.op, p.argument) for p in problems] == [(3, "GenIndexFancy", "kind"), (7, "SoftMax", "mode")]
+    assert [(p.op_id, p.op, p.argument) for p in problems] == [(3, "GenIndexFancy", "kind"), (7, "SoftMax", "mode")]
 
 
 def test_cli_export_onednn_refuses_with_every_problem(tmp_path, capsys):

@@ -26,7 +26,7 @@ from dyndq import onednn
 from dyndq.opdefs import dtypes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
-ANCHORS = sorted(p for p in DATA.rglob("*.json") if "kinds" not in p.parts and "bad" not in p.parts)
+ANCHORS = sorted(p for p in DATA.rglob("*.json") if not {"kinds", "bad", "upstream"} & set(p.parts))
 MLP = DATA / "complex_fusion" / "mlp" / "gated-mlp-int4.json"
 ROLES = ("src", "scales", "zps")
 

@@ -1,6 +1,6 @@
 """`load(path_or_dict)`: a oneDNN graph as an ONNX model, with a report of what was done.
 
-All or nothing: every op is mapped (onednn_kinds.py) and every problem of every op is
+All or nothing: every op is mapped by its kind's handler (kinds.py) and every problem of every op is
 collected; any problem raises `ValidationError` with all of them, and no model is
 returned.  The finished model must pass `dyndq.check`, and every value's dtype and
 shape as ONNX infers them must be what the JSON declares; a disagreement is a
@@ -8,16 +8,20 @@ problem of the op that produced the value.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import math
 import os
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import helper
 
-from dyndq.onednn_emitter import OpEmitter, Refused
-from dyndq.onednn_kinds import KINDS, ROLES
-from dyndq.onednn_reader import GRAPH, Graph, Op, Tensor, read
+from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.kinds import KINDS, REFUSED
+from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, fits, read
 from dyndq.opdefs import Problem, ValidationError
 
 OPSET = 21
@@ -52,7 +56,7 @@ def value_names(graph: Graph) -> dict[int, str]:
             names[t.id] = f"{base}_{'dst' if i == 0 else f'dst{i}'}_{t.id}"
     for op in graph.ops:
         base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
-        roles = ROLES.get(op.kind, ())
+        roles = KINDS[op.kind].roles if op.kind in KINDS else ()
         for i, t in enumerate(op.inputs):
             names.setdefault(t.id, f"{base}_{roles[i] if i < len(roles) else f'in{i}'}_{t.id}")
     return names
@@ -75,14 +79,23 @@ def node_names(graph: Graph) -> dict[int, str]:
 def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> tuple[list, list, list[Problem]]:
     nodes, initializers, problems = [], [], []
     taken = set(names.values()) | set(op_names.values())
+    canonical = {t.id: t.shape for t in graph.inputs}  # the shape a value has in the ONNX graph
+    canonical.update((t.id, t.shape) for op in graph.ops for t in op.outputs)
     for op in graph.ops:
-        mapping = KINDS.get(op.kind)
-        if mapping is None:
+        h = KINDS.get(op.kind)
+        if op.kind in REFUSED:
+            problems.append(op.problem("kind", repr(op.kind), REFUSED[op.kind]))
+            continue
+        if h is None:
             problems.append(op.problem("kind", repr(op.kind), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
             continue
         e = OpEmitter(op, names, taken, op_names[op.id])
         try:
-            mapping(e)
+            for i, t in enumerate(op.inputs):
+                if canonical.get(t.id, t.shape) != t.shape:
+                    e.view(i, t.shape)
+            e.arity(h.inputs, h.outputs)
+            h.to_onnx(e, h.read_attrs(e))
         except Refused:
             pass
         problems += e.problems
@@ -92,8 +105,10 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
     return nodes, initializers, problems
 
 
-def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> list[Problem]:
-    """Each op output whose inferred dtype or shape differs from the declared one."""
+def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> tuple[list[Problem], list]:
+    """Each op output whose inferred dtype or shape differs from the declared one, as problems,
+    and the (op, output index) whose declared shape holds as many elements as the computed one
+    (oneDNN lets an op's dst be another view of what it computes: [256] for numpy's [1, 256])."""
     from dyndq.checker import value_types
     from dyndq.converters.onnx_types import spec_of_type
 
@@ -102,8 +117,9 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
     for out in bare.graph.output:  # inferred from the inputs alone, not from what the JSON declares
         out.ClearField("type")
     types = value_types(bare)
-    problems = []
+    problems, views, viewed = [], [], set()
     for op in graph.ops:
+        upstream = any(t.id in viewed for t in op.inputs)  # computed from a value about to be reshaped
         for i, t in enumerate(op.outputs):
             spec = spec_of_type(types.get(names[t.id]))
             if spec is None:
@@ -111,10 +127,38 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
             if spec.dtype is not None and spec.dtype != t.dtype.name:
                 problems.append(op.problem(f"outputs[{i}]", f"declared dtype {t.dtype.onednn}",
                                            f"{spec.dtype}, what the op computes from its inputs"))
-            elif spec.shape is not None and all(isinstance(d, int) for d in spec.shape) and tuple(spec.shape) != t.shape:
-                problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
-                                           f"{list(spec.shape)}, what the op computes from its inputs"))
-    return problems
+            elif (spec.shape is not None and all(isinstance(d, int) for d in spec.shape)
+                  and not fits(tuple(spec.shape), t.shape)):
+                viewed.add(t.id)
+                if upstream:
+                    continue
+                if min(t.shape, default=0) >= 0 and math.prod(spec.shape) == math.prod(t.shape):
+                    views.append((op, i))
+                else:
+                    problems.append(op.problem(f"outputs[{i}]", f"declared shape {list(t.shape)}",
+                                               f"{list(spec.shape)}, what the op computes from its inputs"))
+    return problems, views
+
+
+def _reshaped(model: onnx.ModelProto, views: list, names: dict[int, str]) -> onnx.ModelProto:
+    """The model with each (op, output) of `views` computed under a fresh name and reshaped to the
+    shape the JSON declares, by a node of the op's."""
+    wanted = {names[op.outputs[i].id]: (op, op.outputs[i]) for op, i in views}
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        for k, out in enumerate(node.output):
+            if out in wanted:
+                op, t = wanted[out]
+                computed, shape = f"{out}/computed", f"{out}/declared_shape"
+                node.output[k] = computed
+                model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(t.shape, np.int64), shape))
+                reshape = helper.make_node("Reshape", [computed, shape], [out], name=f"{out}/as_declared")
+                helper.set_metadata_props(reshape, {"onednn.id": str(op.id)})
+                nodes.append(reshape)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportReport]:
@@ -128,9 +172,13 @@ def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportRe
     outputs = [_value_info(names[t.id], t) for t in graph.outputs]
     g = helper.make_graph(nodes, name, inputs, outputs, initializer=initializers)
     model = dyndq.make_model(g, opset=OPSET)
-    problems = _disagreements(model, graph, names)
-    if problems:
-        raise ValidationError(problems)
+    for _ in graph.ops:  # each round reshapes the first views on a path; later ones are then seen anew
+        problems, views = _disagreements(model, graph, names)
+        if problems:
+            raise ValidationError(problems)
+        if not views:
+            break
+        model = _reshaped(model, views, names)
     io = {t.id for t in graph.inputs + graph.outputs}
     declared = {t.id: t for op in graph.ops for t in op.outputs if t.id not in io}
     model.graph.value_info.extend(_value_info(names[i], t) for i, t in declared.items())
@@ -171,11 +219,30 @@ def _at_op(p: Problem, by_name: dict[str, Op]) -> Problem:
 def load(source) -> tuple[onnx.ModelProto, ImportReport]:
     """The oneDNN graph in `source` (a path, a JSON text or a dict) as an ONNX model, and a report.
     Raises ValidationError with every problem found; never returns a partial model."""
-    graph = read(source)
+    with _no_collection():
+        graph = read(source)
+        return build(graph, _graph_name(source))
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """The cyclic garbage collector paused: a large graph makes hundreds of thousands of objects
+    (none in a cycle), and the collector's passes over them took a sixth of a 20,000-op load."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _graph_name(source) -> str:
     name = "onednn"
-    if isinstance(source, os.PathLike) or isinstance(source, str) and not source.lstrip().startswith("{"):
+    if isinstance(source, os.PathLike) or isinstance(source, str) and source.lstrip()[:1] not in ("{", "["):
         name = re.sub(r"\.json$", "", os.path.basename(os.fspath(source))) or name  # the graph is named after its file
-    return build(graph, name)
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")  # a file name need not be UTF-8
+    return name
 
 
 __all__ = ["GRAPH", "ImportReport", "load", "value_names"]

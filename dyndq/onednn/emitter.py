@@ -19,10 +19,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem, dtypes
-from dyndq.onednn_reader import Op, Tensor
+from dyndq.onednn.reader import Op, Tensor
 
 FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}
+FLOAT8 = {"float8_e4m3fn", "float8_e5m2"}  # oneDNN's f8_e4m3 and f8_e5m2 (finite-only e4m3, IEEE-like e5m2)
+WIDENS_EXACTLY = LOW_FLOATS | FLOAT8 | {"int32"}  # to float32 by a Cast (int32: exact within 2^24)
 
 
 class Refused(Exception):
@@ -39,6 +41,7 @@ class OpEmitter:
         self.initializers: list[onnx.TensorProto] = []
         self.problems: list[Problem] = []
         self._main_done = False
+        self.views: dict[int, str] = {}  # input index -> the value to read it as (see view())
 
     # -- judging ------------------------------------------------------------------------
 
@@ -49,22 +52,12 @@ class OpEmitter:
         self.problem(argument, found, allowed)
         raise Refused()
 
-    def attrs(self, **defaults) -> dict:
-        """The op's attributes over `defaults`; an attribute not in `defaults` is one the
-        mapping cannot honour, and is named."""
-        for key in self.op.attrs:
-            if key not in defaults:
-                known = ", ".join(defaults) or "none"
-                self.problem(key, f"attribute {key}={self.op.attrs[key]!r}", f"the attributes this mapping honours: {known}")
-        return {**defaults, **self.op.attrs}
-
-    def arity(self, inputs, outputs=1) -> None:
-        """`inputs`: a count or (least, most)."""
-        lo, hi = (inputs, inputs) if isinstance(inputs, int) else inputs
-        if not lo <= len(self.op.inputs) <= hi:
-            self.problem("inputs", f"{len(self.op.inputs)} inputs", f"{lo}" if lo == hi else f"{lo} to {hi}")
-        if len(self.op.outputs) != outputs:
-            self.problem("outputs", f"{len(self.op.outputs)} outputs", f"{outputs}")
+    def arity(self, inputs: tuple[int, int], outputs: tuple[int, int]) -> None:
+        """How many inputs and outputs, each (least, most); Refused when out of range."""
+        for side, (lo, hi) in (("inputs", inputs), ("outputs", outputs)):
+            n = len(getattr(self.op, side))
+            if not lo <= n <= hi:
+                self.problem(side, f"{n} {side}", f"{lo}" if lo == hi else f"{lo} to {hi}")
         if self.problems:
             raise Refused()
 
@@ -76,7 +69,14 @@ class OpEmitter:
     # -- names --------------------------------------------------------------------------
 
     def input(self, i: int) -> str:
-        return self.names[self.op.inputs[i].id]
+        return self.views.get(i) or self.names[self.op.inputs[i].id]
+
+    def view(self, i: int, shape: tuple[int, ...]) -> None:
+        """Read input i as this op describes it: the same elements as its producer gave them, in
+        another shape (oneDNN lets descriptions of one tensor differ so: a [256, 1] MatMul dst
+        taken as [256])."""
+        self.views[i] = self.node("Reshape", [self.names[self.op.inputs[i].id],
+                                              self.const(list(shape), "int64", f"in{i}_view_shape")], what=f"in{i}_view")
 
     def output(self, i: int = 0) -> str:
         return self.names[self.op.outputs[i].id]
@@ -103,15 +103,17 @@ class OpEmitter:
         return output
 
     def tag(self, node: onnx.NodeProto, main: bool) -> None:
-        helper.set_metadata_props(node, {"onednn.id": str(self.op.id)})
-        if main and not self._main_done:
+        if not main or self._main_done:
+            node.metadata_props.add(key="onednn.id", value=str(self.op.id))
+        else:
             self._main_done = True
             entry = {"id": self.op.id, "name": self.op.name, "kind": self.op.kind,
                      "attrs": {k: {"type": self.op.attr_types.get(k, ""), "value": v} for k, v in self.op.attrs.items()},
                      "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
                      "input_names": [self.names[t.id] for t in self.op.inputs],
                      "output_names": [self.names[t.id] for t in self.op.outputs]}
-            helper.set_metadata_props(node, {"onednn.id": str(self.op.id), "onednn.op": json.dumps(entry)})
+            node.metadata_props.add(key="onednn.id", value=str(self.op.id))
+            node.metadata_props.add(key="onednn.op", value=json.dumps(entry, separators=(",", ":")))
 
     def const(self, values, dtype: str, what: str = "const") -> str:
         name = self.temp(what)
@@ -126,7 +128,7 @@ class OpEmitter:
         t = self.op.inputs[i]
         if t.dtype.name == "float32":
             return self.input(i)
-        if t.dtype.name not in LOW_FLOATS:
+        if t.dtype.name not in WIDENS_EXACTLY:
             self.refuse(f"inputs[{i}]", f"dtype {t.dtype.onednn}", "f32, f16, bf16")
         return self.cast(self.input(i), FLOAT32, what=f"in{i}_f32")
 
@@ -136,7 +138,7 @@ class OpEmitter:
         if dst.dtype.name == "float32":
             self.node(op_type, inputs, self.output(out), main=True, **attrs)
         else:
-            if dst.dtype.name not in LOW_FLOATS:
+            if dst.dtype.name not in LOW_FLOATS | FLOAT8:
                 self.refuse(f"outputs[{out}]", f"dtype {dst.dtype.onednn}", "f32, f16, bf16")
             tmp = self.node(op_type, inputs, main=True, what=f"{value}_f32", **attrs)
             self.node("Cast", [tmp], self.output(out), what="round_to_dst", to=dst.dtype.onnx)

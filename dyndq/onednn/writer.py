@@ -4,60 +4,55 @@ The JSON is oneDNN's 3.x graph format: dense row-major strides, `strided` layout
 property types, input and output ports.  Nodes that `load` wrote carry the oneDNN
 op they came from in their metadata (`onednn.op`): each such group of nodes is
 written back as that op, kind, attributes, name and tensor ids unchanged.  Other
-nodes are written by the inverse table below, one op per node.  What oneDNN cannot
+nodes are written by the handler whose `onnx_types` hold their op type, one op per node,
+with the attribute types of the handler's spec.  What oneDNN cannot
 express (an ONNX op without a kind, data held in the model, a dtype oneDNN lacks)
 is refused with every problem named.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Callable
 
 import onnx
 
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
-from dyndq.onednn_int4 import dense_strides
+from dyndq.onednn.int4 import dense_strides
+from dyndq.onednn.kinds import inverse_table
 from dyndq.opdefs import DOMAIN, Problem, ValidationError, dtypes
 
 FORMAT_VERSION = "3.7.0"  # written when the model does not say which version it came from
 
-# ONNX op type -> (oneDNN kind, attributes from the node's: name -> (oneDNN name, oneDNN type))
-_BROADCAST = {"auto_broadcast": ("numpy", "string")}
-INVERSE = {
-    "MatMul": ("MatMul", {}),
-    "Add": ("Add", _BROADCAST), "Sub": ("Subtract", _BROADCAST), "Mul": ("Multiply", _BROADCAST),
-    "Div": ("Divide", _BROADCAST), "Max": ("Maximum", _BROADCAST), "Min": ("Minimum", _BROADCAST),
-    "Sigmoid": ("Sigmoid", {}), "Relu": ("ReLU", {}), "Exp": ("Exp", {}), "Sqrt": ("Sqrt", {}),
-    "Softmax": ("SoftMax", {}), "Cast": ("TypeCast", {}), "Transpose": ("StaticTranspose", {}),
-    "Identity": ("Reorder", {}), "Where": ("Select", _BROADCAST), "GreaterOrEqual": ("GreaterEqual", _BROADCAST),
-    "Concat": ("Concat", {}), "DynamicDequantize": ("DynamicDequantize", {}),
-}
-_DDQ_TYPES = {"qtype": "string", "axis": "s64", "group_shape": "s64[]"}
+
+@dataclass
+class _Node:
+    """What a handler's inverse sees of an ONNX node: its attributes, its inputs' ranks."""
+
+    kind: str
+    values: dict
+    ranks: list
+    n_inputs: int
+    problem: Callable
+    constants: list  # each input's array when it is an initializer, else None
 
 
-def _attrs_of(node: onnx.NodeProto, kind: str, shapes: dict, problems: list, blame) -> dict:
-    values = attribute_values(node)
-    out = {k: {"type": t, "value": v} for k, (v, t) in INVERSE[node.op_type][1].items()}
-    if kind == "DynamicDequantize":
-        out.update({k: {"type": _DDQ_TYPES[k], "value": v} for k, v in values.items() if k in _DDQ_TYPES})
-    elif kind == "SoftMax":
-        rank = len(shapes.get(node.input[0]) or [])
-        out["axis"] = {"type": "s64", "value": values.get("axis", -1) % max(rank, 1) if rank else values.get("axis", -1)}
-    elif kind == "StaticTranspose":
-        out["order"] = {"type": "s64[]", "value": list(values["perm"])} if "perm" in values else None
-        if out["order"] is None:
-            rank = len(shapes.get(node.input[0]) or [])
-            out["order"] = {"type": "s64[]", "value": list(range(rank))[::-1]}
-    elif kind == "Concat":
-        out["axis"] = {"type": "s64", "value": values["axis"]}
-    elif values and kind not in ("TypeCast",):
-        problems.append(blame("attributes", f"{sorted(values)}", f"none: oneDNN's {kind} has no counterpart for them"))
-    if kind in ("Maximum", "Minimum") and len(node.input) != 2:
-        problems.append(blame("inputs", f"{len(node.input)} inputs", f"2 (oneDNN's {kind} is binary)"))
-    return out
+def _attrs_of(node: onnx.NodeProto, h, shapes: dict, constants: dict, blame) -> dict:
+    ranks = [len(shapes[n]) if shapes.get(n) is not None else None for n in node.input]
+    arrays = [constants.get(n) for n in node.input]
+    values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame, arrays))
+    return h.typed(values)
 
 
-def dump(model: onnx.ModelProto) -> dict:
-    """The model's main graph as a oneDNN graph JSON object (see the module doc)."""
+def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict | None = None) -> dict:
+    """The model's main graph as a oneDNN graph JSON object (see the module doc).
+
+    oneDNN's JSON holds no tensor data: an initializer an op takes is refused, unless
+    `weights_as_inputs`, which makes each such initializer an input port of property_type
+    constant (after the graph's inputs); pass a dict as `weights` to have it filled with their
+    arrays, keyed by the names `load` gives those ports (as `import-onednn --inputs-dir`
+    names files).  Initializers a handler reads as attributes (Reshape's shape, Quantize's
+    scales) stay attributes."""
     from dyndq.checker import value_types
 
     if not isinstance(model, onnx.ModelProto):
@@ -109,6 +104,9 @@ def dump(model: onnx.ModelProto) -> dict:
                 "layout_type": "strided" if layout in ("strided", "any", "undef") else layout, "property_type": prop}
 
     initializers = {t.name for t in g.initializer}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+    weight_names: list[str] = []
+    inverse = inverse_table()
     ops, written = [], set()
     next_op = [max([int(k) for k in groups] or [-1]) + 1]
     for index, node in enumerate(g.node):
@@ -124,27 +122,33 @@ def dump(model: onnx.ModelProto) -> dict:
             ops.append({"id": e["id"], "name": e["name"], "kind": e["kind"], "attrs": e["attrs"],
                         "inputs": [tensor(n, blame) for n in names[0]], "outputs": [tensor(n, blame) for n in names[1]]})
             continue
-        if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in INVERSE:
+        if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in inverse:
             problems.append(blame("op_type", f"{node.domain + '::' if node.domain else ''}{node.op_type}",
-                                  "an op oneDNN has a kind for: " + ", ".join(sorted(INVERSE))))
+                                  "an op oneDNN has a kind for: " + ", ".join(sorted(inverse))))
             continue
-        kind = INVERSE[node.op_type][0]
-        for name in node.input:
-            if name in initializers:
+        h = inverse[node.op_type]
+        kind = h.kind
+        data = [n for n in node.input[:h.onnx_inputs] if n]  # the rest: constants read as attributes
+        for name in data:
+            if name in initializers and not weights_as_inputs:
                 problems.append(blame(name, "an initializer (data held in the model)",
-                                      "a graph input: oneDNN's graph JSON holds no tensor data"))
-        attrs = _attrs_of(node, kind, shapes, problems, blame)
+                                      "a graph input: oneDNN's graph JSON holds no tensor data "
+                                      "(or weights_as_inputs, --weights-as-inputs)"))
+            elif name in initializers and name not in weight_names:
+                weight_names.append(name)
+                notes[str(tid(name))] = ["constant", "strided"]
+        attrs = _attrs_of(node, h, shapes, constants, lambda *a, blame=blame: problems.append(blame(*a)))
         ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
-                    "attrs": attrs, "inputs": [tensor(n, blame) for n in node.input if n],
+                    "attrs": attrs, "inputs": [tensor(n, blame) for n in data],
                     "outputs": [tensor(n, blame) for n in node.output]})
         next_op[0] += 1
-    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers]
+    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers] + weight_names
     for name in graph_inputs + [vi.name for vi in g.output]:
         if name not in ids:
             problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops", graph=g.name))
     if problems:
         raise ValidationError(problems)
-    return {
+    doc = {
         "version": meta.get("onednn.version") or FORMAT_VERSION,
         "engine_kind": meta.get("onednn.engine_kind", "cpu"),
         "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
@@ -153,6 +157,13 @@ def dump(model: onnx.ModelProto) -> dict:
         "output_ports": [ids[vi.name] for vi in g.output],
         "graph": ops,
     }
+    if weights is not None and weight_names:
+        from dyndq.onednn.importer import value_names
+        from dyndq.onednn.reader import read
+
+        names = value_names(read(doc))
+        weights.update({names[ids[n]]: constants[n] for n in weight_names})
+    return doc
 
 
 def save_json(doc: dict, path) -> None:

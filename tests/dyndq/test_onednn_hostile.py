@@ -1,0 +1,190 @@
+"""Hostile oneDNN graph JSON: every malformed, oversized or unencodable input gets named problems
+(ValidationError; exit 1 from the CLI, nothing written), never a traceback or a huge allocation.
+The reader is fuzzed: hypothesis builds JSON of any structure and mutates the anchors; the only
+outcomes allowed are a model or a ValidationError."""
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dyndq
+from dyndq import onednn
+from dyndq.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+ADD = json.loads((DATA / "kinds" / "Add.json").read_text())
+ANCHORS = sorted(p for p in DATA.rglob("*.json") if not {"kinds", "bad", "upstream"} & set(p.parts))
+
+
+def _with(path, value, doc=ADD):
+    doc = copy.deepcopy(doc)
+    *head, last = path
+    target = doc
+    for key in head:
+        target = target[key]
+    target[last] = value
+    return doc
+
+
+def _problems(source):
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.load(source)
+    return e.value.problems
+
+
+SHAPE = ("graph", 0, "inputs", 0, "shape")
+
+
+@pytest.mark.parametrize("shape, words", [
+    ([10**12 * 1.0], "dimension 1000000000000.0"),
+    ([2**31, 2**31, 2**31], "elements"),
+    ([2**62, 2**62], "elements"),
+    ([2**64, 3], "dimension 18446744073709551616"),
+    ([-2, 3], "dimension -2"),
+    ([1] * 100, "rank 100"),
+    ([True, 3], "dimension True"),
+    ("3x4", "'3x4'"),
+])
+def test_shapes_are_checked_in_the_reader(shape, words):
+    [p] = _problems(_with(SHAPE, shape))
+    assert (p.op_id, p.argument) == (0, "inputs[0].shape") and words in p.found
+
+
+def test_a_shape_within_bounds_but_too_big_for_example_inputs_is_refused_naming_the_tensor():
+    doc = _with(SHAPE, [2**31, 4])
+    doc = _with(("graph", 0, "inputs", 1, "shape"), [4], doc)
+    doc = _with(("graph", 0, "outputs", 0, "shape"), [2**31, 4], doc)
+    model, _ = onednn.load(doc)
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.example_inputs(model)
+    [p] = e.value.problems
+    assert p.argument == f"input {model.graph.input[0].name}" and "17,179,869,184 bytes" in p.found  # f16
+    feeds = onednn.example_inputs(onednn.load(ADD)[0], max_bytes=10**6)  # a budget that fits
+    with pytest.raises(dyndq.ValidationError):
+        onednn.example_inputs(onednn.load(ADD)[0], max_bytes=8)
+
+
+def test_deep_nesting_non_utf8_files_and_unencodable_names_are_named(tmp_path):
+    [p] = _problems('{"graph": ' + "[" * 50000 + "]" * 50000 + "}")
+    assert p.argument == "json" and "nested" in p.found
+    utf16 = tmp_path / "g.json"
+    utf16.write_bytes(json.dumps(ADD).encode("utf-16"))
+    [p] = _problems(utf16)
+    assert p.argument == "file" and "not UTF-8" in p.found
+    onnx_file = tmp_path / "m.onnx"
+    onnx_file.write_bytes(b"\x08\x0a\x12\x04\xff\xfe\x00\x01")
+    [p] = _problems(onnx_file)
+    assert p.argument == "file"
+    [p] = _problems(_with(("graph", 0, "name"), "\ud800"))
+    assert p.argument == "name" and "surrogate" in p.found and "\\ud800" in str(p)
+    [p] = _problems(_with(("graph", 0, "attrs", "auto_broadcast", "value"), "\udfff"))
+    assert p.argument == "attrs" and "surrogate" in p.found
+    [p] = _problems(_with(("version",), "3.\ud800"))
+    assert p.argument == "version"
+    deep_attr = _with(("graph", 0, "attrs", "auto_broadcast", "value"), json.loads("[" * 500 + "]" * 500))
+    [p] = _problems(deep_attr)
+    assert p.argument == "auto_broadcast" and len(p.found) < 100
+
+
+def test_the_cli_says_every_problem_exits_1_and_writes_nothing(tmp_path, capsys):
+    cases = {
+        "huge.json": json.dumps(_with(SHAPE, [2**62, 2**62])),
+        "deep.json": '{"graph": ' + "[" * 50000 + "]" * 50000 + "}",
+        "surrogate.json": json.dumps(_with(("graph", 0, "name"), "\ud800")),
+    }
+    for name, text in cases.items():
+        src = tmp_path / name
+        src.write_text(text)
+        out, inputs = tmp_path / f"{name}.onnx", tmp_path / f"{name}-in"
+        assert main(["import-onednn", str(src), str(out), "--inputs-dir", str(inputs)]) == 1, name
+        err = capsys.readouterr().err
+        assert "problem" in err and "Traceback" not in err
+        assert not out.exists() and not inputs.exists()
+    src = tmp_path / "utf16.json"
+    src.write_bytes(json.dumps(ADD).encode("utf-16"))
+    assert main(["import-onednn", str(src), str(tmp_path / "u.onnx")]) == 1
+    assert "not UTF-8" in capsys.readouterr().err and not (tmp_path / "u.onnx").exists()
+
+
+def test_import_onednn_over_the_input_budget_writes_neither_model_nor_inputs(tmp_path, capsys):
+    big = _with(SHAPE, [2**20, 4])
+    big = _with(("graph", 0, "inputs", 1, "shape"), [4], big)
+    big = _with(("graph", 0, "outputs", 0, "shape"), [2**20, 4], big)
+    src, out, inputs = tmp_path / "big.json", tmp_path / "big.onnx", tmp_path / "in"
+    src.write_text(json.dumps(big))
+    assert main(["import-onednn", str(src), str(out), "--inputs-dir", str(inputs), "--max-input-bytes", "1000000"]) == 1
+    err = capsys.readouterr().err
+    assert "8,388,608 bytes" in err and "--max-input-bytes" in err  # f16
+    assert not out.exists() and not inputs.exists()
+    assert main(["import-onednn", str(src), str(out), "--inputs-dir", str(inputs)]) == 0
+    assert out.exists() and len(os.listdir(inputs)) == 2
+
+
+# -- fuzzing ---------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.floats(allow_nan=False) |
+    st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+
+KEYS = ["id", "name", "kind", "attrs", "inputs", "outputs", "dtype", "shape", "stride", "layout_type",
+        "property_type", "value", "type", "graph", "input_ports", "output_ports", "version"]
+
+
+def _outcome(doc) -> None:
+    """load either returns a model or raises ValidationError: nothing else."""
+    try:
+        model, report = onednn.load(doc)
+    except dyndq.ValidationError as e:
+        assert e.problems and all(str(p) for p in e.problems)
+        return
+    assert model.graph.node
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(KEYS), json_values, max_size=6))
+def test_any_json_object_is_a_model_or_named_problems(doc):
+    _outcome(doc)
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, prefix + (i,))
+
+
+ANCHOR_DOCS = [json.loads(p.read_text()) for p in ANCHORS if p.stat().st_size < 20000]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_anchors_are_models_or_named_problems(data):
+    doc = copy.deepcopy(data.draw(st.sampled_from(ANCHOR_DOCS)))
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = [p for p in _paths(doc) if p]
+        path = data.draw(st.sampled_from(paths))
+        action = data.draw(st.sampled_from(["replace", "delete", "dim", "dtype", "id"]))
+        *head, last = path
+        parent = doc
+        for key in head:
+            parent = parent[key]
+        if action == "delete":
+            del parent[last]
+        elif action == "dim":
+            parent[last] = data.draw(st.sampled_from([-1, -9223372036854775808, 0, 2**63, 2**31, -5, 1.5, "7"]))
+        elif action == "dtype":
+            parent[last] = data.draw(st.sampled_from(["f8_e4m3", "f8_e5m2", "s32", "boolean", "u4", "f64", "x"]))
+        elif action == "id":
+            parent[last] = data.draw(st.integers(-3, 60))
+        else:
+            parent[last] = data.draw(json_values)
+    _outcome(doc)
