@@ -1,4 +1,4 @@
-"""Every page of docs/ runs as a reader would follow it.
+"""The README and every page of docs/ run as a reader would follow them.
 
 A page's fenced blocks run in the order they stand, in one fresh folder (where `tests/data` is
 this repository's): each ```python block in one namespace for the whole page (as one pasted
@@ -23,7 +23,9 @@ import pytest
 from dyndq.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
 
 
 def fences(text: str) -> list[tuple[str, str]]:
@@ -105,13 +107,19 @@ def run_page(page: Path, tmp_path: Path, monkeypatch, capsys) -> None:
                     assert ok, f"{page.name}: `dyndq {shlex.join(argv)}` did not print {line!r}"
 
 
-@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
-def test_docs_page_runs_as_written(page, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_page_runs_as_written(page, tmp_path, monkeypatch, capsys):
     run_page(page, tmp_path, monkeypatch, capsys)
 
 
-def test_docs_pages_link_to_pages_that_exist():
-    for page in [ROOT / "README.md", *DOCS]:
+def test_readme_starts_with_the_two_commands():
+    head = README.read_text().splitlines()[:6]
+    assert any(line.startswith("make demo") for line in head)
+    assert any(line.startswith("make test") for line in head)
+
+
+def test_pages_link_to_pages_that_exist():
+    for page in PAGES:
         for target in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
 
@@ -130,7 +138,7 @@ def test_every_command_has_a_transcript_in_the_docs_and_a_line_in_the_readme():
     """docs/cli.md (or the page of its subject) shows each command run; the README lists each."""
     shown = {argv[0] for page in DOCS for language, body in fences(page.read_text()) if language == ""
              for argv, _, _ in commands(body)}
-    readme = (ROOT / "README.md").read_text()
+    readme = README.read_text()
     for command in sorted(_subcommands()):
         assert command in shown, f"no docs page shows `dyndq {command}` run"
         assert f"`dyndq {command}" in readme, f"the README's command table lacks `dyndq {command}`"
