@@ -429,3 +429,25 @@ def test_an_output_off_its_alignment_is_refused_by_the_c_side():
     with pytest.raises(ValueError, match="not aligned"):
         native._native.dequantize(np.zeros(8, np.uint8), buf[1:], np.ones(1, np.float32), None, (8,), (False,),
                                   1, 0, 0, 0, 8, False, 0, 0)
+
+
+def _pytest_in_subprocess(env_changes, *args):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("DYNDQ_REQUIRE_NATIVE", "DYNDQ_NATIVE")}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_without_the_compiled_kernel_its_tests_are_left_out_in_one_line(tmp_path):
+    p = _pytest_in_subprocess({"DYNDQ_NATIVE_MODULE": str(tmp_path / "missing.so")}, "tests/kernels/test_native.py",
+                              "tests/opdefs/test_registry.py")
+    assert p.returncode == 0, p.stdout[-2000:]
+    lines = [line for line in p.stdout.splitlines() if "compiled-kernel tests" in line]
+    assert len(lines) == 1 and lines[0].startswith("compiled-kernel tests: ") and "not loadable" in lines[0], lines
+
+
+def test_required_and_missing_the_run_fails(tmp_path):
+    p = _pytest_in_subprocess({"DYNDQ_NATIVE_MODULE": str(tmp_path / "missing.so"), "DYNDQ_REQUIRE_NATIVE": "1"},
+                              "tests/opdefs/test_registry.py")
+    assert p.returncode == 1 and "DYNDQ_REQUIRE_NATIVE=1, but the compiled kernel is not loadable" in p.stdout + p.stderr
