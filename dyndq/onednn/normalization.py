@@ -69,12 +69,12 @@ def layer_norm(e: OpEmitter, attrs: dict) -> None:
     and variance as outputs 1 and 2, of src's shape without the normalized dims."""
     src = e.op.inputs[0]
     n_in, n_out = len(e.op.inputs), len(e.op.outputs)
-    if n_in == 2:
-        e.problem("inputs", "2 inputs", "1 (src), or 3 (src, gamma, beta)")
-    if attrs["use_affine"] and n_in != 3:
-        e.problem("inputs", f"{n_in} input{'s' * (n_in > 1)}", "3 (src, gamma, beta) under use_affine (its default)")
-    if n_out == 2 or (attrs["keep_stats"] and n_out != 3):
-        e.problem("outputs", f"{n_out} outputs", "3 (dst, mean, variance) under keep_stats (its default), else 1")
+    if n_in not in ((3,) if attrs["use_affine"] else (1, 3)):
+        e.problem("inputs", f"{n_in} input{'s' * (n_in > 1)}",
+                  "3 (src, gamma, beta) under use_affine (its default)" if attrs["use_affine"] else "1 (src) or 3")
+    if n_out not in ((3,) if attrs["keep_stats"] else (1, 3)):
+        e.problem("outputs", f"{n_out} output{'s' * (n_out > 1)}",
+                  "3 (dst, mean, variance) under keep_stats (its default)" if attrs["keep_stats"] else "1 (dst) or 3")
     for i, t in enumerate(e.op.inputs):
         e.dtype_in(t, f"inputs[{i}]", FLOATS)
     for i, t in enumerate(e.op.outputs):
