@@ -11,7 +11,8 @@ the same places.  Prints one line per graph (ok, or the step that failed and why
 count.  Exit code 0 when every graph passes.
 
 The graphs are those of `tests/benchdnn/inputs/graph/` in uxlfoundation/oneDNN that this
-repository holds a copy of (tests/data/onednn/upstream/README.md says which, and from where).
+repository holds a copy of (tests/data/onednn/upstream/README.md says which, and from where;
+its MANIFEST.tsv gives the verdict of every upstream graph read, copied or not).
 """
 from __future__ import annotations
 

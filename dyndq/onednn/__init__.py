@@ -9,7 +9,7 @@
 - `KINDS`: the one table of handlers, oneDNN op kind -> `Handler`.
 
 The modules: reader (the JSON and its structure), handler (what a kind's handler holds,
-and the table), kinds (the table filled by the families: quantization, matmul,
+and the table), kinds (the table filled by the families: quantization, matmul, normalization,
 elementwise, layout), emitter (what mappings write with), importer, writer, examples,
 int4.
 """

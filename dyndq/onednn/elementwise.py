@@ -1,5 +1,6 @@
-"""Handlers of the element-wise kinds: binary and unary arithmetic, GELU, Pow, SoftMax, the
-comparison GreaterEqual, Select and GenIndex (formulas from doc/graph/operations/*.md)."""
+"""Handlers of the element-wise kinds: binary and unary arithmetic, BiasAdd, Clamp, Elu, GELU,
+Pow, SoftMax and SoftMaxBackward, the comparison GreaterEqual, Select and GenIndex (formulas
+from doc/graph/operations/*.md and the op schemas of src/graph/interface/op_def.hpp)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,6 +51,29 @@ for _kind, _onnx in (("Add", "Add"), ("Subtract", "Sub"), ("Multiply", "Mul"), (
                 _binary(_onnx))
 
 
+@handler("BiasAdd", roles=("src", "bias"), inputs=(2, 2),
+         attrs=(Attr("data_format", "string", "NXC", ("NXC", "NCX")),))
+def bias_add(e: OpEmitter, attrs: dict) -> None:
+    """dst = src + bias, the 1-D bias laid along the channel axis: the last one under NXC (the
+    default), axis 1 under NCX.  In float32, rounded once to dst's dtype."""
+    src, bias = e.op.inputs
+    for i, t in enumerate(e.op.inputs):
+        e.dtype_in(t, f"inputs[{i}]", FLOATS)
+    e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS)
+    rank = len(src.shape)
+    axis = rank - 1 if attrs["data_format"] == "NXC" else 1
+    if rank < 2:
+        e.problem("inputs[0]", f"rank {rank}", "a rank of at least 2 (batch and channel axes)")
+    elif len(bias.shape) != 1 or bias.shape[0] != src.shape[axis]:
+        e.problem("inputs[1]", f"shape {list(bias.shape)}",
+                  f"[{src.shape[axis]}], one value per channel (axis {axis} under {attrs['data_format']})")
+    if e.problems:
+        raise Refused()
+    along = e.node("Reshape", [e.f32(1), e.const(per_axis_shape(rank, axis, -1), "int64", "bias_shape")],
+                   what="bias_along_channels")
+    e.finish("dst", "Add", [e.f32(0), along])
+
+
 def _unary(onnx_type: str):
     def mapping(e: OpEmitter, attrs: dict) -> None:
         e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
@@ -64,9 +88,53 @@ def _non_negative(i: int, draw):
     return draw.floats(0.0, 4.0) if i == 0 and not draw.dtype.is_integer else None
 
 
-for _kind, _onnx in (("Sigmoid", "Sigmoid"), ("ReLU", "Relu"), ("Exp", "Exp"), ("Sqrt", "Sqrt")):
+for _kind, _onnx in (("Sigmoid", "Sigmoid"), ("ReLU", "Relu"), ("Exp", "Exp"), ("Sqrt", "Sqrt"), ("Tanh", "Tanh")):
     handler(_kind, onnx_types=(_onnx,), from_onnx=no_attrs_from_onnx,
             example=_non_negative if _kind == "Sqrt" else None)(_unary(_onnx))
+
+
+def _clamp_from_onnx(w) -> dict:
+    """Clip's min and max: constant inputs (opset 11 on) or attributes (before); oneDNN's Clamp
+    needs both."""
+    bounds = {}
+    for i, key in ((1, "min"), (2, "max")):
+        value = w.constants[i] if i < len(w.constants) else None
+        if value is None and key in w.values:
+            value = w.values[key]
+        if value is None or np.size(value) != 1:
+            w.problem(key, "absent or computed in the graph" if value is None else f"{np.size(value)} values",
+                      f"a constant {key} (an initializer holding one value): oneDNN's Clamp takes both bounds "
+                      f"as attributes")
+            continue
+        bounds[key] = float(np.asarray(value).reshape(()))
+    return bounds
+
+
+@handler("Clamp", attrs=(Attr("min", "f32", REQUIRED), Attr("max", "f32", REQUIRED)), onnx_types=("Clip",),
+         onnx_inputs=1, from_onnx=_clamp_from_onnx)
+def clamp(e: OpEmitter, attrs: dict) -> None:
+    """dst = min(max(src, min), max): in float32 between exact Casts, so exact in every dtype
+    (the bounds are f32 attributes; dst's rounding of them is Cast's, to nearest even)."""
+    e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
+    e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS)
+    if "min" in attrs and "max" in attrs and not attrs["min"] <= attrs["max"]:
+        e.problem("max", f"{attrs['max']!r} below min {attrs['min']!r}", "max >= min")
+    if e.problems:
+        raise Refused()
+    e.finish("dst", "Clip", [e.f32(0), e.const(attrs["min"], "float32", "min"), e.const(attrs["max"], "float32", "max")])
+
+
+def _alpha_from_onnx(w) -> dict:
+    return {"alpha": float(w.values.get("alpha", 1.0))}
+
+
+@handler("Elu", attrs=(Attr("alpha", "f32", REQUIRED),), onnx_types=("Elu",), from_onnx=_alpha_from_onnx)
+def elu(e: OpEmitter, attrs: dict) -> None:
+    """dst = src if src > 0 else alpha (exp(src) - 1)."""
+    e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
+    if e.problems:
+        raise Refused()
+    e.float_op("Elu", [0], alpha=float(attrs["alpha"]))
 
 
 @handler("GELU", attrs=(Attr("mode", "string", "gelu_erf", ("gelu_erf", "gelu_tanh")),))
@@ -117,6 +185,25 @@ def softmax(e: OpEmitter, attrs: dict) -> None:
         e.finish("dst", "Where", [empty, e.const(0.0, "float32", "zero"), y])
     if len(e.op.outputs) > 1:
         _stats(e, e.f32(0), axis, attrs["mode"] == "inf_as_zero")
+
+
+@handler("SoftMaxBackward", roles=("diff_dst", "dst"), inputs=(2, 2), attrs=(Attr("axis", "s64", 1),))
+def softmax_backward(e: OpEmitter, attrs: dict) -> None:
+    """diff_src = dst * (diff_dst - sum(diff_dst * dst along axis)), the gradient of SoftMax
+    given its output dst; in float32, rounded once to diff_src's dtype."""
+    for i, t in enumerate(e.op.inputs):
+        e.dtype_in(t, f"inputs[{i}]", FLOATS)
+    e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS)
+    if e.op.inputs[0].shape != e.op.inputs[1].shape:
+        e.problem("inputs[1]", f"shape {list(e.op.inputs[1].shape)}", f"{list(e.op.inputs[0].shape)}, diff_dst's shape")
+    if e.problems:
+        raise Refused()
+    axis = axis_of(e, "axis", attrs["axis"], len(e.op.inputs[0].shape))
+    diff_dst, dst = e.f32(0), e.f32(1)
+    product = e.node("Mul", [diff_dst, dst], what="diff_dst_dst")
+    total = e.node("ReduceSum", [product, e.const([axis], "int64", "axis")], what="sum_along_axis", keepdims=1)
+    centred = e.node("Sub", [diff_dst, total], what="centred")
+    e.finish("diff_src", "Mul", [dst, centred])
 
 
 def _stats(e: OpEmitter, x: str, axis: int, inf_as_zero: bool) -> None:

@@ -13,12 +13,13 @@ import gc
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from dyndq.converters.onnx_types import spec_of_type
 from dyndq.onednn.emitter import OpEmitter, Refused
 from dyndq.onednn.kinds import KINDS, REFUSED
 from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, fits, read
@@ -76,12 +77,19 @@ def node_names(graph: Graph) -> dict[int, str]:
     return {op.id: op.name if op.name and count[op.name] == 1 else f"{op.name or op.kind}#{op.id}" for op in graph.ops}
 
 
-def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> tuple[list, list, list[Problem]]:
+def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> tuple[list, list, list[Problem], Graph]:
+    """Every op mapped by its handler, in order; returns the nodes, initializers, problems and
+    the graph with each shape the JSON leaves unknown as the producer computes it."""
     nodes, initializers, problems = [], [], []
     taken = set(names.values()) | set(op_names.values())
     canonical = {t.id: t.shape for t in graph.inputs}  # the shape a value has in the ONNX graph
     canonical.update((t.id, t.shape) for op in graph.ops for t in op.outputs)
+    inferred: dict[int, tuple[int, ...]] = {}  # tensor id -> the shape its producer computes (see _resolved)
+    ops, notes = [], []
     for op in graph.ops:
+        if inferred:
+            op = op._replace(inputs=tuple(t._replace(shape=inferred[t.id]) if t.id in inferred else t for t in op.inputs))
+        ops.append(op)
         h = KINDS.get(op.kind)
         if op.kind in REFUSED:
             problems.append(op.problem("kind", repr(op.kind), REFUSED[op.kind]))
@@ -102,7 +110,51 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
         if not e.problems:
             nodes += e.nodes
             initializers += e.initializers
-    return nodes, initializers, problems
+            if any(d < 0 for t in op.outputs for d in t.shape):
+                declared = {t.id: t.shape for t in op.outputs}
+                ops[-1] = op = _resolved(op, e, names)
+                for t in op.outputs:
+                    if t.shape != declared[t.id]:
+                        inferred[t.id] = canonical[t.id] = t.shape
+                        notes.append(f"tensor {t.id} is {_written(declared[t.id])} in the JSON: {list(t.shape)}, as "
+                                     f"op {op.id} {op.name!r} computes it")
+    if inferred:
+        by_id = {t.id: t for op in ops for t in op.outputs}
+        graph = replace(graph, ops=ops, outputs=[by_id.get(t.id, t) for t in graph.outputs], notes=graph.notes + notes)
+    return nodes, initializers, problems, graph
+
+
+def _written(shape: tuple[int, ...]) -> str:
+    return "of unknown rank" if shape == (-1,) else f"{list(shape)} (-1: unknown)"
+
+
+def _resolved(op: Op, e: OpEmitter, names: dict[int, str]) -> Op:
+    """The op with each output shape the JSON leaves unknown (a dim written -1 or
+    DNNL_GRAPH_UNKNOWN_DIM, or the rank: a shape written as that one dim) as ONNX infers it from
+    the op's nodes and its inputs, which is how oneDNN infers it from the producer.  An output
+    ONNX cannot infer keeps its shape, for the checks after to name."""
+    from dyndq.scopes import value_types
+
+    made = {o for n in e.nodes for o in n.output} | {i.name for i in e.initializers}
+    sources = dict.fromkeys(i for n in e.nodes for i in n.input if i and i not in made)
+    shapes = {names[t.id]: t for t in op.inputs}
+    graph_inputs = [_value_info(name, shapes[name]) for name in sources if name in shapes]
+    outputs = [helper.make_value_info(names[t.id], onnx.TypeProto()) for t in op.outputs]
+    import dyndq
+
+    model = dyndq.make_model(helper.make_graph(e.nodes, "op", graph_inputs, outputs, initializer=e.initializers),
+                             opset=OPSET)
+    types = value_types(model).at("main")
+    resolved = []
+    for t in op.outputs:
+        spec = spec_of_type(types.get(names[t.id]))
+        computed = tuple(spec.shape) if spec is not None and spec.shape is not None else None
+        unknown_rank = t.shape == (-1,)
+        if (computed is not None and all(isinstance(d, int) for d in computed)
+                and (fits(computed, t.shape) or unknown_rank)):
+            t = t._replace(shape=computed)
+        resolved.append(t)
+    return op._replace(outputs=tuple(resolved))
 
 
 def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) -> tuple[list[Problem], list]:
@@ -165,7 +217,7 @@ def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportRe
     import dyndq
 
     names, op_names = value_names(graph), node_names(graph)
-    nodes, initializers, problems = _map_ops(graph, names, op_names)
+    nodes, initializers, problems, graph = _map_ops(graph, names, op_names)
     if problems:
         raise ValidationError(problems)
     inputs = [_value_info(names[t.id], t) for t in graph.inputs]

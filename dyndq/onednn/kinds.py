@@ -5,7 +5,7 @@ schemas in src/graph/interface/op_def.hpp): attributes it cannot honour, and dty
 what the kind takes, are named as problems rather than guessed at.  Float arithmetic runs in
 float32 between exact Casts (see emitter.py).
 """
-from dyndq.onednn import elementwise, layout, matmul, quantization  # noqa: F401  (each registers its handlers)
+from dyndq.onednn import elementwise, layout, matmul, normalization, quantization  # noqa: F401  (each registers its handlers)
 from dyndq.onednn.handler import KINDS, Handler, inverse_table
 
 # Kinds that no mapping can honour, and why: named as such rather than as unknown.

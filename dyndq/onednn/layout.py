@@ -109,26 +109,31 @@ def concat(e: OpEmitter, attrs: dict) -> None:
 
 def _reduce(onnx_type: str):
     def mapping(e: OpEmitter, attrs: dict) -> None:
-        rank = len(e.op.inputs[0].shape)
+        """Over `axes`; an empty list reduces over no axis (a training graph's dmask, whose
+        dst has src's shape): the values as they are, ONNX's noop_with_empty_axes."""
+        src, dst = e.op.inputs[0], e.op.outputs[0]
+        rank = len(src.shape)
         axes = attrs.get("axes")
-        if axes is not None and (not axes or not all(-rank <= a < rank for a in axes)):
-            e.problem("axes", repr(axes), f"a non-empty list of axes in [{-rank}, {rank - 1}] (required)")
-        e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
+        if axes is not None and not all(-rank <= a < rank for a in axes):
+            e.problem("axes", repr(axes), f"a list of axes in [{-rank}, {rank - 1}] (required)")
+        elif axes == [] and dst.shape != src.shape:
+            e.problem("axes", f"[] with dst shape {list(dst.shape)}",
+                      f"axes to reduce over, or dst of src's shape {list(src.shape)} (no axis reduced)")
+        e.dtype_in(src, "inputs[0]", FLOATS)
         if e.problems:
             raise Refused()
         e.finish("dst", onnx_type, [e.f32(0), e.const(sorted(a % rank for a in axes), "int64", "axes")],
-                 keepdims=int(attrs["keep_dims"]))
+                 keepdims=int(attrs["keep_dims"]), **({} if axes else {"noop_with_empty_axes": 1}))
     return mapping
 
 
 def _reduce_from_onnx(w) -> dict:
-    """axes from the input (opset 18) or the attribute (older ReduceMax); none means every dim."""
+    """axes from the input (opset 18) or the attribute (older ReduceMax); none means every dim,
+    or none at all under noop_with_empty_axes (oneDNN's empty axes)."""
     axes = _constant(w, 1, "axes") if w.n_inputs > 1 else w.values.get("axes")
-    if not axes:
-        if w.values.get("noop_with_empty_axes"):
-            w.problem("noop_with_empty_axes", "1 with no axes", "axes: oneDNN's reductions take at least one")
+    if not axes and not w.values.get("noop_with_empty_axes"):  # no axes: every one (noop: none)
         axes = list(range(w.ranks[0] or 0))
-    return {"axes": [int(a) for a in axes], "keep_dims": bool(w.values.get("keepdims", 1))}
+    return {"axes": [int(a) for a in axes or []], "keep_dims": bool(w.values.get("keepdims", 1))}
 
 
 for _kind in ("ReduceSum", "ReduceMax"):

@@ -35,12 +35,14 @@ class _Node:
     n_inputs: int
     problem: Callable
     constants: list  # each input's array when it is an initializer, else None
+    n_outputs: int = 1  # outputs the node computes (named ones)
 
 
 def _attrs_of(node: onnx.NodeProto, h, shapes: dict, constants: dict, blame) -> dict:
     ranks = [len(shapes[n]) if shapes.get(n) is not None else None for n in node.input]
     arrays = [constants.get(n) for n in node.input]
-    values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame, arrays))
+    values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame, arrays,
+                               sum(1 for o in node.output if o)))
     return h.typed(values)
 
 

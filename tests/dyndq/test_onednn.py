@@ -55,6 +55,18 @@ def _softmax_inf_as_zero(x, axis):
     return np.where(np.isneginf(top), 0.0, out)
 
 
+def _layer_norm(x, gamma, beta, begin_norm_axis, epsilon, **_):
+    axes = tuple(range(begin_norm_axis % x.ndim, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + epsilon) * gamma + beta
+
+
+def _rms_norm(x, gamma, begin_norm_axis, epsilon, **_):
+    """oneDNN's layer normalization under its rms_norm flag: the mean taken as 0."""
+    axes = tuple(range(begin_norm_axis % x.ndim, x.ndim))
+    return x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + epsilon) * gamma
+
+
 def _quantize(x, scale, zp, dtype):
     lo, hi = (-128, 127) if dtype == np.int8 else (0, 255)
     return np.clip(np.round(np.float32(x) / np.float32(scale) + np.float32(zp)), lo, hi).astype(dtype)
@@ -68,6 +80,14 @@ ORACLES = {
     "Divide": (lambda a, b, **_: _f(a) / _f(b), True),
     "Maximum": (lambda a, b, **_: np.maximum(_f(a), _f(b)), True),
     "Minimum": (lambda a, b, **_: np.minimum(_f(a), _f(b)), True),
+    "BiasAdd": (lambda a, b, data_format, **_: _f(a) + _f(b).reshape([-1] + [1] * (a.ndim - 2)
+                                                                    if data_format == "NCX" else [-1]), True),
+    "Clamp": (lambda a, min, max, **_: np.clip(_f(a), min, max), True),
+    "Elu": (lambda a, alpha, **_: np.where(_f(a) > 0, _f(a), alpha * np.expm1(_f(a))), False),
+    "Tanh": (lambda a, **_: np.tanh(_f(a)), False),
+    "LayerNorm": (lambda a, g, b, **k: _layer_norm(_f(a), _f(g), _f(b), **k), False),
+    "RMSNorm": (lambda a, g, **k: _rms_norm(_f(a), _f(g), **k), False),
+    "SoftMaxBackward": (lambda dd, d, axis, **_: _f(d) * (_f(dd) - np.sum(_f(dd) * _f(d), axis=axis, keepdims=True)), False),
     "Sigmoid": (lambda a, **_: 1 / (1 + np.exp(-_f(a))), False),
     "ReLU": (lambda a, **_: np.maximum(_f(a), 0), True),
     "Exp": (lambda a, **_: np.exp(_f(a)), False),

@@ -222,7 +222,14 @@ def test_duplicate_op_ids_are_each_named_once():
 
 # -- the upstream graphs -------------------------------------------------------------------------
 
-REFUSED = {"pattern/f32/softmax_dropout.json": "load", "op/f32/lnorm.json": "load"}  # Dropout; RMSNorm (no handler yet)
+def _manifest() -> dict[str, tuple[str, str, str]]:
+    """path -> (commit, verdict, reason), from the upstream folder's MANIFEST.tsv."""
+    rows = (line.split("\t") for line in (UPSTREAM / "MANIFEST.tsv").read_text().splitlines() if not line.startswith("#"))
+    return {path: (commit, verdict, reason) for path, commit, verdict, reason in rows}
+
+
+MANIFEST = _manifest()
+EXPECTED_STEP = {"ok": "ok", "refused": "load"}  # the step the judge stops at, by the manifest's verdict
 BIG = {"complex_fusion/mha-f32-softmax/sdpa-plain-wo-mask-f16-with-f32-softmax.json",  # 1.9 GB peak
        "complex_fusion/mha/jsons/torchbench/graph-100002-4077425134136159961.json"}  # 1.3 GB peak
 UPSTREAM_GRAPHS = [pytest.param(p, id=str(p.relative_to(UPSTREAM)),
@@ -232,5 +239,16 @@ UPSTREAM_GRAPHS = [pytest.param(p, id=str(p.relative_to(UPSTREAM)),
 
 @pytest.mark.parametrize("path", UPSTREAM_GRAPHS)
 def test_each_upstream_graph_imports_checks_runs_and_agrees(path):
+    """Each copied graph is judged as MANIFEST.tsv says: ok, or refused at load (Dropout)."""
     step, detail = _bench("onednn_upstream").judge(path)
-    assert step == REFUSED.get(str(path.relative_to(UPSTREAM)), "ok"), detail
+    assert step == EXPECTED_STEP[MANIFEST[str(path.relative_to(UPSTREAM))][1]], detail
+
+
+def test_the_manifest_holds_every_copied_graph_at_the_commit_the_readme_names():
+    readme = (UPSTREAM / "README.md").read_text()
+    copied = sorted(str(p.relative_to(UPSTREAM)) for p in UPSTREAM.rglob("*.json"))
+    for path in copied:
+        commit, verdict, reason = MANIFEST[path]
+        assert f"| `{path}` | {commit} |" in readme and reason.endswith("copied here"), path
+    assert sorted(p for p, (_, _, reason) in MANIFEST.items() if reason.endswith("copied here")) == copied
+    assert {verdict for _, verdict, _ in MANIFEST.values()} <= {"ok", "refused", "not run", "not fetched"}
