@@ -73,7 +73,7 @@ test-oldest:
 		print('\n'.join(d.replace('>=', '==') + '.*' for d in p['dependencies'] + p['optional-dependencies']['test']))" \
 		> $(OLDEST)/oldest.txt
 	$(OLDEST)/bin/python -m pip install --quiet -r $(OLDEST)/oldest.txt
-	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=compat
 	$(OLDEST)/bin/python -m pytest -q
 
 clean:

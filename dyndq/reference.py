@@ -177,7 +177,8 @@ class Loop(_OnnxLoop):
             feeds[names[0]] = np.array(it, np.int64)
             feeds[names[1]] = np.array(go)
             feeds.update(zip(names[2:], carried))
-            outputs = self._run_body(feeds, attributes=attributes, bindings=bindings)
+            # (onnx < 1.23 has no `bindings`: passed only when the evaluator gives some)
+            outputs = self._run_body(feeds, attributes=attributes, **({} if bindings is None else {"bindings": bindings}))
             go = bool(np.asarray(outputs[0]).reshape(-1)[0])
             carried = list(outputs[1 : 1 + self.N])
             for k in range(self.K):
