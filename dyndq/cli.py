@@ -25,7 +25,7 @@ import textwrap
 
 import numpy as np
 
-from dyndq.wording import first_line, os_error, plural, problem_list
+from dyndq.wording import first_line, os_error, plural, problem_list, table as _table
 
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
@@ -662,22 +662,6 @@ def schema_text() -> str:
         lines += _table(["name", "types", "description"], [[c.name, ", ".join(c.dtypes), c.doc] for c in op.type_constraints])
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
-
-
-def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str]:
-    """Aligned columns; the last column (a description) wraps at `wrap` characters."""
-    wrapped = [r[:-1] + [textwrap.wrap(str(r[-1]), wrap) or [""]] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header[:-1], *(r[:-1] for r in wrapped))]
-    last = max([len(header[-1])] + [len(x) for r in wrapped for x in r[-1]])
-
-    def line(cells):
-        return ("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, widths + [0]))).rstrip()
-
-    out = [line(header), line(["-" * w for w in widths + [last]])]
-    for r in wrapped:
-        out.append(line(r[:-1] + [r[-1][0]]))
-        out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
-    return out
 
 
 def _engine_message(e: BaseException) -> str:
