@@ -8,10 +8,10 @@ layout DynamicDequantize-2 takes (`per_group`: src's rank, one scale per block),
 error statistics of the dequantized weight against the original.
 
 A last group shorter than `group_size` (the axis not a multiple of it) is quantized on its
-own elements; the codes are then padded along `axis` to whole groups with the zero level
-(they dequantize to 0), and `padded_to` says how long the padded axis is: the graph takes
-the first `length` elements back with a Slice (DynamicDequantize's per_group needs whole
-groups, as ONNX Runtime's MatMulNBits stores them).
+own elements; the codes are then padded along `axis` to whole groups with level 0 (the bytes
+ONNX Runtime's MatMulNBits holds there), and `padded_to` says how long the padded axis is:
+the graph takes the first `length` elements back with a Slice (DynamicDequantize's per_group
+needs whole groups, as MatMulNBits stores them).
 
 Pure NumPy and ml_dtypes: no onnx here.
 """
@@ -152,7 +152,7 @@ def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> L
     if length % group:
         tail = method(rows[:, full * group:].reshape(n_rows, 1, -1),
                       bits=bits, symmetric=symmetric, scale_dtype=scale_dtype, rule=rule)
-        pad = np.broadcast_to(tail.zeros[..., None], (n_rows, 1, group - tail.levels.shape[-1]))
+        pad = np.zeros((n_rows, 1, group - tail.levels.shape[-1]), np.uint8)
         parts.append(Levels(np.concatenate([tail.levels, pad], axis=-1), tail.zeros, tail.scales))
     return Levels(
         np.concatenate([p.levels for p in parts], axis=1).reshape(n_rows, -1),

@@ -18,7 +18,8 @@ follow each, because the issue asks for its very codes (docs/quantize.md states 
   The codes are computed against the scale as float16 holds it when scales are float16,
   and against the float32 scale otherwise (ONNX Runtime quantizes bfloat16 weights in float32
   and rounds the scales to bfloat16 afterwards).
-"gather" (its NumPy quantize_ndarray, used for Gather's data), in the weight's own dtype:
+"gather" (its NumPy quantize_ndarray, used for Gather's data), with NumPy's promotions
+  (float32 and float16 weights in their own dtype; the quotients of a bfloat16 one in float32):
   asymmetric: lo, hi as above; scale = (hi - lo) / qmax; zero point = round_half_even(-lo /
   scale) clamped, half for an all-zero group; level = clamp(round_half_even(w / scale + zp)),
   half for an all-zero group.
@@ -98,24 +99,22 @@ def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
 
 
 def _gather_rule(groups, bits, symmetric, scale_dtype) -> Levels:
+    # NumPy's own promotions, as its code has them: Python scalars beside arrays of the weight's
+    # dtype (float32 stays float32, float16 float16; a bfloat16 quotient comes out float32).
     g = groups
-    dt = g.dtype.type
     qmax, half = qmax_of(bits), half_of(bits)
     low, high = g.min(axis=-1), g.max(axis=-1)
-    if symmetric:
-        m = np.where(np.abs(high) > np.abs(low), high, low)
-        scale = (m / dt(-half)).astype(g.dtype)
-        empty = scale == 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            signed = np.where(empty[..., None], dt(0), g / scale[..., None])
-        levels = np.clip(np.round(signed), -half, half - 1).astype(np.int16) + half
-        zero = np.full(scale.shape, half, np.uint8)
-    else:
-        low, high = np.minimum(low, dt(0)), np.maximum(high, dt(0))
-        scale = ((high - low) / dt(qmax)).astype(g.dtype)
-        empty = scale == 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            zero = np.clip(np.round(np.where(empty, dt(half), -low / scale)), 0, qmax).astype(np.uint8)
-            x = np.where(empty[..., None], dt(half), g / scale[..., None] + zero[..., None].astype(g.dtype))
-        levels = np.clip(np.round(x), 0, qmax)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if symmetric:
+            m = np.where(np.abs(high) > np.abs(low), high, low)
+            scale = m / float(-half)
+            signed = np.where(scale[..., None] == 0, 0, g / scale[..., None])
+            levels = np.clip(np.round(signed), -half, half - 1).astype(np.int16) + half
+            zero = np.full(scale.shape, half, np.uint8)
+        else:
+            low, high = np.minimum(low, 0), np.maximum(high, 0)
+            scale = (high - low) / float(qmax)
+            empty = scale == 0
+            zero = np.clip(np.round(np.where(empty, half, -low / scale)), 0, qmax).astype(np.uint8)
+            levels = np.clip(np.round(np.where(empty[..., None], half, g / scale[..., None] + zero[..., None])), 0, qmax)
     return Levels(levels.astype(np.uint8), zero, scale.astype(scale_dtype))
