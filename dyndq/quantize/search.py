@@ -106,9 +106,11 @@ def _candidates(g, bits, symmetric):
 
 
 def _levels(g, scale, zero, qmax):
+    """clamp(round(w / scale + zero)); every element at the zero level where the scale is 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         x = g / scale[..., None]
     x += zero[..., None]
+    x = np.where(scale[..., None] != 0, x, zero[..., None])
     return np.clip(np.rint(x), 0, qmax)
 
 

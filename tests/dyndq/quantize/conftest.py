@@ -8,3 +8,12 @@ if "quantize_models" not in sys.modules:
     _spec = importlib.util.spec_from_file_location("quantize_models", os.path.join(os.path.dirname(__file__), "models.py"))
     sys.modules["quantize_models"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["quantize_models"])
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def model():
+    """A float MLP: Gather (embedding), MatMul, Gemm (transB=1), seeded heavy-tailed weights."""
+    return sys.modules["quantize_models"].mlp()
