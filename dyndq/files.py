@@ -97,15 +97,33 @@ def tensor_with_data(tensor: onnx.TensorProto, loaded: LoadedModel) -> onnx.Tens
         return tensor
     copy = onnx.TensorProto()
     copy.CopyFrom(tensor)
-    try:
+    with _reading_external_data(loaded):
         external_data_helper.load_external_data_for_tensor(copy, _data_folder(loaded.path))
+    return copy
+
+
+def tensor_array(tensor: onnx.TensorProto, loaded: LoadedModel):
+    """A tensor's values as an array, its external data read (one tensor's bytes in memory,
+    with ONNX's own checks)."""
+    if not external_data_helper.uses_external_data(tensor):
+        return onnx.numpy_helper.to_array(tensor)
+    stub = onnx.TensorProto()
+    stub.CopyFrom(tensor)  # (no data in it; older onnx loads the data into the tensor it is given)
+    with _reading_external_data(loaded):
+        return onnx.numpy_helper.to_array(stub, base_dir=_data_folder(loaded.path))
+
+
+@contextlib.contextmanager
+def _reading_external_data(loaded: LoadedModel):
+    """ONNX's errors reading external data, as ModelFileError naming the model."""
+    try:
+        yield
     except onnx.checker.ValidationError as e:
         raise ModelFileError(f"{loaded.path}: refused: {first_line(e)}") from None
     except ValueError as e:
         raise ModelFileError(f"{loaded.path}: its external data does not fit its file: {first_line(e)}") from None
     except OSError as e:
         raise ModelFileError(f"{loaded.path}: cannot read its external data ({e.strerror or e})") from None
-    return copy
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:

@@ -26,7 +26,7 @@ from dyndq.quantize.rtn import Levels, half_of, rtn
 from dyndq.quantize.search import search
 
 METHODS = {"rtn": rtn, "search": search}
-BLOCK_ELEMENTS = 1 << 18  # elements of the weight handed to a method at a time
+BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
 
 
 @dataclass

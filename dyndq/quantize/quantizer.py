@@ -50,7 +50,8 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     from dyndq.checker import model_of
 
     model = model_of(model, "quantize")
-    settings = _settings(model, bits, group_size, symmetric, scale_dtype, ops, exclude, method)
+    settings = _settings(model, bits=bits, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype, ops=ops,
+                         exclude=exclude, method=method)
     out, report = _quantize(model, settings, _Tensors(), strict, progress)
     if evaluate:
         from dyndq.quantize.evaluate import output_error
@@ -61,7 +62,8 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     return out, report
 
 
-def _settings(model, bits, group_size, symmetric, scale_dtype, ops, exclude, method) -> dict:
+def _settings(model, *, bits=4, group_size=128, symmetric=False, scale_dtype=None, ops=planning.OPS, exclude=(),
+              method="rtn") -> dict:
     """The options checked (ValidationError naming every bad one) and written out."""
     problems = []
 
@@ -108,7 +110,9 @@ class _Tensors:
         self.loaded, self.data = loaded, data
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
-        return numpy_helper.to_array(self._with_data(tensor))
+        from dyndq.files import tensor_array
+
+        return numpy_helper.to_array(tensor) if self.loaded is None else tensor_array(tensor, self.loaded)
 
     def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
         if self.data is None:
