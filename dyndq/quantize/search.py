@@ -36,7 +36,7 @@ def search(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule:
     best_scale = np.zeros(g.shape[:-1], np.float32)
     best_zero = np.zeros(g.shape[:-1], np.float32)
     for scale, zero in _candidates(g, bits, symmetric):
-        gain, fitted = _least_squares(g, _levels(g, scale, zero, qmax), zero)
+        gain, fitted = _least_squares(g, _offsets(g, scale, zero, qmax), None)
         better = gain > best_gain
         best_gain = np.where(better, gain, best_gain)
         best_scale = np.where(better, fitted, best_scale)
@@ -114,10 +114,22 @@ def _levels(g, scale, zero, qmax):
     return np.clip(np.rint(x), 0, qmax)
 
 
+def _offsets(g, scale, zero, qmax):
+    """clamp(round(w / scale + zero)) - zero for a scale that is never 0, in one buffer (the
+    search's inner loop: w times the reciprocal, where rounding may differ from a division
+    in the last bit; the codes it keeps are made again by `_levels`)."""
+    x = g * (np.float32(1) / scale)[..., None]
+    x += zero[..., None]
+    np.rint(x, out=x)
+    np.clip(x, 0, qmax, out=x)
+    x -= zero[..., None]
+    return x
+
+
 def _least_squares(g, levels, zero):
-    """(<w, d>^2 / |d|^2, <w, d> / |d|^2) per group for d = levels - zero: the error it takes
-    off |w|^2, and the scale that does it (0 when d is all zero)."""
-    d = levels - zero[..., None]
+    """(<w, d>^2 / |d|^2, <w, d> / |d|^2) per group for d = levels - zero (levels itself when
+    zero is None): the error it takes off |w|^2, and the scale that does it (0 when d is all zero)."""
+    d = levels if zero is None else levels - zero[..., None]
     num = np.einsum("...k,...k->...", g, d)
     den = np.einsum("...k,...k->...", d, d)
     ok = den > 0

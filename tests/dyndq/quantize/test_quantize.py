@@ -268,3 +268,14 @@ def test_quantize_is_the_package_and_the_function():
 
     out, report = dyndq.quantize(mlp(), evaluate=False)
     assert len(report.layers) == 3
+
+
+def test_codes_over_one_mib_run_on_onnxruntime():
+    """The onnxruntime engine hands an initializer over 1 MiB to ONNX Runtime as an input; one of
+    int4 codes (which its Python API takes no array of) passes through its int4 boundary."""
+    model = mlp(k=1024, n=1024, vocab=4096)  # E's codes: 2 MiB
+    out, report = dyndq.quantize(model)
+    assert report.outputs and report.outputs[0].cosine > 0.9, report.outputs_note
+    ids = np.arange(4, dtype=np.int64)
+    got = dyndq.run(out, {"ids": ids}, engine="onnxruntime")["y"]
+    np.testing.assert_allclose(got, dyndq.run(out, {"ids": ids})["y"], rtol=1e-4, atol=1e-5)
