@@ -38,8 +38,9 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     lower = _lowering(emit)
     loaded = read_model(src, load_data=False)
     settings = _settings(loaded.model, **options)
+    too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
     if evaluate is None:
-        evaluate = sum(nbytes(t) for t in loaded.model.graph.initializer) < EVALUATE_BELOW
+        evaluate = not too_big
     out = None
     if emit == "dyndq" and loaded.external_data:
         with staged_write(dst, external_data=True) as stage:
@@ -65,7 +66,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
 
         report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=seed)
     else:
-        report.outputs_note = "not measured (the model's weights are 2 GiB or more)" if evaluate is None else "not measured"
+        report.outputs_note = "not measured (the model's weights are 2 GiB or more)" if too_big else "not measured"
     return report
 
 

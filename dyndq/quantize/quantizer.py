@@ -195,7 +195,7 @@ def _one_weight(target, weight, settings, names, opset, graphs, tensors, graph):
     started = time.perf_counter()
     if not _finite(weight):
         u = target.uses[0]
-        return None, Problem(f"{'data' if u.op == 'Gather' else 'B'} ({target.name!r})", "NaN or infinity among its values",
+        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     q: QuantizedWeight = quantize_weight(
         weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],

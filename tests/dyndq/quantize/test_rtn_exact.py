@@ -173,3 +173,30 @@ def _q(initializers, name):
     class Q:
         codes = initializers[f"{name}_quantized"]
     return Q
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")  # (its torch code's)
+def test_search_is_no_worse_than_onnxruntime_hqq():
+    """ONNX Runtime's HQQ (same settings: 4 bits, groups of 128, asymmetric; MatMul) against
+    dyndq's search, on the same heavy-tailed weights: the relative Frobenius error of the
+    weights each gives back.  HQQ needs torch, which the test extra does not install (a CPU
+    build is hundreds of MB): without it this test is skipped, and benchmarks/bench_quantize.py
+    (run with torch) reports the same comparison."""
+    pytest.importorskip("torch")
+    model = mlp(k=512, n=256, seed=11)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    config = ort_quant.HQQWeightOnlyQuantConfig(block_size=128, bits=4, op_types_to_quantize=("MatMul",))
+    quantizer = ort_quant.MatMulNBitsQuantizer(copy, algo_config=config)
+    quantizer.process()
+    theirs = {t.name: nh.to_array(t) for t in quantizer.model.model.graph.initializer}
+    node = next(n for n in quantizer.model.model.graph.node if n.op_type == "MatMulNBits")
+    packed, scales, zps = (theirs[name] for name in node.input[1:4])
+    w = nh.to_array(model.graph.initializer[1])  # W1 [512, 256]
+    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(256, -1).astype(np.float32)
+    zps, scales = zps.reshape(256, -1).astype(np.float32), scales.reshape(256, -1).astype(np.float32)
+    hqq = ((codes - np.repeat(zps, 128, axis=1)) * np.repeat(scales, 128, axis=1)).T
+    hqq_error = np.linalg.norm(w - hqq) / np.linalg.norm(w)
+    _, report = dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False)
+    assert report.layers[0].name == "W1"
+    assert report.layers[0].relative_error <= hqq_error
