@@ -199,11 +199,14 @@ def sample_groups(model: onnx.ModelProto, names, count: int, seed: int) -> tuple
     return groups.reshape(count, 1, GROUP), picks
 
 
+# (the peak from /proc/self/status VmHWM: ru_maxrss survives exec, so a child of this big
+# process would report this process' own peak)
 _CHILD = """
-import resource, sys, time
+import sys, time
 t = time.perf_counter()
 {body}
-print(f"@@ {{time.perf_counter() - t:.2f}} {{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}")
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(f"@@ {{time.perf_counter() - t:.2f}} {{hwm * 1024}}")
 """
 
 
@@ -218,6 +221,15 @@ def in_child(body: str) -> tuple[float, int]:
 
 def files_size(folder: str, stem: str) -> int:
     return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.startswith(stem))
+
+
+def memory() -> str:
+    """This process' resident memory now and at its peak (Linux)."""
+    try:
+        status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("Vm")}
+    except OSError:
+        return "memory: ?"
+    return f"memory now {status['VmRSS'] / 2**20:.2f} GiB, peak {status['VmHWM'] / 2**20:.2f} GiB"
 
 
 def machine() -> str:
@@ -271,11 +283,14 @@ def main(argv=None) -> int:
     t_search, (ours_search, report_search) = timed(lambda: dyndq.quantize(model, method="search", evaluate=False), args.repeat)
     t_ort, ort_rtn = timed(lambda: ort_quantize(model, "rtn"), args.repeat)
     t_hqq, ort_hqq = timed(lambda: ort_quantize(model, "hqq"), args.repeat) if hqq else (None, None)
+    t_matmul, (ours_matmul, _) = timed(lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
+                                       args.repeat)
     stored = lambda m: sum(len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
                            for t in m.graph.initializer) / floats
     rows.append(("dyndq rtn", t_rtn, stored(ours_rtn)))
     rows.append(("dyndq search", t_search, stored(ours_search)))
     rows.append(("ORT RTN (MatMulNBits, GatherBlockQuantized)", t_ort, stored(ort_rtn)))
+    rows.append(("dyndq search, MatMul only (as ORT HQQ)", t_matmul, stored(ours_matmul)))
     if hqq:
         rows.append(("ORT HQQ (MatMulNBits; no Gather)", t_hqq, stored(ort_hqq)))
     print("\nquantize time (4 bits, groups of 128, asymmetric; median of %d), and the model's tensors after / before:" % args.repeat)
@@ -284,6 +299,7 @@ def main(argv=None) -> int:
     print(f"  (dyndq's report: its quantized weights are {report_rtn.size_ratio:.4f}x the float weights they replace, "
           f"codes {4 / 32:.3f}x + scales and zero points)")
 
+    print(f"  ({memory()})")
     # 2. exactness, 3. reconstruction error, 4. the bound: one float weight in memory at a time
     names = matmuls
     inits = {t.name: t for t in model.graph.initializer}
@@ -328,29 +344,40 @@ def main(argv=None) -> int:
     print(line)
     del methods, theirs_rtn, ours_rtn_w
 
-    # 5. the output error: logits on seeded token ids
+    print(f"  ({memory()})")
+    # 5. the output error: logits on seeded token ids (one ONNX Runtime session at a time)
+    from dyndq.runner import clear_cache
+
     ids = np.random.default_rng(2).integers(0, args.vocab, size=(1, 16), dtype=np.int64)
     want = ort_session(model).run(None, {"ids": ids})[0]
-    outputs = {"dyndq rtn": dyndq.run(ours_rtn, {"ids": ids}, engine="onnxruntime")["logits"],
-               "dyndq search": dyndq.run(ours_search, {"ids": ids}, engine="onnxruntime")["logits"],
-               "ORT RTN": ort_session(ort_rtn).run(None, {"ids": ids})[0]}
+    models = {"dyndq rtn": ours_rtn, "dyndq search": ours_search, "dyndq search, MatMul only": ours_matmul,
+              "ORT RTN": ort_rtn}
     if hqq:
-        outputs["ORT HQQ"] = ort_session(ort_hqq).run(None, {"ids": ids})[0]
+        models["ORT HQQ (MatMul only)"] = ort_hqq
     print("\noutput error (logits, 16 seeded token ids, ONNX Runtime, basic optimizations):")
-    for label, got in outputs.items():
-        s = compare(want, got)
-        print(f"  {label:14s} rel. {s.relative:.5f}  max abs {s.max_abs:.4g}  cosine {s.cosine:.6f}")
+    for label, m in models.items():
+        if label.startswith("dyndq"):
+            got = dyndq.run(m, {"ids": ids}, engine="onnxruntime")["logits"]
+            clear_cache()
+        else:
+            got = ort_session(m).run(None, {"ids": ids})[0]
+        st = compare(want, got)
+        print(f"  {label:26s} rel. {st.relative:.5f}  max abs {st.max_abs:.4g}  cosine {st.cosine:.6f}")
+    del models
 
+    print(f"  ({memory()})")
     # 6. runs on both engines
     few = ids[:, :4]
     on_ort = dyndq.run(ours_search, {"ids": few}, engine="onnxruntime")["logits"]
     t0 = time.perf_counter()
     on_ref = dyndq.run(ours_search, {"ids": few}, engine="reference")["logits"]
-    s = compare(on_ort, on_ref)
+    clear_cache()
+    st = compare(on_ort, on_ref)
     print(f"\nthe quantized model (search) on the reference engine ({time.perf_counter() - t0:.1f} s) and on ONNX Runtime: "
-          f"rel. difference {s.relative:.2e} (float MatMuls summed in each engine's order)")
-    del ours_rtn, ours_search, ort_rtn, ort_hqq, outputs
+          f"rel. difference {st.relative:.2e} (float MatMuls summed in each engine's order)")
+    del ours_rtn, ours_search, ours_matmul, ort_rtn, ort_hqq
 
+    print(f"  ({memory()})")
     # 7. the external-data path, each in a fresh process
     if not args.no_files:
         with tempfile.TemporaryDirectory() as d:
@@ -374,6 +401,7 @@ def main(argv=None) -> int:
             print(f"  ORT quantizer (RTN)   {t_theirs:6.1f} s  peak {rss_theirs / 2**20:6.0f} MiB "
                   f"(= imports + {(rss_theirs - base_rss) / largest:.2f}x the largest weight)  "
                   f"files {files_size(d, 'ort.onnx') / float_size:.3f}x")
+    print(f"\nthis benchmark's own {memory()}")
     return 0
 
 

@@ -24,12 +24,12 @@ ENGINE = "onnxruntime"
 
 def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, seed: int = 0) -> tuple[list[OutputError], str]:
     """(per output errors, how they were measured) or ([], why they were not)."""
-    from dyndq.runner import runner
+    from dyndq.runner import Runner  # (not runner(): its cache would keep both sessions, weights and all)
 
     try:
         feeds = random_inputs(float_model, seed)
-        want = runner(float_model, ENGINE)(feeds)
-        got = runner(quantized, ENGINE)(feeds)
+        want = Runner(float_model, ENGINE)(feeds)
+        got = Runner(quantized, ENGINE)(feeds)
     except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said, not raised
         return [], f"not measured: {first_line(e)}"
     errors = []
