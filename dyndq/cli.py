@@ -583,8 +583,7 @@ def _quantize_parser(sub) -> None:
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
                    help="dyndq: DynamicDequantize (default); onnx: standard ONNX; onnxruntime: its contrib ops; "
-                        "onednn-json: a oneDNN graph, the weights as .npy files in --inputs-dir")
-    q.add_argument("--inputs-dir", metavar="DIR", help="with --emit onednn-json: where the weights go (default: OUT's name + .inputs)")
+                        "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
     q.add_argument("--seed", type=int, default=0, help="the seed of the random inputs the output error is measured on (default 0)")
     q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
     q.add_argument("--strict", action="store_true", help="exit 1, writing nothing, when any weight of those ops is left alone")
@@ -594,17 +593,17 @@ def _quantize_parser(sub) -> None:
 def cmd_quantize(args) -> int:
     import dyndq
     from dyndq.files import ModelFileError
-    from dyndq.quantize import EmitError, quantize_file
+    from dyndq.quantize import quantize_file
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
 
-    folder = args.inputs_dir or re.sub(r"\.json$", "", args.output) + ".inputs"
+    folder = re.sub(r"\.json$", "", args.output) + "-weights"  # (as export-onednn --weights-as-inputs writes them)
     try:
         report = quantize_file(
             args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
             strict=args.strict, progress=progress if sys.stderr.isatty() else None,
-            save_constants=lambda arrays: _save_arrays(folder, arrays, "--inputs-dir", raw_bytes_note=not args.json),
+            save_weights=lambda arrays: _save_arrays(folder, arrays, "--emit onednn-json", raw_bytes_note=not args.json),
             bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
             ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
     except ModelFileError as e:
@@ -612,8 +611,6 @@ def cmd_quantize(args) -> int:
     except dyndq.ValidationError as e:
         _print_problems(args.input, e.problems, sys.stderr)
         return PROBLEMS
-    except EmitError as e:
-        raise UsageError(f"{args.input}: {e}") from None
     if args.json:
         print(json.dumps({"input": args.input, "output": args.output, "emit": args.emit, **report.as_dict()}, indent=2))
     else:

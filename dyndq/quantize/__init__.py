@@ -11,12 +11,12 @@ import sys
 import types
 
 from dyndq.quantize.quantizer import EMITS, SCALE_DTYPES, quantize
-from dyndq.quantize.on_disk import EmitError, onednn_graph, quantize_file
+from dyndq.quantize.on_disk import onednn_graph, quantize_file
 from dyndq.quantize.numerics import METHODS
 from dyndq.quantize.plan import OPS
 from dyndq.quantize.report import LayerReport, OutputError, QuantizeReport
 
-__all__ = ["EMITS", "EmitError", "LayerReport", "METHODS", "OPS", "OutputError", "QuantizeReport", "SCALE_DTYPES",
+__all__ = ["EMITS", "LayerReport", "METHODS", "OPS", "OutputError", "QuantizeReport", "SCALE_DTYPES",
            "onednn_graph", "quantize", "quantize_file"]
 
 

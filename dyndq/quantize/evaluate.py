@@ -2,7 +2,7 @@
 
 Inputs: a float input is drawn from N(0, 1); an integer input that is a Gather's indices
 (token ids) is drawn uniformly over the rows of what it gathers from; another integer input
-over its dtype's range, a bool one at random (as `dyndq.onednn.example_inputs` draws them);
+over its dtype's range, a bool one at random;
 a dimension without a fixed size is DIM long.  Both models run on ONNX Runtime through
 `dyndq.run`'s runner (the quantized one exported to standard ONNX first; its basic graph
 optimizations only, so the dequantized weights are the graph's exactly).
@@ -45,8 +45,6 @@ def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, se
 
 
 def random_inputs(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    from dyndq.onednn_examples import example_input
-
     rng = np.random.default_rng(seed)
     initializers = {t.name: t for t in model.graph.initializer}
     rows = _index_ranges(model, initializers)
@@ -59,10 +57,13 @@ def random_inputs(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
             raise ValueError(f"graph input {vi.name!r} has no known dtype and rank")
         shape = tuple(d if isinstance(d, int) else DIM for d in spec.shape)
         dtype = dtypes.by_name(spec.dtype)
-        if vi.name in rows and dtype.is_integer:
-            feeds[vi.name] = rng.integers(0, rows[vi.name], size=shape).astype(dtype.numpy)
+        if dtype.name == "bool":
+            feeds[vi.name] = rng.random(shape) < 0.5
+        elif dtype.is_integer:
+            lo, hi = (0, rows[vi.name] - 1) if vi.name in rows else dtypes.integer_range(dtype)
+            feeds[vi.name] = rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype.numpy)
         else:
-            feeds[vi.name] = example_input(rng, vi.name, dtype, shape, None, {})
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32).astype(dtype.numpy)
     return feeds
 
 

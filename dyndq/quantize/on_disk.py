@@ -4,15 +4,15 @@
   weights are read one at a time and the new tensors written to the new data file as they
   are made (the memory: about twice the largest weight, plus the model's structure).
 - "onnx": lowered to standard ONNX by `dyndq.export` (DequantizeLinear-21, blocked).
-- "onnxruntime": `dyndq.export(target="onnxruntime")` (MatMulNBits, GatherBlockQuantized),
-  from "The int4 bridge" (issue 24); an EmitError says so while this dyndq lacks it.
-- "onednn-json": a oneDNN graph (`dyndq.onednn.dump`): its weights become input ports, their
-  values handed to `save_constants` (the CLI writes them as .npy files beside the JSON).
+- "onnxruntime": `dyndq.export(target="onnxruntime")`: MatMulNBits and GatherBlockQuantized
+  where they express a node exactly (docs/int4-bridge.md), standard ONNX elsewhere.
+- "onednn-json": a oneDNN graph (`dyndq.onednn.dump`, weights as inputs): its weights become
+  input ports of property_type constant, their values handed to `save_weights` (the CLI
+  writes them as .npy files beside the JSON, as `dyndq export-onednn --weights-as-inputs` does).
 The last three hold the quantized model in memory (about bits/32 of the float weights).
 """
 from __future__ import annotations
 
-import inspect
 import os
 
 import onnx
@@ -23,12 +23,8 @@ from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, _quantize, _settings
 from dyndq.quantize.report import QuantizeReport
 
 
-class EmitError(ValueError):
-    """The form asked for cannot be written by this dyndq."""
-
-
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
-                  progress=None, save_constants=None, **options) -> QuantizeReport:
+                  progress=None, save_weights=None, **options) -> QuantizeReport:
     """Quantize the model in file `src` into file `dst` (options as `dyndq.quantize` takes them).
     evaluate: measure the output error (default: when the model's weights are under 2 GiB)."""
     from dyndq.files import DataFile, read_model, save_model, staged_write
@@ -54,10 +50,10 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 
-            doc, constants = onednn_graph(out)
+            doc, weights = onednn_graph(out)
             save_json(doc, dst)
-            if save_constants is not None:
-                save_constants(constants)
+            if save_weights is not None:
+                save_weights(weights)
         else:
             save_model(lower(out), dst, external_data=loaded.external_data)
     if evaluate:
@@ -71,31 +67,20 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
 
 
 def _lowering(emit: str):
-    """The step from the DynamicDequantize model to the form asked for (checked before any work)."""
+    """The step from the DynamicDequantize model to the form asked for."""
     from dyndq import exporter
 
     if emit == "onnx":
         return exporter.export
     if emit == "onnxruntime":
-        if "target" not in inspect.signature(exporter.export).parameters:
-            raise EmitError("--emit onnxruntime needs export target onnxruntime (dyndq.export(model, "
-                            "target='onnxruntime'), which this dyndq does not have yet; use --emit onnx "
-                            "(DequantizeLinear, which ONNX Runtime runs) or --emit dyndq")
         return lambda model: exporter.export(model, target="onnxruntime")
     return lambda model: model
 
 
 def onednn_graph(model: onnx.ModelProto) -> tuple[dict, dict]:
-    """(oneDNN graph JSON, {name: array}) of a quantized model: its initializers become graph
-    inputs (oneDNN's graph JSON holds no tensor data) whose values are the arrays."""
-    from dyndq.light import copy_fields
+    """(oneDNN graph JSON, {port name: array}) of a quantized model: its weights are input ports
+    of property_type constant (oneDNN's graph JSON holds no tensor data), their values the arrays."""
     from dyndq.onednn import dump
 
-    view = onnx.ModelProto()
-    copy_fields(model, view, skip={"graph"})
-    copy_fields(model.graph, view.graph, skip={"initializer"})
-    constants = {}
-    for t in model.graph.initializer:
-        view.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        constants[t.name] = onnx.numpy_helper.to_array(t)
-    return dump(view), constants
+    weights: dict = {}
+    return dump(model, weights_as_inputs=True, weights=weights), weights

@@ -81,21 +81,15 @@ def test_emit_onednn_json_writes_the_weights_beside(tmp_path, capsys):
     assert main(["quantize", str(tmp_path / "m.onnx"), str(tmp_path / "m.json"), "--emit", "onednn-json", "--no-evaluate"]) == 0
     doc = json.loads((tmp_path / "m.json").read_text())
     assert [op["kind"] for op in doc["graph"]] == ["DynamicDequantize", "MatMul"]
-    assert sorted(os.listdir(tmp_path / "m.inputs")) == ["w_quantized.npy", "w_scales.npy", "w_zero_points.npy"]
-    assert "wrote " + str(tmp_path / "m.inputs" / "w_quantized.npy") in capsys.readouterr().out
+    assert len(os.listdir(tmp_path / "m-weights")) == 3
+    assert "wrote " + str(tmp_path / "m-weights") in capsys.readouterr().out
 
 
-def test_emit_onnxruntime_says_what_it_needs(float_model, tmp_path, capsys):
-    import inspect
-
-    from dyndq import exporter
-
-    if "target" in inspect.signature(exporter.export).parameters:
-        pytest.skip("export has target= (issue 24 landed): test_on_disk covers --emit onnxruntime")
-    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--emit", "onnxruntime"]) == 2
-    err = capsys.readouterr().err
-    assert "needs export target onnxruntime" in err and "Traceback" not in err
-    assert not os.path.exists(tmp_path / "q.onnx")
+def test_emit_onnxruntime(float_model, tmp_path, capsys):
+    out = str(tmp_path / "q.onnx")
+    assert main(["quantize", float_model, out, "--emit", "onnxruntime"]) == 0
+    ops = {n.op_type for n in dyndq.load_model(out).graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
 
 
 @pytest.mark.parametrize("argv,code,said", [

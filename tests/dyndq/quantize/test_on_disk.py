@@ -89,34 +89,34 @@ def test_emit_standard_onnx_from_external_data(tmp_path):
 def test_emit_a_onednn_graph_with_its_weights(tmp_path):
     save_model(stack(layers=2, hidden=256), tmp_path / "float.onnx")
     saved = {}
-    quantize_file(tmp_path / "float.onnx", tmp_path / "q.json", emit="onednn-json", save_constants=saved.update, evaluate=False)
+    quantize_file(tmp_path / "float.onnx", tmp_path / "q.json", emit="onednn-json", save_weights=saved.update, evaluate=False)
     import json
 
     doc = json.loads((tmp_path / "q.json").read_text())
     kinds = [op["kind"] for op in doc["graph"]]
     assert kinds.count("DynamicDequantize") == 2 and kinds.count("MatMul") == 2
-    assert sorted(saved) == ["w0_quantized", "w0_scales", "w0_zero_points", "w1_quantized", "w1_scales", "w1_zero_points"]
-    assert saved["w0_quantized"].dtype.name == "uint4"
+    assert len(saved) == 6 and sorted(a.dtype.name for a in saved.values()) == ["float32"] * 2 + ["uint4"] * 4
 
 
-@pytest.mark.xfail(strict=True, reason="needs export target onnxruntime (issue 24, The int4 bridge): "
-                                        "until it lands on main, --emit onnxruntime raises EmitError")
-def test_emit_onnxruntime_contrib_ops(tmp_path):
-    save_model(mlp(), tmp_path / "float.onnx")
+@pytest.mark.parametrize("k", [256, 200])  # (200: codes padded to whole blocks, then a Slice)
+def test_emit_onnxruntime_contrib_ops_as_its_own_quantizer_writes_them(tmp_path, k):
+    """--emit onnxruntime: MatMulNBits and GatherBlockQuantized (dyndq.export, target onnxruntime),
+    holding ONNX Runtime's own quantizer's bytes for the same weights (its default configuration)."""
+    ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    model = mlp(k=k, n=96)
+    save_model(model, tmp_path / "float.onnx")
     report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit="onnxruntime", ops=("MatMul", "Gather"))
     out = dyndq.load_model(tmp_path / "q.onnx")
-    assert {n.op_type for n in out.graph.node} >= {"MatMulNBits", "GatherBlockQuantized"}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= {n.op_type for n in out.graph.node}
     assert report.outputs and report.outputs[0].cosine > 0.95
-
-
-def test_emit_onnxruntime_says_what_it_needs(tmp_path):
-    from dyndq.quantize import EmitError
-    from dyndq import exporter
-    import inspect
-
-    save_model(mlp(), tmp_path / "float.onnx")
-    if "target" in inspect.signature(exporter.export).parameters:
-        pytest.skip("export has target= (issue 24 landed): test_emit_onnxruntime_contrib_ops covers it")
-    with pytest.raises(EmitError, match="needs export target onnxruntime"):
-        quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit="onnxruntime")
-    assert not os.path.exists(tmp_path / "q.onnx")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    theirs = ort_quant.MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul", "Gather"))
+    theirs.process()
+    ours = {n.op_type: [arrays(out)[i] for i in n.input if i in arrays(out)] for n in out.graph.node}
+    ort = {n.op_type: [arrays(theirs.model.model)[i] for i in n.input if i in arrays(theirs.model.model)]
+            for n in theirs.model.model.graph.node}
+    for op in ("MatMulNBits", "GatherBlockQuantized"):
+        assert len(ours[op]) == len(ort[op])
+        for a, b in zip(ours[op], ort[op]):
+            np.testing.assert_array_equal(a, b)
