@@ -13,8 +13,9 @@ follow each, because the issue asks for its very codes (docs/quantize.md states 
   float32; zero point = -lo / scale rounded half away from zero (C's roundf) and clamped to
   [0, qmax], 0 for an all-zero group; level = clamp(roundf(w * (1 / scale) + zp), 0, qmax),
   each step rounded to float32, with 1 / scale taken as 0 when the scale is 0.
-  symmetric: m = the group's max if |max| > |min| else its min (signed); scale = -m / half
-  (a negative scale maps the larger side to the lowest code); level as above with zp = half.
+  symmetric: m = the group's max if |max| > |min| else its min (signed; for a group of
+  zeros its first element, whose sign the scale's zero takes); scale = -m / half (a negative
+  scale maps the larger side to the lowest code); level as above with zp = half.
   The codes are computed against the scale as float16 holds it when scales are float16,
   and against the float32 scale otherwise (ONNX Runtime quantizes bfloat16 weights in float32
   and rounds the scales to bfloat16 afterwards).
@@ -79,6 +80,9 @@ def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
     low, high = g.min(axis=-1), g.max(axis=-1)
     if symmetric:
         m = np.where(np.abs(high) > np.abs(low), high, low)
+        # a group of zeros: its first element, sign and all (its scan keeps the first of equal
+        # values, -0 and 0 alike, so its scale is -0 after a 0 and 0 after a -0)
+        m = np.where(m == 0, g[..., 0], m)
         scale = -m / half
         zero = np.full(scale.shape, half, f32)
     else:

@@ -58,7 +58,7 @@ def ours_as_levels(q, bits, symmetric):
 
 weights = st.tuples(
     st.integers(1, 300), st.integers(1, 24), st.integers(0, 2**31 - 1),
-    st.sampled_from(["t3", "t5", "positive", "negative", "ties", "zero-block", "constant"]),
+    st.sampled_from(["t3", "t5", "positive", "negative", "ties", "zero-block", "constant", "signed-zeros"]),
     st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16]),
 )
 
@@ -76,6 +76,8 @@ def make_weight(k, n, seed, kind, dtype, block):
         w[: min(k, block)] = 0
     elif kind == "constant":
         w[:] = w[0, 0]
+    elif kind == "signed-zeros":  # groups of 0 and -0 only (the sign of a zero scale), and a few values
+        w = rng.choice(np.array([0.0, -0.0, 0.02, -0.03]), size=(k, n), p=[0.45, 0.45, 0.05, 0.05])
     return w.astype(dtype)
 
 
