@@ -8,6 +8,7 @@
     dyndq schema
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
+    dyndq quantize IN OUT [--bits 4|8] [--group-size N] [--method rtn|search] [--emit FORM] [--json] ...
 
 Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
 2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
@@ -25,7 +26,7 @@ import textwrap
 
 import numpy as np
 
-from dyndq.wording import first_line, os_error, plural, problem_list
+from dyndq.wording import first_line, os_error, plural, problem_list, table as _table
 
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/NAME.npy")
 
     _onednn_parsers(sub)
+    _quantize_parser(sub)
 
     sub.add_parser("schema", help="print the op's schema",
                    description="Print each registered op version: inputs, outputs, attributes with defaults, type constraints.")
@@ -560,6 +562,63 @@ def cmd_export_onednn(args) -> int:
     return OK
 
 
+def _quantize_parser(sub) -> None:
+    from dyndq.quantize import EMITS, METHODS, OPS, SCALE_DTYPES
+
+    q = sub.add_parser("quantize", help="weight-only quantization of a float model (int4/int8, per group)",
+                       description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int4/int8 "
+                                   "codes with per-group scales feeding DynamicDequantize (docs/quantize.md). Prints a "
+                                   "table: per weight its form and error, the sizes, the output error on seeded random "
+                                   "inputs, and the weights left alone. Exit 1 when nothing could be quantized.")
+    q.add_argument("input", metavar="IN")
+    q.add_argument("output", metavar="OUT")
+    q.add_argument("--bits", type=int, choices=(4, 8), default=4, help="4 (default) or 8")
+    q.add_argument("--group-size", type=int, default=128, metavar="N",
+                   help="elements per group along the reduction axis (default 128); -1: one per whole axis (per channel)")
+    q.add_argument("--symmetric", action="store_true", help="signed codes, no zero points")
+    q.add_argument("--scale-dtype", choices=SCALE_DTYPES, help="the scales' dtype (default: each weight's own)")
+    q.add_argument("--method", choices=METHODS, default="rtn",
+                   help="rtn: ONNX Runtime's rounding (default); search: a per-group search, lower error")
+    q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
+    q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
+    q.add_argument("--emit", choices=EMITS, default="dyndq",
+                   help="dyndq: DynamicDequantize (default); onnx: standard ONNX; onnxruntime: its contrib ops; "
+                        "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
+    q.add_argument("--seed", type=int, default=0, help="the seed of the random inputs the output error is measured on (default 0)")
+    q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
+    q.add_argument("--strict", action="store_true", help="exit 1, writing nothing, when any weight of those ops is left alone")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def cmd_quantize(args) -> int:
+    import dyndq
+    from dyndq.files import ModelFileError
+    from dyndq.quantize import quantize_file
+
+    def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
+        print(line, file=sys.stderr, flush=True)
+
+    folder = re.sub(r"\.json$", "", args.output) + "-weights"  # (as export-onednn --weights-as-inputs writes them)
+    try:
+        report = quantize_file(
+            args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
+            strict=args.strict, progress=progress if sys.stderr.isatty() else None,
+            save_weights=lambda arrays: _save_arrays(folder, arrays, "--emit onednn-json", raw_bytes_note=not args.json),
+            bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
+            ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
+    except dyndq.ValidationError as e:
+        _print_problems(args.input, e.problems, sys.stderr)
+        return PROBLEMS
+    if args.json:
+        print(json.dumps({"input": args.input, "output": args.output, "emit": args.emit, **report.as_dict()}, indent=2))
+    else:
+        print(f"wrote {args.output}: {report.summary()}")
+        print("\n".join(report.table()))
+    return OK
+
+
 def _stem(path: str) -> str:
     return os.path.basename(path)[: -len(".npy")]
 
@@ -664,22 +723,6 @@ def schema_text() -> str:
     return "\n\n".join(blocks)
 
 
-def _table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str]:
-    """Aligned columns; the last column (a description) wraps at `wrap` characters."""
-    wrapped = [r[:-1] + [textwrap.wrap(str(r[-1]), wrap) or [""]] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header[:-1], *(r[:-1] for r in wrapped))]
-    last = max([len(header[-1])] + [len(x) for r in wrapped for x in r[-1]])
-
-    def line(cells):
-        return ("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, widths + [0]))).rstrip()
-
-    out = [line(header), line(["-" * w for w in widths + [last]])]
-    for r in wrapped:
-        out.append(line(r[:-1] + [r[-1][0]]))
-        out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
-    return out
-
-
 def _engine_message(e: BaseException) -> str:
     """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
     return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line(e))
@@ -694,6 +737,7 @@ _COMMANDS = {
     "schema": cmd_schema,
     "import-onednn": cmd_import_onednn,
     "export-onednn": cmd_export_onednn,
+    "quantize": cmd_quantize,
 }
 
 if __name__ == "__main__":  # pragma: no cover

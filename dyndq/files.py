@@ -47,8 +47,11 @@ class LoadedModel:
     locations: list[str] = field(default_factory=list)  # those files, relative to the model's folder
 
 
-def read_model(path: str | os.PathLike) -> LoadedModel:
-    """Load a model file with its external data; raise ModelFileError with a plain reason."""
+def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedModel:
+    """Load a model file with its external data; raise ModelFileError with a plain reason.
+
+    With `load_data=False` the external data stays on disk (its fields checked, the tensors
+    pointing into it): `tensor_with_data(tensor, loaded)` reads one tensor's when needed."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelFileError(f"{path}: no such file")
@@ -67,7 +70,9 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     if tensors:
         for t in tensors:
             _check_external_fields(path, t)
-        folder = os.path.dirname(os.path.realpath(path))  # (a link to a model: its data is beside the model itself)
+        if not load_data:
+            return LoadedModel(model, path, True, locations)
+        folder = _data_folder(path)
         try:
             # ONNX checks here that each location is a regular file inside `folder`, and that
             # each tensor's offset and length lie within it.
@@ -79,6 +84,46 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
         except OSError as e:
             raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
+
+
+def _data_folder(path: str) -> str:
+    return os.path.dirname(os.path.realpath(path))  # (a link to a model: its data is beside the model itself)
+
+
+def tensor_with_data(tensor: onnx.TensorProto, loaded: LoadedModel) -> onnx.TensorProto:
+    """`tensor` itself when its data is in the model, else a copy holding its external data
+    (read with ONNX's own checks, as `read_model` reads it: one tensor's bytes in memory)."""
+    if not external_data_helper.uses_external_data(tensor):
+        return tensor
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    with _reading_external_data(loaded):
+        external_data_helper.load_external_data_for_tensor(copy, _data_folder(loaded.path))
+    return copy
+
+
+def tensor_array(tensor: onnx.TensorProto, loaded: LoadedModel):
+    """A tensor's values as an array, its external data read (one tensor's bytes in memory,
+    with ONNX's own checks)."""
+    if not external_data_helper.uses_external_data(tensor):
+        return onnx.numpy_helper.to_array(tensor)
+    stub = onnx.TensorProto()
+    stub.CopyFrom(tensor)  # (no data in it; older onnx loads the data into the tensor it is given)
+    with _reading_external_data(loaded):
+        return onnx.numpy_helper.to_array(stub, base_dir=_data_folder(loaded.path))
+
+
+@contextlib.contextmanager
+def _reading_external_data(loaded: LoadedModel):
+    """ONNX's errors reading external data, as ModelFileError naming the model."""
+    try:
+        yield
+    except onnx.checker.ValidationError as e:
+        raise ModelFileError(f"{loaded.path}: refused: {first_line(e)}") from None
+    except ValueError as e:
+        raise ModelFileError(f"{loaded.path}: its external data does not fit its file: {first_line(e)}") from None
+    except OSError as e:
+        raise ModelFileError(f"{loaded.path}: cannot read its external data ({e.strerror or e})") from None
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -105,9 +150,39 @@ def save_model(
     `path` must be a new path or a regular file; a symbolic link to a regular
     file is written through.
     """
+    external_data = external_data or _too_big_for_one_message(model)
+    with staged_write(path, external_data=external_data, location=location) as stage:
+        try:
+            # (the model passed in is never modified: with external data a light copy is written)
+            out = _with_tensors_out(model, stage.folder, stage.location) if external_data else model
+            onnx.save_model(out, stage.model)
+        except OSError as e:
+            raise ModelFileError(f"{stage.path}: cannot write it ({e.strerror or e})") from None
+        except ValueError as e:  # protobuf: message too large, ...
+            raise ModelFileError(f"{stage.path}: cannot write it ({first_line(e)})") from None
+    return stage.location
+
+
+@dataclass
+class Stage:
+    """Where a model being written goes before it is moved into place: write the model to
+    `model` and its external data (if any) to folder/location."""
+
+    folder: str
+    model: str
+    location: str | None
+    path: str  # where the model goes in the end
+
+
+@contextlib.contextmanager
+def staged_write(path: str | os.PathLike, *, external_data: bool, location: str | None = None):
+    """Write a model (and its one external data file) atomically: yields a `Stage` in a
+    staging folder beside `path`; on leaving the block the data file is moved in under a
+    name no file has yet (`location`, default the model's name + ".data", or NAME.1.data ...
+    when that exists: other models may point into it), then the model onto `path`.  An error
+    or an interrupt inside the block leaves `path` as it was and no staging file behind."""
     path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
-    external_data = external_data or _too_big_for_one_message(model)
     location = location or name + ".data"
     if external_data:
         if os.path.isabs(location) or os.path.dirname(os.path.normpath(location)):
@@ -122,27 +197,24 @@ def save_model(
             raise ModelFileError(f"{path}: cannot write there ({e.strerror or e})") from None
         try:
             staged = os.path.join(staging, name)
-            # (the model passed in is never modified: with external data a light copy is written)
-            onnx.save_model(_with_tensors_out(model, staging, location) if external_data else model, staged)
-            for f in os.listdir(staging):
-                _fsync(os.path.join(staging, f))
-            if external_data and os.path.exists(os.path.join(staging, location)):
-                # A new name nothing refers to yet; the model's rename below is then the one
-                # step that switches from the old model (and its data, untouched) to the new.
-                placed = os.path.join(folder, location)
-                os.replace(os.path.join(staging, location), placed)
-            os.replace(staged, path)
-            placed = None
-            _fsync_folder(folder)
-        except OSError as e:
-            raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
-        except ValueError as e:  # protobuf: message too large, ...
-            raise ModelFileError(f"{path}: cannot write it ({first_line(e)})") from None
+            yield Stage(staging, staged, location if external_data else None, path)  # (the caller writes)
+            try:
+                for f in os.listdir(staging):
+                    _fsync(os.path.join(staging, f))
+                if external_data and os.path.exists(os.path.join(staging, location)):
+                    # A new name nothing refers to yet; the model's rename below is then the one
+                    # step that switches from the old model (and its data, untouched) to the new.
+                    placed = os.path.join(folder, location)
+                    os.replace(os.path.join(staging, location), placed)
+                os.replace(staged, path)
+                placed = None
+                _fsync_folder(folder)
+            except OSError as e:
+                raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if placed is not None:  # the model was not replaced: its new data file has no reader
                 _remove_quietly(placed)
-    return location if external_data else None
 
 
 def _too_big_for_one_message(model: onnx.ModelProto) -> bool:
@@ -163,26 +235,42 @@ def _with_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> onn
     of the model (twice its size in memory, three times with the bytes it writes), and it
     refuses when a file named `location` exists relative to the *current* folder rather than
     the model's (so re-running an export from the model's own folder failed, onnx 1.23)."""
-    from dyndq.light import copy_fields, nbytes
+    from dyndq.light import copy_fields
 
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
     with open(os.path.join(folder, location), "wb") as f:
+        data = DataFile(f, location)
         for t in model.graph.initializer:
-            if not (t.HasField("raw_data") and nbytes(t) >= 1024):
-                out.graph.initializer.append(t)
-                continue
-            stub = out.graph.initializer.add()
-            copy_fields(t, stub, skip={"raw_data", "external_data", "data_location"})
-            offset = f.tell()
-            data = t.raw_data  # (one tensor's bytes at a time)
-            f.write(data)
-            del data
-            stub.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(f.tell() - offset))):
-                stub.external_data.add(key=key, value=value)
+            data.add(out.graph, t)
     return out
+
+
+class DataFile:
+    """One external data file being written, a tensor at a time: `add(graph, tensor)` appends
+    to the graph's initializers the tensor itself when it is small (under 1 KiB) or holds no
+    raw data, else a stub pointing at its bytes, written to the file (the bytes never copied
+    into the graph)."""
+
+    def __init__(self, f, location: str):
+        self.file, self.location = f, location
+
+    def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
+        from dyndq.light import copy_fields, nbytes
+
+        if not (tensor.HasField("raw_data") and nbytes(tensor) >= 1024):
+            graph.initializer.append(tensor)
+            return
+        stub = graph.initializer.add()
+        copy_fields(tensor, stub, skip={"raw_data", "external_data", "data_location"})
+        offset = self.file.tell()
+        data = tensor.raw_data  # (one tensor's bytes at a time)
+        self.file.write(data)
+        del data
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(self.file.tell() - offset))):
+            stub.external_data.add(key=key, value=value)
 
 
 def _unused_name(folder: str, location: str) -> str:

@@ -86,13 +86,13 @@ class Runner:
             # OrtBoundary: int4/bfloat16 in and out through exact conversions. A model over
             # 2 GiB cannot be serialized for ONNX Runtime: its big initializers are handed
             # over as arrays, fed as the graph inputs the light view makes of them.
+            # (the boundary is made on the light view, so that a big int4 or bfloat16
+            # initializer, fed as an input there, passes through it as any input does)
             from dyndq.light import big_initializers, light_view
 
-            self._ort = OrtBoundary(self.exported)
-            big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(self._ort.model)}
-            session = ort.InferenceSession(
-                light_view(self._ort.model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
+            self._ort = OrtBoundary(light_view(self.exported))
+            big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(self.exported)}
+            session = ort.InferenceSession(self._ort.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
             run_options = ort.RunOptions()
             run_options.log_severity_level = 4
             self._run = lambda feeds: self._ort.run(session, self.output_names, {**feeds, **big}, run_options)

@@ -1,6 +1,8 @@
 """Small helpers for messages in plain English."""
 from __future__ import annotations
 
+import textwrap
+
 
 def a(word: str) -> str:
     """`word` with its article: "an int8", "a uint8", "an INT", "a float32", "an optional"."""
@@ -31,3 +33,20 @@ def first_line(e: BaseException) -> str:
     """An exception's message, first line only (its type's name when it has none)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str]:
+    """Aligned columns under a header and a rule, indented by two; the last column (a
+    description) wraps at `wrap` characters."""
+    wrapped = [r[:-1] + [textwrap.wrap(str(r[-1]), wrap) or [""]] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header[:-1], *(r[:-1] for r in wrapped))]
+    last = max([len(header[-1])] + [len(x) for r in wrapped for x in r[-1]])
+
+    def line(cells):
+        return ("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, widths + [0]))).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths + [last]])]
+    for r in wrapped:
+        out.append(line(r[:-1] + [r[-1][0]]))
+        out += [line([""] * len(widths) + [more]) for more in r[-1][1:]]
+    return out

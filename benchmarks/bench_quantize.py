@@ -1,0 +1,416 @@
+"""dyndq quantize against ONNX Runtime's own quantizer, on an LLM-shaped float model, in one run.
+
+    .venv/bin/python benchmarks/bench_quantize.py [--hidden 2048] [--layers 2] [--repeat 1] ...
+
+Builds a decoder-like float32 model (token embedding, blocks of RMSNorm, attention with q/k/v/o
+projections, a SiLU-gated MLP, residual adds, an LM head; Student-t weights with 4 degrees of
+freedom, seeded) and measures, side by side:
+- quantize time: dyndq (rtn, search) and ONNX Runtime's MatMulNBitsQuantizer (its default RTN,
+  and HQQ when torch is installed: `pip install torch`), 4 bits, groups of 128, asymmetric,
+  MatMul and Gather (HQQ: MatMul only, it quantizes no Gather);
+- that dyndq's rtn gives ONNX Runtime's very codes, scales and zero points;
+- the size ratio, the reconstruction error over the MatMul weights (relative Frobenius, max
+  abs, cosine) and the output error (logits on seeded token ids) of each;
+- how close each method gets to the exhaustive per-group bound, on a sample of groups;
+- the external-data path (`dyndq quantize` on the model saved with external data, in a
+  fresh process): its time, peak memory (ru_maxrss) and files, beside ONNX Runtime's;
+- that the quantized model runs on ONNX Runtime and on the reference engine, and agrees.
+Timings are medians of --repeat runs; the machine and its load are printed with them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T, helper, numpy_helper as nh
+
+import dyndq
+from dyndq.files import save_model
+from dyndq.quantize.numerics import ErrorStats
+from dyndq.quantize.rtn import rtn
+from dyndq.quantize.search import exhaustive, search, squared_error
+
+GROUP = 128
+
+
+# -- the model -------------------------------------------------------------------------------
+
+
+def decoder(hidden: int, layers: int, intermediate: int, vocab: int, heads: int, seed: int = 0) -> onnx.ModelProto:
+    """ids [1, S] -> logits [1, S, vocab]: an LLM-shaped float32 graph with seeded heavy-tailed weights."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def weight(name, shape, scale):
+        inits.append(nh.from_array((rng.standard_t(4, size=shape) * scale).astype(np.float32), name))
+        return name
+
+    def const(name, value):
+        inits.append(nh.from_array(np.asarray(value), name))
+        return name
+
+    def node(op, inputs, name, **attrs):
+        nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
+        return name
+
+    def rms_norm(x, prefix):
+        sq = node("Mul", [x, x], f"{prefix}.sq")
+        mean = node("ReduceMean", [sq, "axes_last"], f"{prefix}.mean", keepdims=1)
+        root = node("Sqrt", [node("Add", [mean, "eps"], f"{prefix}.add_eps")], f"{prefix}.rms")
+        scaled = node("Div", [x, root], f"{prefix}.normed")
+        return node("Mul", [scaled, const(f"{prefix}.weight", np.ones(hidden, np.float32))], f"{prefix}.out")
+
+    head = hidden // heads
+    const("axes_last", np.array([-1], np.int64))
+    const("eps", np.array(1e-6, np.float32))
+    const("split_heads", np.array([0, 0, heads, head], np.int64))
+    const("merge_heads", np.array([0, 0, hidden], np.int64))
+    const("inv_sqrt_head", np.array(1 / np.sqrt(head), np.float32))
+    x = node("Gather", [weight("embed.weight", (vocab, hidden), 0.02), "ids"], "embed")
+    for i in range(layers):
+        p = f"layers.{i}"
+        n1 = rms_norm(x, f"{p}.input_norm")
+        qkv = [node("MatMul", [n1, weight(f"{p}.attn.{w}.weight", (hidden, hidden), hidden ** -0.5)], f"{p}.attn.{w}")
+               for w in ("q_proj", "k_proj", "v_proj")]
+        q, k, v = [node("Transpose", [node("Reshape", [t, "split_heads"], f"{t}.heads")], f"{t}.t", perm=[0, 2, 1, 3])
+                   for t in qkv]
+        kt = node("Transpose", [k], f"{p}.attn.kT", perm=[0, 1, 3, 2])
+        scores = node("Mul", [node("MatMul", [q, kt], f"{p}.attn.qk"), "inv_sqrt_head"], f"{p}.attn.scores")
+        probs = node("Softmax", [scores], f"{p}.attn.probs", axis=-1)
+        ctx = node("Transpose", [node("MatMul", [probs, v], f"{p}.attn.ctx")], f"{p}.attn.ctx.t", perm=[0, 2, 1, 3])
+        merged = node("Reshape", [ctx, "merge_heads"], f"{p}.attn.merged")
+        o = node("MatMul", [merged, weight(f"{p}.attn.o_proj.weight", (hidden, hidden), hidden ** -0.5)], f"{p}.attn.o_proj")
+        x = node("Add", [x, o], f"{p}.attn.residual")
+        n2 = rms_norm(x, f"{p}.post_norm")
+        gate = node("MatMul", [n2, weight(f"{p}.mlp.gate_proj.weight", (hidden, intermediate), hidden ** -0.5)], f"{p}.mlp.gate")
+        up = node("MatMul", [n2, weight(f"{p}.mlp.up_proj.weight", (hidden, intermediate), hidden ** -0.5)], f"{p}.mlp.up")
+        act = node("Mul", [gate, node("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
+        down_in = node("Mul", [act, up], f"{p}.mlp.gated")
+        down = node("MatMul", [down_in, weight(f"{p}.mlp.down_proj.weight", (intermediate, hidden), intermediate ** -0.5)],
+                    f"{p}.mlp.down")
+        x = node("Add", [x, down], f"{p}.mlp.residual")
+    logits = node("MatMul", [rms_norm(x, "final_norm"), weight("lm_head.weight", (hidden, vocab), hidden ** -0.5)], "logits")
+    graph = helper.make_graph(nodes, "decoder", [helper.make_tensor_value_info("ids", T.INT64, [1, "sequence"])],
+                              [helper.make_tensor_value_info(logits, T.FLOAT, [1, "sequence", vocab])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+# -- ONNX Runtime's quantizer ----------------------------------------------------------------
+
+
+def ort_quantize(model: onnx.ModelProto, algorithm: str) -> onnx.ModelProto:
+    from onnxruntime.quantization import matmul_nbits_quantizer as q
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # (it changes the model it is given)
+    if algorithm == "hqq":
+        config = q.HQQWeightOnlyQuantConfig(block_size=GROUP, bits=4, op_types_to_quantize=("MatMul",))
+        quantizer = q.MatMulNBitsQuantizer(copy, algo_config=config)
+    else:
+        quantizer = q.MatMulNBitsQuantizer(copy, block_size=GROUP, bits=4, op_types_to_quantize=("MatMul", "Gather"))
+    quantizer.process()
+    return quantizer.model.model
+
+
+def matmulnbits_weights(model: onnx.ModelProto) -> dict:
+    """float weight name -> a function giving the weight its MatMulNBits node dequantizes to,
+    (q - zp) * scale, [K, N] (one weight in memory at a time)."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def weight(n):
+        attrs = {a.name: a.i for a in n.attribute}
+        k, cols, bs = attrs["K"], attrs["N"], attrs["block_size"]
+        packed = nh.to_array(inits[n.input[1]])
+        blocks = packed.shape[1]
+        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(cols, blocks * bs).astype(np.float32)
+        scales = nh.to_array(inits[n.input[2]]).astype(np.float32).reshape(cols, blocks)
+        if len(n.input) > 3 and n.input[3]:
+            zp = nh.to_array(inits[n.input[3]])
+            zp = (np.stack([zp & 15, zp >> 4], axis=-1).reshape(cols, -1)[:, :blocks] if zp.dtype == np.uint8
+                  else zp.reshape(cols, blocks)).astype(np.float32)
+        else:
+            zp = np.full((cols, blocks), 8, np.float32)
+        w = (codes - np.repeat(zp, bs, axis=1)) * np.repeat(scales, bs, axis=1)
+        return np.ascontiguousarray(w[:, :k].T)
+
+    return {n.input[1].rsplit("_Q4", 1)[0]: (lambda n=n: weight(n)) for n in model.graph.node if n.op_type == "MatMulNBits"}
+
+
+def dyndq_weights(model: onnx.ModelProto) -> dict:
+    """float weight name -> a function giving the weight its DynamicDequantize node gives back
+    (our kernel on the node's inputs)."""
+    from dyndq.converters.onnx_types import attribute_values
+
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def weight(n):
+        return dyndq.dynamic_dequantize(*[nh.to_array(inits[i]) for i in n.input], **attribute_values(n))
+
+    return {n.output[0].removesuffix("_dequantized"): (lambda n=n: weight(n))
+            for n in model.graph.node if n.op_type == "DynamicDequantize"}
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def timed(fn, repeat: int):
+    times, result = [], None
+    for _ in range(repeat):
+        result = None
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)), result
+
+
+def ort_session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # (the graph's own meaning)
+    options.enable_cpu_mem_arena = False  # (its memory goes back when the session does)
+    options.log_severity_level = 4
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def compare(want: np.ndarray, got: np.ndarray) -> ErrorStats:
+    stats = ErrorStats()
+    stats.add(want.ravel(), got.ravel())
+    return stats
+
+
+def sample_groups(model: onnx.ModelProto, names, count: int, seed: int) -> tuple[np.ndarray, list]:
+    """`count` groups of 128 consecutive rows of one column, drawn at random from the MatMul weights."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in model.graph.initializer}
+    picks = []
+    for _ in range(count):
+        name = names[rng.integers(len(names))]
+        k, n = inits[name].dims
+        picks.append((name, int(rng.integers(k // GROUP)) * GROUP, int(rng.integers(n))))
+    arrays = {name: nh.to_array(inits[name]) for name in {p[0] for p in picks}}
+    groups = np.stack([arrays[name][r:r + GROUP, c] for name, r, c in picks])
+    return groups.reshape(count, 1, GROUP), picks
+
+
+# (the peak from /proc/self/status VmHWM: ru_maxrss survives exec, so a child of this big
+# process would report this process' own peak)
+_CHILD = """
+import sys, time
+t = time.perf_counter()
+{body}
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(f"@@ {{time.perf_counter() - t:.2f}} {{hwm * 1024}}")
+"""
+
+
+def in_child(body: str) -> tuple[float, int]:
+    """(seconds, peak resident bytes) of `body` run in a fresh Python."""
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(body=body)], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    seconds, peak = out.stdout.strip().splitlines()[-1].split()[1:]
+    return float(seconds), int(peak)
+
+
+def files_size(folder: str, stem: str) -> int:
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.startswith(stem))
+
+
+def memory() -> str:
+    """This process' resident memory now and at its peak (Linux)."""
+    try:
+        status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("Vm")}
+    except OSError:
+        return "memory: ?"
+    return f"memory now {status['VmRSS'] / 2**20:.2f} GiB, peak {status['VmHWM'] / 2**20:.2f} GiB"
+
+
+def machine() -> str:
+    model = platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import onnxruntime
+
+    load = " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "?"
+    return (f"{model}, {os.cpu_count()} CPUs, load average {load}; Python {platform.python_version()}, "
+            f"NumPy {np.__version__}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--vocab", type=int, default=16000)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=1, help="runs of each quantizer; the median is shown")
+    p.add_argument("--sample-groups", type=int, default=2048, help="groups the exhaustive bound is measured on")
+    p.add_argument("--scales", type=int, default=1000, help="scales per zero point the exhaustive search tries")
+    p.add_argument("--no-hqq", action="store_true", help="leave out ONNX Runtime's HQQ (it needs torch)")
+    p.add_argument("--no-files", action="store_true", help="leave out the external-data runs in fresh processes")
+    args = p.parse_args(argv)
+    print(f"machine: {machine()}")
+    model = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads)
+    matmuls = [t.name for t in model.graph.initializer if t.name.endswith(".weight") and len(t.dims) == 2
+               and t.name != "embed.weight"]
+    floats = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
+    print(f"model: hidden {args.hidden}, {args.layers} blocks, MLP {args.intermediate}, vocabulary {args.vocab}: "
+          f"{floats / 2**30:.2f} GiB of float32 weights ({len(matmuls)} MatMul weights and an embedding)")
+
+    hqq = not args.no_hqq
+    if hqq:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            hqq = False
+            print("ONNX Runtime's HQQ: left out (it needs torch, which is not installed)")
+
+    # 1. quantize time, in this process, side by side
+    rows = []
+    # (HQQ first: its torch temporaries are the largest, and nothing else is held yet)
+    t_hqq, ort_hqq = timed(lambda: ort_quantize(model, "hqq"), args.repeat) if hqq else (None, None)
+    t_rtn, (ours_rtn, report_rtn) = timed(lambda: dyndq.quantize(model, evaluate=False), args.repeat)
+    t_search, (ours_search, report_search) = timed(lambda: dyndq.quantize(model, method="search", evaluate=False), args.repeat)
+    t_ort, ort_rtn = timed(lambda: ort_quantize(model, "rtn"), args.repeat)
+    t_matmul, (ours_matmul, _) = timed(lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
+                                       args.repeat)
+    stored = lambda m: sum(len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
+                           for t in m.graph.initializer) / floats
+    rows.append(("dyndq rtn", t_rtn, stored(ours_rtn)))
+    rows.append(("dyndq search", t_search, stored(ours_search)))
+    rows.append(("ORT RTN (MatMulNBits, GatherBlockQuantized)", t_ort, stored(ort_rtn)))
+    rows.append(("dyndq search, MatMul only (as ORT HQQ)", t_matmul, stored(ours_matmul)))
+    if hqq:
+        rows.append(("ORT HQQ (MatMulNBits; no Gather)", t_hqq, stored(ort_hqq)))
+    print("\nquantize time (4 bits, groups of 128, asymmetric; median of %d), and the model's tensors after / before:" % args.repeat)
+    for name, t, ratio in rows:
+        print(f"  {name:45s} {t:7.2f} s  ({t / t_ort:.2f}x ORT RTN)  tensors {ratio:.3f}x")
+    print(f"  (dyndq's report: its quantized weights are {report_rtn.size_ratio:.4f}x the float weights they replace, "
+          f"codes {4 / 32:.3f}x + scales and zero points)")
+
+    print(f"  ({memory()})")
+    # 2. exactness, 3. reconstruction error, 4. the bound: one float weight in memory at a time
+    names = matmuls
+    inits = {t.name: t for t in model.graph.initializer}
+    ours_rtn_w, theirs_rtn = dyndq_weights(ours_rtn), matmulnbits_weights(ort_rtn)
+    methods = {"dyndq rtn (= ORT RTN)": theirs_rtn, "dyndq search": dyndq_weights(ours_search)}
+    if hqq:
+        methods["ORT HQQ"] = matmulnbits_weights(ort_hqq)
+    totals = {label: ErrorStats() for label in methods}
+    same = True
+    groups, picks = sample_groups(model, names, args.sample_groups, seed=1)
+    hqq_sample = np.zeros(groups.shape)
+    for name in names:
+        w = nh.to_array(inits[name])
+        ours = ours_rtn_w[name]()
+        for label, weights in methods.items():
+            dq = weights[name]()
+            same &= label != "dyndq rtn (= ORT RTN)" or bool(np.array_equal(ours, dq))
+            totals[label].add(w.ravel(), dq.ravel())
+            if label == "ORT HQQ":
+                for i, (pick, r, c) in enumerate(picks):
+                    if pick == name:
+                        hqq_sample[i, 0] = dq[r:r + GROUP, c]
+        del w, ours, dq
+    print(f"\ndyndq rtn gives ONNX Runtime's RTN weights, value for value: {'yes' if same else 'NO'} ({len(names)} MatMul weights)")
+    print("\nreconstruction error over the MatMul weights (relative Frobenius, max abs, cosine):")
+    base = totals["dyndq rtn (= ORT RTN)"].relative
+    for label, st in totals.items():
+        print(f"  {label:24s} {st.relative:.5f} ({st.relative / base:.4f}x RTN)  max abs {st.max_abs:.4g}  cosine {st.cosine:.6f}")
+
+    kw = dict(bits=4, symmetric=False)
+    e_rtn = squared_error(groups, rtn(groups, scale_dtype=np.float32, **kw)).sum()
+    e_search = squared_error(groups, search(groups, scale_dtype=np.float32, **kw)).sum()
+    t0 = time.perf_counter()
+    e_bound = exhaustive(groups, scales=args.scales, **kw).sum()
+    t_bound = time.perf_counter() - t0
+    line = (f"\nthe bound on {args.sample_groups} sampled groups (exhaustive: 16 zero points x {args.scales} scales each, "
+            f"least squares; {t_bound:.0f} s): {np.sqrt(e_bound / e_rtn):.4f}x RTN's error; "
+            f"dyndq search {np.sqrt(e_search / e_rtn):.4f}x ({np.sqrt(e_search / e_bound):.4f}x the bound)")
+    if hqq:
+        e_hqq = float(((groups.astype(np.float64) - hqq_sample) ** 2).sum())
+        line += f"; ORT HQQ {np.sqrt(e_hqq / e_rtn):.4f}x ({np.sqrt(e_hqq / e_bound):.4f}x the bound)"
+    print(line)
+    del methods, theirs_rtn, ours_rtn_w
+
+    print(f"  ({memory()})")
+    # 5. the output error: logits on seeded token ids (one ONNX Runtime session at a time)
+    from dyndq.runner import clear_cache
+
+    ids = np.random.default_rng(2).integers(0, args.vocab, size=(1, 16), dtype=np.int64)
+    want = ort_session(model).run(None, {"ids": ids})[0]
+    models = {"dyndq rtn": ours_rtn, "dyndq search": ours_search, "dyndq search, MatMul only": ours_matmul,
+              "ORT RTN": ort_rtn}
+    if hqq:
+        models["ORT HQQ (MatMul only)"] = ort_hqq
+    print("\noutput error (logits, 16 seeded token ids, ONNX Runtime, basic optimizations):")
+    for label in list(models):
+        m = models[label]
+        if label.startswith("dyndq"):
+            got = dyndq.run(m, {"ids": ids}, engine="onnxruntime")["logits"]
+            clear_cache()
+        else:
+            got = ort_session(m).run(None, {"ids": ids})[0]
+        st = compare(want, got)
+        print(f"  {label:26s} rel. {st.relative:.5f}  max abs {st.max_abs:.4g}  cosine {st.cosine:.6f}")
+        if label != "dyndq search":
+            del models[label]  # (each model once measured, but the one step 6 runs)
+        del m, got
+    ours_rtn = ours_matmul = ort_rtn = ort_hqq = None
+    del models
+
+    print(f"  ({memory()})")
+    # 6. runs on both engines
+    few = ids[:, :4]
+    on_ort = dyndq.run(ours_search, {"ids": few}, engine="onnxruntime")["logits"]
+    t0 = time.perf_counter()
+    on_ref = dyndq.run(ours_search, {"ids": few}, engine="reference")["logits"]
+    clear_cache()
+    st = compare(on_ort, on_ref)
+    print(f"\nthe quantized model (search) on the reference engine ({time.perf_counter() - t0:.1f} s) and on ONNX Runtime: "
+          f"rel. difference {st.relative:.2e} (float MatMuls summed in each engine's order)")
+    del ours_rtn, ours_search, ours_matmul, ort_rtn, ort_hqq
+
+    print(f"  ({memory()})")
+    # 7. the external-data path, each in a fresh process
+    if not args.no_files:
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "float.onnx")
+            save_model(model, src, external_data=True)
+            largest = max(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
+            del model, inits
+            base_s, base_rss = in_child("import dyndq.quantize, onnxruntime.quantization.matmul_nbits_quantizer")
+            t_ours, rss_ours = in_child(f"from dyndq.cli import main; assert main(['quantize', {src!r}, "
+                                        f"{os.path.join(d, 'q.onnx')!r}, '--no-evaluate']) == 0")
+            t_theirs, rss_theirs = in_child(
+                "from onnxruntime.quantization import matmul_nbits_quantizer as q\n"
+                f"m = q.MatMulNBitsQuantizer({src!r}, block_size={GROUP}, bits=4, op_types_to_quantize=('MatMul', 'Gather'))\n"
+                f"m.process(); m.model.save_model_to_file({os.path.join(d, 'ort.onnx')!r}, use_external_data_format=True)")
+            float_size = files_size(d, "float.onnx")
+            print(f"\nfrom the model saved with external data ({float_size / 2**30:.2f} GiB; largest weight "
+                  f"{largest / 2**20:.0f} MiB; a fresh Python with both quantizers imported: {base_rss / 2**20:.0f} MiB):")
+            print(f"  dyndq quantize (rtn)  {t_ours:6.1f} s  peak {rss_ours / 2**20:6.0f} MiB "
+                  f"(= imports + {(rss_ours - base_rss) / largest:.2f}x the largest weight)  "
+                  f"files {files_size(d, 'q.onnx') / float_size:.3f}x")
+            print(f"  ORT quantizer (RTN)   {t_theirs:6.1f} s  peak {rss_theirs / 2**20:6.0f} MiB "
+                  f"(= imports + {(rss_theirs - base_rss) / largest:.2f}x the largest weight)  "
+                  f"files {files_size(d, 'ort.onnx') / float_size:.3f}x")
+    print(f"\nthis benchmark's own {memory()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`quantize_file(src, dst, emit=...)`: a model file quantized into another, in one of four forms.
+
+- "dyndq": the DynamicDequantize-2 model itself.  From a model with external data the
+  weights are read one at a time and the new tensors written to the new data file as they
+  are made (the memory: about twice the largest weight, plus the model's structure).
+- "onnx": lowered to standard ONNX by `dyndq.export` (DequantizeLinear-21, blocked).
+- "onnxruntime": `dyndq.export(target="onnxruntime")`: MatMulNBits and GatherBlockQuantized
+  where they express a node exactly (docs/int4-bridge.md), standard ONNX elsewhere.
+- "onednn-json": a oneDNN graph (`dyndq.onednn.dump`, weights as inputs): its weights become
+  input ports of property_type constant, their values handed to `save_weights` (the CLI
+  writes them as .npy files beside the JSON, as `dyndq export-onednn --weights-as-inputs` does).
+The last three hold the quantized model in memory (about bits/32 of the float weights).
+"""
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from dyndq.light import nbytes
+from dyndq.opdefs import Problem, ValidationError
+from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, _quantize, _settings, _Tensors
+from dyndq.quantize.report import QuantizeReport
+
+
+def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
+                  progress=None, save_weights=None, **options) -> QuantizeReport:
+    """Quantize the model in file `src` into file `dst` (options as `dyndq.quantize` takes them).
+    evaluate: measure the output error (default: when the model's weights are under 2 GiB)."""
+    from dyndq.files import DataFile, read_model, save_model, staged_write
+
+    if emit not in EMITS:
+        raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
+    lower = _lowering(emit)
+    loaded = read_model(src, load_data=False)
+    settings = _settings(loaded.model, **options)
+    too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
+    if evaluate is None:
+        evaluate = not too_big
+    out = None
+    if emit == "dyndq" and loaded.external_data:
+        with staged_write(dst, external_data=True) as stage:
+            with open(os.path.join(stage.folder, stage.location), "wb") as f:
+                quantized, report = _quantize(loaded.model, settings, _Tensors(loaded, DataFile(f, stage.location)),
+                                              strict, progress)
+            onnx.save_model(quantized, stage.model)
+            del quantized
+    else:
+        out, report = _quantize(loaded.model, settings, _Tensors(loaded), strict, progress)
+        if emit == "onednn-json":
+            from dyndq.onednn import save_json
+
+            doc, weights = onednn_graph(out)
+            save_json(doc, dst)
+            if save_weights is not None:
+                save_weights(weights)
+        else:
+            save_model(lower(out), dst, external_data=loaded.external_data)
+    if evaluate:
+        from dyndq.files import load_model
+        from dyndq.quantize.evaluate import output_error
+
+        report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=seed)
+    else:
+        report.outputs_note = "not measured (the model's weights are 2 GiB or more)" if too_big else "not measured"
+    return report
+
+
+def _lowering(emit: str):
+    """The step from the DynamicDequantize model to the form asked for."""
+    from dyndq import exporter
+
+    if emit == "onnx":
+        return exporter.export
+    if emit == "onnxruntime":
+        return lambda model: exporter.export(model, target="onnxruntime")
+    return lambda model: model
+
+
+def onednn_graph(model: onnx.ModelProto) -> tuple[dict, dict]:
+    """(oneDNN graph JSON, {port name: array}) of a quantized model: its weights are input ports
+    of property_type constant (oneDNN's graph JSON holds no tensor data), their values the arrays."""
+    from dyndq.onednn import dump
+
+    weights: dict = {}
+    return dump(model, weights_as_inputs=True, weights=weights), weights

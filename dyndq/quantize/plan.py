@@ -1,0 +1,194 @@
+"""Which weights to quantize: every constant weight of the chosen ops, and why the others are not.
+
+The weight of MatMul is B (quantized along its rows, the reduction axis -2; a 1-D B along its
+only axis), of Gemm B (along axis 0, or 1 with transB=1), of Gather its data (along the last
+axis, as ONNX Runtime quantizes it: for an embedding table [vocabulary, hidden], groups run
+along hidden).  A weight is an initializer of the node's graph or of a graph enclosing it.
+Anything else (a value computed by the graph, a graph input, an initializer that is also a
+graph input and so can be fed at run time, an integer or float64 tensor, an empty one, an
+axis shorter than the group) is left alone and named as a `Problem`.
+
+A weight read by several nodes is one `Target`, quantized once along the axis of its first
+reader in graph order; a reader of it that is not quantized (another op, an excluded node, a
+graph output) keeps the float weight alive beside the quantized one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from dyndq.converters.onnx_types import attribute_values, dtype_name
+from dyndq.graphs import function_path, subgraph_path, subgraphs
+from dyndq.opdefs import Problem
+from dyndq.wording import a as article
+
+OPS = ("MatMul", "Gemm", "Gather")
+WEIGHT_INPUT = {"MatMul": (1, "B"), "Gemm": (1, "B"), "Gather": (0, "data")}
+FLOATS = ("float32", "float16", "bfloat16")
+IR_INPUTS_ARE_CONSTANT = 4  # below IR 4 every initializer is also listed among the graph inputs
+
+
+@dataclass(frozen=True)
+class Use:
+    """One node reading a weight, and the axis it would have it quantized along."""
+
+    graph: str  # the node's graph path ("main", "main/loop.body")
+    index: int  # the node's index in its graph
+    node: str  # the node's name, or OP#index
+    op: str
+    axis: int
+
+
+@dataclass
+class Target:
+    """One initializer to quantize."""
+
+    name: str
+    graph: str  # the path of the graph that holds the initializer
+    dims: tuple[int, ...]
+    dtype: str
+    axis: int
+    rule: str  # ONNX Runtime's rounding rule for its op: "matmul" or "gather" (rtn.py)
+    uses: list[Use] = field(default_factory=list)
+    keep_float: list[str] = field(default_factory=list)  # readers that still need the float weight
+    listed_as_input: bool = False  # (IR < 4) also among the graph inputs: drop it there with it
+
+    @property
+    def ops(self) -> list[str]:
+        return list(dict.fromkeys(u.op for u in self.uses))
+
+
+@dataclass
+class Plan:
+    targets: list[Target]
+    problems: list[Problem]  # weights left alone, and why
+
+
+def label(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type}#{index}"
+
+
+def names_of(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """(node names, initializer names) of every graph, for judging `exclude`."""
+    nodes, weights = set(), set()
+    for path, g in graph_paths(model.graph):
+        nodes.update(label(n, i) for i, n in enumerate(g.node))
+        weights.update(t.name for t in g.initializer)
+    return nodes, weights
+
+
+def graph_paths(graph: onnx.GraphProto, path: str = "main"):
+    """(path, graph) for the graph and every graph nested in it, depth first, named as
+    dyndq.graphs names them in messages."""
+    yield path, graph
+    for i, node in enumerate(graph.node):
+        for name, sub in subgraphs(node):
+            yield from graph_paths(sub, subgraph_path(path, node, i, name))
+
+
+def plan(model: onnx.ModelProto, *, ops, exclude, group_size: int) -> Plan:
+    """The weights of `model` to quantize (see the module doc)."""
+    targets: dict[tuple[str, str], Target] = {}
+    problems: list[Problem] = []
+    constant_inputs = model.ir_version < IR_INPUTS_ARE_CONSTANT
+    _visit(model.graph, "main", {}, ops, set(exclude), group_size, constant_inputs, targets, problems)
+    for f in model.functions:
+        for i, node in enumerate(f.node):
+            if node.domain in ("", "ai.onnx") and node.op_type in ops and label(node, i) not in exclude:
+                k, arg = WEIGHT_INPUT[node.op_type]
+                problems.append(Problem(arg, "an input of a model-local function",
+                                        "a constant weight (an initializer); a function holds none",
+                                        op=node.op_type, node=node.name or None, node_index=i, graph=function_path(f)))
+    _find_other_readers(model.graph, "main", targets)
+    return Plan(list(targets.values()), problems)
+
+
+def _visit(graph, path, scope, ops, exclude, group_size, constant_inputs, targets, problems) -> None:
+    scope = dict(scope)
+    fed = {vi.name for vi in graph.input}
+    for vi in graph.input:
+        scope.pop(vi.name, None)
+    for node in graph.node:  # (a value made here hides an outer initializer of the same name)
+        for out in node.output:
+            scope.pop(out, None)
+    for t in graph.initializer:
+        scope[t.name] = (path, t, t.name in fed)
+    for i, node in enumerate(graph.node):
+        for attr, sub in subgraphs(node):
+            _visit(sub, subgraph_path(path, node, i, attr), scope, ops, exclude, group_size, constant_inputs,
+                   targets, problems)
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ops or label(node, i) in exclude:
+            continue
+        k, arg = WEIGHT_INPUT[node.op_type]
+        name = node.input[k] if len(node.input) > k else ""
+
+        def problem(found: str, allowed: str) -> None:
+            problems.append(Problem(f"{arg} ({name!r})", found, allowed, op=node.op_type,
+                                    node=node.name or None, node_index=i, graph=path))
+
+        if name in exclude or not name:
+            continue
+        entry = scope.get(name)
+        if entry is None:
+            problem("a value computed by the graph or fed at run time, not an initializer",
+                    "a constant weight (an initializer)")
+            continue
+        where, tensor, is_input = entry
+        if is_input and not constant_inputs:
+            problem("an initializer that is also a graph input (it can be fed at run time)",
+                    "a constant weight (an initializer that is not a graph input)")
+            continue
+        dtype = dtype_name(tensor.data_type)
+        dims = tuple(tensor.dims)
+        if dtype not in FLOATS:
+            problem(f"{article(dtype or tensor.data_type)} tensor", "a float32, float16 or bfloat16 weight")
+            continue
+        if not dims or 0 in dims:
+            problem(f"a tensor of shape {list(dims)}", "a weight with at least one element along every axis")
+            continue
+        axis = _axis(node, len(dims))
+        if axis is None:
+            problem(f"a tensor of shape {list(dims)}", "a 2-D B for Gemm")
+            continue
+        if group_size != -1 and group_size > dims[axis]:
+            problem(f"shape {list(dims)}: its axis {axis} ({dims[axis]} long) is shorter than the group size {group_size}",
+                    "a group size no larger than the axis (or -1: one group per whole axis)")
+            continue
+        use = Use(path, i, label(node, i), node.op_type, axis)
+        key = (where, name)
+        if key not in targets:
+            rule = "gather" if node.op_type == "Gather" else "matmul"
+            targets[key] = Target(name, where, dims, dtype, axis, rule, listed_as_input=is_input)
+        targets[key].uses.append(use)
+
+
+def _axis(node: onnx.NodeProto, rank: int) -> int | None:
+    if node.op_type == "MatMul":
+        return rank - 2 if rank >= 2 else 0
+    if node.op_type == "Gemm":
+        return (1 if attribute_values(node).get("transB", 0) else 0) if rank == 2 else None
+    return rank - 1  # Gather
+
+
+def _find_other_readers(graph, path, targets) -> None:
+    """Note in each target every reader that is not one of its quantized uses."""
+    by_name: dict[str, list[Target]] = {}
+    for t in targets.values():
+        by_name.setdefault(t.name, []).append(t)
+    uses = {(u.graph, u.index, t.name) for t in targets.values() for u in t.uses}
+
+    def visit(g, p):
+        for i, node in enumerate(g.node):
+            for attr, sub in subgraphs(node):
+                visit(sub, subgraph_path(p, node, i, attr))
+            k = WEIGHT_INPUT.get(node.op_type, (None,))[0]
+            for j, name in enumerate(node.input):
+                for t in by_name.get(name, ()):
+                    if not (j == k and (p, i, name) in uses):
+                        t.keep_float.append(f"{label(node, i)} ({node.op_type})")
+        for out in g.output:
+            for t in by_name.get(out.name, ()):
+                t.keep_float.append(f"graph output {out.name!r}")
+
+    visit(graph, path)

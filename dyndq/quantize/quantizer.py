@@ -1,0 +1,255 @@
+"""`quantize(model) -> (model, report)` and `quantize_file(src, dst)`: the whole-graph step.
+
+`plan` finds the weights, `numerics` quantizes each (one at a time), `rewrite` makes the
+nodes and tensors that stand for it, and the report says what came of it.  A model in memory
+is never changed: the result is a new model holding its structure, the new tensors and the
+initializers left as they were.  From a file with external data (`quantize_file`), the weights
+are read one at a time and the new model's tensors written to its data file as they are
+made, so the memory it takes is about the largest weight twice plus the model's structure.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+import time
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from dyndq.build import ir_version_for
+from dyndq.converters.lowering_context import NameScope
+from dyndq.graphs import ai_onnx_version, all_names
+from dyndq.light import copy_fields, nbytes
+from dyndq.opdefs import DOMAIN, Problem, ValidationError
+from dyndq.quantize import plan as planning
+from dyndq.quantize.numerics import METHODS, QuantizedWeight, quantize_weight
+from dyndq.quantize.report import LayerReport, QuantizeReport
+from dyndq.quantize.rewrite import placed
+
+SCALE_DTYPES = ("float32", "float16", "bfloat16")
+EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
+INT4_IR = 10  # int4/uint4 tensors need IR version 10
+EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
+
+
+def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = False, scale_dtype=None,
+             ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
+             strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+    """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
+    scales (and zero points unless `symmetric`) feeding DynamicDequantize-2, and a report.
+
+    group_size: elements per group along the reduction axis (-1: the whole axis, per channel).
+    scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
+    method: "rtn" (ONNX Runtime's own rounding, code for code) or "search" (lower error).
+    exclude: node or weight names to leave alone.  evaluate: run both models on seeded random
+    inputs (`seed`) and report the output error.  strict: raise ValidationError when a weight
+    of the chosen ops cannot be quantized instead of leaving it alone.  progress: called
+    with one line per weight quantized.
+    """
+    from dyndq.checker import model_of
+
+    model = model_of(model, "quantize")
+    settings = _settings(model, bits=bits, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype, ops=ops,
+                         exclude=exclude, method=method)
+    out, report = _quantize(model, settings, _Tensors(), strict, progress)
+    if evaluate:
+        from dyndq.quantize.evaluate import output_error
+
+        report.outputs, report.outputs_note = output_error(model, out, seed=seed)
+    else:
+        report.outputs_note = "not measured (evaluate=False)"
+    return out, report
+
+
+def _settings(model, *, bits=4, group_size=128, symmetric=False, scale_dtype=None, ops=planning.OPS, exclude=(),
+              method="rtn") -> dict:
+    """The options checked (ValidationError naming every bad one) and written out."""
+    problems = []
+
+    def bad(argument, found, allowed):
+        problems.append(Problem(argument, found, allowed))
+
+    if isinstance(bits, bool) or bits not in (4, 8):
+        bad("bits", repr(bits), "4 or 8")
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or not (group_size >= 1 or group_size == -1):
+        bad("group_size", repr(group_size), "a whole number >= 1, or -1 for one group per whole axis (per channel)")
+    if not isinstance(symmetric, (bool, np.bool_)):
+        bad("symmetric", repr(symmetric), "True or False")
+    name = None
+    if scale_dtype is not None:
+        try:
+            name = np.dtype(scale_dtype).name
+        except TypeError:
+            name = repr(scale_dtype)
+        if name not in SCALE_DTYPES:
+            bad("scale_dtype", repr(scale_dtype), ", ".join(SCALE_DTYPES) + " (or None: each weight's own dtype)")
+    if method not in METHODS:
+        bad("method", repr(method), ", ".join(METHODS))
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
+    for op in ops:
+        if op not in planning.OPS:
+            bad("ops", repr(op), ", ".join(planning.OPS))
+    exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+    nodes, weights = planning.names_of(model)
+    for x in exclude:
+        if x not in nodes and x not in weights:
+            bad("exclude", repr(x), "the name of a node or a weight (initializer) of the model")
+    if problems:
+        raise ValidationError(problems)
+    return dict(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name,
+                ops=list(ops), exclude=list(exclude), method=method)
+
+
+class _Tensors:
+    """Where weights are read from and the new model's tensors go: kept in the model (the
+    default), or, for a model read without its external data, read one at a time and written
+    one at a time to `data` (a files.DataFile) as they come."""
+
+    def __init__(self, loaded=None, data=None):
+        self.loaded, self.data = loaded, data
+
+    def array(self, tensor: onnx.TensorProto) -> np.ndarray:
+        from dyndq.files import tensor_array
+
+        return numpy_helper.to_array(tensor) if self.loaded is None else tensor_array(tensor, self.loaded)
+
+    def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
+        if self.data is None:
+            graph.initializer.append(tensor)
+        else:
+            self.data.add(graph, self._with_data(tensor))
+
+    def _with_data(self, tensor):
+        from dyndq.files import tensor_with_data
+
+        return tensor if self.loaded is None else tensor_with_data(tensor, self.loaded)
+
+
+def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onnx.ModelProto, QuantizeReport]:
+    started = time.perf_counter()
+    found = planning.plan(model, ops=settings["ops"], exclude=settings["exclude"], group_size=settings["group_size"])
+    report = QuantizeReport(settings, left_alone=list(found.problems))
+    if strict and found.problems:
+        raise ValidationError(found.problems)
+    if not found.targets:
+        raise ValidationError(found.problems or [Problem(
+            "model", f"no {'/'.join(settings['ops'])} node with a weight to quantize",
+            "a model whose MatMul, Gemm or Gather nodes read constant float weights")])
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
+    names = NameScope(all_names(model))
+    opset = ai_onnx_version(model.opset_import) or 1
+    graphs = dict(planning.graph_paths(out.graph))
+    targets = {(t.graph, t.name): t for t in found.targets}
+    new_nodes: dict[str, list] = {}
+    done = 0
+    for path, graph in graphs.items():
+        # (the main graph's initializers are read from the model given; a nested graph's from its copy)
+        originals = list(model.graph.initializer) if path == "main" else [_copy(t) for t in graph.initializer]
+        del graph.initializer[:]
+        for tensor in originals:
+            target = targets.get((path, tensor.name))
+            if target is None:
+                tensors.add(graph, tensor)
+                continue
+            layer, nodes = _one_weight(target, tensors.array(tensor), settings, names, opset, graphs, tensors, graph)
+            done += 1
+            if layer is None:
+                report.left_alone.append(nodes)
+                tensors.add(graph, tensor)
+                continue
+            report.layers.append(layer)
+            new_nodes.setdefault(path, []).extend(nodes)
+            if target.keep_float:
+                tensors.add(graph, tensor)
+            elif target.listed_as_input:
+                _drop_input(graph, target.name)
+            if progress:
+                progress(f"[{done}/{len(targets)}] {layer.name} {'x'.join(map(str, layer.shape))} {layer.form}: "
+                         f"rel. error {layer.relative_error:.4f} ({layer.seconds:.1f} s)")
+    if strict and len(report.left_alone) > len(found.problems):
+        raise ValidationError(report.left_alone)
+    if not report.layers:
+        raise ValidationError(report.left_alone)
+    for path, nodes in new_nodes.items():  # ahead of every node: they read initializers only
+        graph = graphs[path]
+        rest = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes + rest)
+    _set_imports(out, int4=settings["bits"] == 4)
+    report.seconds = time.perf_counter() - started
+    return out, report
+
+
+def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    t = onnx.TensorProto()
+    t.CopyFrom(tensor)
+    return t
+
+
+def _one_weight(target, weight, settings, names, opset, graphs, tensors, graph):
+    """(LayerReport, nodes), having added the weight's tensors to `graph` and pointed its
+    readers at the dequantized value; or (None, Problem) for a weight that cannot be."""
+    started = time.perf_counter()
+    if not _finite(weight):
+        u = target.uses[0]
+        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
+                             "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
+    q: QuantizedWeight = quantize_weight(
+        weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
+        symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
+        method=settings["method"], rule=target.rule)
+    del weight
+    p = placed(target.name, target.dtype, q, names, opset)
+    after = 0
+    for t in p.tensors:
+        after += _stored_bytes(t)
+        tensors.add(graph, t)
+    for u in target.uses:
+        node = graphs[u.graph].node[u.index]
+        k = planning.WEIGHT_INPUT[u.op][0]
+        node.input[k] = p.output
+    notes = [f"also read by {', '.join(target.keep_float)}: the float weight is kept for them"] if target.keep_float else []
+    other = [u.node for u in target.uses if u.axis != target.axis]
+    if other:
+        notes.append(f"quantized along axis {target.axis} (for {target.uses[0].node}); {', '.join(other)} "
+                     "would reduce along another")
+    layer = LayerReport(
+        target.name, target.graph, [u.node for u in target.uses], target.ops, list(target.dims), target.dtype, p.form,
+        q.stats.relative, q.stats.max_abs, q.stats.cosine, _float_bytes(target), after,
+        time.perf_counter() - started, notes)
+    return layer, p.nodes
+
+
+def _finite(weight: np.ndarray) -> bool:
+    """Whether every value is finite, a block at a time (a bfloat16 block checked as float32)."""
+    flat = weight.reshape(-1)
+    step = 1 << 22
+    return all(np.isfinite(flat[i:i + step].astype(np.float32)).all() for i in range(0, flat.size, step))
+
+
+def _stored_bytes(t: onnx.TensorProto) -> int:
+    return len(t.raw_data) if t.HasField("raw_data") else nbytes(t)
+
+
+def _float_bytes(target) -> int:
+    return int(np.prod(target.dims, dtype=np.int64)) * (4 if target.dtype == "float32" else 2)
+
+
+def _drop_input(graph: onnx.GraphProto, name: str) -> None:
+    for vi in list(graph.input):
+        if vi.name == name:
+            graph.input.remove(vi)
+
+
+def _set_imports(model: onnx.ModelProto, *, int4: bool) -> None:
+    """Our domain at version 2 (a superset of 1), and the IR version what the model now holds needs."""
+    for o in model.opset_import:
+        if o.domain == DOMAIN:
+            o.version = max(o.version, 2)
+            break
+    else:
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 2))
+    model.ir_version = max(model.ir_version, ir_version_for(model.opset_import), INT4_IR if int4 else 0)

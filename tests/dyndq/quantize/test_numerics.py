@@ -1,0 +1,118 @@
+"""One weight quantized: the layout (axes, ranks, groups that do not divide the axis, per
+channel), the dequantized values (equal to our kernel's, bit for bit), the error statistics,
+and the methods' error ordering: exhaustive <= search <= rtn."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dyndq
+from dyndq.quantize.numerics import ErrorStats, code_dtype, dequantize, quantize_weight
+from dyndq.quantize.rtn import rtn
+from dyndq.quantize.search import exhaustive, search, squared_error
+
+from quantize_models import heavy
+
+
+def kernel_dequantize(q):
+    """Our DynamicDequantize-2 kernel on the codes, then the Slice the graph adds."""
+    zps = q.zero_points
+    if zps is None:
+        out = dyndq.dynamic_dequantize(q.codes, q.scales, qtype="per_group", group_shape=q.group_shape)
+    else:
+        out = dyndq.dynamic_dequantize(q.codes, q.scales, zps, qtype="per_group", group_shape=q.group_shape)
+    return np.take(out, np.arange(q.length), axis=q.axis)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    axis_pick=st.integers(0, 2), group_pick=st.integers(1, 64), bits=st.sampled_from([4, 8]), symmetric=st.booleans(),
+    method=st.sampled_from(["rtn", "search"]), rule=st.sampled_from(["matmul", "gather"]),
+    dtypes=st.sampled_from([(np.float32, None), (np.float16, None), (ml_dtypes.bfloat16, None),
+                            (np.float32, np.float16), (np.float16, np.float32), (np.float32, ml_dtypes.bfloat16)]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_layout_and_values_on_any_axis_and_group(shape, axis_pick, group_pick, bits, symmetric, method, rule, dtypes, seed):
+    w = heavy(shape, seed, dtype=dtypes[0])
+    axis = axis_pick % len(shape)
+    length = shape[axis]
+    group = -1 if group_pick > length else group_pick
+    q = quantize_weight(w, axis=axis, group_size=group, bits=bits, symmetric=symmetric, scale_dtype=dtypes[1],
+                        method=method, rule=rule)
+    g = length if group == -1 else group
+    groups = -(-length // g)
+    assert q.codes.dtype == code_dtype(bits, symmetric)
+    assert q.codes.shape == tuple(groups * g if i == axis else d for i, d in enumerate(shape))
+    assert q.scales.shape == tuple(groups if i == axis else d for i, d in enumerate(shape))
+    assert q.scales.dtype == np.dtype(dtypes[1] or dtypes[0])
+    assert (q.zero_points is None) == symmetric
+    assert q.padded_to == (None if length % g == 0 else groups * g)
+    # the values the graph gives back are our kernel's, bit for bit
+    got = dequantize(q)
+    np.testing.assert_array_equal(got.view(np.uint8), kernel_dequantize(q).view(np.uint8))
+    # and the statistics are those of that weight
+    stats = ErrorStats()
+    stats.add(w, dequantize(q, w.dtype))
+    assert q.stats.sq_error == pytest.approx(stats.sq_error, rel=1e-9, abs=1e-30)
+    assert q.stats.max_abs == stats.max_abs
+    assert q.stats.relative == pytest.approx(np.linalg.norm((w.astype(np.float64) - dequantize(q, w.dtype).astype(np.float64)).ravel())
+                                             / np.linalg.norm(w.astype(np.float64).ravel()) if np.any(w) else q.stats.relative)
+
+
+def test_padding_holds_level_zero_and_is_sliced_away():
+    w = heavy((200, 8), 3)
+    q = quantize_weight(w, axis=0, group_size=128, bits=4)
+    assert q.padded_to == 256 and q.length == 200
+    assert (q.codes[200:].astype(np.int8) == 0).all()  # (level 0: the bytes MatMulNBits holds there)
+    assert dequantize(q).shape == (200, 8)
+
+
+def test_a_group_per_whole_axis():
+    w = heavy((96, 5), 4)
+    q = quantize_weight(w, axis=0, group_size=-1, bits=4)
+    assert q.scales.shape == (1, 5) and q.group == 96 and q.padded_to is None
+
+
+def test_an_all_zero_weight_comes_back_exactly():
+    for method in ("rtn", "search"):
+        for rule in ("matmul", "gather"):
+            q = quantize_weight(np.zeros((64, 3), np.float32), axis=0, group_size=32, method=method, rule=rule)
+            assert q.stats.sq_error == 0 and q.stats.relative == 0.0 and q.stats.cosine == 1.0
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (8, False), (8, True)])
+@pytest.mark.parametrize("df", [3, 5])
+def test_search_never_worse_than_rtn_group_by_group(bits, symmetric, df):
+    groups = heavy((64, 8, 128), df, df=df).astype(np.float32)
+    for scale_dtype in (np.float32, np.float16):
+        kw = dict(bits=bits, symmetric=symmetric, scale_dtype=scale_dtype)
+        assert (squared_error(groups, search(groups, **kw)) <= squared_error(groups, rtn(groups, **kw))).all()
+
+
+# The limit (issue 25, point 3): on Student-t weights with 3 to 5 degrees of freedom, 4 bits,
+# groups of 128, the exhaustive search reaches about 0.955x RTN's relative Frobenius error.
+# Measured here on 256 groups per case; the benchmark measures it on more (docs/quantize.md).
+@pytest.mark.parametrize("df", [3, 4, 5])
+def test_search_reaches_within_one_percent_of_the_exhaustive_bound(df):
+    groups = heavy((32, 8, 128), 100 + df, df=df)
+    kw = dict(bits=4, symmetric=False, scale_dtype=np.float32)
+    e_rtn = squared_error(groups, rtn(groups, **kw)).sum()
+    e_search = squared_error(groups, search(groups, **kw)).sum()
+    e_bound = exhaustive(groups, bits=4, symmetric=False, scales=300).sum()
+    ratio_search, ratio_bound = np.sqrt(e_search / e_rtn), np.sqrt(e_bound / e_rtn)
+    assert 0.93 < ratio_bound < 0.97  # the limit is where the issue says it is
+    assert ratio_search <= 0.97
+    assert ratio_search <= ratio_bound * 1.01  # within 1% of the limit
+    assert e_bound <= e_search * (1 + 1e-9)  # and the limit is a limit (no better than it)
+
+
+def test_symmetric_search_gains_too():
+    groups = heavy((32, 8, 128), 7, df=4)
+    kw = dict(bits=4, symmetric=True, scale_dtype=np.float32)
+    e_rtn = squared_error(groups, rtn(groups, **kw)).sum()
+    e_search = squared_error(groups, search(groups, **kw)).sum()
+    e_bound = exhaustive(groups, bits=4, symmetric=True, scales=300).sum()
+    assert e_bound <= e_search <= 0.97**2 * e_rtn

@@ -1,0 +1,122 @@
+"""quantize_file: the external-data path (weights read and written one at a time) on a small
+model forced to use it, atomic writes, and the other forms it emits."""
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper, numpy_helper as nh
+
+import dyndq
+from dyndq.files import save_model
+from dyndq.quantize import quantize_file
+
+from quantize_models import heavy, mlp
+
+
+def arrays(model):
+    return {t.name: nh.to_array(t) for t in model.graph.initializer}
+
+
+def stack(layers=6, hidden=512, seed=0) -> onnx.ModelProto:
+    """x -> MatMul -> MatMul -> ...: `layers` float32 weights of hidden x hidden (1 MiB each at 512)."""
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"], name=f"layer{i}"))
+        inits.append(nh.from_array(heavy((hidden, hidden), seed + i, scale=1 / np.sqrt(hidden)), f"w{i}"))
+        prev = f"h{i}"
+    g = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", T.FLOAT, ["n", hidden])],
+                          [helper.make_tensor_value_info(prev, T.FLOAT, ["n", hidden])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_external_data_in_external_data_out_same_as_in_memory(tmp_path):
+    model = mlp()
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", method="search")
+    assert os.path.exists(tmp_path / "q.onnx.data")
+    written = onnx.load(tmp_path / "q.onnx", load_external_data=False)
+    assert any(t.data_location == T.EXTERNAL for t in written.graph.initializer)
+    in_memory, memory_report = dyndq.quantize(model, method="search")
+    got, want = arrays(dyndq.load_model(tmp_path / "q.onnx")), arrays(in_memory)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert [layer.relative_error for layer in report.layers] == [layer.relative_error for layer in memory_report.layers]
+    assert [o.relative_error for o in report.outputs] == [o.relative_error for o in memory_report.outputs]
+    assert dyndq.check(dyndq.load_model(tmp_path / "q.onnx")) == []
+
+
+def test_weights_are_read_and_written_one_at_a_time(tmp_path):
+    """Six weights of 4 MiB each: the memory Python and NumPy take while quantizing from and to
+    external data stays near twice one weight (plus a few MiB of temporaries), not the model's six."""
+    save_model(stack(hidden=1024), tmp_path / "float.onnx", external_data=True)
+    tracemalloc.start()
+    try:
+        quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", evaluate=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    one = 1024 * 1024 * 4
+    assert peak < 2.5 * one, f"peak {peak / one:.2f} weights"
+    assert os.path.getsize(tmp_path / "q.onnx.data") < 0.14 * 6 * one
+
+
+def test_a_failure_midway_leaves_no_file(tmp_path):
+    model = stack(layers=3)
+    w = nh.to_array(model.graph.initializer[2]).copy()
+    w[0, 0] = np.inf
+    model.graph.initializer[2].CopyFrom(nh.from_array(w, "w2"))
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    with pytest.raises(dyndq.ValidationError) as e:
+        quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", strict=True, evaluate=False)
+    assert "NaN or infinity" in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx", "float.onnx.data"]
+
+
+def test_emit_standard_onnx_from_external_data(tmp_path):
+    save_model(stack(layers=2, hidden=256), tmp_path / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit="onnx")
+    out = dyndq.load_model(tmp_path / "q.onnx")
+    assert {n.op_type for n in out.graph.node} == {"DequantizeLinear", "MatMul"}
+    assert "org.dyndq" not in {o.domain for o in out.opset_import}
+    assert report.outputs and report.outputs[0].cosine > 0.98
+
+
+def test_emit_a_onednn_graph_with_its_weights(tmp_path):
+    save_model(stack(layers=2, hidden=256), tmp_path / "float.onnx")
+    saved = {}
+    quantize_file(tmp_path / "float.onnx", tmp_path / "q.json", emit="onednn-json", save_weights=saved.update, evaluate=False)
+    import json
+
+    doc = json.loads((tmp_path / "q.json").read_text())
+    kinds = [op["kind"] for op in doc["graph"]]
+    assert kinds.count("DynamicDequantize") == 2 and kinds.count("MatMul") == 2
+    assert len(saved) == 6 and sorted(a.dtype.name for a in saved.values()) == ["float32"] * 2 + ["uint4"] * 4
+
+
+@pytest.mark.parametrize("k", [256, 200])  # (200: codes padded to whole blocks, then a Slice)
+def test_emit_onnxruntime_contrib_ops_as_its_own_quantizer_writes_them(tmp_path, k):
+    """--emit onnxruntime: MatMulNBits and GatherBlockQuantized (dyndq.export, target onnxruntime),
+    holding ONNX Runtime's own quantizer's bytes for the same weights (its default configuration)."""
+    ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    model = mlp(k=k, n=96)
+    save_model(model, tmp_path / "float.onnx")
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit="onnxruntime", ops=("MatMul", "Gather"))
+    out = dyndq.load_model(tmp_path / "q.onnx")
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= {n.op_type for n in out.graph.node}
+    assert report.outputs and report.outputs[0].cosine > 0.95
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    theirs = ort_quant.MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul", "Gather"))
+    theirs.process()
+    ours = {n.op_type: [arrays(out)[i] for i in n.input if i in arrays(out)] for n in out.graph.node}
+    ort = {n.op_type: [arrays(theirs.model.model)[i] for i in n.input if i in arrays(theirs.model.model)]
+            for n in theirs.model.model.graph.node}
+    for op in ("MatMulNBits", "GatherBlockQuantized"):
+        assert len(ours[op]) == len(ort[op])
+        for a, b in zip(ours[op], ort[op]):
+            np.testing.assert_array_equal(a, b)
