@@ -20,8 +20,11 @@ for _name in ("cases", "decoder"):
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-# No example database: it would be a folder in the source tree, where no test writes.
-settings.register_profile("dyndq", database=None)
+# No example database: it would be a folder in the source tree, where no test writes.  The default
+# profile draws the same examples on every run (a CI run passes or fails for the code, not for
+# the draw); `pytest --hypothesis-profile explore` draws new ones each run, to look for more.
+settings.register_profile("dyndq", database=None, derandomize=True)
+settings.register_profile("explore", database=None)
 settings.load_profile("dyndq")
 
 from cases import REQUIRE_NATIVE_ENV, native_required, needs_native, why_not_native  # noqa: E402

@@ -143,7 +143,10 @@ def test_lifted_weights_equal_matmul_nbits_effective_weights_and_write_back_byte
     float_meaning, _, _ = matmul_nbits(**{**p, "accuracy_level": None})
     original = on_ort(float_meaning, A)
     scale = float(np.abs(original.astype(np.float64)).max())
-    tolerance = TOLERANCE * scale if t == np.float32 else 2e-3 * scale  # (float16 outputs round at 2^-11)
+    # float16: each engine may accumulate its K products in float16, each step rounding at 2^-11 of
+    # the running sum, in its own order: a bound growing as sqrt(K) (2e-3 was seen too tight at K=151,
+    # 3 ulps apart); the weights themselves are compared exactly above
+    tolerance = TOLERANCE * scale if t == np.float32 else 2.0**-11 * (2 + np.sqrt(K)) * scale
     assert np.abs(on_ort(dyndq.export(lifted), A).astype(np.float64) - original).max() <= tolerance
 
 
