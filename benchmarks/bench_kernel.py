@@ -43,7 +43,7 @@ import numpy as np
 
 try:
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
     from onnx.reference import ReferenceEvaluator
 except ImportError:  # pragma: no cover
     sys.exit("bench_kernel needs onnx")

@@ -162,7 +162,7 @@ def _shape(shape, where: str, blame) -> tuple[tuple[int, ...] | None, list]:
     for d in dims:
         count *= max(d, 1)
     if count > MAX_ELEMENTS:
-        return None, [blame(f"{where}.shape", f"{list(dims)}: {count:.3g} elements", f"at most 2^53 elements")]
+        return None, [blame(f"{where}.shape", f"{list(dims)}: {count:.3g} elements", "at most 2^53 elements")]
     return dims, []
 
 

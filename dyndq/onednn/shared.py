@@ -1,7 +1,7 @@
 """What several kinds' handlers check and write with: axes, broadcasting, the float dtypes."""
 from __future__ import annotations
 
-from dyndq.onednn.emitter import FLOAT8, LOW_FLOATS, OpEmitter
+from dyndq.onednn.emitter import LOW_FLOATS, OpEmitter
 from dyndq.onednn.handler import Attr
 from dyndq.onednn.reader import show
 

@@ -10,7 +10,6 @@ made, so the memory it takes is about the largest weight twice plus the model's 
 from __future__ import annotations
 
 import numbers
-import os
 import time
 
 import numpy as np

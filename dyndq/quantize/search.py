@@ -31,7 +31,7 @@ REFINE = 2  # rounds of (round, least-squares scale) after the best candidate
 def search(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule: str = "matmul") -> Levels:
     """Levels, zero levels and scales chosen by the search (see the module doc)."""
     g = groups.astype(np.float32, copy=False)
-    qmax, half = qmax_of(bits), half_of(bits)
+    qmax = qmax_of(bits)
     best_gain = np.full(g.shape[:-1], -np.inf, np.float32)
     best_scale = np.zeros(g.shape[:-1], np.float32)
     best_zero = np.zeros(g.shape[:-1], np.float32)

@@ -2,7 +2,6 @@
 stats output, s32 inputs of binary ops, unknown dims, output ports naming nothing, linear-time
 import, and the upstream graphs of oneDNN's benchdnn inputs (tests/data/onednn/upstream)."""
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path

@@ -63,7 +63,9 @@ def test_a_shape_within_bounds_but_too_big_for_example_inputs_is_refused_naming_
         onednn.example_inputs(model)
     [p] = e.value.problems
     assert p.argument == f"input {model.graph.input[0].name}" and "17,179,869,184 bytes" in p.found  # f16
-    feeds = onednn.example_inputs(onednn.load(ADD)[0], max_bytes=10**6)  # a budget that fits
+    add = onednn.load(ADD)[0]
+    feeds = onednn.example_inputs(add, max_bytes=10**6)  # a budget that fits
+    assert set(feeds) == {i.name for i in add.graph.input}
     with pytest.raises(dyndq.ValidationError):
         onednn.example_inputs(onednn.load(ADD)[0], max_bytes=8)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
