@@ -34,8 +34,6 @@ from .parallel import TUNING as T  # read at every call: tests and benchmarks tu
 
 __all__ = ["dynamic_dequantize", "dynamic_dequantize_1", "THREADS_ENV"]
 
-_F32 = np.dtype(np.float32)
-
 
 # -- arguments ------------------------------------------------------------------------------
 

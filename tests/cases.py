@@ -458,9 +458,12 @@ REQUIRE_NATIVE_ENV = "DYNDQ_REQUIRE_NATIVE"
 
 
 def native_required() -> bool:
+    """Whether DYNDQ_REQUIRE_NATIVE is set and not to an off value (parallel.switched_off's words)."""
     import os
 
-    return os.environ.get(REQUIRE_NATIVE_ENV, "").lower() not in {"", "0", "off", "false", "no"}
+    from dyndq.kernels.parallel import switched_off
+
+    return bool(os.environ.get(REQUIRE_NATIVE_ENV)) and not switched_off(REQUIRE_NATIVE_ENV)
 
 
 def why_not_native() -> str | None:

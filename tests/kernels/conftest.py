@@ -45,21 +45,12 @@ def kernel_path(request):
         if level is not None:
             stack.enter_context(native.at_level(level))
         if native.built():
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
             for entry in ("dequantize", "dequantize_one"):
-                stack.enter_context(_patched(native._native, entry, _counted(getattr(native._native, entry), calls)))
+                patch.setattr(native._native, entry, _counted(getattr(native._native, entry), calls))
         stack.enter_context(tuned(native=compiled, stream_min=stream_min))
         if compiled:
             want = VARIANTS[native.cpu_level() if level is None else level]
             assert native.info()["entries"]["dequantize"] == want, native.info()
         yield path
         assert bool(calls) == compiled, f"{path}: the compiled kernel was called {len(calls)} times"
-
-
-@contextlib.contextmanager
-def _patched(obj, name, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
