@@ -27,7 +27,8 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
 from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec, dtypes
 
-from .foreign import GraphView, Rewrite, context, inputs_of, new_name, slice_to, stand_in, tensor
+from . import foreign
+from .foreign import GraphView, Rewrite, context, inputs_of, slice_to, stand_in
 from .lowering_context import LoweringContext
 from .onnx_types import attribute_values
 
@@ -372,6 +373,10 @@ def dynamic_dequantize_2(
     if route == "v1":
         return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
     t = scales_spec.dtype
+    if route == "block":
+        grouped = _grouped(group_shape)
+        a = grouped[0] if grouped else 0
+        return _blocked_dequantize_linear(ctx, src, scales, zps, a, group_shape[a], t)
     if route != "integer":
         # float32 in, one rounding to T2 after (ORT's DequantizeLinear has no bfloat16 kernel, and
         # its float16 one drops NaN payloads that its Cast and the kernel keep)
@@ -380,15 +385,9 @@ def dynamic_dequantize_2(
             inputs = [src, _scalar(ctx, scale, "scale")] + ([_scalar(ctx, zps, "zero_point")] if zps else [])
             y = ctx.op("DequantizeLinear", *inputs, hint="dst")
             ctx.form = "DequantizeLinear"
-        elif route == "channel":
+        else:
             y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst")
             ctx.form = "DequantizeLinear"
-        else:
-            grouped = _grouped(group_shape)
-            a = grouped[0] if grouped else 0
-            y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=a,
-                       block_size=int(group_shape[a]), hint="dst")
-            ctx.form = "DequantizeLinear (blocked)"
         if t in ("float16", "bfloat16"):
             return _narrow(ctx, y, t)
         return y
@@ -498,8 +497,8 @@ def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str |
     if isinstance(plan, str):
         return plan
     padding = [(0, p - d) for p, d in zip(padded_shape, codes.shape)]
-    name = new_name(view, x, [node])
-    padded = tensor(np.pad(codes.astype(np.int64), padding).astype(codes.dtype), name)  # (int4 has no np.pad of its own)
+    new = foreign.Constants(view.names)
+    name = new.add(np.pad(codes.astype(np.int64), padding).astype(codes.dtype), x)  # (int4 has no np.pad of its own)
     ctx = context(view, node.name or node.output[0])
     group = plan.attrs["group_shape"]
     dst = ctx.op(OP2.name, name, *plan.inputs[1:], domain=OP2.domain, hint="padded", qtype=PER_GROUP,
@@ -507,4 +506,53 @@ def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str |
     out = slice_to(ctx, dst, axis, codes.shape[axis])
     ctx.output_as(out, node.output[0])
     stand_in(ctx.nodes[-1], node)
-    return Rewrite([node], list(ctx.nodes), [padded], f"DynamicDequantize per_group {list(group)} (padded) + Slice")
+    return foreign.lifted(node, ctx, new, f"DynamicDequantize per_group {list(group)} (padded) + Slice", padded=True)
+
+
+def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t, scale_values=None) -> str:
+    """The "block" route: DequantizeLinear-21 with axis and block_size, in float32 (the scales
+    Cast up first and the product rounded once to T2 after: see `_narrow`)."""
+    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+    y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), block_size=int(block), hint="dst")
+    ctx.form = "DequantizeLinear (blocked)"
+    return _narrow(ctx, y, t) if t in ("float16", "bfloat16") else y
+
+
+def lower_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str | None:
+    """The way back of `lift_padded_blocks`: a DynamicDequantize-2 per_group on constant codes
+    grouped along one axis, whose one reader is a Slice cutting the padding of the last group
+    off that axis, as one blocked DequantizeLinear-21 on the codes without their padding (ONNX
+    allows a short last block; per_group does not).  DequantizeLinear takes that form where
+    ONNX Runtime fuses it with a MatMul reading it, and a Slice in between stops that fusion.
+    None for every other node; a string says why a node of that shape is not taken."""
+    if node.domain != OP2.domain or node.op_type != OP2.name:
+        return None
+    qtype, group = foreign.ddq_attrs(node)
+    src, scales, zps = inputs_of(node, 3)
+    codes = view.constant(src) if src else None
+    grouped = [i for i, g in enumerate(group or ()) if g > 1]
+    if qtype != PER_GROUP or codes is None or codes.ndim != len(group) or len(grouped) != 1:
+        return None
+    axis, block = grouped[0], int(group[grouped[0]])
+    readers = view.consumers(node.output[0])
+    if len(readers) != 1 or view.is_output(node.output[0]) or list(readers[0].input[:1]) != [node.output[0]]:
+        return None
+    cut = readers[0]
+    prefix = foreign.sliced_prefix(view, cut, codes.ndim)
+    if prefix is None or prefix[0] != axis or not codes.shape[axis] - block < prefix[1] < codes.shape[axis]:
+        return None
+    length = prefix[1]
+    s_spec, z_spec = view.spec(scales), view.spec(zps) if zps else None
+    src_type = dtypes.name_of(codes.dtype)
+    if s_spec is None or s_spec.dtype not in _T2 or (zps and (z_spec is None or z_spec.dtype != src_type)):
+        return "the scales' dtype is unknown, or the zero points' dtype is not the codes' (DequantizeLinear needs both)"
+    new = foreign.Constants(view.names)
+    keep = tuple(slice(0, length) if i == axis else slice(None) for i in range(codes.ndim))
+    short = new.add(codes[keep], src)
+    ctx = context(view, cut.name or cut.output[0])
+    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, s_spec.dtype, view.constant(scales))
+    ctx.output_as(y, cut.output[0])
+    stand_in(ctx.nodes[-1], cut)
+    return Rewrite(foreign.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,
+                   "DequantizeLinear (blocked, the last block short)", domains={"": INT4_OPSET},
+                   derived=new.derived, needs_why="blocked DequantizeLinear")

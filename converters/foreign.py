@@ -35,18 +35,22 @@ LIFTED_FROM = "dyndq.lifted_from"
 ACCURACY_LEVEL = "dyndq.accuracy_level"
 # The scales (and A) types ONNX Runtime 1.32's CPU kernels of both contrib ops take.
 RUNTIME_FLOATS = ("float32", "float16")
-# Slice with its bounds as inputs (the lifted form of a padded weight) needs this ai.onnx opset.
+# Slice with its bounds as inputs (the lifted form of a padded weight) needs this ai.onnx opset;
+# Add broadcasting a bias [N] over [..., N] (NumPy's rules) needs this one.
 SLICE_OPSET = 10
+BROADCAST_OPSET = 7
 
 
 @dataclass
 class GraphView:
     """What a foreign converter may read of one graph (the face builds it).
 
-    `constant(name)`: the value of an initializer or a Constant node's output of this graph
-    (None when the value is not a constant there); `consumers(name)`: every node reading the
-    value (in nested graphs too); `is_output(name)`: whether it leaves the graph; `spec(name)`:
-    its known dtype and shape (None when unknown); `names`: every name in use in the model.
+    `constant(name)`: the value of a constant as the graph sees it (an initializer or a
+    Constant node's output of this graph or of a graph enclosing it; None when the value is not
+    a constant); `consumers(name)`: every node of this graph reading the value (a node holding a
+    body that reads it stands for that body's readers); `is_output(name)`: whether it leaves the
+    graph; `spec(name)`: its known dtype and shape (None when unknown, always in a function);
+    `names`: every name in use in the model; `imports`: the opset imports in force there.
     """
 
     constant: Callable[[str], np.ndarray | None]
@@ -55,21 +59,51 @@ class GraphView:
     spec: Callable[[str], TensorSpec | None]
     names: NameScope
     producer: Callable[[str], onnx.NodeProto | None] = lambda name: None
+    imports: dict[str, int] = field(default_factory=dict)  # {domain: version} of the scope's opset imports
+    in_function: bool = False
+
+    @property
+    def opset(self) -> int:
+        """The ai.onnx opset the graph's scope imports (0: none)."""
+        return self.imports.get("", self.imports.get("ai.onnx", 0))
 
 
 @dataclass
 class Rewrite:
     """Nodes that replace nodes: `replaces` leave the graph, `nodes` stand where the last of
-    them stood (in order), `initializers` are added (one with the name of an initializer that
-    only the replaced nodes read takes its place), `form` says in a few words what came out,
-    `notes` what the reader should know of it."""
+    them stood (in order), `initializers` are the new constants (`derived` says, for each one
+    made from a constant of the model, (that constant's name, its role): "" for the value
+    itself in another form, which takes the source's name once nothing else reads it; e.g.
+    "zero_points" for a value made beside it), `form` says in a few words what came out,
+    `notes` what the reader should know of it, `domains` the opset imports the new nodes need
+    (for ai.onnx, "", the lowest version that has them, `needs_why` says why)."""
 
     replaces: list[onnx.NodeProto]
     nodes: list[onnx.NodeProto]
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     form: str = ""
     notes: list[str] = field(default_factory=list)
-    domains: dict[str, int] = field(default_factory=dict)  # opset imports the new nodes need
+    domains: dict[str, int] = field(default_factory=dict)
+    derived: dict[str, tuple[str, str]] = field(default_factory=dict)
+    needs_why: str = ""
+
+
+@dataclass
+class Constants:
+    """The constants a rewrite adds, each with a fresh name and what it was derived from."""
+
+    names: NameScope
+    tensors: list[onnx.TensorProto] = field(default_factory=list)
+    derived: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def add(self, array: np.ndarray, source: str | None, role: str = "", hint: str | None = None) -> str:
+        """A new constant made from the constant `source` (None: from nothing in the model) in
+        `role` ("": the source's value in another form); returns its name."""
+        name = self.names.fresh(hint or (f"{source}_{role}" if role else source))
+        self.tensors.append(tensor(array, name))
+        if source:
+            self.derived[name] = (source, role)
+        return name
 
 
 # -- reading nodes ------------------------------------------------------------------------------
@@ -78,6 +112,26 @@ def inputs_of(node: onnx.NodeProto, count: int) -> list[str | None]:
     """The node's first `count` input names, None for each absent one."""
     names = list(node.input) + [""] * count
     return [n or None for n in names[:count]]
+
+
+def int_attributes(node: onnx.NodeProto, wanted: dict[str, int | None]) -> dict[str, int] | str:
+    """The node's integer attributes among `wanted` (name -> default; None: required), or why not:
+    one missing, given twice, or of another kind than INT (ONNX Runtime refuses such a node too)."""
+    out, seen = {}, set()
+    for a in node.attribute:
+        if a.name not in wanted:
+            continue
+        if a.name in seen:
+            return f"attribute {a.name} given more than once"
+        seen.add(a.name)
+        if a.type != onnx.AttributeProto.INT:
+            kind = onnx.AttributeProto.AttributeType.Name(a.type)
+            return f"attribute {a.name} is {kind}, not INT"
+        out[a.name] = int(a.i)
+    missing = [k for k, default in wanted.items() if default is None and k not in out]
+    if missing:
+        return f"attribute {', '.join(missing)} missing"
+    return {k: out.get(k, default) for k, default in wanted.items()}
 
 
 def ddq_attrs(node: onnx.NodeProto) -> tuple[str, tuple[int, ...] | None]:
@@ -188,6 +242,19 @@ def dynamic_dequantize(ctx: LoweringContext, src: str, scales: str, zps: str | N
     return dst
 
 
+def lifted(node: onnx.NodeProto, ctx: LoweringContext, new: Constants, form: str, *, padded: bool,
+           broadcast: bool = False, notes=()) -> Rewrite:
+    """The Rewrite of a lift: `node` replaced by the context's nodes (DynamicDequantize-2 and
+    standard ops, a Slice among them when `padded`, an Add broadcasting a bias when `broadcast`)."""
+    need, why = 1, ""
+    if broadcast:
+        need, why = BROADCAST_OPSET, "Add broadcasting the bias"
+    if padded:
+        need, why = SLICE_OPSET, "Slice with its bounds as inputs, cutting the padding"
+    return Rewrite([node], list(ctx.nodes), new.tensors, form, list(notes), domains={DOMAIN: 2, "": need},
+                   derived=new.derived, needs_why=why)
+
+
 def slice_to(ctx: LoweringContext, value: str, axis: int, length: int) -> str:
     """value[..., :length, ...] along `axis`: the padding of a blocked axis cut off."""
     return ctx.op("Slice", value, ctx.const(np.array([0], np.int64), "start"),
@@ -260,9 +327,3 @@ def stand_in(new: onnx.NodeProto, old: onnx.NodeProto) -> None:
     new.metadata_props.extend(p for p in old.metadata_props if p.key != ACCURACY_LEVEL)
 
 
-def new_name(view: GraphView, want: str, readers: list[onnx.NodeProto]) -> str:
-    """`want` when the initializer of that name is read only by `readers` (so it is replaced), a
-    fresh name derived from it otherwise."""
-    if view.consumers(want) and all(r in readers for r in view.consumers(want)) and not view.is_output(want):
-        return want
-    return view.names.fresh(want)

@@ -46,15 +46,19 @@ DEFAULTS = {"bits": 4, "block_size": 128, "quantize_axis": 1, "gather_axis": 0}
 
 def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     """The rewrite of one GatherBlockQuantized into DynamicDequantize-2 (+ Slice) + Gather, or why not."""
-    attrs = {**DEFAULTS, **attribute_values(node)}
+    attrs = foreign.int_attributes(node, DEFAULTS)
+    if isinstance(attrs, str):
+        return attrs
     data_name, indices, s, z = foreign.inputs_of(node, 4)
-    bits, block = int(attrs["bits"]), int(attrs["block_size"])
+    bits, block = attrs["bits"], attrs["block_size"]
     data = view.constant(data_name) if data_name else None
     if data is None:
         return "data is not a constant (an initializer or a Constant of this graph)"
     kind = dtypes.name_of(data.dtype)
     if kind not in ("int4", "uint4", "uint8"):
         return f"data is {kind}: DynamicDequantize takes integer codes (int4/uint4/uint8 here)"
+    if data.ndim == 0:
+        return "data is a scalar: GatherBlockQuantized gathers from a tensor of rank 1 or more"
     if kind == "uint8" and bits not in (4, 8):
         return f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes; {bits}-bit codes have no type of its own"
     if kind != "uint8" and bits != 4:
@@ -77,38 +81,34 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     if scales.shape != want:
         return f"scales has shape {list(scales.shape)}, not {list(want)}"
     form = {"op": QUALNAME, "data": kind, "bits": bits,
-            "attributes": {a.name: int(a.i) for a in node.attribute}}
-    readers = [node]
-    inits = []
+            "attributes": {a.name: int(a.i) for a in node.attribute if a.name in DEFAULTS}}
+    new = foreign.Constants(view.names)
     code_type = "uint4" if kind == "uint8" and bits == 4 else kind
     zero_name = None
     if z:
         zero = view.constant(z)
         if zero is None:
             return "zero_points is not a constant"
+        if zero.ndim != rank:
+            return f"zero_points has rank {zero.ndim}, not data's {rank}"
         zero = foreign.unpack(zero, bits) if kind == "uint8" else zero
         if dtypes.name_of(zero.dtype) != kind or zero.shape[:-1] != want[:-1] or zero.shape[-1] < want[-1] \
                 or (kind != "uint8" and zero.shape != want):
             return f"zero_points (as codes) have shape {list(zero.shape)}, not {list(want)}"
         form["zero_points"] = "given"
         zero = zero[..., :want[-1]]
-        if kind == "uint8":
-            zero_name = foreign.new_name(view, z, readers)
-            inits.append(foreign.tensor(foreign.as_codes(zero, code_type), zero_name))
-        else:
-            zero_name = z
-    elif kind == "uint8":
-        form["zero_points"] = "absent"
-        zero_name = view.names.fresh(f"{data_name}_zero_points")
-        inits.append(foreign.tensor(foreign.as_codes(np.full(want, 1 << (bits - 1)), code_type), zero_name))
     padded = blocks * block != length
     if kind == "uint8" or padded:
         padding = [(0, blocks * block - length) if i == qa else (0, 0) for i in range(rank)]
         full = np.pad(codes.astype(np.int64), padding) if padded else codes
-        code_name = foreign.new_name(view, data_name, readers)
-        inits.insert(0, foreign.tensor(foreign.as_codes(full, code_type), code_name))
+        code_name = new.add(foreign.as_codes(full, code_type), data_name)
     else:
         code_name = data_name
+    if z:
+        zero_name = new.add(foreign.as_codes(zero, code_type), z) if kind == "uint8" else z
+    elif kind == "uint8":
+        form["zero_points"] = "absent"
+        zero_name = new.add(foreign.as_codes(np.full(want, 1 << (bits - 1)), code_type), data_name, "zero_points")
 
     base = node.name or node.output[0]
     ctx = foreign.context(view, base)
@@ -120,7 +120,7 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     ctx.output_as(out, node.output[0])
     foreign.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    return Rewrite([node], list(ctx.nodes), inits, shown)
+    return foreign.lifted(node, ctx, new, shown, padded=padded)
 
 
 # == lowering ==================================================================================
@@ -177,11 +177,10 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
         data_type, bits = "uint8", 4
     default = 1 << (bits - 1) if data_type == "uint8" else 0
     replaced = foreign.chain_nodes(view, [node] + nodes + [gather])
-    inits = []
+    new = foreign.Constants(view.names)
     rewritten = packed4 or shift or length != codes.shape[qa]
-    data_name = foreign.new_name(view, src, replaced) if rewritten else src
-    if rewritten:
-        inits.append(foreign.tensor(foreign.pack(values, 4) if packed4 else foreign.as_codes(values, data_type), data_name))
+    data_name = new.add(foreign.pack(values, 4) if packed4 else foreign.as_codes(values, data_type), src) \
+        if rewritten else src
     inputs = [data_name, gather.input[1], s]
     if form.get("zero_points") == "given" or np.any(zero_values != default):
         if z and not rewritten and dtypes.name_of(zero.dtype) == data_type:
@@ -193,9 +192,7 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
                 zero_data = foreign.pack(rows, 4)
             else:
                 zero_data = foreign.as_codes(zero_values, data_type)
-            name = foreign.new_name(view, z, replaced) if z else view.names.fresh(f"{data_name}_zero_points")
-            inits.append(foreign.tensor(zero_data, name))
-            inputs.append(name)
+            inputs.append(new.add(zero_data, z) if z else new.add(zero_data, src, "zero_points"))
     attrs = {"block_size": block, "gather_axis": ga, "quantize_axis": qa, "bits": bits}
     # the attributes the lifted node had, as it wrote them (a negative axis stays negative), else the
     # ones that differ from their defaults and those ONNX Runtime's quantizer writes
@@ -212,4 +209,4 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
     fused = onnx.helper.make_node(OP, inputs, [gather.output[0]], domain=MS_DOMAIN, **kept)
     foreign.stand_in(fused, gather)
     shown = f"{QUALNAME} ({data_type} data, block_size {block}, quantize_axis {qa}, gather_axis {ga})"
-    return Rewrite(replaced, [fused], inits, shown, domains={MS_DOMAIN: MS_OPSET})
+    return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)

@@ -41,7 +41,6 @@ from dyndq.opdefs import PER_GROUP, dtypes
 
 from . import foreign
 from .foreign import RUNTIME_FLOATS, ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
-from .onnx_types import attribute_values
 
 OP = "MatMulNBits"
 SOURCE = (MS_DOMAIN, OP)
@@ -57,18 +56,18 @@ def absent_zero_point(bits: int) -> int:
 
 def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     """The rewrite of one MatMulNBits into DynamicDequantize-2 + MatMul (+ Slice, Add), or why not."""
-    attrs = attribute_values(node)
+    attrs = foreign.int_attributes(node, {"K": None, "N": None, "block_size": None, "bits": 4, "accuracy_level": 0,
+                                          "weight_prepacked": 0})
+    if isinstance(attrs, str):
+        return attrs
     a, b, s, z, g, bias = foreign.inputs_of(node, 6)
-    missing = [k for k in ("K", "N", "block_size") if k not in attrs]
-    if missing:
-        return f"attribute {', '.join(missing)} missing"
-    K, N, bits, block = int(attrs["K"]), int(attrs["N"]), int(attrs.get("bits", 4)), int(attrs["block_size"])
+    K, N, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     if bits not in (4, 8):
         return (f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes (int4/uint4, int8/uint8); "
                 f"{bits}-bit codes have no type of its own")
     if not foreign.power_of_two_block(block):
         return f"block_size {block}: MatMulNBits takes powers of two from 16"
-    if attrs.get("weight_prepacked", 0):
+    if attrs["weight_prepacked"]:
         return f"weight_prepacked={attrs['weight_prepacked']}: B is in an execution provider's own layout"
     if K <= 0 or N <= 0:
         return f"K={K}, N={N}: an empty weight"
@@ -85,46 +84,72 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     if scales.shape not in ((N, blocks), (N * blocks,)):
         return f"scales has shape {list(scales.shape)}, not {[N, blocks]} or {[N * blocks]}"
     form = {"op": QUALNAME, "scales_shape": list(scales.shape)}
-    notes = []
     zero, problem = _lift_zero_points(view, z, N, blocks, bits, t, form)
     if problem:
         return problem
-    if zero is None:
-        zero = np.full((N, blocks), absent_zero_point(bits), np.int64)
     if g:
         index = view.constant(g)
         if index is None:
             return "g_idx is not a constant"
-        if not np.array_equal(index.astype(np.int64).ravel(), np.arange(index.size) // block) or index.size not in (K, blocks * block):
+        if index.dtype.kind not in "iu" or index.size not in (K, blocks * block) \
+                or not np.array_equal(index.astype(np.int64).ravel(), np.arange(index.size) // block):
             return "g_idx is not the identity (act-order groups are not contiguous blocks)"
+        if bits != 4:
+            return f"g_idx with {bits}-bit codes: ONNX Runtime's CPU kernel takes g_idx with 2- and 4-bit codes only"
+        if form["zero_points"] == "packed":
+            return ("g_idx with packed zero points: ONNX Runtime's kernel takes 2^(bits-1) for every zero point "
+                    "there, whatever they hold, which is no form of DynamicDequantize's")
         form["g_idx"] = [g, list(index.shape), dtypes.name_of(index.dtype)]
-    if form["zero_points"] == "float":
-        notes.append(f"{QUALNAME} {node.name or node.output[0]!r}: float zero points lifted as integers: "
-                     "ONNX Runtime's CPU kernel computes q*scale - zp*scale for them, which can differ from "
-                     "(q - zp)*scale in the last bit")
-
-    readers = [node]
-    code_type = "uint4" if bits == 4 else "uint8"
+    if zero is None:
+        zero = np.full((N, blocks), absent_zero_point(bits), np.int64)
     q = foreign.unpack(codes.reshape(N, blocks * blob), bits).T  # [K_pad, N]
+    if form["zero_points"] == "float" or g:
+        # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
+        # (q - zp)*scale: lifted only where the two agree on every weight
+        differ = _float_zero_point_differences(q, scales.reshape(N, blocks).T, zero.T, block, K)
+        if differ:
+            return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
+                    f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
+
+    code_type = "uint4" if bits == 4 else "uint8"
     zps_type = code_type if zero.min() >= 0 and zero.max() < (1 << bits) else "int32"
-    inits = [foreign.tensor(foreign.as_codes(q, code_type), foreign.new_name(view, b, readers)),
-             foreign.tensor(np.ascontiguousarray(scales.reshape(N, blocks).T), foreign.new_name(view, s, readers))]
-    zps_name = foreign.new_name(view, z, readers) if z else view.names.fresh(f"{b}_zero_points")
-    inits.append(foreign.tensor(foreign.as_codes(zero.T, zps_type), zps_name))
+    new = foreign.Constants(view.names)
+    codes_name = new.add(foreign.as_codes(q, code_type), b)
+    scales_name = new.add(np.ascontiguousarray(scales.reshape(N, blocks).T), s)
+    zps_name = new.add(foreign.as_codes(zero.T, zps_type), z) if z else new.add(
+        foreign.as_codes(zero.T, zps_type), b, "zero_points")
 
     base = node.name or node.output[0]
     ctx = foreign.context(view, base)
-    w = foreign.dynamic_dequantize(ctx, inits[0].name, inits[1].name, zps_name, (block, 1), form)
-    if blocks * block != K:
+    w = foreign.dynamic_dequantize(ctx, codes_name, scales_name, zps_name, (block, 1), form)
+    padded = blocks * block != K
+    if padded:
         w = foreign.slice_to(ctx, w, 0, K)
     y = ctx.op("MatMul", a, w, hint="matmul")
-    foreign.remember(ctx.nodes[-1], ACCURACY_LEVEL, str(int(attrs.get("accuracy_level", 0))))
+    foreign.remember(ctx.nodes[-1], ACCURACY_LEVEL, str(attrs["accuracy_level"]))
     if bias:
         y = ctx.op("Add", y, bias, hint="biased")
     ctx.output_as(y, node.output[0])
     foreign.stand_in(ctx.nodes[-1], node)
-    shown = f"DynamicDequantize per_group [{block}, 1] + {'Slice + ' if blocks * block != K else ''}MatMul" + (" + Add" if bias else "")
-    return Rewrite([node], list(ctx.nodes), inits, shown, notes)
+    shown = f"DynamicDequantize per_group [{block}, 1] + {'Slice + ' if padded else ''}MatMul" + (" + Add" if bias else "")
+    return foreign.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias))
+
+
+def _float_zero_point_differences(q, scales, zero, block: int, K: int) -> int:
+    """How many of the K rows' weights ONNX Runtime's q*scale - zp*scale (float32 products and
+    difference, then rounded to the scales' type; measured on 1.32's CPU kernel) gives another
+    value than DynamicDequantize's (q - zp)*scale.  Values, not bits: the sign of a zero weight
+    (ONNX Runtime's +0 where q = zp under a negative scale, ours -0) is not seen through a
+    MatMul, whose sums start at +0.  q [K_pad, N]; scales, zero [n_blocks, N]."""
+    from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2
+
+    s32 = np.repeat(scales.astype(np.float32), block, axis=0)[:K]
+    theirs = (q[:K].astype(np.float32) * s32 - np.repeat(zero.astype(np.float32), block, axis=0)[:K] * s32)
+    ours = DYNAMIC_DEQUANTIZE_2.kernel(foreign.as_codes(q, "uint8"), scales, zero.astype(np.int32), qtype=PER_GROUP,
+                                       group_shape=(block, 1))[:K]
+    theirs = theirs.astype(scales.dtype).astype(np.float32)
+    ours = ours.astype(np.float32)
+    return int(np.count_nonzero((theirs != ours) & ~(np.isnan(theirs) & np.isnan(ours))))
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
@@ -202,27 +227,23 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
 
     bias, last = _bias(view, matmul, N, t)
     replaced = foreign.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
-    readers = replaced
     q = (codes.astype(np.int64) + shift).T  # [N, K_pad]
-    b_name = foreign.new_name(view, src, readers)
+    new = foreign.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
-    inits = [foreign.tensor(foreign.pack(q, bits).reshape(N, blocks, block * bits // 8), b_name),
-             foreign.tensor(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]),
-                            foreign.new_name(view, s, readers))]
-    inputs = [a, b_name, inits[1].name]
+    inputs = [a, new.add(foreign.pack(q, bits).reshape(N, blocks, block * bits // 8), src),
+              new.add(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]), s)]
     zp_form = form.get("zero_points", "packed" if np.any(zero != absent_zero_point(bits)) else "absent")
     if zp_form == "absent" and np.any(zero != absent_zero_point(bits)):
         zp_form = "packed"  # the codes were changed since the lift: the zero points are needed now
     if zp_form != "absent":
-        inits.append(_zero_points(zero.T, bits, zp_form, form, t, foreign.new_name(view, z, readers) if z else
-                                  view.names.fresh(f"{b_name}_zero_points")))
-        inputs.append(inits[-1].name)
+        zero_points = _zero_points(zero.T, bits, zp_form, form, t)
+        inputs.append(new.add(zero_points, z) if z else new.add(zero_points, src, "zero_points"))
     if "g_idx" in form:
         name, shape, kind = form["g_idx"]
-        if int(np.prod(shape)) in (K, k_pad) and name not in view.names.used:
-            inputs += [""] * (4 - len(inputs)) + [name]
-            view.names.used.add(name)
-            inits.append(foreign.tensor((np.arange(int(np.prod(shape))) // block).astype(kind).reshape(shape), name))
+        if int(np.prod(shape)) in (K, k_pad):
+            inputs += [""] * (4 - len(inputs))
+            inputs.append(new.add((np.arange(int(np.prod(shape))) // block).astype(kind).reshape(shape), src, "g_idx",
+                                  hint=name if name not in view.names.used else None))
     if bias:
         inputs += [""] * (5 - len(inputs)) + [bias]
     level, why = _accuracy_level(accuracy_level, matmul)
@@ -231,7 +252,7 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
                                   block_size=block)
     foreign.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
-    return Rewrite(replaced, [fused], inits, shown, domains={MS_DOMAIN: MS_OPSET})
+    return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
 
 
 def _bias(view: GraphView, matmul, N: int, t: str):
@@ -250,7 +271,7 @@ def _bias(view: GraphView, matmul, N: int, t: str):
     return other, add
 
 
-def _zero_points(zero: np.ndarray, bits: int, form_name: str, form: dict, t: str, name: str) -> onnx.TensorProto:
+def _zero_points(zero: np.ndarray, bits: int, form_name: str, form: dict, t: str) -> np.ndarray:
     """MatMulNBits' zero points from unsigned int64 [N, blocks]: packed uint8 rows (padded with the
     value the lifted node had, 2^(bits-1) by default, as ONNX Runtime's quantizer writes), or
     floats of the scales' type when the lifted node had those."""
@@ -258,13 +279,13 @@ def _zero_points(zero: np.ndarray, bits: int, form_name: str, form: dict, t: str
     shape = form.get("zero_points_shape")
     if form_name == "float":
         values = zero.astype(dtypes.by_name(t).numpy)
-        return foreign.tensor(values.reshape(shape) if shape and int(np.prod(shape)) == zero.size else values, name)
+        return values.reshape(shape) if shape and int(np.prod(shape)) == zero.size else values
     per = 8 // bits
     pad = (-blocks) % per
     fill = form.get("zero_points_padding", absent_zero_point(bits))
     rows = np.concatenate([zero, np.full((N, pad), fill, np.int64)], axis=1) if pad else zero
     packed = foreign.pack(rows, bits)
-    return foreign.tensor(packed.reshape(shape) if shape and int(np.prod(shape)) == packed.size else packed, name)
+    return packed.reshape(shape) if shape and int(np.prod(shape)) == packed.size else packed
 
 
 def _accuracy_level(asked: int | None, matmul) -> tuple[int, str]:

@@ -21,14 +21,14 @@ import onnx
 from dyndq.build import ORT_MAX_OPSET, ir_version_for
 from dyndq.checker import check, input_specs, model_of, value_types
 from dyndq.converters import FOREIGN, TARGETS
-from dyndq.converters.foreign import MS_DOMAIN, MS_OPSET
+from dyndq.converters import dynamic_dequantize as short_blocks
 from dyndq.converters.lowering_context import LoweringContext, NameScope
 from dyndq.converters.onnx_types import attribute_values
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
 from dyndq.graphs import (ai_onnx_version, all_names, function_path, graphs, op_version, scope_opsets, subgraph_path,
                           subgraphs, walk, with_nested)
 from dyndq.opdefs import DOMAIN, Needs, OpVersion, ValidationError, domains
-from dyndq.rewrites import rewrite_model, uses_domain
+from dyndq.rewrites import rewrite_model
 
 # Model-local functions need at least this IR version.
 _FUNCTIONS_IR = 8
@@ -163,6 +163,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if report.converted:
         types = value_types(out)
 
+    _join_short_blocks(out, types, names, report)
     _lower_graph(out.graph, "main", scope_opsets(out.opset_import), target, names, types.specs_at, report)
     for k, n in enumerate(report.lowered):
         if n.node in why_standard:
@@ -220,18 +221,15 @@ def _for_target(out: onnx.ModelProto, target: str, accuracy_level, types, report
     (by node name), and for "onnx" each lifted contrib node's DynamicDequantize (by name) ->
     (its entry in report.foreign, the standard ops after it)."""
     names = NameScope(all_names(out))
-    opsets = scope_opsets(out.opset_import)
     if TARGETS[target]:
-        return _write_contrib_ops(out, TARGETS[target], accuracy_level, types, names, opsets, report), {}
+        return _write_contrib_ops(out, TARGETS[target], accuracy_level, types, names, report), {}
     lifted: dict[str, tuple[int, list[str]]] = {}
-    if not any(o.domain == MS_DOMAIN for o in out.opset_import):
-        return {}, lifted
 
     def lift(node, view):
         module = FOREIGN.get((node.domain, node.op_type))
         return None if module is None else module.lift(node, view)
 
-    for o in rewrite_model(out, lift, types, names):
+    for o in rewrite_model(out, lift, types, names):  # (the walker imports our domain where it writes it)
         op = f"{o.node.domain}::{o.node.op_type}"
         if o.rewrite is None:
             report.foreign.append(ForeignNode(o.graph, o.name, op, "kept", f"no standard form: {o.reason}"))
@@ -240,22 +238,21 @@ def _for_target(out: onnx.ModelProto, target: str, accuracy_level, types, report
         rest = [n.op_type for n in o.rewrite.nodes if n.domain in ("", "ai.onnx") and n.op_type != "Constant"]
         lifted[ours.name] = (len(report.foreign), rest)
         report.foreign.append(ForeignNode(o.graph, o.name, op, o.rewrite.form, "target onnx: standard ONNX only"))
-    if lifted:
-        _set_opset(out.opset_import, DOMAIN, max(2, opsets.get(DOMAIN, 0)))
-        if not uses_domain(out, MS_DOMAIN):
-            _drop_opset(out.opset_import, MS_DOMAIN)
     return {}, lifted
 
 
-def _write_contrib_ops(out, lowerings, accuracy_level, types, names, opsets, report) -> dict[str, str]:
+def _write_contrib_ops(out, lowerings, accuracy_level, types, names, report) -> dict[str, str]:
     for site in walk(out):
         if (site.node.domain, site.node.op_type) in FOREIGN:
             report.foreign.append(ForeignNode(site.graph, site.node.name or site.node.output[0],
                                               f"{site.node.domain}::{site.node.op_type}", "kept",
                                               "already ONNX Runtime's form"))
 
+    ops = {}  # id(node) -> the op version it resolved to where it stood
+
     def convert(node, view):
-        if op_version(node, opsets) is None:
+        ops[id(node)] = op_version(node, view.imports)
+        if ops[id(node)] is None:
             return None
         reasons = []
         for module in lowerings:
@@ -265,21 +262,36 @@ def _write_contrib_ops(out, lowerings, accuracy_level, types, names, opsets, rep
             reasons.append(f"not {module.OP}: {result}")
         return "; ".join(reasons)
 
-    def in_function(node):
-        return "inside a model-local function: its weights are not constants" if node.domain in domains() else None
-
     why = {}
-    outcomes = rewrite_model(out, convert, types, names, in_functions=in_function)
-    for o in outcomes:
+    for o in rewrite_model(out, convert, types, names):
         if o.rewrite is None:
             why[o.name] = o.reason
             continue
-        op = op_version(o.node, opsets)
+        op = ops[id(o.node)]
         report.foreign.append(ForeignNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", o.rewrite.form,
                                           "constant weights that op expresses exactly"))
-    if any(o.rewrite for o in outcomes):
-        _set_opset(out.opset_import, MS_DOMAIN, MS_OPSET)
     return why
+
+
+def _join_short_blocks(out: onnx.ModelProto, types, names: NameScope, report: ExportReport) -> None:
+    """A DynamicDequantize per_group on padded constant codes and the Slice cutting the padding
+    off (how a blocked DequantizeLinear whose last block is short is lifted) become that
+    DequantizeLinear again, for every target: ONNX Runtime fuses it with the MatMul it feeds
+    (a Slice in between stops the fusion), and lift then export gives the model back."""
+    ops = {}
+
+    def convert(node, view):
+        op = op_version(node, view.imports)
+        if op is None:
+            return None
+        ops[id(node)] = op
+        return short_blocks.lower_padded_blocks(node, view)
+
+    for o in rewrite_model(out, convert, types, names):
+        if o.rewrite is not None:
+            op = ops[id(o.node)]
+            report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", _attrs(op, o.node),
+                                              o.rewrite.form, len(o.rewrite.nodes)))
 
 
 # -- opsets -------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ graph and its bodies, a function's own for its nodes, as ONNX resolves them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import onnx
 from onnx import AttributeProto
@@ -129,3 +129,99 @@ def all_names(model: onnx.ModelProto) -> set[str]:
         names.update(f.output)
     names.discard("")
     return names
+
+
+@dataclass(eq=False)
+class Scope:
+    """One list of nodes a rewrite edits: the main graph, a model-local function, or a graph
+    nested in either (an If branch, a Loop or Scan body), with what names resolve against it.
+
+    `nodes` is the proto's own repeated field (editing it edits the model); `graph` the graph
+    (None for a function's own nodes); `parent` the scope enclosing it (None for the main graph
+    and a function); `imports` the opset imports in force (the model's, or the function's)."""
+
+    path: str
+    nodes: Any
+    graph: onnx.GraphProto | None
+    imports: Any
+    parent: "Scope | None" = None
+    function: onnx.FunctionProto | None = None
+    _defines: set | None = field(default=None, repr=False)
+    _constants: dict | None = field(default=None, repr=False)
+
+    @property
+    def in_function(self) -> bool:
+        return self.function is not None
+
+    @property
+    def top(self) -> "Scope":
+        return self if self.parent is None else self.parent.top
+
+    @property
+    def top_imports(self):
+        return self.imports
+
+    @property
+    def outputs(self) -> list[str]:
+        if self.graph is not None:
+            return [o.name for o in self.graph.output]
+        return list(self.function.output)
+
+    def defines(self) -> set[str]:
+        """The names this scope gives a value: its inputs, initializers and node outputs
+        (a nested scope's own are not among them).  Cached until `changed()`."""
+        if self._defines is None:
+            names = {o for node in self.nodes for o in node.output}
+            if self.graph is not None:
+                names.update(vi.name for vi in self.graph.input)
+                names.update(t.name for t in self.graph.initializer)
+            else:
+                names.update(self.function.input)
+            names.discard("")
+            self._defines = names
+        return self._defines
+
+    def constant(self, name: str) -> onnx.TensorProto | None:
+        """The tensor of one of this scope's constants: an initializer that is not also a graph
+        input, or the `value` of a Constant node (None for any other name).  Cached until `changed()`."""
+        if self._constants is None:
+            found = {}
+            for node in self.nodes:
+                if is_constant_node(node) and node.attribute[0].name == "value":
+                    found[node.output[0]] = node.attribute[0].t
+            if self.graph is not None:
+                fed = {vi.name for vi in self.graph.input}
+                found.update((t.name, t) for t in self.graph.initializer if t.name not in fed)
+            self._constants = found
+        return self._constants.get(name)
+
+    def changed(self) -> None:
+        self._defines = self._constants = None
+
+
+def scopes(model: onnx.ModelProto) -> list[Scope]:
+    """Every scope of the model in pre-order: the main graph, the graphs nested in it (each
+    right after the graph holding it), then each model-local function and its nested graphs.
+    Reversed, every body comes before the graph that holds it."""
+    main = Scope("main", model.graph.node, model.graph, model.opset_import)
+    out = [main] + scopes_under(main)
+    for f in model.functions:
+        top = Scope(function_path(f), f.node, None, f.opset_import, function=f)
+        out += [top] + scopes_under(top)
+    return out
+
+
+def scopes_under(scope: Scope) -> list[Scope]:
+    """The scopes nested in `scope`, at any depth, in pre-order."""
+    out = []
+    for i, node in enumerate(scope.nodes):
+        for label, g in subgraphs(node):
+            inner = Scope(subgraph_path(scope.path, node, i, label), g.node, g, scope.imports, scope, scope.function)
+            out += [inner] + scopes_under(inner)
+    return out
+
+
+def is_constant_node(node: onnx.NodeProto) -> bool:
+    """A Constant node of ai.onnx with its one output and its one value attribute."""
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 \
+        and len(node.attribute) == 1

@@ -38,12 +38,11 @@ from dyndq.build import make_node, opset_import
 from dyndq.checker import model_of, value_types
 from dyndq.converters import FOREIGN
 from dyndq.converters.dynamic_dequantize import lift_padded_blocks
-from dyndq.converters.foreign import MS_DOMAIN
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import repeated_attributes
 from dyndq.graphs import all_names, function_path, walk
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, LiftPlan, all_versions, lifters
-from dyndq.rewrites import rewrite_model, uses_domain
+from dyndq.opdefs import LiftPlan, all_versions, lifters
+from dyndq.rewrites import rewrite_model
 
 # int4/uint4 tensors (lifted codes and zero points) need this IR version.
 _INT4_IR = 10
@@ -169,20 +168,14 @@ def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:
             return padded if not isinstance(padded, str) else None  # (the op versions' lifting tells why)
         return module.lift(node, view)
 
-    def in_function(node):
-        return "inside a model-local function: its weights are not initializers" if (node.domain, node.op_type) in FOREIGN else None
-
-    outcomes = rewrite_model(out, convert, value_types(out), NameScope(all_names(out)), in_functions=in_function)
+    outcomes = rewrite_model(out, convert, value_types(out), NameScope(all_names(out)))
     for o in outcomes:
         if o.rewrite is None:
-            report.skipped.append(SkippedNode(o.graph, o.name, o.reason, f"{o.node.domain}::{o.node.op_type}"))
+            op = f"{o.node.domain}::{o.node.op_type}" if o.node.domain else o.node.op_type
+            report.skipped.append(SkippedNode(o.graph, o.name, o.reason, op))
             continue
         report.lifted.append((o.graph, o.name, o.rewrite.form))
         report.sources.append(o.node.op_type)
         report.notes.extend(o.rewrite.notes)
-    if report.lifted:
-        _ensure_domain(out.opset_import, DOMAIN, DYNAMIC_DEQUANTIZE_2.since_version)
+    if report.lifted:  # (the walker imported our domain where it wrote nodes of it)
         out.ir_version = max(out.ir_version, _INT4_IR)
-        if not uses_domain(out, MS_DOMAIN):
-            for o in [o for o in out.opset_import if o.domain == MS_DOMAIN]:
-                out.opset_import.remove(o)

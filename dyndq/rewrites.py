@@ -1,24 +1,44 @@
-"""Applying the foreign converters' rewrites (converters/foreign.py) to a model, graph by graph.
+"""The one walker every rewrite of a model goes through: lift, export (each target) and quantize.
 
-`lift` and `export` both rewrite several nodes at once and the weights they read (a
-MatMulNBits into DynamicDequantize + MatMul, and back).  Here the face builds each
-converter's `GraphView` of a graph, asks the converter about each candidate node,
-and applies what comes back: the replaced nodes leave, the new ones stand where the
-last of them stood, an initializer that only the replaced nodes read is replaced in
-place (keeping its position), and initializers nothing reads any more are dropped.
-The main graph and every nested graph are rewritten; model-local functions are not
-(they hold no initializers: their weights are not constants).
+A rewrite replaces some nodes of one graph by others and adds the constants they read (a
+MatMulNBits into DynamicDequantize + MatMul and back; a DynamicDequantize and the Slice after
+it into one DequantizeLinear).  `rewrite_model` asks `convert(node, view)` about every node of
+every scope (the main graph, each If/Loop/Scan body at any depth, each model-local function
+and the bodies in it) and applies what comes back, so that every command reaches every graph
+the same way:
+
+- Children before parents, and in place.  Replacing nodes by `del` + `extend` copies the
+  nodes kept, If/Loop/Scan nodes with their bodies among them, and a body collected before
+  is then detached: edits made to it afterwards are lost.  So a body is rewritten before the
+  graph that holds it, and nodes are removed and inserted one by one, never copied.
+- Constants are looked up as ONNX scopes names: an initializer (that is not also a graph
+  input) or a Constant node of the graph, else of the graph enclosing it.  In a function,
+  Constant nodes are the only constants, and new constants are written as Constant nodes.
+- One weight, one copy: a new constant is `derived` from a constant of the model (its
+  source) with a role; two rewrites deriving equal tensors from one source share one tensor
+  (two MatMulNBits reading one B give one set of codes, and back).  New constants stand in
+  the scope that holds their source, so a body and its parent share them too.
+- Names given back: once no node reads a source any more it is removed, and when one tensor
+  was derived from it in the role "" (the value itself, in another form) that tensor takes
+  its name and its place (an initializer's position; a Constant node's).  Lift then export
+  gives back the initializers of the model as they were.
+- Opset imports: a rewrite names the domains its nodes need (`Rewrite.domains`).  Each is
+  imported by the scope (the model or the function) when it is not; for ai.onnx ("") it is a
+  minimum, never raised here: a rewrite that needs a newer ai.onnx than its scope imports is
+  refused, naming both (raising it would convert every other node of the model).  A domain
+  whose nodes were all replaced leaves the scope's imports.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import onnx
+from onnx import numpy_helper
 
 from dyndq.converters.foreign import GraphView, Rewrite
 from dyndq.converters.lowering_context import NameScope
-from dyndq.graphs import function_path, graphs, subgraph_path, subgraphs, with_nested
+from dyndq.graphs import Scope, ai_onnx_version, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
 
 
 @dataclass(frozen=True)
@@ -35,148 +55,272 @@ class Outcome:
         return self.node.name or self.node.output[0]
 
 
-@dataclass
-class _Graph:
-    """One graph, indexed for the converters' questions."""
-
-    graph: onnx.GraphProto
-    path: str
-    spec: Callable
-    names: NameScope
-    readers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
-    makers: dict[str, onnx.NodeProto] = field(default_factory=dict)
-    cache: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        for node in self.graph.node:
-            for name in node.output:
-                self.makers[name] = node
-            for reader in with_nested(node):
-                for name in dict.fromkeys(reader.input):
-                    if name:
-                        self.readers.setdefault(name, []).append(reader if reader is node else node)
-        self.outputs = {o.name for o in self.graph.output}
-        self.inputs = {i.name for i in self.graph.input}
-        self.initializers = {t.name: t for t in self.graph.initializer}
-
-    def constant(self, name: str):
-        """The value of an initializer (not overridable as a graph input) or of a Constant node."""
-        if name in self.cache:
-            return self.cache[name]
-        value = None
-        if name in self.initializers and name not in self.inputs:
-            value = onnx.numpy_helper.to_array(self.initializers[name])
-        elif name in self.makers and self.makers[name].op_type == "Constant" and self.makers[name].domain in ("", "ai.onnx"):
-            attrs = {a.name: a for a in self.makers[name].attribute}
-            if "value" in attrs:
-                value = onnx.numpy_helper.to_array(attrs["value"].t)
-        self.cache[name] = value
-        return value
-
-    def view(self) -> GraphView:
-        return GraphView(constant=self.constant, consumers=lambda n: self.readers.get(n, []),
-                         is_output=lambda n: n in self.outputs, spec=self.spec, names=self.names,
-                         producer=self.makers.get)
+Convert = Callable[[onnx.NodeProto, GraphView], "Rewrite | str | None"]
 
 
-def graph_paths(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.GraphProto]]:
-    """(path, graph) for the main graph and every graph nested in it, at any depth (paths as the walker's)."""
-    def nested(graph, path):
-        yield path, graph
-        for i, node in enumerate(graph.node):
-            for label, g in subgraphs(node):
-                yield from nested(g, subgraph_path(path, node, i, label))
+def rewrite_model(model: onnx.ModelProto, convert: Convert, types, names: NameScope) -> list[Outcome]:
+    """Ask `convert(node, view)` about every node of every scope of `model` (children first;
+    None: not a node it takes; a string: why it does not) and apply its rewrites to `model`,
+    in place.  Returns what it said of each node it took, in the model's order."""
+    walk = _Walk(model, types, names)
+    said = {}
+    for scope in reversed(walk.scopes):  # (pre-order reversed: every body before the graph holding it)
+        said[id(scope)] = walk.rewrite(scope, convert)
+    walk.finish()
+    return [o for scope in walk.scopes for o in said[id(scope)]]  # (told in the model's order)
 
-    yield from nested(model.graph, "main")
 
+class _Walk:
+    def __init__(self, model, types, names):
+        self.model, self.types, self.names = model, types, names
+        self.scopes = scopes(model)
+        self.derived: dict[tuple, str] = {}  # (holder path, source, role, tensor bytes) -> the tensor's name
+        self.made: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (holder path, source) -> [(name, role)]
+        self.holders: dict[str, Scope] = {s.path: s for s in self.scopes}
+        self.candidates: set[str] = set()  # constants a rewrite stopped reading: removed at the end if unread
+        self.replaced_domains: dict[int, set[str]] = {}  # id(top scope) -> the domains of nodes replaced there
 
-def rewrite_model(model: onnx.ModelProto, convert: Callable[[onnx.NodeProto, GraphView], Rewrite | str | None],
-                  types, names: NameScope, *, in_functions: Callable[[onnx.NodeProto], str | None] | None = None
-                  ) -> list[Outcome]:
-    """Ask `convert(node, view)` about every node of every graph (None: not a node it takes),
-    apply the rewrites, and return what it said of each node it took.  `in_functions(node)` gives
-    the reason a node inside a model-local function is left alone (None: not a candidate)."""
-    outcomes: list[Outcome] = []
-    for path, graph in list(graph_paths(model)):
-        indexed = _Graph(graph, path, types.specs_at(path), names)
-        view = indexed.view()
-        done = []
-        for node in list(graph.node):
+    # -- one scope ------------------------------------------------------------------------
+
+    def rewrite(self, scope: Scope, convert: Convert) -> list[Outcome]:
+        snapshot = list(scope.nodes)
+        index = _Index(scope, snapshot)
+        imports = scope_opsets(scope.imports)
+        # a function importing no ai.onnx gets the model's when a rewrite writes ai.onnx nodes into it
+        opset = ai_onnx_version(scope.imports) or (ai_onnx_version(self.model.opset_import) or 0) * scope.in_function
+        decoded = {}  # (a weight read twice while judging one node is decoded once; never kept longer)
+
+        def constant(name):
+            if name not in decoded:
+                decoded[name] = _constant(scope, name)
+            return decoded[name]
+
+        view = GraphView(constant=constant, consumers=index.readers,
+                         is_output=lambda name: name in index.outputs, spec=self.types.specs_at(scope.path),
+                         names=self.names, producer=index.makers.get, imports=imports, in_function=scope.in_function)
+        outcomes, applied, taken = [], [], set()
+        for node in snapshot:
+            if id(node) in taken:
+                continue
             result = convert(node, view)
-            indexed.cache.clear()  # (decoded weights are not kept from node to node: a big model's would add up)
+            decoded.clear()
             if result is None:
                 continue
             if isinstance(result, Rewrite):
-                done.append(result)
-                outcomes.append(Outcome(path, node, rewrite=result))
-            else:
-                outcomes.append(Outcome(path, node, reason=str(result)))
-        if done:
-            _apply(graph, done)
-    if in_functions is not None:
-        for f in model.functions:
-            for node in f.node:
-                for inner in with_nested(node):
-                    reason = in_functions(inner)
-                    if reason is not None:
-                        outcomes.append(Outcome(function_path(f), inner, reason=reason))
-    if any(o.rewrite for o in outcomes):
-        _drop_unread_initializers(model, {name for o in outcomes if o.rewrite for n in o.rewrite.replaces for name in n.input})
-    return outcomes
+                refusal = self._refusal(result, scope, opset, taken)
+                if refusal is None:
+                    applied.append(result)
+                    taken.update(id(n) for n in result.replaces)
+                    outcomes.append(Outcome(scope.path, node, rewrite=result))
+                    continue
+                result = refusal
+            outcomes.append(Outcome(scope.path, node, reason=str(result)))
+        if applied:
+            self._apply(scope, snapshot, applied)
+        return outcomes
 
+    def _refusal(self, rw: Rewrite, scope: Scope, opset: int, taken: set) -> str | None:
+        need = rw.domains.get("", 0)
+        if need > opset:
+            return (f"its rewrite needs ai.onnx opset {need} ({rw.needs_why or 'the ops it writes'}), and "
+                    f"{'the function' if scope.in_function else 'the model'} imports {opset or 'none'}: raise it first "
+                    f"(onnx.version_converter.convert_version, or dyndq export --opset {need})")
+        if any(id(n) in taken for n in rw.replaces):
+            return "another rewrite already takes one of the nodes it would replace"
+        return None
 
-def _apply(graph: onnx.GraphProto, rewrites: list[Rewrite]) -> None:
-    position = {id(n): i for i, n in enumerate(graph.node)}
-    gone, placed = set(), {}
-    for rw in rewrites:
-        where = [position[id(n)] for n in rw.replaces]
-        gone.update(where)
-        placed.setdefault(max(where), []).extend(rw.nodes)  # after every input the replaced nodes read
-    nodes = []
-    for i, node in enumerate(graph.node):
-        if i in placed:
-            nodes.extend(placed[i])
-        elif i not in gone:
-            nodes.append(node)
-    nodes = [_copy(n) for n in nodes]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    existing = {t.name: t for t in graph.initializer}
-    replaced = set()
-    for rw in rewrites:
+    def _apply(self, scope: Scope, snapshot: list, rewrites: list[Rewrite]) -> None:
+        position = {id(n): i for i, n in enumerate(snapshot)}
+        gone, placed, constants = set(), {}, []
+        for rw in rewrites:
+            constants += self._place_constants(scope, rw)
+            where = [position[id(n)] for n in rw.replaces]
+            gone.update(where)
+            placed.setdefault(max(where), []).extend(rw.nodes)  # after every input the replaced nodes read
+            for n in rw.replaces:
+                self.candidates.update(name for name in n.input if name)
+                self.replaced_domains.setdefault(id(scope.top), set()).add(n.domain)
+            for domain, version in rw.domains.items():
+                if domain not in ("", "ai.onnx"):
+                    _import(scope.top_imports, domain, version)
+                elif ai_onnx_version(scope.top_imports) is None:
+                    _import(scope.top_imports, "", ai_onnx_version(self.model.opset_import))
+        made = set()
+        for i in sorted(gone | set(placed), reverse=True):  # (from the end: earlier positions stay put)
+            if i in gone:
+                del scope.nodes[i]
+            for node in reversed(placed.get(i, [])):
+                scope.nodes.insert(i, node)
+                made.update(node.output)
+        for holder, node in constants:  # (after the positions above were used)
+            holder.nodes.insert(0, node)
+            holder.changed()
+        scope.changed()
+        if scope.graph is not None:
+            stale = {o for rw in rewrites for n in rw.replaces for o in n.output} - made
+            for vi in [vi for vi in scope.graph.value_info if vi.name in stale]:
+                scope.graph.value_info.remove(vi)
+
+    def _place_constants(self, scope: Scope, rw: Rewrite) -> list[tuple[Scope, onnx.NodeProto]]:
+        """Add the rewrite's new constants where their sources stand, sharing equal ones; returns
+        the Constant nodes to put first in their scope (in a function, constants are nodes)."""
+        renamed, nodes = {}, []
         for t in rw.initializers:
-            if t.name in existing:  # read only by the replaced nodes: the new tensor takes its place
-                existing[t.name].CopyFrom(t)
-                replaced.add(t.name)
+            source, role = rw.derived.get(t.name, (None, ""))
+            holder = _holder(scope, source) if source else scope
+            key = (holder.path, source, role, _content(t)) if source else None
+            if key is not None and key in self.derived:
+                renamed[t.name] = self.derived[key]
+                continue
+            if key is not None:
+                self.derived[key] = t.name
+                self.made.setdefault((holder.path, source), []).append((t.name, role))
+                self.candidates.add(source)
+            if holder.graph is not None and not holder.in_function and not _made_by_constant_node(holder, source):
+                holder.graph.initializer.append(t)
+                holder.changed()
             else:
-                graph.initializer.append(t)
-                existing[t.name] = graph.initializer[-1]
-    stale = replaced | {o for rw in rewrites for n in rw.replaces for o in n.output} - {o for n in graph.node for o in n.output}
-    for vi in [vi for vi in graph.value_info if vi.name in stale]:
-        graph.value_info.remove(vi)
+                nodes.append((holder, _constant_node(t, self.names)))
+        if renamed:
+            for node in rw.nodes:
+                for n in with_nested(node):
+                    n.input[:] = [renamed.get(name, name) for name in n.input]
+        return nodes
+
+    # -- the whole model --------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Remove the constants no node reads any more, give each source's one derived
+        tensor the source's name and place, and drop the imports no node uses any more."""
+        read = _read_names(self.model)
+        removed: dict[tuple[str, str], tuple[str, int]] = {}  # (scope path, name) -> (kind, position)
+        for scope in self.scopes:
+            if scope.graph is not None:
+                for i in reversed(range(len(scope.graph.initializer))):
+                    name = scope.graph.initializer[i].name
+                    if name in self.candidates and name not in read:
+                        del scope.graph.initializer[i]
+                        removed[(scope.path, name)] = ("initializer", i)
+                for vi in [vi for vi in scope.graph.input if vi.name in self.candidates and vi.name not in read
+                           and (scope.path, vi.name) in removed]:
+                    scope.graph.input.remove(vi)  # (below IR 4 initializers are listed as inputs too)
+            for i in reversed(range(len(scope.nodes))):
+                node = scope.nodes[i]
+                if is_constant_node(node) and node.output[0] in self.candidates and node.output[0] not in read:
+                    del scope.nodes[i]
+                    removed[(scope.path, node.output[0])] = ("node", i)
+        for (path, source), made in self.made.items():
+            main = [name for name, role in made if role == ""]
+            if len(main) == 1 and (path, source) in removed and not _shadowed(self.holders[path], source):
+                self._rename(self.holders[path], main[0], source, removed[(path, source)])
+        for scope in self.scopes:
+            if scope.top is scope:
+                used = {n.domain for node in scope.nodes for n in with_nested(node)}
+                gone = self.replaced_domains.get(id(scope), set()) - used - {"", "ai.onnx"}
+                for o in [o for o in scope.top_imports if o.domain in gone]:
+                    scope.top_imports.remove(o)
+
+    def _rename(self, holder: Scope, name: str, to: str, where: tuple[str, int]) -> None:
+        kind, position = where
+        for node in holder.nodes:
+            for n in with_nested(node):
+                if name in n.input:
+                    n.input[:] = [to if x == name else x for x in n.input]
+        if holder.graph is not None and kind == "initializer":
+            at = next((i for i, t in enumerate(holder.graph.initializer) if t.name == name), None)
+            if at is not None:
+                t = onnx.TensorProto()
+                t.CopyFrom(holder.graph.initializer[at])
+                del holder.graph.initializer[at]
+                t.name = to
+                holder.graph.initializer.insert(min(position, len(holder.graph.initializer)), t)
+                return
+        at = next((i for i, n in enumerate(holder.nodes) if is_constant_node(n) and n.output[0] == name), None)
+        if at is None:
+            return
+        node = onnx.NodeProto()
+        node.CopyFrom(holder.nodes[at])
+        del holder.nodes[at]
+        node.output[0] = to
+        node.attribute[0].t.name = to
+        holder.nodes.insert(min(position, len(holder.nodes)), node)
 
 
-def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
-    out = onnx.NodeProto()
-    out.CopyFrom(node)
-    return out
+# -- reading a scope ------------------------------------------------------------------------
+
+class _Index:
+    """One scope's nodes, indexed for the converters' questions (nested readers stand for their node)."""
+
+    def __init__(self, scope: Scope, nodes: list):
+        self.makers, self._readers = {}, {}
+        for node in nodes:
+            for name in node.output:
+                self.makers[name] = node
+            for name in {name for reader in with_nested(node) for name in reader.input if name}:
+                self._readers.setdefault(name, []).append(node)
+        self.outputs = set(scope.outputs)
+
+    def readers(self, name: str) -> list[onnx.NodeProto]:
+        return list(self._readers.get(name, []))
 
 
-def _drop_unread_initializers(model: onnx.ModelProto, candidates: set[str]) -> None:
-    """Remove the initializers among `candidates` that no node, graph output or function reads any more."""
+def _constant(scope: Scope | None, name: str):
+    """The value of `name` where `scope` reads it, when the scope that defines it holds it as a
+    constant (an initializer that is not also a graph input, or a Constant node's `value`)."""
+    holder = _holder(scope, name)
+    tensor = holder.constant(name) if holder is not None else None
+    return None if tensor is None else numpy_helper.to_array(tensor)
+
+
+def _holder(scope: Scope | None, name: str) -> Scope | None:
+    """The scope whose value `name` is, as ONNX resolves it from `scope` (None: undefined)."""
+    while scope is not None:
+        if name in scope.defines():
+            return scope
+        scope = scope.parent
+    return None
+
+
+def _shadowed(holder: Scope, name: str) -> bool:
+    """Whether a scope nested in `holder` defines `name` again (a rename to it could be captured there)."""
+    return any(name in s.defines() for s in scopes_under(holder))
+
+
+def _made_by_constant_node(holder: Scope, source: str | None) -> bool:
+    return source is not None and any(is_constant_node(n) and n.output[0] == source for n in holder.nodes)
+
+
+def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
+    return onnx.helper.make_node("Constant", [], [t.name], name=names.fresh(f"{t.name}_Constant"), value=t)
+
+
+def _content(t: onnx.TensorProto) -> bytes:
+    """What makes two tensors equal, their names aside."""
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    copy.name = ""
+    return copy.SerializeToString()
+
+
+def _read_names(model: onnx.ModelProto) -> set[str]:
+    """Every value some node, graph output or function output reads, anywhere in the model."""
     read = set()
-    for g in graphs(model.graph):
-        read.update(o.name for o in g.output)
-        for node in g.node:
+    for scope in scopes(model):
+        read.update(scope.outputs)
+        for node in scope.nodes:
             read.update(node.input)
-    for g in graphs(model.graph):
-        for t in [t for t in g.initializer if t.name in candidates and t.name not in read]:
-            g.initializer.remove(t)
-        for vi in [vi for vi in g.input if vi.name in candidates and vi.name not in read]:
-            g.input.remove(vi)
+    return read
+
+
+def _import(imports, domain: str, version: int) -> None:
+    """Import `domain` at `version` at least (an import already there is kept when newer)."""
+    for o in imports:
+        if o.domain == domain:
+            o.version = max(o.version, version)
+            return
+    imports.append(onnx.helper.make_opsetid(domain, version))
 
 
 def uses_domain(model: onnx.ModelProto, domain: str) -> bool:
     """Whether any node of the model (any graph, any function) is of `domain`."""
-    return any(n.domain == domain for g in graphs(model.graph) for n in g.node) or any(
-        n.domain == domain for f in model.functions for node in f.node for n in with_nested(node))
+    return any(n.domain == domain for s in scopes(model) for n in s.nodes)
