@@ -306,9 +306,11 @@ def chain_to(view: GraphView, node: onnx.NodeProto, op_type: str, index: int, ax
 
 
 def chain_nodes(view: GraphView, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` and the Constant nodes that only they read (a Slice's bounds): what a rewrite replaces."""
+    """`nodes` (a DynamicDequantize first) and the Constant nodes that only the others read (a
+    Slice's bounds): what a rewrite replaces.  The DynamicDequantize's own constants are left to
+    the walker, which removes them once unread and gives their names to what was made of them."""
     out = list(nodes)
-    for node in nodes:
+    for node in nodes[1:]:
         for name in node.input:
             maker = view.producer(name) if name else None
             if maker is not None and maker.op_type == "Constant" and all(

@@ -195,6 +195,22 @@ class Scope:
             self._constants = found
         return self._constants.get(name)
 
+    def resolve(self, name: str) -> "Scope | None":
+        """The scope whose value `name` is, as ONNX resolves it from here: this one, or the
+        nearest enclosing scope that defines it (None: defined nowhere around)."""
+        scope = self
+        while scope is not None:
+            if name in scope.defines():
+                return scope
+            scope = scope.parent
+        return None
+
+    def fed(self, name: str) -> bool:
+        """Whether `name` is an input of this scope (a graph input, initializer or not, or a function input)."""
+        if self.graph is not None:
+            return any(vi.name == name for vi in self.graph.input)
+        return name in self.function.input
+
     def changed(self) -> None:
         self._defines = self._constants = None
 

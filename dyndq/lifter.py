@@ -40,9 +40,9 @@ from dyndq.converters import FOREIGN
 from dyndq.converters.dynamic_dequantize import lift_padded_blocks
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import repeated_attributes
-from dyndq.graphs import all_names, function_path, walk
+from dyndq.graphs import all_names, function_path, scopes, walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
-from dyndq.rewrites import rewrite_model
+from dyndq.rewrites import rewrite_model, specs_at
 
 # int4/uint4 tensors (lifted codes and zero points) need this IR version.
 _INT4_IR = 10
@@ -97,6 +97,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     _lift_foreign(out, report)
     types = value_types(out)
 
+    in_scope = {scope.path: scope for scope in scopes(out)}
     imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
     for site in walk(out):
         node = site.node
@@ -108,7 +109,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
         if twice:  # which value would the lifted node take? (ONNX refuses such a node)
             report.skipped.append(SkippedNode(site.graph, who, f"attribute {', '.join(twice)} given more than once", node.op_type))
             continue
-        spec = types.specs_at(site.graph)  # its own graph's scope (none inside a function)
+        spec = specs_at(types, in_scope[site.graph])  # its own graph's scope (in a function: its constants')
         reasons = []
         for op in candidates:  # oldest first: the lowest version that expresses the node
             plan = op.lifting(node, spec)

@@ -38,6 +38,8 @@ from onnx import numpy_helper
 
 from dyndq.converters.foreign import GraphView, Rewrite
 from dyndq.converters.lowering_context import NameScope
+from dyndq.converters.onnx_types import dtype_name
+from dyndq.opdefs import TensorSpec
 from dyndq.graphs import Scope, ai_onnx_version, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
 
 
@@ -96,7 +98,7 @@ class _Walk:
             return decoded[name]
 
         view = GraphView(constant=constant, consumers=index.readers,
-                         is_output=lambda name: name in index.outputs, spec=self.types.specs_at(scope.path),
+                         is_output=lambda name: name in index.outputs, spec=specs_at(self.types, scope),
                          names=self.names, producer=index.makers.get, imports=imports, in_function=scope.in_function)
         outcomes, applied, taken = [], [], set()
         for node in snapshot:
@@ -152,8 +154,9 @@ class _Walk:
             for node in reversed(placed.get(i, [])):
                 scope.nodes.insert(i, node)
                 made.update(node.output)
-        for holder, node in constants:  # (after the positions above were used)
-            holder.nodes.insert(0, node)
+        for holder, node, source in constants:  # (after the positions above were used) beside its source, or first
+            at = next((i for i, n in enumerate(holder.nodes) if source and is_constant_node(n) and n.output[0] == source), 0)
+            holder.nodes.insert(at, node)
             holder.changed()
         scope.changed()
         if scope.graph is not None:
@@ -161,13 +164,13 @@ class _Walk:
             for vi in [vi for vi in scope.graph.value_info if vi.name in stale]:
                 scope.graph.value_info.remove(vi)
 
-    def _place_constants(self, scope: Scope, rw: Rewrite) -> list[tuple[Scope, onnx.NodeProto]]:
+    def _place_constants(self, scope: Scope, rw: Rewrite) -> list[tuple[Scope, onnx.NodeProto, str | None]]:
         """Add the rewrite's new constants where their sources stand, sharing equal ones; returns
         the Constant nodes to put first in their scope (in a function, constants are nodes)."""
         renamed, nodes = {}, []
         for t in rw.initializers:
             source, role = rw.derived.get(t.name, (None, ""))
-            holder = _holder(scope, source) if source else scope
+            holder = (scope.resolve(source) or scope) if source else scope
             key = (holder.path, source, role, _content(t)) if source else None
             if key is not None and key in self.derived:
                 renamed[t.name] = self.derived[key]
@@ -177,10 +180,15 @@ class _Walk:
                 self.made.setdefault((holder.path, source), []).append((t.name, role))
                 self.candidates.add(source)
             if holder.graph is not None and not holder.in_function and not _made_by_constant_node(holder, source):
-                holder.graph.initializer.append(t)
+                # beside its source: once the source is gone, it stands in its place
+                at = next((i for i, x in enumerate(holder.graph.initializer) if x.name == source), None)
+                if at is None:
+                    holder.graph.initializer.append(t)
+                else:
+                    holder.graph.initializer.insert(at, t)
                 holder.changed()
             else:
-                nodes.append((holder, _constant_node(t, self.names)))
+                nodes.append((holder, _constant_node(t, self.names), source))
         if renamed:
             for node in rw.nodes:
                 for n in with_nested(node):
@@ -193,26 +201,26 @@ class _Walk:
         """Remove the constants no node reads any more, give each source's one derived
         tensor the source's name and place, and drop the imports no node uses any more."""
         read = _read_names(self.model)
-        removed: dict[tuple[str, str], tuple[str, int]] = {}  # (scope path, name) -> (kind, position)
+        removed: dict[tuple[str, str], str] = {}  # (scope path, name) -> the Constant node's name ("" for an initializer)
         for scope in self.scopes:
             if scope.graph is not None:
                 for i in reversed(range(len(scope.graph.initializer))):
                     name = scope.graph.initializer[i].name
                     if name in self.candidates and name not in read:
                         del scope.graph.initializer[i]
-                        removed[(scope.path, name)] = ("initializer", i)
+                        removed[(scope.path, name)] = ""
                 for vi in [vi for vi in scope.graph.input if vi.name in self.candidates and vi.name not in read
                            and (scope.path, vi.name) in removed]:
                     scope.graph.input.remove(vi)  # (below IR 4 initializers are listed as inputs too)
             for i in reversed(range(len(scope.nodes))):
                 node = scope.nodes[i]
                 if is_constant_node(node) and node.output[0] in self.candidates and node.output[0] not in read:
+                    removed[(scope.path, node.output[0])] = node.name
                     del scope.nodes[i]
-                    removed[(scope.path, node.output[0])] = ("node", i)
         for (path, source), made in self.made.items():
             main = [name for name, role in made if role == ""]
             if len(main) == 1 and (path, source) in removed and not _shadowed(self.holders[path], source):
-                self._rename(self.holders[path], main[0], source, removed[(path, source)])
+                _rename(self.holders[path], main[0], source, removed[(path, source)])
         for scope in self.scopes:
             if scope.top is scope:
                 used = {n.domain for node in scope.nodes for n in with_nested(node)}
@@ -220,30 +228,24 @@ class _Walk:
                 for o in [o for o in scope.top_imports if o.domain in gone]:
                     scope.top_imports.remove(o)
 
-    def _rename(self, holder: Scope, name: str, to: str, where: tuple[str, int]) -> None:
-        kind, position = where
-        for node in holder.nodes:
-            for n in with_nested(node):
-                if name in n.input:
-                    n.input[:] = [to if x == name else x for x in n.input]
-        if holder.graph is not None and kind == "initializer":
-            at = next((i for i, t in enumerate(holder.graph.initializer) if t.name == name), None)
-            if at is not None:
-                t = onnx.TensorProto()
-                t.CopyFrom(holder.graph.initializer[at])
-                del holder.graph.initializer[at]
+
+def _rename(holder: Scope, name: str, to: str, node_name: str) -> None:
+    """Call the constant `name` of `holder` (made beside its source, so in the source's place)
+    `to`, and every reader of it in the scope and the bodies in it; a Constant node takes the
+    source node's name too."""
+    for node in holder.nodes:
+        for n in with_nested(node):
+            if name in n.input:
+                n.input[:] = [to if x == name else x for x in n.input]
+        if is_constant_node(node) and node.output[0] == name:
+            node.output[0] = to
+            node.attribute[0].t.name = to
+            node.name = node_name
+    if holder.graph is not None:
+        for t in holder.graph.initializer:
+            if t.name == name:
                 t.name = to
-                holder.graph.initializer.insert(min(position, len(holder.graph.initializer)), t)
-                return
-        at = next((i for i, n in enumerate(holder.nodes) if is_constant_node(n) and n.output[0] == name), None)
-        if at is None:
-            return
-        node = onnx.NodeProto()
-        node.CopyFrom(holder.nodes[at])
-        del holder.nodes[at]
-        node.output[0] = to
-        node.attribute[0].t.name = to
-        holder.nodes.insert(min(position, len(holder.nodes)), node)
+    holder.changed()
 
 
 # -- reading a scope ------------------------------------------------------------------------
@@ -264,21 +266,28 @@ class _Index:
         return list(self._readers.get(name, []))
 
 
-def _constant(scope: Scope | None, name: str):
+def specs_at(types, scope: Scope) -> Callable[[str], TensorSpec | None]:
+    """name -> its TensorSpec where `scope` reads it: the type ONNX infers, else (inside a
+    function, where nothing is typed) the dtype and shape of the constant it names."""
+    typed = types.specs_at(scope.path)
+
+    def spec(name):
+        found = typed(name)
+        if found is not None or not name:
+            return found
+        holder = scope.resolve(name)
+        tensor = holder.constant(name) if holder is not None else None
+        return None if tensor is None else TensorSpec(dtype_name(tensor.data_type), tuple(tensor.dims))
+
+    return spec
+
+
+def _constant(scope: Scope, name: str):
     """The value of `name` where `scope` reads it, when the scope that defines it holds it as a
     constant (an initializer that is not also a graph input, or a Constant node's `value`)."""
-    holder = _holder(scope, name)
+    holder = scope.resolve(name)
     tensor = holder.constant(name) if holder is not None else None
     return None if tensor is None else numpy_helper.to_array(tensor)
-
-
-def _holder(scope: Scope | None, name: str) -> Scope | None:
-    """The scope whose value `name` is, as ONNX resolves it from `scope` (None: undefined)."""
-    while scope is not None:
-        if name in scope.defines():
-            return scope
-        scope = scope.parent
-    return None
 
 
 def _shadowed(holder: Scope, name: str) -> bool:

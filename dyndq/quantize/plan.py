@@ -3,10 +3,11 @@
 The weight of MatMul is B (quantized along its rows, the reduction axis -2; a 1-D B along its
 only axis), of Gemm B (along axis 0, or 1 with transB=1), of Gather its data (along the last
 axis, as ONNX Runtime quantizes it: for an embedding table [vocabulary, hidden], groups run
-along hidden).  A weight is an initializer of the node's graph or of a graph enclosing it.
-Anything else (a value computed by the graph, a graph input, an initializer that is also a
-graph input and so can be fed at run time, an integer or float64 tensor, an empty one, an
-axis shorter than the group) is left alone and named as a `Problem`.
+along hidden).  A weight is a constant of the node's scope or of a scope enclosing it, as ONNX
+resolves names: an initializer, or a Constant node's value (the only constants a model-local
+function holds).  Anything else (a value computed by the graph, a graph or function input, an
+initializer that is also a graph input and so can be fed at run time, an integer or float64
+tensor, an empty one, an axis shorter than the group) is left alone and named as a `Problem`.
 
 A weight read by several nodes is one `Target`, quantized once along the axis of its first
 reader in graph order; a reader of it that is not quantized (another op, an excluded node, a
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.converters.onnx_types import attribute_values, dtype_name
-from dyndq.graphs import function_path, subgraph_path, subgraphs
+from dyndq.graphs import is_constant_node, scopes
 from dyndq.opdefs import Problem
 from dyndq.wording import a as article
 
@@ -42,10 +43,10 @@ class Use:
 
 @dataclass
 class Target:
-    """One initializer to quantize."""
+    """One weight to quantize: an initializer, or a Constant node's value."""
 
     name: str
-    graph: str  # the path of the graph that holds the initializer
+    graph: str  # the path of the scope that holds it (a graph, or a function)
     dims: tuple[int, ...]
     dtype: str
     axis: int
@@ -53,6 +54,7 @@ class Target:
     uses: list[Use] = field(default_factory=list)
     keep_float: list[str] = field(default_factory=list)  # readers that still need the float weight
     listed_as_input: bool = False  # (IR < 4) also among the graph inputs: drop it there with it
+    constant_node: bool = False  # held by a Constant node (in a function, the only constants there are)
 
     @property
     def ops(self) -> list[str]:
@@ -70,21 +72,14 @@ def label(node: onnx.NodeProto, index: int) -> str:
 
 
 def names_of(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
-    """(node names, initializer names) of every graph, for judging `exclude`."""
+    """(node names, weight names: initializers and Constant outputs) of every scope, for judging `exclude`."""
     nodes, weights = set(), set()
-    for path, g in graph_paths(model.graph):
-        nodes.update(label(n, i) for i, n in enumerate(g.node))
-        weights.update(t.name for t in g.initializer)
+    for scope in scopes(model):
+        nodes.update(label(n, i) for i, n in enumerate(scope.nodes))
+        weights.update(n.output[0] for n in scope.nodes if is_constant_node(n))
+        if scope.graph is not None:
+            weights.update(t.name for t in scope.graph.initializer)
     return nodes, weights
-
-
-def graph_paths(graph: onnx.GraphProto, path: str = "main"):
-    """(path, graph) for the graph and every graph nested in it, depth first, named as
-    dyndq.graphs names them in messages."""
-    yield path, graph
-    for i, node in enumerate(graph.node):
-        for name, sub in subgraphs(node):
-            yield from graph_paths(sub, subgraph_path(path, node, i, name))
 
 
 def plan(model: onnx.ModelProto, *, ops, exclude, group_size: int) -> Plan:
@@ -92,75 +87,68 @@ def plan(model: onnx.ModelProto, *, ops, exclude, group_size: int) -> Plan:
     targets: dict[tuple[str, str], Target] = {}
     problems: list[Problem] = []
     constant_inputs = model.ir_version < IR_INPUTS_ARE_CONSTANT
-    _visit(model.graph, "main", {}, ops, set(exclude), group_size, constant_inputs, targets, problems)
-    for f in model.functions:
-        for i, node in enumerate(f.node):
+    every = scopes(model)
+    exclude = set(exclude)
+    for scope in every:
+        for i, node in enumerate(scope.nodes):
             if node.domain in ("", "ai.onnx") and node.op_type in ops and label(node, i) not in exclude:
-                k, arg = WEIGHT_INPUT[node.op_type]
-                problems.append(Problem(arg, "an input of a model-local function",
-                                        "a constant weight (an initializer); a function holds none",
-                                        op=node.op_type, node=node.name or None, node_index=i, graph=function_path(f)))
-    _find_other_readers(model.graph, "main", targets)
+                _judge(scope, i, node, exclude, group_size, constant_inputs, targets, problems)
+    _find_other_readers(every, targets)
     return Plan(list(targets.values()), problems)
 
 
-def _visit(graph, path, scope, ops, exclude, group_size, constant_inputs, targets, problems) -> None:
-    scope = dict(scope)
-    fed = {vi.name for vi in graph.input}
-    for vi in graph.input:
-        scope.pop(vi.name, None)
-    for node in graph.node:  # (a value made here hides an outer initializer of the same name)
-        for out in node.output:
-            scope.pop(out, None)
-    for t in graph.initializer:
-        scope[t.name] = (path, t, t.name in fed)
-    for i, node in enumerate(graph.node):
-        for attr, sub in subgraphs(node):
-            _visit(sub, subgraph_path(path, node, i, attr), scope, ops, exclude, group_size, constant_inputs,
-                   targets, problems)
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ops or label(node, i) in exclude:
-            continue
-        k, arg = WEIGHT_INPUT[node.op_type]
-        name = node.input[k] if len(node.input) > k else ""
+def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, problems) -> None:
+    """Make the weight `node` reads a target (or a use of one), or say why it is not one."""
+    k, arg = WEIGHT_INPUT[node.op_type]
+    name = node.input[k] if len(node.input) > k else ""
 
-        def problem(found: str, allowed: str) -> None:
-            problems.append(Problem(f"{arg} ({name!r})", found, allowed, op=node.op_type,
-                                    node=node.name or None, node_index=i, graph=path))
+    def problem(found: str, allowed: str) -> None:
+        problems.append(Problem(f"{arg} ({name!r})", found, allowed, op=node.op_type,
+                                node=node.name or None, node_index=i, graph=scope.path))
 
-        if name in exclude or not name:
-            continue
-        entry = scope.get(name)
-        if entry is None:
+    if name in exclude or not name:
+        return
+    holder = scope.resolve(name)
+    tensor = holder.constant(name) if holder is not None else None
+    is_input = holder is not None and holder.fed(name)
+    if tensor is None and is_input and holder.graph is not None:
+        tensor = next((t for t in holder.graph.initializer if t.name == name), None)
+    if tensor is None:
+        if holder is not None and holder.graph is None and is_input:
+            problem("an input of a model-local function", "a constant weight (an initializer or a Constant node); "
+                    "a function's inputs are not constants")
+        else:
             problem("a value computed by the graph or fed at run time, not an initializer",
-                    "a constant weight (an initializer)")
-            continue
-        where, tensor, is_input = entry
-        if is_input and not constant_inputs:
-            problem("an initializer that is also a graph input (it can be fed at run time)",
-                    "a constant weight (an initializer that is not a graph input)")
-            continue
-        dtype = dtype_name(tensor.data_type)
-        dims = tuple(tensor.dims)
-        if dtype not in FLOATS:
-            problem(f"{article(dtype or tensor.data_type)} tensor", "a float32, float16 or bfloat16 weight")
-            continue
-        if not dims or 0 in dims:
-            problem(f"a tensor of shape {list(dims)}", "a weight with at least one element along every axis")
-            continue
-        axis = _axis(node, len(dims))
-        if axis is None:
-            problem(f"a tensor of shape {list(dims)}", "a 2-D B for Gemm")
-            continue
-        if group_size != -1 and group_size > dims[axis]:
-            problem(f"shape {list(dims)}: its axis {axis} ({dims[axis]} long) is shorter than the group size {group_size}",
-                    "a group size no larger than the axis (or -1: one group per whole axis)")
-            continue
-        use = Use(path, i, label(node, i), node.op_type, axis)
-        key = (where, name)
-        if key not in targets:
-            rule = "gather" if node.op_type == "Gather" else "matmul"
-            targets[key] = Target(name, where, dims, dtype, axis, rule, listed_as_input=is_input)
-        targets[key].uses.append(use)
+                    "a constant weight (an initializer or a Constant node)")
+        return
+    if is_input and not constant_inputs:
+        problem("an initializer that is also a graph input (it can be fed at run time)",
+                "a constant weight (an initializer that is not a graph input)")
+        return
+    dtype = dtype_name(tensor.data_type)
+    dims = tuple(tensor.dims)
+    if dtype not in FLOATS:
+        problem(f"{article(dtype or tensor.data_type)} tensor", "a float32, float16 or bfloat16 weight")
+        return
+    if not dims or 0 in dims:
+        problem(f"a tensor of shape {list(dims)}", "a weight with at least one element along every axis")
+        return
+    axis = _axis(node, len(dims))
+    if axis is None:
+        problem(f"a tensor of shape {list(dims)}", "a 2-D B for Gemm")
+        return
+    if group_size != -1 and group_size > dims[axis]:
+        problem(f"shape {list(dims)}: its axis {axis} ({dims[axis]} long) is shorter than the group size {group_size}",
+                "a group size no larger than the axis (or -1: one group per whole axis)")
+        return
+    key = (holder.path, name)
+    if key not in targets:
+        rule = "gather" if node.op_type == "Gather" else "matmul"
+        in_node = holder.constant(name) is not None and not any(t.name == name for t in (
+            holder.graph.initializer if holder.graph is not None else ()))
+        targets[key] = Target(name, holder.path, dims, dtype, axis, rule, listed_as_input=is_input,
+                              constant_node=in_node)
+    targets[key].uses.append(Use(scope.path, i, label(node, i), node.op_type, axis))
 
 
 def _axis(node: onnx.NodeProto, rank: int) -> int | None:
@@ -171,24 +159,26 @@ def _axis(node: onnx.NodeProto, rank: int) -> int | None:
     return rank - 1  # Gather
 
 
-def _find_other_readers(graph, path, targets) -> None:
-    """Note in each target every reader that is not one of its quantized uses."""
+def _find_other_readers(every, targets) -> None:
+    """Note in each target every reader that is not one of its quantized uses (the same name
+    read where it resolves to the target's scope)."""
     by_name: dict[str, list[Target]] = {}
     for t in targets.values():
         by_name.setdefault(t.name, []).append(t)
     uses = {(u.graph, u.index, t.name) for t in targets.values() for u in t.uses}
-
-    def visit(g, p):
-        for i, node in enumerate(g.node):
-            for attr, sub in subgraphs(node):
-                visit(sub, subgraph_path(p, node, i, attr))
+    for scope in every:
+        for i, node in enumerate(scope.nodes):
             k = WEIGHT_INPUT.get(node.op_type, (None,))[0]
             for j, name in enumerate(node.input):
                 for t in by_name.get(name, ()):
-                    if not (j == k and (p, i, name) in uses):
+                    if not (j == k and (scope.path, i, name) in uses) and _resolves_to(scope, name, t):
                         t.keep_float.append(f"{label(node, i)} ({node.op_type})")
-        for out in g.output:
-            for t in by_name.get(out.name, ()):
-                t.keep_float.append(f"graph output {out.name!r}")
+        for out in scope.outputs:
+            for t in by_name.get(out, ()):
+                if _resolves_to(scope, out, t):
+                    t.keep_float.append(f"graph output {out!r}")
 
-    visit(graph, path)
+
+def _resolves_to(scope, name: str, target: Target) -> bool:
+    holder = scope.resolve(name)
+    return holder is not None and holder.path == target.graph

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from dyndq.build import ir_version_for
 from dyndq.converters.lowering_context import NameScope
-from dyndq.graphs import ai_onnx_version, all_names
+from dyndq.graphs import ai_onnx_version, all_names, is_constant_node, scopes
 from dyndq.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.quantize import plan as planning
@@ -139,44 +139,65 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
     names = NameScope(all_names(model))
-    opset = ai_onnx_version(model.opset_import) or 1
-    graphs = dict(planning.graph_paths(out.graph))
+    every = {scope.path: scope for scope in scopes(out)}  # (the model's scopes, by the paths the plan named)
     targets = {(t.graph, t.name): t for t in found.targets}
-    new_nodes: dict[str, list] = {}
+    new_nodes: dict[str, list] = {}  # scope path -> the nodes standing for its weights (put first)
+    gone: dict[str, list] = {}  # scope path -> the Constant nodes whose weights no node reads as floats any more
     done = 0
-    for path, graph in graphs.items():
-        # (the main graph's initializers are read from the model given; a nested graph's from its copy)
-        originals = list(model.graph.initializer) if path == "main" else [_copy(t) for t in graph.initializer]
-        del graph.initializer[:]
-        for tensor in originals:
-            target = targets.get((path, tensor.name))
-            if target is None:
-                tensors.add(graph, tensor)
+
+    def quantize_one(target, weight, scope, add) -> bool:
+        nonlocal done
+        opset = ai_onnx_version(scope.imports) or 1
+        layer, nodes = _one_weight(target, weight, settings, names, opset, every, add)
+        done += 1
+        if layer is None:
+            report.left_alone.append(nodes)
+            return False
+        report.layers.append(layer)
+        new_nodes.setdefault(scope.path, []).extend(nodes)
+        if progress:
+            progress(f"[{done}/{len(targets)}] {layer.name} {'x'.join(map(str, layer.shape))} {layer.form}: "
+                     f"rel. error {layer.relative_error:.4f} ({layer.seconds:.1f} s)")
+        return True
+
+    for path, scope in every.items():
+        graph = scope.graph
+        if graph is not None:
+            # (the main graph's initializers are read from the model given; a nested graph's from its copy)
+            originals = list(model.graph.initializer) if path == "main" else [_copy(t) for t in graph.initializer]
+            del graph.initializer[:]
+            for tensor in originals:
+                target = targets.get((path, tensor.name))
+                if target is None or target.constant_node:
+                    tensors.add(graph, tensor)
+                    continue
+                if not quantize_one(target, tensors.array(tensor), scope, lambda t: tensors.add(graph, t)) \
+                        or target.keep_float:
+                    tensors.add(graph, tensor)
+                elif target.listed_as_input:
+                    _drop_input(graph, target.name)
+        for node in list(scope.nodes):
+            target = targets.get((path, node.output[0])) if is_constant_node(node) else None
+            if target is None or not target.constant_node:
                 continue
-            layer, nodes = _one_weight(target, tensors.array(tensor), settings, names, opset, graphs, tensors, graph)
-            done += 1
-            if layer is None:
-                report.left_alone.append(nodes)
-                tensors.add(graph, tensor)
-                continue
-            report.layers.append(layer)
-            new_nodes.setdefault(path, []).extend(nodes)
-            if target.keep_float:
-                tensors.add(graph, tensor)
-            elif target.listed_as_input:
-                _drop_input(graph, target.name)
-            if progress:
-                progress(f"[{done}/{len(targets)}] {layer.name} {'x'.join(map(str, layer.shape))} {layer.form}: "
-                         f"rel. error {layer.relative_error:.4f} ({layer.seconds:.1f} s)")
+            made = []  # (in a scope of Constant nodes, new weights are Constant nodes too, ahead of the rest)
+            if quantize_one(target, tensors.array(node.attribute[0].t), scope,
+                            lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))):
+                new_nodes[path][:0] = made
+                if not target.keep_float:
+                    gone.setdefault(path, []).append(node)
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
         raise ValidationError(report.left_alone)
-    for path, nodes in new_nodes.items():  # ahead of every node: they read initializers only
-        graph = graphs[path]
-        rest = list(graph.node)
-        del graph.node[:]
-        graph.node.extend(nodes + rest)
+    for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
+        scope = every[path]
+        for node in gone.get(path, ()):
+            del scope.nodes[next(i for i, n in enumerate(scope.nodes) if n is node)]
+        for node in reversed(nodes):
+            scope.nodes.insert(0, node)
+        if scope.in_function:
+            _import_our_domain(scope.top.imports)
     _set_imports(out, int4=settings["bits"] == 4)
     report.seconds = time.perf_counter() - started
     return out, report
@@ -188,8 +209,8 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return t
 
 
-def _one_weight(target, weight, settings, names, opset, graphs, tensors, graph):
-    """(LayerReport, nodes), having added the weight's tensors to `graph` and pointed its
+def _one_weight(target, weight, settings, names, opset, scopes_by_path, add):
+    """(LayerReport, nodes), having added the weight's tensors (`add(tensor)`) and pointed its
     readers at the dequantized value; or (None, Problem) for a weight that cannot be."""
     started = time.perf_counter()
     if not _finite(weight):
@@ -205,9 +226,9 @@ def _one_weight(target, weight, settings, names, opset, graphs, tensors, graph):
     after = 0
     for t in p.tensors:
         after += _stored_bytes(t)
-        tensors.add(graph, t)
+        add(t)
     for u in target.uses:
-        node = graphs[u.graph].node[u.index]
+        node = scopes_by_path[u.graph].nodes[u.index]
         k = planning.WEIGHT_INPUT[u.op][0]
         node.input[k] = p.output
     notes = [f"also read by {', '.join(target.keep_float)}: the float weight is kept for them"] if target.keep_float else []
@@ -243,12 +264,16 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
             graph.input.remove(vi)
 
 
-def _set_imports(model: onnx.ModelProto, *, int4: bool) -> None:
-    """Our domain at version 2 (a superset of 1), and the IR version what the model now holds needs."""
-    for o in model.opset_import:
+def _import_our_domain(imports) -> None:
+    """Our domain at version 2 (a superset of 1) among a model's or a function's opset imports."""
+    for o in imports:
         if o.domain == DOMAIN:
             o.version = max(o.version, 2)
-            break
-    else:
-        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 2))
+            return
+    imports.append(onnx.helper.make_opsetid(DOMAIN, 2))
+
+
+def _set_imports(model: onnx.ModelProto, *, int4: bool) -> None:
+    """Our domain at version 2, and the IR version what the model now holds needs."""
+    _import_our_domain(model.opset_import)
     model.ir_version = max(model.ir_version, ir_version_for(model.opset_import), INT4_IR if int4 else 0)
