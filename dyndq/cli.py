@@ -280,7 +280,8 @@ def cmd_check(args) -> int:
 
 def _runtime_parity(args) -> int:
     import dyndq
-    from dyndq.parity import runtime_parity
+    from dyndq.parity import ExamplesDoNotFit, runtime_parity
+    from dyndq.runner import FeedError
 
     if args.json:
         raise UsageError("--json does not go with --runtime-parity")
@@ -288,6 +289,10 @@ def _runtime_parity(args) -> int:
     feeds = _parse_inputs(args.input)
     try:
         report = runtime_parity(loaded.model, level=args.level, feeds=feeds)
+    except FeedError as e:  # the feeds given do not fit the graph's inputs
+        raise _feed_error(args.model, e) from None
+    except ExamplesDoNotFit as e:  # inputs made up for the check that do not fit the model: give them
+        raise UsageError(f"{args.model}: {e}: {_engine_message(e.__cause__)}") from None
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
@@ -426,6 +431,13 @@ def _summary(name: str, a: np.ndarray) -> str:
     return head
 
 
+def _feed_error(model: str, e) -> UsageError:
+    """Feeds that do not fit the graph's inputs (a FeedError): a usage error naming each input."""
+    if len(e.problems) == 1:
+        return UsageError(f"{model}: input {e.problems[0]}")
+    return UsageError(problem_list(f"{model}: the inputs", e.problems, item="input "))
+
+
 def cmd_run(args) -> int:
     import dataclasses
 
@@ -451,9 +463,7 @@ def cmd_run(args) -> int:
     try:
         outputs = r(feeds)
     except FeedError as e:  # the feeds do not fit the graph's inputs
-        if len(e.problems) == 1:
-            raise UsageError(f"{args.model}: input {e.problems[0]}") from None
-        raise UsageError(problem_list(f"{args.model}: the inputs", e.problems, item="input ")) from None
+        raise _feed_error(args.model, e) from None
     except OutputError as e:  # what the engine gave does not fit the declared outputs: no result is shown
         _err(problem_list(f"{args.model}: the {args.engine} engine gave outputs that do not fit their declared types",
                           e.problems, item="output "))
