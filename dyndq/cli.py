@@ -4,7 +4,8 @@
     dyndq check  MODEL [--json] [--runtime-parity [--level basic|extended|all] [--input NAME=FILE.npy ...]]
     dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
     dyndq lift   IN OUT
-    dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output-dir DIR]
+    dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output NAME ...]
+                 [--output-dir DIR]
     dyndq schema
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
@@ -110,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", choices=ENGINES, default="reference",
                    help="reference: ONNX's reference evaluator with our kernel (default); "
                         "onnxruntime: export, then ONNX Runtime on the CPU")
+    r.add_argument("--output", metavar="NAME", action="append", default=None, dest="outputs",
+                   help="show (or save) this value of the main graph instead of the graph's outputs: a graph input, "
+                        "an initializer or any node's output, ours included (repeat for several)")
     r.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/NAME.npy")
 
     _onednn_parsers(sub)
@@ -439,11 +443,6 @@ def _feed_error(model: str, e) -> UsageError:
 
 
 def cmd_run(args) -> int:
-    import dataclasses
-
-    import dyndq
-    from dyndq.runner import FeedError, OutputError, runner
-
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
     if args.inputs_dir:
@@ -452,8 +451,21 @@ def cmd_run(args) -> int:
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
     if args.output_dir:
         _check_writable(args.output_dir)  # before the run, not after it
+    return _run(args, loaded, feeds)
+
+
+def _run(args, loaded, feeds) -> int:
+    import dataclasses
+
+    import dyndq
+    from dyndq.runner import FeedError, OutputError, OutputNameError, runner
+
     try:
-        r = runner(loaded.model, args.engine)
+        r = runner(loaded.model, args.engine, args.outputs)
+    except OutputNameError as e:  # --output names a value the model does not have
+        if len(e.problems) == 1:
+            raise UsageError(f"{args.model}: --output {e.problems[0]}") from None
+        raise UsageError(problem_list(f"{args.model}: the outputs asked for", e.problems, item="--output ")) from None
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS

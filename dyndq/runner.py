@@ -22,7 +22,7 @@ import collections
 import hashlib
 import os
 import threading
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -30,6 +30,7 @@ import onnx
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError, dtypes
 from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtBoundary, where it was first defined)
+from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
 from dyndq.wording import a as article
 
 ENGINES = ("reference", "onnxruntime")
@@ -66,14 +67,15 @@ class Runner:
             evaluator = reference_evaluator(model)
             self._run = lambda feeds: evaluator.run(None, feeds)
         else:
-            from dyndq.exporter import export
             from dyndq.ort_session import OrtSession
+            from dyndq.run_outputs import exported_for_onnxruntime
 
             _validate_our_nodes(model)
             # export asks for what check_model(full_check=True) asks, graph outputs with
-            # shapes among it; the reference engine runs without them, so this one
-            # lets ONNX's inference fill them in rather than refuse the model.
-            self.exported = export(_with_inferred_outputs(model))
+            # types and shapes among it, and ONNX Runtime for types; the reference engine runs
+            # without them, so this one lets ONNX's inference fill them in rather than refuse
+            # the model (an output whose type nobody can know is named).
+            self.exported = exported_for_onnxruntime(model)
             # Basic optimizations only (constant folding, redundant-node removal): ONNX
             # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
             # weights, which changes float32 results in their last bits, and the two
@@ -116,8 +118,9 @@ def model_key(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
-def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference") -> Runner:
-    """The cached Runner for this model and engine, built on first use."""
+def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference",
+           outputs: Sequence[str] | None = None) -> Runner:
+    """The cached Runner for this model, engine and outputs (None: the graph's), built on first use."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     if isinstance(model, (str, os.PathLike)):
@@ -126,14 +129,23 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
         model = load_model(model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"run() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
-    key = (engine, model_key(model))
+    if outputs is not None:
+        from dyndq.run_outputs import asked_outputs
+
+        outputs = tuple(asked_outputs(model, outputs))
+    key = (engine, model_key(model), outputs)
     with _lock:
         found = _cache.get(key)
         if found is not None:
             _cache.move_to_end(key)
             return found
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # the runner keeps its own: later edits to `model` cannot reach it
+    if outputs is None:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # the runner keeps its own: later edits to `model` cannot reach it
+    else:
+        from dyndq.run_outputs import with_outputs
+
+        copy = with_outputs(model, outputs)  # (a copy too)
     built = Runner(copy, engine)
     with _lock:
         _cache[key] = built
@@ -142,16 +154,21 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
     return built
 
 
-def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference") -> dict[str, np.ndarray]:
+def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference",
+        outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Run the model's main graph on `feeds` (input name -> array); returns output name -> array
     (a list of arrays for a sequence output).
+
+    `outputs`: the values to return, by name, in that order, in place of the graph's outputs:
+    any value of the main graph (a graph input, an initializer, the output of any of its nodes),
+    on either engine.  A name that is none raises `dyndq.run_outputs.OutputNameError`.
 
     Feeds are checked against the graph's inputs first: a missing or unknown
     input, or a feed of the wrong dtype, rank or fixed dimension, raises
     `dyndq.ValidationError` naming the input.  A model using our ops wrongly
     raises `dyndq.ValidationError` with every problem.
     """
-    return runner(model, engine)(feeds)
+    return runner(model, engine, outputs)(feeds)
 
 
 def clear_cache() -> None:
@@ -265,22 +282,6 @@ def _describe(spec: TensorSpec | None) -> str:
 
 
 # -- the model -----------------------------------------------------------------------------
-
-
-def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose graph outputs carry the types and shapes ONNX infers, where they had none."""
-    if all(o.type.tensor_type.HasField("shape") for o in model.graph.output
-           if o.type.WhichOneof("value") == "tensor_type"):
-        return model
-    from dyndq.light import light_view
-
-    inferred = onnx.shape_inference.infer_shapes(light_view(model))  # (a model over 2 GiB cannot be serialized whole)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for mine, theirs in zip(out.graph.output, inferred.graph.output):
-        if not mine.type.tensor_type.HasField("shape"):
-            mine.type.CopyFrom(theirs.type)
-    return out
 
 
 def _validate_our_nodes(model: onnx.ModelProto) -> None:
