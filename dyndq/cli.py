@@ -252,16 +252,22 @@ def cmd_demo(args) -> int:
     return OK if result.agree else PROBLEMS
 
 
-def _check_writable(folder: str) -> None:
-    """Create `folder` if needed and make sure a file can be written in it (UsageError if not)."""
+def _check_writable(folder: str) -> list[str]:
+    """Create `folder` if needed and make sure a file can be written in it (UsageError if not);
+    returns the folders it created, outermost first (see files.make_folders)."""
     import tempfile
 
+    from dyndq.files import make_folders, remove_empty_folders
+
+    created = []
     try:
-        os.makedirs(folder, exist_ok=True)
+        created = make_folders(folder)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
+        remove_empty_folders(created)
         raise UsageError(f"{folder}: cannot write there ({e.strerror or e})") from None
+    return created
 
 
 def cmd_check(args) -> int:
@@ -443,15 +449,22 @@ def _feed_error(model: str, e) -> UsageError:
 
 
 def cmd_run(args) -> int:
+    from dyndq.files import remove_empty_folders
+
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
     if args.inputs_dir:
         feeds = {**_inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
-    if args.output_dir:
-        _check_writable(args.output_dir)  # before the run, not after it
-    return _run(args, loaded, feeds)
+    created = _check_writable(args.output_dir) if args.output_dir else []  # before the run, not after it
+    code = None
+    try:
+        code = _run(args, loaded, feeds)
+        return code
+    finally:
+        if code != OK:  # a failed run leaves no folder of its own behind
+            remove_empty_folders(created)
 
 
 def _run(args, loaded, feeds) -> int:

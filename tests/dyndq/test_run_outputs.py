@@ -218,3 +218,4 @@ def test_cli_run_output(tmp_path, capsys, demo):
     code, out, err = call(capsys, *run, "--output", "nosuch", "--output-dir", tmp_path / "new")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "--output nosuch: found no value of that name in the model" in err
+    assert not (tmp_path / "new").exists()
