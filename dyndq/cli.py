@@ -471,6 +471,7 @@ def _run(args, loaded, feeds) -> int:
     import dataclasses
 
     import dyndq
+    from dyndq.reference import NotRunnable
     from dyndq.runner import FeedError, OutputError, OutputNameError, runner
 
     try:
@@ -479,6 +480,10 @@ def _run(args, loaded, feeds) -> int:
         if len(e.problems) == 1:
             raise UsageError(f"{args.model}: --output {e.problems[0]}") from None
         raise UsageError(problem_list(f"{args.model}: the outputs asked for", e.problems, item="--output ")) from None
+    except NotRunnable as e:  # nodes the reference engine has no way to run: each named, with the way out
+        head = f"{args.model}: the {args.engine} engine cannot run this model"
+        _err(f"{head}: {e.problems[0]}" if len(e.problems) == 1 else problem_list(head, e.problems))
+        return PROBLEMS
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS

@@ -60,11 +60,11 @@ class Runner:
         self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
         self.output_names = [name for name, _ in self.outputs]
         if engine == "reference":
-            from dyndq.reference import reference_evaluator
+            from dyndq.reference import reference_evaluator, runnable_model
 
             _validate_our_nodes(model)
-
-            evaluator = reference_evaluator(model)
+            # ONNX Runtime's contrib ops (which onnx.reference lacks) run through their exact lift
+            evaluator = reference_evaluator(runnable_model(model))
             self._run = lambda feeds: evaluator.run(None, feeds)
         else:
             from dyndq.ort_session import OrtSession
