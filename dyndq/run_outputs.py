@@ -53,7 +53,8 @@ def asked_outputs(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
         problems.append(Problem("outputs", "an empty list", "one value name or more (or None: the graph's outputs)"))
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
-            problems.append(Problem(f"outputs[{i}]", repr(name), "a value name"))
+            found = "an empty name" if name == "" else f"{type(name).__name__} {name!r}"
+            problems.append(Problem(f"outputs[{i}]", found, "a value name (a non-empty string)"))
         elif name in names[:i]:
             problems.append(Problem(name, "a second request for it", "each value asked for once"))
         elif name not in values:

@@ -172,6 +172,8 @@ def test_names_the_model_cannot_give_are_each_named(engine):
         "nosuch: found no value of that name in the model; allowed: a value of the main graph: a graph input, an "
         "initializer or the output of one of its nodes",
         "y: found a second request for it; allowed: each value asked for once"]
+    with pytest.raises(OutputNameError, match=r"outputs\[1\]: found an empty name"):
+        dyndq.run(model, feeds, engine=engine, outputs=["y", ""])
     with pytest.raises(OutputNameError, match="outputs: found an empty list"):
         dyndq.run(model, feeds, engine=engine, outputs=[])
     with pytest.raises(TypeError, match="not one string"):
