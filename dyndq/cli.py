@@ -4,7 +4,8 @@
     dyndq check  MODEL [--json] [--runtime-parity [--level basic|extended|all] [--input NAME=FILE.npy ...]]
     dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
     dyndq lift   IN OUT
-    dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output-dir DIR]
+    dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output NAME ...]
+                 [--output-dir DIR]
     dyndq schema
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
@@ -110,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", choices=ENGINES, default="reference",
                    help="reference: ONNX's reference evaluator with our kernel (default); "
                         "onnxruntime: export, then ONNX Runtime on the CPU")
+    r.add_argument("--output", metavar="NAME", action="append", default=None, dest="outputs",
+                   help="show (or save) this value of the main graph instead of the graph's outputs: a graph input, "
+                        "an initializer or any node's output, ours included (repeat for several)")
     r.add_argument("--output-dir", metavar="DIR", help="save each output as DIR/NAME.npy")
 
     _onednn_parsers(sub)
@@ -248,16 +252,22 @@ def cmd_demo(args) -> int:
     return OK if result.agree else PROBLEMS
 
 
-def _check_writable(folder: str) -> None:
-    """Create `folder` if needed and make sure a file can be written in it (UsageError if not)."""
+def _check_writable(folder: str) -> list[str]:
+    """Create `folder` if needed and make sure a file can be written in it (UsageError if not);
+    returns the folders it created, outermost first (see files.make_folders)."""
     import tempfile
 
+    from dyndq.files import make_folders, remove_empty_folders
+
+    created = []
     try:
-        os.makedirs(folder, exist_ok=True)
+        created = make_folders(folder)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
+        remove_empty_folders(created)
         raise UsageError(f"{folder}: cannot write there ({e.strerror or e})") from None
+    return created
 
 
 def cmd_check(args) -> int:
@@ -280,7 +290,8 @@ def cmd_check(args) -> int:
 
 def _runtime_parity(args) -> int:
     import dyndq
-    from dyndq.parity import runtime_parity
+    from dyndq.parity import ExamplesDoNotFit, runtime_parity
+    from dyndq.runner import FeedError
 
     if args.json:
         raise UsageError("--json does not go with --runtime-parity")
@@ -288,6 +299,10 @@ def _runtime_parity(args) -> int:
     feeds = _parse_inputs(args.input)
     try:
         report = runtime_parity(loaded.model, level=args.level, feeds=feeds)
+    except FeedError as e:  # the feeds given do not fit the graph's inputs
+        raise _feed_error(args.model, e) from None
+    except ExamplesDoNotFit as e:  # inputs made up for the check that do not fit the model: give them
+        raise UsageError(f"{args.model}: {e}: {_engine_message(e.__cause__)}") from None
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
@@ -426,11 +441,15 @@ def _summary(name: str, a: np.ndarray) -> str:
     return head
 
 
-def cmd_run(args) -> int:
-    import dataclasses
+def _feed_error(model: str, e) -> UsageError:
+    """Feeds that do not fit the graph's inputs (a FeedError): a usage error naming each input."""
+    if len(e.problems) == 1:
+        return UsageError(f"{model}: input {e.problems[0]}")
+    return UsageError(problem_list(f"{model}: the inputs", e.problems, item="input "))
 
-    import dyndq
-    from dyndq.runner import FeedError, OutputError, runner
+
+def cmd_run(args) -> int:
+    from dyndq.files import remove_empty_folders
 
     loaded = _load(args.model)
     feeds = _parse_inputs(args.input)
@@ -438,10 +457,33 @@ def cmd_run(args) -> int:
         feeds = {**_inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
-    if args.output_dir:
-        _check_writable(args.output_dir)  # before the run, not after it
+    created = _check_writable(args.output_dir) if args.output_dir else []  # before the run, not after it
+    code = None
     try:
-        r = runner(loaded.model, args.engine)
+        code = _run(args, loaded, feeds)
+        return code
+    finally:
+        if code != OK:  # a failed run leaves no folder of its own behind
+            remove_empty_folders(created)
+
+
+def _run(args, loaded, feeds) -> int:
+    import dataclasses
+
+    import dyndq
+    from dyndq.reference import NotRunnable
+    from dyndq.runner import FeedError, OutputError, OutputNameError, runner
+
+    try:
+        r = runner(loaded.model, args.engine, args.outputs)
+    except OutputNameError as e:  # --output names a value the model does not have
+        if len(e.problems) == 1:
+            raise UsageError(f"{args.model}: --output {e.problems[0]}") from None
+        raise UsageError(problem_list(f"{args.model}: the outputs asked for", e.problems, item="--output ")) from None
+    except NotRunnable as e:  # nodes the reference engine has no way to run: each named, with the way out
+        head = f"{args.model}: the {args.engine} engine cannot run this model"
+        _err(f"{head}: {e.problems[0]}" if len(e.problems) == 1 else problem_list(head, e.problems))
+        return PROBLEMS
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
@@ -451,9 +493,7 @@ def cmd_run(args) -> int:
     try:
         outputs = r(feeds)
     except FeedError as e:  # the feeds do not fit the graph's inputs
-        if len(e.problems) == 1:
-            raise UsageError(f"{args.model}: input {e.problems[0]}") from None
-        raise UsageError(problem_list(f"{args.model}: the inputs", e.problems, item="input ")) from None
+        raise _feed_error(args.model, e) from None
     except OutputError as e:  # what the engine gave does not fit the declared outputs: no result is shown
         _err(problem_list(f"{args.model}: the {args.engine} engine gave outputs that do not fit their declared types",
                           e.problems, item="output "))

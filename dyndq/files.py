@@ -367,6 +367,35 @@ def _terminate_cleanly():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def make_folders(path: str | os.PathLike) -> list[str]:
+    """Create the folder `path` and its missing parents; returns those it created, outermost
+    first (none when it existed), for `remove_empty_folders` to take back."""
+    created = []
+    folder = os.path.abspath(os.fspath(path))
+    while not os.path.exists(folder):
+        created.insert(0, folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        remove_empty_folders(created)
+        raise
+    return created
+
+
+def remove_empty_folders(created: list[str]) -> None:
+    """Remove the folders `make_folders` created, innermost first, as long as they are empty
+    (a folder someone else wrote into is left, with its parents)."""
+    for folder in reversed(created):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
 def save_array(path: str | os.PathLike, array) -> None:
     """`numpy.save` to exactly `path` (no ".npy" added), atomically; the file gets the mode a
     new file gets (0666 less the umask), as models do."""

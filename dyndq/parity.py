@@ -14,7 +14,9 @@ The tolerance: a float output differs when max |a - b| > TOLERANCE * max |b| (a 
 at `level`, b with optimizations off).  float32 sums of K terms in another order move a
 result by about sqrt(K) * 2^-24 of its terms' size (1e-6 and below for the models here);
 int8 activations move it by 1e-3 and more.  Any other output differs when one element does.
-A model holding our ops is exported first (`dyndq.export`, target "onnx").
+A model holding our ops is exported first (`dyndq.export`, target "onnx").  ONNX Runtime is fed
+and read through `dyndq.ort_session.OrtSession`, as `dyndq.run(engine="onnxruntime")` feeds it
+(int4/uint4 and bfloat16 inputs and outputs included), after the same check of the feeds.
 """
 from __future__ import annotations
 
@@ -33,6 +35,17 @@ TOLERANCE = 1e-4
 LEVELS = ("basic", "extended", "all")
 # A dimension the model leaves open (a symbol such as "batch" or "seq") takes this size in the example inputs.
 OPEN_DIM = 4
+
+
+class ExamplesDoNotFit(ValueError):
+    """ONNX Runtime failed while running the model on example inputs made up for it (a model
+    whose open dims must relate, say one twice another, needs inputs given); the engine's error
+    is the cause."""
+
+    def __init__(self, names: list[str]):
+        super().__init__(f"ONNX Runtime failed on the example inputs made for {', '.join(map(repr, names))} (dims "
+                         f"the model leaves open take {OPEN_DIM}; give inputs that fit with --input NAME=FILE.npy)")
+        self.names = names
 
 
 @dataclass(frozen=True)
@@ -89,11 +102,17 @@ class ParityReport:
 
 def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, level: str = "all",
                    feeds: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> ParityReport:
-    """Run `model` on ONNX Runtime with optimizations off and at `level`; compare (see the module doc)."""
+    """Run `model` on ONNX Runtime with optimizations off and at `level`; compare (see the module doc).
+
+    Inputs not in `feeds` get example values (`example_feeds`).  Every feed is checked against
+    the graph's inputs and fed as `dyndq.run(engine="onnxruntime")` feeds it (int4/uint4 and
+    bfloat16 included): one that does not fit raises `dyndq.runner.FeedError` naming the input."""
     import onnxruntime as ort
 
     from dyndq.checker import model_of
     from dyndq.opdefs import domains
+    from dyndq.ort_session import OrtSession
+    from dyndq.runner import fitting_feeds, graph_inputs
 
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
@@ -103,25 +122,27 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, level: str = "
 
         model = export(model)
     given = dict(feeds or {})
-    feeds = {**example_feeds(model, seed), **given}
+    examples = example_feeds(model, seed, skip=given)
+    feeds = fitting_feeds(graph_inputs(model), {**examples, **given})
     report = ParityReport(level, ort.__version__)
-    results, graphs = {}, {}
+    results, graphs, added = {}, {}, set()
     names = [o.name for o in model.graph.output]
     with tempfile.TemporaryDirectory(prefix="dyndq-parity-") as folder:
-        for label, setting in (("off", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
-                               (level, {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level])):
-            options = ort.SessionOptions()
-            options.graph_optimization_level = setting
-            options.log_severity_level = 3  # errors only: its notes on saving an optimized graph are not ours
-            options.optimized_model_filepath = os.path.join(folder, f"{label}.onnx")
-            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            results[label] = dict(zip(names, session.run(names, feeds)))
-            graphs[label] = onnx.load(options.optimized_model_filepath, load_external_data=False)
+        for label in ("off", level):
+            path = os.path.join(folder, f"{label}.onnx")
+            session = OrtSession(model, level=label, optimized_model_path=path)
+            try:
+                results[label] = dict(zip(names, session.run(names, feeds)))
+            except Exception as e:  # (ONNX Runtime's own errors: it has no one class for them)
+                if not examples:  # given inputs: the engine's failure, as `dyndq run` reports it
+                    raise
+                raise ExamplesDoNotFit(list(examples)) from e
+            graphs[label] = onnx.load(path, load_external_data=False)
+            added = session.boundary.added
     for name in names:
         report.outputs.append(_compare(name, np.asarray(results[level][name]), np.asarray(results["off"][name])))
-    before, after = _node_types(model.graph), _node_types(graphs[level].graph)
+    before = _node_types(model.graph.node)
+    after = _node_types(n for n in graphs[level].graph.node if n.name not in added)
     report.rewritten = [(op, before.get(op, 0), after.get(op, 0)) for op in sorted(set(before) | set(after))
                         if before.get(op, 0) != after.get(op, 0)]
     report.accuracy_levels = [a.i for n in graphs[level].graph.node if n.op_type == "MatMulNBits"
@@ -129,14 +150,14 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, level: str = "
     return report
 
 
-def _node_types(graph: onnx.GraphProto) -> collections.Counter:
-    return collections.Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n in graph.node)
+def _node_types(nodes) -> collections.Counter:
+    return collections.Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n in nodes)
 
 
 def _compare(name: str, a: np.ndarray, b: np.ndarray) -> OutputParity:
     if a.shape != b.shape:
         return OutputParity(name, True, float("inf"), 0.0, float("inf"))
-    if a.dtype.kind != "f" or b.dtype.kind != "f":
+    if not (_floating(a) and _floating(b)):
         same = bool(np.array_equal(a, b))
         return OutputParity(name, not same, 0.0 if same else float("inf"), 0.0, 0.0 if same else float("inf"))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -152,8 +173,13 @@ def _compare(name: str, a: np.ndarray, b: np.ndarray) -> OutputParity:
     return OutputParity(name, max_abs > TOLERANCE * scale, max_abs, scale, frobenius)
 
 
-def example_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """One array per graph input (not an initializer): dims the model leaves open take OPEN_DIM;
+def _floating(a: np.ndarray) -> bool:
+    """A float array, ml_dtypes' bfloat16 and float8 too (NumPy's kind of those is "V")."""
+    return a.dtype.name in {d.name for d in dtypes.DTYPES if d.is_float}
+
+
+def example_feeds(model: onnx.ModelProto, seed: int = 0, skip=()) -> dict[str, np.ndarray]:
+    """One array per graph input (not an initializer, nor named in `skip`): dims the model leaves open take OPEN_DIM;
     floats are drawn from N(0, 1); integers that index a Gather (or GatherBlockQuantized) lie in
     the range of the axis they index, other integers in 0..3; booleans are random."""
     from dyndq.converters.onnx_types import spec_of_type
@@ -165,7 +191,7 @@ def example_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     bounds = _index_bounds(model, spec)
     feeds = {}
     for vi in model.graph.input:
-        if vi.name in initializers:
+        if vi.name in initializers or vi.name in skip:
             continue
         s = spec_of_type(vi.type)
         if s is None or s.dtype is None:

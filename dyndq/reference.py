@@ -26,7 +26,8 @@ from dyndq.kernels import numpy_kernel
 from dyndq.kernels.geometry import view
 from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version
 
-__all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "reference_evaluator", "our_ops", "op_class"]
+__all__ = ["DequantizeLinear", "Loop", "DyndqReferenceEvaluator", "NotRunnable", "reference_evaluator", "our_ops",
+           "op_class", "runnable_model"]
 
 
 class OurOp(OpRun):
@@ -296,3 +297,62 @@ def reference_evaluator(model, **kwargs) -> ReferenceEvaluator:
     Keyword arguments go to ReferenceEvaluator (verbose, functions, new_ops, ...).
     """
     return DyndqReferenceEvaluator(model, **kwargs)
+
+
+# -- what the reference engine runs: nodes of other domains lifted exactly -------------------------
+
+# The domains whose ops onnx.reference implements (besides ours and model-local functions).
+_ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
+_WAY_OUT = ("an op of ONNX, of dyndq or of a model-local function, or one the exact lift turns into ours; to run this "
+            "one, engine='onnxruntime' (dyndq run --engine onnxruntime)")
+
+
+class NotRunnable(ValidationError):
+    """Nodes the reference engine cannot run (an op of a domain onnx.reference lacks, which the
+    exact lift does not turn into ours), each named with why and the way out."""
+
+
+def runnable_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as the reference engine runs it: itself, or, when a node stands in a domain that
+    neither onnx.reference nor dyndq implements (ONNX Runtime's contrib ops), its exact lift
+    (`dyndq.lift_with_report`, which turns those it can into our op, value for value).
+
+    NotRunnable names each node still of such a domain after the lift, with the lift's reason and
+    the way out (the ONNX Runtime engine), and each graph output the lift removed or renamed."""
+    from dyndq.graphs import walk
+
+    if not any(_foreign(site.node, model) for site in walk(model)):
+        return model
+    from dyndq.lifter import lift_with_report
+
+    lifted, report = lift_with_report(model)
+    reasons = {(s.graph, s.node): s.reason for s in report.skipped}
+    problems = []
+    for site in walk(lifted):
+        node = site.node
+        if not _foreign(node, lifted):
+            continue
+        reason = reasons.get((site.graph, node.name or (node.output[0] if node.output else "")))
+        found = (f"an op onnx.reference lacks, which the exact lift left alone: {reason}" if reason else
+                 "an op onnx.reference lacks, which no exact lift turns into DynamicDequantize")
+        problems.append(Problem(None, found, _WAY_OUT, op=f"{node.domain}::{node.op_type}", node=node.name or None,
+                                node_index=site.index, graph=site.graph))
+    values = {o for n in lifted.graph.node for o in n.output} | {t.name for t in lifted.graph.initializer} | {
+        vi.name for vi in lifted.graph.input}
+    problems += [Problem(o.name, "a graph output that the exact lift (the reference engine's way to run the model's "
+                                 "contrib ops) removed or renamed",
+                         "a value the lift keeps; to see this one, engine='onnxruntime' (dyndq run --engine onnxruntime)")
+                 for o in model.graph.output if o.name not in values]
+    if problems:
+        raise NotRunnable(problems)
+    return lifted
+
+
+def _foreign(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:
+    """A node of a domain neither onnx.reference, nor dyndq, nor a model-local function implements."""
+    from dyndq.opdefs import domains
+
+    if node.domain in _ONNX_DOMAINS or node.domain in domains():
+        return False
+    return not any(f.domain == node.domain and f.name == node.op_type for f in model.functions)
+

@@ -22,13 +22,15 @@ import collections
 import hashlib
 import os
 import threading
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError, dtypes
+from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtBoundary, where it was first defined)
+from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
 from dyndq.wording import a as article
 
 ENGINES = ("reference", "onnxruntime")
@@ -54,59 +56,35 @@ class Runner:
             raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
         self.engine = engine
         self.model = model
-        self.inputs = _graph_inputs(model)
+        self.inputs = graph_inputs(model)
         self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
         self.output_names = [name for name, _ in self.outputs]
         if engine == "reference":
-            from dyndq.reference import reference_evaluator
+            from dyndq.reference import reference_evaluator, runnable_model
 
             _validate_our_nodes(model)
-
-            evaluator = reference_evaluator(model)
+            # ONNX Runtime's contrib ops (which onnx.reference lacks) run through their exact lift
+            evaluator = reference_evaluator(runnable_model(model))
             self._run = lambda feeds: evaluator.run(None, feeds)
         else:
-            import onnxruntime as ort
-
-            from dyndq.exporter import export
+            from dyndq.ort_session import OrtSession
+            from dyndq.run_outputs import exported_for_onnxruntime
 
             _validate_our_nodes(model)
             # export asks for what check_model(full_check=True) asks, graph outputs with
-            # shapes among it; the reference engine runs without them, so this one
-            # lets ONNX's inference fill them in rather than refuse the model.
-            self.exported = export(_with_inferred_outputs(model))
-            options = ort.SessionOptions()
-            # fatal only: ONNX Runtime's own (coloured) log lines would reach stderr; its errors
-            # come back as exceptions, which the caller reports.
-            options.log_severity_level = 4
+            # types and shapes among it, and ONNX Runtime for types; the reference engine runs
+            # without them, so this one lets ONNX's inference fill them in rather than refuse
+            # the model (an output whose type nobody can know is named).
+            self.exported = exported_for_onnxruntime(model)
             # Basic optimizations only (constant folding, redundant-node removal): ONNX
             # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
             # weights, which changes float32 results in their last bits, and the two
             # engines must agree to the bit.
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            # OrtBoundary: int4/bfloat16 in and out through exact conversions. A model over
-            # 2 GiB cannot be serialized for ONNX Runtime: its big initializers are handed
-            # over as arrays, fed as the graph inputs the light view makes of them.
-            # (the boundary is made on the light view, so that a big int4 or bfloat16
-            # initializer, fed as an input there, passes through it as any input does)
-            from dyndq.light import big_initializers, light_view
-
-            self._ort = OrtBoundary(light_view(self.exported))
-            big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(self.exported)}
-            session = ort.InferenceSession(self._ort.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            run_options = ort.RunOptions()
-            run_options.log_severity_level = 4
-            self._run = lambda feeds: self._ort.run(session, self.output_names, {**feeds, **big}, run_options)
+            session = OrtSession(self.exported, level="basic")
+            self._run = lambda feeds: session.run(self.output_names, feeds)
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        try:
-            arrays = check_feeds(self.inputs, feeds)
-        except FeedError:
-            raise
-        except ValidationError as e:
-            raise FeedError(e.problems) from None
-        if self.engine == "onnxruntime":
-            # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
-            arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
+        arrays = fitting_feeds(self.inputs, feeds)
         results = {name: _output(value) for name, value in zip(self.output_names, self._run(arrays))}
         problems = [problem for name, spec in self.outputs if spec is not None
                     for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
@@ -121,125 +99,6 @@ def _output(value):
     if isinstance(value, (list, tuple)):
         return [np.asarray(v) for v in value]
     return value if value is None else np.asarray(value)
-
-
-class OrtBoundary:
-    """What ONNX Runtime's Python API cannot pass, passed through exact conversions.
-
-    ORT's Python API refuses int4/uint4 and bfloat16 NumPy feeds and cannot return
-    bfloat16 or int4 outputs (checked on 1.27 to 1.32).  So, on a copy of the
-    exported model (the exported model itself is left as export wrote it):
-
-    - an int4/uint4 graph input becomes an int8/uint8 input followed by a Cast to
-      int4/uint4 that produces the original name (exact: every int4 value is an
-      int8 value); the feed is converted with NumPy, also exactly;
-    - a bfloat16 feed goes in as an OrtValue of ONNX type BFLOAT16 over the
-      array's 16-bit pattern (the bits as they are, NaN payloads included), and a
-      float8 feed likewise over its 8-bit pattern;
-    - an int4/uint4 graph output is Cast to int8/uint8 and a bfloat16 one to
-      float32 (ORT's bfloat16 -> float32 Cast shifts the bits: exact, NaN
-      payloads included), and converted back here: int4 by value, bfloat16 by
-      taking the upper 16 bits (no rounding involved); a float8 output is Cast to
-      float32 and back by value (exact: every float8 value is a float32 one).
-
-    Returned arrays have the graph's own dtypes, as the reference engine returns.
-    """
-
-    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
-
-    def __init__(self, exported: onnx.ModelProto):
-        from dyndq.converters.lowering_context import NameScope
-
-        graph = exported.graph
-        initializers = {t.name for t in graph.initializer}
-        int4_in = [vi for vi in graph.input
-                   if _elem(vi) in self._WIDE and vi.name not in initializers]
-        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS}
-        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) in _BITS]
-        self.model = exported
-        self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
-        self.renamed_out: dict[str, tuple[str, int]] = {}  # graph output -> (name ORT returns, ONNX type it had)
-        if not int4_in and not narrow_out:
-            return
-        model = onnx.ModelProto()
-        model.CopyFrom(exported)
-        from dyndq.graphs import all_names
-
-        names = NameScope(all_names(model))
-        casts = []
-        for vi in model.graph.input:
-            if vi.name in {v.name for v in int4_in}:
-                narrow, wide = _elem(vi), self._WIDE[_elem(vi)]
-                fed = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
-                casts.append(onnx.helper.make_node("Cast", [fed], [vi.name], to=narrow,
-                                                   name=names.fresh(f"{vi.name}/Cast")))
-                self.renamed_in[vi.name] = (fed, dtypes.by_onnx(wide).numpy)
-                vi.name = fed
-                vi.type.tensor_type.elem_type = wide
-        for vi in model.graph.output:
-            narrow = _elem(vi)
-            if narrow not in self._WIDE and narrow not in _BITS:
-                continue
-            wide = self._WIDE.get(narrow, onnx.TensorProto.FLOAT)
-            out = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
-            model.graph.node.append(onnx.helper.make_node("Cast", [vi.name], [out], to=wide,
-                                                          name=names.fresh(f"{vi.name}/Cast")))
-            self.renamed_out[vi.name] = (out, narrow)
-            vi.name = out
-            vi.type.tensor_type.elem_type = wide
-        nodes = casts + list(model.graph.node)
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-        self.model = model
-
-    def feeds(self, feeds: Mapping[str, object]) -> dict:
-        import onnxruntime as ort
-
-        out = {}
-        for name, value in feeds.items():
-            if name in self.renamed_in:
-                fed, dtype = self.renamed_in[name]
-                out[fed] = np.asarray(value).astype(dtype)
-            elif (name in self.bits_in and isinstance(value, np.ndarray)
-                  and value.dtype.name == dtypes.by_onnx(self.bits_in[name]).name):
-                elem = self.bits_in[name]
-                out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    np.ascontiguousarray(value).view(_BITS[elem]), elem)
-            else:
-                out[name] = value
-        return out
-
-    def run(self, session, output_names: list[str], feeds: Mapping[str, object], run_options=None) -> list:
-        asked = [self.renamed_out.get(n, (n, None))[0] for n in output_names]
-        results = session.run(asked, self.feeds(feeds), run_options)
-        back = []
-        for name, value in zip(output_names, results):
-            if name in self.renamed_out:
-                narrow = self.renamed_out[name][1]
-                value = np.asarray(value)
-                if narrow == onnx.TensorProto.BFLOAT16:
-                    value = (value.view(np.uint32) >> 16).astype(np.uint16).view(dtypes.by_name("bfloat16").numpy)
-                else:  # int8/uint8 back to int4/uint4, float32 back to float8, by value
-                    value = value.astype(dtypes.by_onnx(narrow).numpy)
-            back.append(value)
-        return back
-
-
-_BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
-         onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
-         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8}
-
-
-def _elem(vi: onnx.ValueInfoProto) -> int:
-    return vi.type.tensor_type.elem_type if vi.type.WhichOneof("value") == "tensor_type" else 0
-
-
-
-
-def _c_contiguous(value):
-    if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
-        return value.copy(order="C")
-    return value
 
 
 _cache: collections.OrderedDict[tuple[str, str], Runner] = collections.OrderedDict()
@@ -259,8 +118,9 @@ def model_key(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
-def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference") -> Runner:
-    """The cached Runner for this model and engine, built on first use."""
+def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference",
+           outputs: Sequence[str] | None = None) -> Runner:
+    """The cached Runner for this model, engine and outputs (None: the graph's), built on first use."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     if isinstance(model, (str, os.PathLike)):
@@ -269,14 +129,23 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
         model = load_model(model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"run() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
-    key = (engine, model_key(model))
+    if outputs is not None:
+        from dyndq.run_outputs import asked_outputs
+
+        outputs = tuple(asked_outputs(model, outputs))
+    key = (engine, model_key(model), outputs)
     with _lock:
         found = _cache.get(key)
         if found is not None:
             _cache.move_to_end(key)
             return found
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # the runner keeps its own: later edits to `model` cannot reach it
+    if outputs is None:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # the runner keeps its own: later edits to `model` cannot reach it
+    else:
+        from dyndq.run_outputs import with_outputs
+
+        copy = with_outputs(model, outputs)  # (a copy too)
     built = Runner(copy, engine)
     with _lock:
         _cache[key] = built
@@ -285,16 +154,21 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
     return built
 
 
-def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference") -> dict[str, np.ndarray]:
+def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object], *, engine: str = "reference",
+        outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Run the model's main graph on `feeds` (input name -> array); returns output name -> array
     (a list of arrays for a sequence output).
+
+    `outputs`: the values to return, by name, in that order, in place of the graph's outputs:
+    any value of the main graph (a graph input, an initializer, the output of any of its nodes),
+    on either engine.  A name that is none raises `dyndq.run_outputs.OutputNameError`.
 
     Feeds are checked against the graph's inputs first: a missing or unknown
     input, or a feed of the wrong dtype, rank or fixed dimension, raises
     `dyndq.ValidationError` naming the input.  A model using our ops wrongly
     raises `dyndq.ValidationError` with every problem.
     """
-    return runner(model, engine)(feeds)
+    return runner(model, engine, outputs)(feeds)
 
 
 def clear_cache() -> None:
@@ -305,7 +179,7 @@ def clear_cache() -> None:
 # -- feeds -------------------------------------------------------------------------------
 
 
-def _graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
+def graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, bool]]:
     """(name, spec or None for non-tensor types, required) of each graph input."""
     initializers = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
     return [(vi.name, _declared(vi.type), vi.name not in initializers) for vi in model.graph.input]
@@ -316,6 +190,16 @@ def _declared(tp: onnx.TypeProto) -> TensorSpec | None:
     from dyndq.scopes import untyped_tensor
 
     return TensorSpec(None, None) if untyped_tensor(tp) else spec_of_type(tp)
+
+
+def fitting_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
+    """`check_feeds`, its problems raised as FeedError."""
+    try:
+        return check_feeds(inputs, feeds)
+    except FeedError:
+        raise
+    except ValidationError as e:
+        raise FeedError(e.problems) from None
 
 
 def check_feeds(inputs, feeds: Mapping[str, object]) -> dict[str, object]:
@@ -398,22 +282,6 @@ def _describe(spec: TensorSpec | None) -> str:
 
 
 # -- the model -----------------------------------------------------------------------------
-
-
-def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose graph outputs carry the types and shapes ONNX infers, where they had none."""
-    if all(o.type.tensor_type.HasField("shape") for o in model.graph.output
-           if o.type.WhichOneof("value") == "tensor_type"):
-        return model
-    from dyndq.light import light_view
-
-    inferred = onnx.shape_inference.infer_shapes(light_view(model))  # (a model over 2 GiB cannot be serialized whole)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for mine, theirs in zip(out.graph.output, inferred.graph.output):
-        if not mine.type.tensor_type.HasField("shape"):
-            mine.type.CopyFrom(theirs.type)
-    return out
 
 
 def _validate_our_nodes(model: onnx.ModelProto) -> None:

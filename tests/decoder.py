@@ -44,3 +44,26 @@ def decoder_model(hidden: int = 128, layers: int = 2, vocab: int = 512, seed: in
     graph = helper.make_graph(nodes, "decoder", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def ort_quantize(model, fmt: str, bits: int, block: int, sym: bool):
+    """ONNX Runtime's own MatMulNBitsQuantizer on a copy (it changes the model it is given), format
+    "QOperator" (MatMulNBits, and GatherBlockQuantized for 4 bits) or "QDQ" (DequantizeLinear + MatMul)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    ops = ("MatMul", "Gather") if fmt == "QOperator" and bits == 4 else ("MatMul",)
+    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym, bits=bits, op_types_to_quantize=ops,
+                                          quant_format=getattr(QuantFormat, fmt))
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    logging.disable(logging.INFO)  # (it logs a line per node)
+    try:
+        quantizer = MatMulNBitsQuantizer(copy, algo_config=config)
+        quantizer.process()
+    finally:
+        logging.disable(logging.NOTSET)
+    return quantizer.model.model

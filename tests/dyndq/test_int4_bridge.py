@@ -13,17 +13,13 @@ Gather) applied to an LLM-shaped float model (tests/decoder.py), then lifted and
 """
 from __future__ import annotations
 
-import logging
-
 import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from decoder import decoder_model
+from decoder import decoder_model, ort_quantize as quantize
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import QuantFormat
-from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
 import dyndq
 from dyndq.cli import main
@@ -37,22 +33,6 @@ CONFIGS = [(fmt, bits, block, sym)
 @pytest.fixture(scope="module")
 def float_model():
     return decoder_model(hidden=128, layers=2, vocab=512)
-
-
-def quantize(model, fmt, bits, block, sym):
-    """ONNX Runtime's quantizer on a copy (it changes the model it is given); Gather too where it can (QOperator, 4 bits)."""
-    ops = ("MatMul", "Gather") if fmt == "QOperator" and bits == 4 else ("MatMul",)
-    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym, bits=bits, op_types_to_quantize=ops,
-                                          quant_format=getattr(QuantFormat, fmt))
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    logging.disable(logging.INFO)  # (it logs a line per node)
-    try:
-        quantizer = MatMulNBitsQuantizer(copy, algo_config=config)
-        quantizer.process()
-    finally:
-        logging.disable(logging.NOTSET)
-    return quantizer.model.model
 
 
 def on_ort(model, feeds, outputs=None):

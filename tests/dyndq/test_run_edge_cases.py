@@ -128,3 +128,24 @@ def test_onnxruntime_logs_nothing_to_stderr(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dyndq", "run", "m.onnx", "-i", "w=w.npy", "-i", "s=s.npy", "--engine", "onnxruntime"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "\x1b[" not in r.stderr, r.stderr
+
+
+# -- run --output-dir leaves no folder of its own behind when it fails ------------------------------
+
+def test_a_failed_run_leaves_no_output_folder_it_made(capsys, tmp_path):
+    _scales_too_long(tmp_path)
+    run = ("run", tmp_path / "m.onnx", "-i", f"w={tmp_path / 'w.npy'}")
+    bad_feed = ("-i", f"s={tmp_path / 'w.npy'}")  # int8 where the graph takes float32: exit 2
+    found_while_running = ("-i", f"s={tmp_path / 's.npy'}")  # 5 scales for 3 channels: exit 1
+    for extra, expected in ((bad_feed, 2), (found_while_running, 1)):
+        for engine in ("reference", "onnxruntime"):
+            code, out, err = call(capsys, *run, *extra, "--engine", engine, "--output-dir", tmp_path / "new" / "deeper")
+            assert code == expected, err
+            assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a folder that was there before is left as it was
+    code, out, err = call(capsys, *run, *bad_feed, "--output-dir", tmp_path / "mine" / "new")
+    assert code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "mine", "s.npy", "w.npy"]
+    assert list((tmp_path / "mine").iterdir()) == []
+    np.save(tmp_path / "s3.npy", np.ones(3, np.float32))
+    code, out, err = call(capsys, *run, "-i", f"s={tmp_path / 's3.npy'}", "--output-dir", tmp_path / "new")
+    assert code == 0 and (tmp_path / "new" / "y.npy").is_file(), err

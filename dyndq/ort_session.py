@@ -1,0 +1,177 @@
+"""ONNX Runtime, fed and read the one way the house does it: `OrtSession(exported, level=...)`.
+
+ONNX Runtime's Python API refuses int4/uint4 and bfloat16 NumPy feeds and cannot return such
+outputs; `OrtBoundary` passes them through exact conversions.  A model over 2 GiB cannot be
+serialized for ONNX Runtime: its big initializers are handed over as arrays, fed as the graph
+inputs its light view makes of them.  `dyndq.run(engine="onnxruntime")` and
+`dyndq.runtime_parity` both run ONNX Runtime through `OrtSession`.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from dyndq.opdefs import dtypes
+
+# ONNX Runtime's graph optimization levels, by the names the house uses.
+LEVELS = ("off", "basic", "extended", "all")
+
+
+class OrtSession:
+    """An ONNX Runtime CPU session on an exported (standard ONNX) model: `run(names, feeds)`.
+
+    `level` is the graph optimization level; `optimized_model_path`, when given, is where ONNX
+    Runtime saves the graph it optimized (`boundary.added` names the nodes the boundary added to
+    it, which are not the model's).  Logging is off: ONNX Runtime's errors come back as exceptions."""
+
+    def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None):
+        import onnxruntime as ort
+
+        from dyndq.light import big_initializers, light_view
+
+        if level not in LEVELS:
+            raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # fatal only: its (coloured) log lines would reach stderr
+        options.graph_optimization_level = {
+            "off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
+        if optimized_model_path is not None:
+            options.optimized_model_filepath = optimized_model_path
+        # (the boundary is made on the light view, so that a big int4 or bfloat16 initializer,
+        # fed as an input there, passes through it as any input does)
+        self.boundary = OrtBoundary(light_view(exported))
+        self._big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}
+        self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4
+
+    def run(self, names: list[str], feeds: Mapping[str, object]) -> list:
+        """The values `names` (the graph's own names and dtypes) on `feeds`, checked feeds: see
+        `dyndq.runner.check_feeds`."""
+        # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
+        arrays = {k: _c_contiguous(v) for k, v in feeds.items()}
+        return self.boundary.run(self.session, names, {**arrays, **self._big}, self._run_options)
+
+
+class OrtBoundary:
+    """What ONNX Runtime's Python API cannot pass, passed through exact conversions.
+
+    ORT's Python API refuses int4/uint4 and bfloat16 NumPy feeds and cannot return
+    bfloat16 or int4 outputs (checked on 1.27 to 1.32).  So, on a copy of the
+    exported model (the exported model itself is left as export wrote it):
+
+    - an int4/uint4 graph input becomes an int8/uint8 input followed by a Cast to
+      int4/uint4 that produces the original name (exact: every int4 value is an
+      int8 value); the feed is converted with NumPy, also exactly;
+    - a bfloat16 feed goes in as an OrtValue of ONNX type BFLOAT16 over the
+      array's 16-bit pattern (the bits as they are, NaN payloads included), and a
+      float8 feed likewise over its 8-bit pattern;
+    - an int4/uint4 graph output is Cast to int8/uint8 and a bfloat16 one to
+      float32 (ORT's bfloat16 -> float32 Cast shifts the bits: exact, NaN
+      payloads included), and converted back here: int4 by value, bfloat16 by
+      taking the upper 16 bits (no rounding involved); a float8 output is Cast to
+      float32 and back by value (exact: every float8 value is a float32 one).
+
+    Returned arrays have the graph's own dtypes, as the reference engine returns.
+    """
+
+    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
+
+    def __init__(self, exported: onnx.ModelProto):
+        from dyndq.converters.lowering_context import NameScope
+
+        graph = exported.graph
+        initializers = {t.name for t in graph.initializer}
+        int4_in = [vi for vi in graph.input
+                   if _elem(vi) in self._WIDE and vi.name not in initializers]
+        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS}
+        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) in _BITS]
+        self.model = exported
+        self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
+        self.renamed_out: dict[str, tuple[str, int]] = {}  # graph output -> (name ORT returns, ONNX type it had)
+        self.added: set[str] = set()  # the names of the Cast nodes added here (not the model's own)
+        if not int4_in and not narrow_out:
+            return
+        model = onnx.ModelProto()
+        model.CopyFrom(exported)
+        from dyndq.graphs import all_names
+
+        names = NameScope(all_names(model))
+        casts = []
+        for vi in model.graph.input:
+            if vi.name in {v.name for v in int4_in}:
+                narrow, wide = _elem(vi), self._WIDE[_elem(vi)]
+                fed = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
+                casts.append(onnx.helper.make_node("Cast", [fed], [vi.name], to=narrow,
+                                                   name=names.fresh(f"{vi.name}/Cast")))
+                self.renamed_in[vi.name] = (fed, dtypes.by_onnx(wide).numpy)
+                vi.name = fed
+                vi.type.tensor_type.elem_type = wide
+        for vi in model.graph.output:
+            narrow = _elem(vi)
+            if narrow not in self._WIDE and narrow not in _BITS:
+                continue
+            wide = self._WIDE.get(narrow, onnx.TensorProto.FLOAT)
+            out = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
+            model.graph.node.append(onnx.helper.make_node("Cast", [vi.name], [out], to=wide,
+                                                          name=names.fresh(f"{vi.name}/Cast")))
+            self.renamed_out[vi.name] = (out, narrow)
+            vi.name = out
+            vi.type.tensor_type.elem_type = wide
+        self.added = {n.name for n in casts} | {n.name for n in model.graph.node[len(exported.graph.node):]}
+        nodes = casts + list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        self.model = model
+
+    def feeds(self, feeds: Mapping[str, object]) -> dict:
+        import onnxruntime as ort
+
+        out = {}
+        for name, value in feeds.items():
+            if name in self.renamed_in:
+                fed, dtype = self.renamed_in[name]
+                out[fed] = np.asarray(value).astype(dtype)
+            elif (name in self.bits_in and isinstance(value, np.ndarray)
+                  and value.dtype.name == dtypes.by_onnx(self.bits_in[name]).name):
+                elem = self.bits_in[name]
+                out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(value).view(_BITS[elem]), elem)
+            else:
+                out[name] = value
+        return out
+
+    def run(self, session, output_names: list[str], feeds: Mapping[str, object], run_options=None) -> list:
+        asked = [self.renamed_out.get(n, (n, None))[0] for n in output_names]
+        results = session.run(asked, self.feeds(feeds), run_options)
+        back = []
+        for name, value in zip(output_names, results):
+            if name in self.renamed_out:
+                narrow = self.renamed_out[name][1]
+                value = np.asarray(value)
+                if narrow == onnx.TensorProto.BFLOAT16:
+                    value = (value.view(np.uint32) >> 16).astype(np.uint16).view(dtypes.by_name("bfloat16").numpy)
+                else:  # int8/uint8 back to int4/uint4, float32 back to float8, by value
+                    value = value.astype(dtypes.by_onnx(narrow).numpy)
+            back.append(value)
+        return back
+
+
+_BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
+         onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
+         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8}
+
+
+def _elem(vi: onnx.ValueInfoProto) -> int:
+    return vi.type.tensor_type.elem_type if vi.type.WhichOneof("value") == "tensor_type" else 0
+
+
+def _c_contiguous(value):
+    if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
+        return value.copy(order="C")
+    return value
