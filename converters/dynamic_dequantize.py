@@ -76,16 +76,17 @@ def _scalar(ctx: LoweringContext, name: str, hint: str) -> str:
     return ctx.op("Reshape", name, ctx.const(np.zeros((0,), np.int64), "scalar_shape"), hint=hint)
 
 
-def _channel_shape(ctx: LoweringContext, src: str, axis: int) -> str | None:
+def _channel_shape(ctx: LoweringContext, src: str, axis: int, wide: str | None = None) -> str | None:
     """A shape [-1, 1, ..., 1] that aligns a 1-D per-channel tensor with src's `axis`
-    (None when axis is the last one: the tensor broadcasts as it is)."""
+    (None when axis is the last one: the tensor broadcasts as it is).  Where src's rank is known
+    only at run time, it is read off `wide` (src Cast to int64: ORT has no Shape of int4)."""
     rank = ctx.spec(src).rank if ctx.spec(src) is not None else None
     if axis < 0:
         trailing = -axis - 1
     elif rank is not None:
         trailing = rank - 1 - axis
     else:  # rank unknown: ones for each dim of src after axis, computed at run time
-        dims = ctx.op("Shape", src, hint="src_shape")
+        dims = ctx.op("Shape", wide or src, hint="src_shape")
         after = ctx.op(
             "Slice", dims,
             ctx.const(np.array([axis + 1], np.int64), "after_axis"),
@@ -395,8 +396,8 @@ def dynamic_dequantize_2(
     ctx.form = "integer arithmetic"
     scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
     zp = ctx.op("Cast", zps, to=TensorProto.INT64, hint="zero_point_int64") if zps else None
-    scale, zp = _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape)
     x = ctx.op("Cast", src, to=TensorProto.INT64, hint="src_int64")
+    scale, zp = _broadcastable(ctx, src, x, scale, zp, qtype, axis, group_shape)
     if zp is not None:
         x = ctx.op("Sub", x, zp, hint="centered")
     x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
@@ -433,13 +434,14 @@ def _quiet_nans_if_float16(ctx: LoweringContext, y: str, scales: str) -> str:
     return ctx.op("Where", quiet, nan, y, hint="dst_quiet_nan")
 
 
-def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
-    """The float32 scales and int64 zero points shaped to broadcast against src (never an
-    int4 or bfloat16 tensor reshaped: ORT has no kernels for those)."""
+def _broadcastable(ctx, src, wide, scale, zp, qtype, axis, group_shape):
+    """The float32 scales and int64 zero points shaped to broadcast against src, whose shape is
+    read at run time off `wide`, src already Cast to int64 (never an int4 or bfloat16 tensor
+    reshaped, nor its Shape taken: ORT has no kernels for those)."""
     if qtype == PER_TENSOR:
         return _scalar(ctx, scale, "scale"), None if zp is None else _scalar(ctx, zp, "zero_point")
     if qtype == PER_CHANNEL:
-        shape = _channel_shape(ctx, src, int(axis))
+        shape = _channel_shape(ctx, src, int(axis), wide)
         if shape is None:
             return scale, zp
         scale = ctx.op("Reshape", scale, shape, hint="scale")
@@ -453,7 +455,7 @@ def _broadcastable(ctx, src, scale, zp, qtype, axis, group_shape):
     src_shape = None
     for i in _grouped(group_shape):
         if src_shape is None:
-            src_shape = ctx.op("Shape", src, hint="src_shape")
+            src_shape = ctx.op("Shape", wide, hint="src_shape")
             zero, one = ctx.const(np.array(0, np.int64), "zero"), ctx.const(np.array(1, np.int64), "one")
         dim = ctx.op("Gather", src_shape, ctx.const(np.array(i, np.int64), f"dim{i}"), axis=0, hint=f"src_dim{i}")
         positions = ctx.op("Range", zero, dim, one, hint=f"positions{i}")
