@@ -22,7 +22,7 @@ from dyndq.graphs import ai_onnx_version, all_names
 from dyndq.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.quantize import plan as planning
-from dyndq.quantize.numerics import METHODS, QuantizedWeight, quantize_weight
+from dyndq.quantize.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
 from dyndq.quantize.report import LayerReport, QuantizeReport
 from dyndq.quantize.rewrite import placed
 
@@ -196,10 +196,15 @@ def _one_weight(target, weight, settings, names, opset, graphs, tensors, graph):
         u = target.uses[0]
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
-    q: QuantizedWeight = quantize_weight(
-        weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
-        symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
-        method=settings["method"], rule=target.rule)
+    try:
+        q: QuantizedWeight = quantize_weight(
+            weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
+            symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
+            method=settings["method"], rule=target.rule)
+    except ScaleOutOfRange as e:
+        u = target.uses[0]
+        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", e.found, e.allowed,
+                             op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     del weight
     p = placed(target.name, target.dtype, q, names, opset)
     after = 0
