@@ -26,6 +26,7 @@ from dyndq.wording import a as article
 OPS = ("MatMul", "Gemm", "Gather")
 WEIGHT_INPUT = {"MatMul": (1, "B"), "Gemm": (1, "B"), "Gather": (0, "data")}
 FLOATS = ("float32", "float16", "bfloat16")
+QUANTIZED = ("DynamicDequantize", "DequantizeLinear")  # a weight made by one of these is quantized already
 IR_INPUTS_ARE_CONSTANT = 4  # below IR 4 every initializer is also listed among the graph inputs
 
 
@@ -114,6 +115,7 @@ def _visit(graph, path, scope, ops, exclude, group_size, constant_inputs, target
             scope.pop(out, None)
     for t in graph.initializer:
         scope[t.name] = (path, t, t.name in fed)
+    made_by = {out: (i, node) for i, node in enumerate(graph.node) for out in node.output}
     for i, node in enumerate(graph.node):
         for attr, sub in subgraphs(node):
             _visit(sub, subgraph_path(path, node, i, attr), scope, ops, exclude, group_size, constant_inputs,
@@ -131,8 +133,13 @@ def _visit(graph, path, scope, ops, exclude, group_size, constant_inputs, target
             continue
         entry = scope.get(name)
         if entry is None:
-            problem("a value computed by the graph or fed at run time, not an initializer",
-                    "a constant weight (an initializer)")
+            maker = _dequantizer(name, made_by)
+            if maker is not None:  # (quantized already, by us or another tool)
+                problem(f"the output of {maker[1].op_type} {label(maker[1], maker[0])!r}, a weight quantized already",
+                        "a constant float weight (an initializer)")
+            else:
+                problem("a value computed by the graph or fed at run time, not an initializer",
+                        "a constant weight (an initializer)")
             continue
         where, tensor, is_input = entry
         if is_input and not constant_inputs:
@@ -161,6 +168,15 @@ def _visit(graph, path, scope, ops, exclude, group_size, constant_inputs, target
             rule = "gather" if node.op_type == "Gather" else "matmul"
             targets[key] = Target(name, where, dims, dtype, axis, rule, listed_as_input=is_input)
         targets[key].uses.append(use)
+
+
+def _dequantizer(name: str, made_by: dict):
+    """(index, node) of the DynamicDequantize or DequantizeLinear node that makes `name`,
+    through the Slice and Cast that follow it; None when no such node does."""
+    made = made_by.get(name)
+    while made is not None and made[1].op_type in ("Slice", "Cast") and made[1].input:
+        made = made_by.get(made[1].input[0])
+    return made if made is not None and made[1].op_type in QUANTIZED else None
 
 
 def _axis(node: onnx.NodeProto, rank: int) -> int | None:
