@@ -113,3 +113,20 @@ def test_a_weight_whose_scales_float16_cannot_hold_is_left_alone_and_said():
     (said,) = map(str, report.left_alone)
     assert said.startswith("graph 'main' node 2 'mm' (MatMul): B ('W'): found values up to 3e+38 in magnitude, "
                            "whose groups need scales beyond the largest float16 (65504)")
+
+
+def test_an_output_the_float_model_makes_infinite_is_left_out_of_the_output_error():
+    from onnx import TensorProto as T, helper, numpy_helper as nh
+
+    w = heavy((256, 8), 4)
+    w[:, 0] = 3e38  # (every input row reaches this column: the float model's y[:, 0] overflows)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+                           helper.make_node("Relu", ["x"], ["r"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [2, 256])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2, 8]),
+                           helper.make_tensor_value_info("r", T.FLOAT, [2, 256])], [nh.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    _, report = dyndq.quantize(model)
+    assert [o.name for o in report.outputs] == ["r"]
+    assert report.outputs_note.endswith("; left out: y, where the float model gives NaN or infinity")
+    assert "nan" not in "\n".join(report.table())
