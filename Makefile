@@ -9,12 +9,27 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big bench install test-oldest test-clang test-nosimd test-sanitize clean
+.PHONY: demo test test-big bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+
+# A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
+# by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
+# `pip install` fails with "No module named pip") is removed and made again: $(call venv,DIR).
+VENV_WORKS = $(1)/bin/python -c 'import pip' >/dev/null 2>&1
+define venv
+	@$(call VENV_WORKS,$(1)) || { test ! -e $(1) || \
+		echo "$(1) does not work (its python does not run, or has no pip): making it again"; \
+		rm -rf $(1) && $(PYTHON) -m venv $(1); }
+endef
+# (and a broken .venv makes its stamp out of date, however new the stamp is)
+ifneq ($(shell $(call VENV_WORKS,$(VENV)) && echo works),works)
+$(STAMP): venv-broken
+endif
+venv-broken:
 
 $(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(call venv,$(VENV))
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
@@ -68,7 +83,7 @@ bench: $(STAMP)
 # "==X.Y.*"), in a venv of its own: keeps those lower bounds true.
 OLDEST := .venv-oldest
 test-oldest:
-	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(call venv,$(OLDEST))
 	$(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 		print('\n'.join(d.replace('>=', '==') + '.*' for d in p['dependencies'] + p['optional-dependencies']['test']))" \
 		> $(OLDEST)/oldest.txt

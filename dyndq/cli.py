@@ -218,14 +218,20 @@ def _save(model, path: str, loaded) -> list[str]:
         location = save_model(model, path, external_data=loaded.external_data)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
+    same = os.path.realpath(path) == os.path.realpath(loaded.path)
+    return _data_notes(location, [loc for loc in loaded.locations if loc != location] if same else [])
+
+
+def _data_notes(location: str | None, kept: list[str]) -> list[str]:
+    """What became of the external data: the file written (if any), and the data files of the
+    model a write replaced, which are kept (a copy of the model made before may point into them:
+    never ours to delete)."""
     notes = []
     if location is not None:
         notes.append(f"  its tensors are in {location}, beside it")
-    if os.path.realpath(path) == os.path.realpath(loaded.path):
-        kept = [loc for loc in loaded.locations if loc != location]
-        if kept:  # a copy of the model made before may point into them: never ours to delete
-            notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
-                         "model may point into it; delete it when none does")
+    if kept:
+        notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
+                     "model may point into it; delete it when none does")
     return notes
 
 
@@ -633,7 +639,7 @@ def _quantize_parser(sub) -> None:
 def cmd_quantize(args) -> int:
     import dyndq
     from dyndq.files import ModelFileError
-    from dyndq.quantize import quantize_file
+    from dyndq.quantize import NothingToQuantize, OptionError, quantize_file
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
@@ -648,13 +654,26 @@ def cmd_quantize(args) -> int:
             ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
-    except dyndq.ValidationError as e:
+    except OptionError as e:  # a bad option value: a usage error, each named by its flag
+        for p in e.problems:
+            _err(f"--{p.argument.replace('_', '-')}: found {p.found}; allowed: {p.allowed}")
+        return USAGE
+    except NothingToQuantize as e:
+        print(f"{args.input}: nothing to quantize (nothing written): {e.reason}", file=sys.stderr)
+        for p in e.problems:
+            print(f"  - {p}", file=sys.stderr)
+        return PROBLEMS
+    except dyndq.ValidationError as e:  # --strict, and a weight left alone
         _print_problems(args.input, e.problems, sys.stderr)
         return PROBLEMS
+    if args.no_evaluate:
+        report.outputs_note = "not measured (--no-evaluate)"
     if args.json:
         print(json.dumps({"input": args.input, "output": args.output, "emit": args.emit, **report.as_dict()}, indent=2))
     else:
         print(f"wrote {args.output}: {report.summary()}")
+        for note in _data_notes(report.data_file, report.kept_files):
+            print(note)
         print("\n".join(report.table()))
     return OK
 

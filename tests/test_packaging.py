@@ -148,3 +148,93 @@ def test_the_readme_quick_start_from_the_clone_and_its_parent(installs, parent, 
         out = subprocess.run([*python, "-c", _readme_quick_start()], cwd=ROOT if where == "root" else parent, env=env,
                              capture_output=True, text=True)
         assert out.returncode == 0, (name, where, out.stderr[-2000:])
+
+
+# -- the Makefile's .venv: one a first `make` left broken is made again -------------------------------
+
+# Stand-ins for Python, so the Makefile's own recipes run here in a moment and without a network:
+# the interpreter the Makefile is given (it answers the version check and makes a venv whose
+# python works), and each venv's python (it logs what it is asked and answers `import pip`).
+FAKE_PYTHON = """#!/bin/sh
+echo "python $*" >> "{log}"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin" && cp "{venv_python}" "$3/bin/python" && chmod +x "$3/bin/python"
+fi
+"""
+VENV_PYTHON = """#!/bin/sh
+echo "venv $*" >> "{log}"
+"""
+NO_PIP_PYTHON = """#!/bin/sh
+case "$*" in *"import pip"*) echo "No module named pip" >&2; exit 1;; esac
+echo "broken venv $*" >> "{log}"
+exit 1
+"""
+
+
+@pytest.fixture
+def makefile_folder(tmp_path):
+    """The Makefile in a folder of its own, beside empty files of the names its stamp depends on."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    (tmp_path / "kernels").mkdir()
+    for name in ("pyproject.toml", "setup.py", "kernels/_native.c"):
+        (tmp_path / name).write_text("")
+        os.utime(tmp_path / name, (1_000_000_000, 1_000_000_000))  # (older than any stamp made here)
+    log = tmp_path / "log"
+    for name, text in (("python", FAKE_PYTHON), ("venv-python", VENV_PYTHON), ("no-pip-python", NO_PIP_PYTHON)):
+        (tmp_path / name).write_text(text.format(log=log, venv_python=tmp_path / "venv-python"))
+        (tmp_path / name).chmod(0o755)
+    return tmp_path
+
+
+def _make(folder, target="install"):
+    """Runs `make TARGET` with the stand-in Python; (exit code, what the Pythons were asked, output)."""
+    log = folder / "log"
+    log.write_text("")
+    out = subprocess.run(["make", "--no-print-directory", target, f"PYTHON={folder / 'python'}"], cwd=folder,
+                         capture_output=True, text=True)
+    return out.returncode, log.read_text().splitlines(), out.stdout + out.stderr
+
+
+def _venv(folder, python: str, stamp: bool) -> None:
+    (folder / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(folder / python, folder / ".venv" / "bin" / "python")
+    if stamp:
+        (folder / ".venv" / ".installed").write_text("")
+
+
+@pytest.mark.parametrize("stamp", [False, True], ids=["stopped-before-the-stamp", "stamp-left-behind"])
+@pytest.mark.parametrize("python", ["no-pip-python", None], ids=["python-without-pip", "no-python"])
+def test_make_makes_a_broken_venv_again(makefile_folder, python, stamp):
+    if python is None:  # (a venv folder whose python was never written, or does not run)
+        (makefile_folder / ".venv").mkdir()
+        if stamp:
+            (makefile_folder / ".venv" / ".installed").write_text("")
+    else:
+        _venv(makefile_folder, python, stamp)
+    code, asked, output = _make(makefile_folder)
+    assert code == 0, output
+    assert "python -m venv .venv" in asked, asked  # made again...
+    assert any(a.startswith("venv -m pip install") for a in asked), asked  # ...and installed into
+    assert not any(a.startswith("broken venv") for a in asked), asked
+    assert ".venv does not work (its python does not run, or has no pip): making it again" in output
+    assert (makefile_folder / ".venv" / ".installed").exists()
+
+
+def test_make_keeps_a_working_venv(makefile_folder):
+    _venv(makefile_folder, "venv-python", stamp=True)
+    code, asked, output = _make(makefile_folder)
+    assert code == 0 and "Nothing to be done" in output, output
+    assert asked == ["venv -c import pip"]  # (the one question: does it work?)
+    (makefile_folder / ".venv" / ".installed").unlink()  # a stamp out of date: installed again, in the same venv
+    code, asked, output = _make(makefile_folder)
+    assert code == 0, output
+    assert "python -m venv .venv" not in asked and any(a.startswith("venv -m pip install") for a in asked), asked
+
+
+def test_a_fresh_clone_gets_its_venv(makefile_folder):
+    code, asked, output = _make(makefile_folder)
+    assert code == 0, output
+    assert "python -m venv .venv" in asked and "making it again" not in output
+    assert (makefile_folder / ".venv" / ".installed").exists()

@@ -10,14 +10,14 @@ graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), an
 import sys
 import types
 
-from dyndq.quantize.quantizer import EMITS, SCALE_DTYPES, quantize
+from dyndq.quantize.quantizer import EMITS, SCALE_DTYPES, NothingToQuantize, OptionError, quantize
 from dyndq.quantize.on_disk import onednn_graph, quantize_file
 from dyndq.quantize.numerics import METHODS
 from dyndq.quantize.plan import OPS
 from dyndq.quantize.report import LayerReport, OutputError, QuantizeReport
 
-__all__ = ["EMITS", "LayerReport", "METHODS", "OPS", "OutputError", "QuantizeReport", "SCALE_DTYPES",
-           "onednn_graph", "quantize", "quantize_file"]
+__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputError", "QuantizeReport",
+           "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]
 
 
 class _Callable(types.ModuleType):

@@ -29,13 +29,18 @@ def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, se
         got = Runner(quantized, ENGINE)(feeds)
     except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said, not raised
         return [], f"not measured: {first_line(e)}"
-    errors = []
+    errors, unbounded = [], []
     for name, w in want.items():
         g = got[name]
         if not isinstance(w, np.ndarray) or w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+            continue
+        if not np.isfinite(w.astype(np.float32)).all():  # (an error against infinity or NaN means nothing)
+            unbounded.append(name)
             continue
         stats = ErrorStats()
         stats.add(w.ravel(), g.ravel())
         errors.append(OutputError(name, stats.relative, stats.max_abs, stats.cosine))
     note = f"seeded random inputs, seed {seed}, {ENGINE}"
-    return errors, note if errors else f"not measured: no float output ({note})"
+    if unbounded:
+        note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
+    return errors, note if errors else f"not measured: no float output with finite values ({note})"

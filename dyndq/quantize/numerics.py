@@ -13,6 +13,13 @@ ONNX Runtime's MatMulNBits holds there), and `padded_to` says how long the padde
 the graph takes the first `length` elements back with a Slice (DynamicDequantize's per_group
 needs whole groups, as MatMulNBits stores them).
 
+Nothing it writes dequantizes to a value the weight did not hold: a scale its dtype cannot
+hold (float32 weights of 1e6 with float16 scales) raises `ScaleOutOfRange`, and a level whose
+value (level - zero) * scale rounds beyond the largest value of the scale dtype or of the
+weight's (float16 weights near 65504, whose scale rounded up) steps toward its group's zero
+level until it is finite (`_within_range`): the value just inside the range, where ONNX
+Runtime's would be infinite.
+
 Pure NumPy and ml_dtypes: no onnx here.
 """
 from __future__ import annotations
@@ -27,6 +34,15 @@ from dyndq.quantize.search import search
 
 METHODS = {"rtn": rtn, "search": search}
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
+
+
+class ScaleOutOfRange(ValueError):
+    """A group's scale is beyond the largest value of the scale dtype asked for: `found` and
+    `allowed` say so in the words of a `Problem`."""
+
+    def __init__(self, found: str, allowed: str):
+        super().__init__(f"found {found}; allowed: {allowed}")
+        self.found, self.allowed = found, allowed
 
 
 @dataclass
@@ -47,7 +63,9 @@ class ErrorStats:
         self.sq_dequantized += float(np.einsum("i,i->", dq.ravel(), dq.ravel()))
         self.dot += float(np.einsum("i,i->", w.ravel(), dq.ravel()))
         if diff.size:
-            self.max_abs = max(self.max_abs, float(np.abs(diff).max()))
+            # (NumPy's max keeps a NaN, where Python's max(0.0, nan) gives 0.0: a NaN error never
+            # shows a max of 0 beside it)
+            self.max_abs = float(np.max([self.max_abs, np.abs(diff).max()]))
 
     @property
     def relative(self) -> float:
@@ -56,7 +74,7 @@ class ErrorStats:
 
     @property
     def cosine(self) -> float:
-        norms = np.sqrt(self.sq_weight * self.sq_dequantized)
+        norms = np.sqrt(self.sq_weight) * np.sqrt(self.sq_dequantized)
         return float(self.dot / norms) if norms else float(self.sq_error == 0)
 
 
@@ -114,7 +132,8 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
             part = w3[o:o + o_block, :, n:n + n_block]
             rows = part.transpose(0, 2, 1).reshape(-1, length)  # (a copy of this block only)
             q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
-            stats.add(rows, _dequantize(q, length, weight.dtype))
+            q, values = _within_range(q, rows, weight.dtype, bits)
+            stats.add(rows, values[:, :length])
             shape = (part.shape[0], part.shape[2])
             levels3[o:o + o_block, :, n:n + n_block] = q.levels.reshape(*shape, -1).transpose(0, 2, 1)
             scales3[o:o + o_block, :, n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
@@ -161,11 +180,37 @@ def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> L
     )
 
 
-def _dequantize(q: Levels, length: int, dtype) -> np.ndarray:
-    group = q.levels.shape[1] // q.scales.shape[1]
-    diff = q.levels.astype(np.int16) - np.repeat(q.zeros, group, axis=1)
-    values = diff.astype(np.float32) * np.repeat(q.scales, group, axis=1).astype(np.float32)
-    return values.astype(q.scales.dtype)[:, :length].astype(dtype)
+def _values(levels, zeros, scales, dtype) -> np.ndarray:
+    """Rows of levels as the graph gives them back: dtype(scale_dtype(float32(level - zero) *
+    float32(scale))), padding included (an overflow is infinite, as the kernel's)."""
+    group = levels.shape[1] // scales.shape[1]
+    diff = levels.astype(np.int16) - np.repeat(zeros, group, axis=1)
+    with np.errstate(over="ignore"):
+        values = diff.astype(np.float32) * np.repeat(scales, group, axis=1).astype(np.float32)
+        return values.astype(scales.dtype).astype(dtype)
+
+
+def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels, np.ndarray]:
+    """(`q` with every value finite in the scale dtype and in the weight's `dtype` (see the
+    module doc), its values in `dtype`); ScaleOutOfRange when a scale itself is not finite."""
+    scales = q.scales.astype(np.float32)
+    if not np.isfinite(scales).all():
+        top = float(np.abs(rows.astype(np.float64)).max())
+        name = np.dtype(q.scales.dtype).name
+        raise ScaleOutOfRange(
+            f"values up to {top:.4g} in magnitude, whose groups need scales beyond the largest {name} "
+            f"({float(ml_dtypes.finfo(q.scales.dtype).max):.6g})",
+            "scales of a dtype that holds them (scale_dtype float32 or bfloat16, or the weight's own)")
+    levels = q.levels
+    for _ in range(1 << bits):  # (at most qmax steps: a level at its zero gives 0)
+        values = _values(levels, q.zeros, q.scales, dtype)
+        bad = ~np.isfinite(values.astype(np.float32))
+        if not bad.any():
+            break
+        zeros = np.repeat(q.zeros, levels.shape[1] // q.zeros.shape[1], axis=1).astype(np.int16)
+        wide = levels.astype(np.int16)
+        levels = np.where(bad, wide - np.sign(wide - zeros), wide).astype(np.uint8)
+    return Levels(levels, q.zeros, q.scales), values
 
 
 def _codes(levels, zeros, group, bits, symmetric) -> np.ndarray:

@@ -18,8 +18,8 @@ import os
 import onnx
 
 from dyndq.light import nbytes
-from dyndq.opdefs import Problem, ValidationError
-from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, _quantize, _settings, _Tensors
+from dyndq.opdefs import Problem
+from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, OptionError, _quantize, _settings, _Tensors
 from dyndq.quantize.report import QuantizeReport
 
 
@@ -30,16 +30,16 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     from dyndq.files import DataFile, read_model, save_model, staged_write
 
     if emit not in EMITS:
-        raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
-    lower = _lowering(emit)
+        raise OptionError([Problem("emit", repr(emit), ", ".join(EMITS))])
     loaded = read_model(src, load_data=False)
-    settings = _settings(loaded.model, **options)
+    settings = _settings(loaded.model, seed=seed, **options)
     too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
-    if evaluate is None:
-        evaluate = not too_big
+    measure = not too_big if evaluate is None else evaluate
     out = None
+    written = None  # the external data file written
     if emit == "dyndq" and loaded.external_data:
         with staged_write(dst, external_data=True) as stage:
+            written = stage.location
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
                 quantized, report = _quantize(loaded.model, settings, _Tensors(loaded, DataFile(f, stage.location)),
                                               strict, progress)
@@ -54,27 +54,32 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             save_json(doc, dst)
             if save_weights is not None:
                 save_weights(weights)
+        elif emit == "dyndq":
+            written = save_model(out, dst, external_data=loaded.external_data)
         else:
-            save_model(lower(out), dst, external_data=loaded.external_data)
-    if evaluate:
+            lowered, exported = _lowered(out, emit)
+            report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
+            written = save_model(lowered, dst, external_data=loaded.external_data)
+            del lowered
+    report.data_file = written
+    if os.path.realpath(dst) == os.path.realpath(src):  # (the model replaced: its data files stay, see files.py)
+        report.kept_files = [location for location in loaded.locations if location != written]
+    if measure:
         from dyndq.files import load_model
         from dyndq.quantize.evaluate import output_error
 
         report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=seed)
     else:
-        report.outputs_note = "not measured (the model's weights are 2 GiB or more)" if too_big else "not measured"
+        report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
+                               else "not measured (evaluate=False)")
     return report
 
 
-def _lowering(emit: str):
-    """The step from the DynamicDequantize model to the form asked for."""
-    from dyndq import exporter
+def _lowered(model: onnx.ModelProto, emit: str):
+    """(the DynamicDequantize model exported to the form asked for, the export's report)."""
+    from dyndq.exporter import export_with_report
 
-    if emit == "onnx":
-        return exporter.export
-    if emit == "onnxruntime":
-        return lambda model: exporter.export(model, target="onnxruntime")
-    return lambda model: model
+    return export_with_report(model, target="onnxruntime" if emit == "onnxruntime" else "onnx")
 
 
 def onednn_graph(model: onnx.ModelProto) -> tuple[dict, dict]:

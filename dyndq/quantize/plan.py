@@ -27,6 +27,7 @@ from dyndq.wording import a as article
 OPS = ("MatMul", "Gemm", "Gather")
 WEIGHT_INPUT = {"MatMul": (1, "B"), "Gemm": (1, "B"), "Gather": (0, "data")}
 FLOATS = ("float32", "float16", "bfloat16")
+QUANTIZED = ("DynamicDequantize", "DequantizeLinear")  # a weight made by one of these is quantized already
 IR_INPUTS_ARE_CONSTANT = 4  # below IR 4 every initializer is also listed among the graph inputs
 
 
@@ -117,6 +118,9 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
         if holder is not None and holder.graph is None and is_input:
             problem("an input of a model-local function", "a constant weight (an initializer or a Constant node); "
                     "a function's inputs are not constants")
+        elif holder is not None and (maker := _dequantizer(name, holder)) is not None:  # (quantized already)
+            problem(f"the output of {maker[1].op_type} {label(maker[1], maker[0])!r}, a weight quantized already",
+                    "a constant float weight (an initializer or a Constant node)")
         else:
             problem("a value computed by the graph or fed at run time, not an initializer",
                     "a constant weight (an initializer or a Constant node)")
@@ -149,6 +153,16 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
         targets[key] = Target(name, holder.path, dims, dtype, axis, rule, listed_as_input=is_input,
                               constant_node=in_node)
     targets[key].uses.append(Use(scope.path, i, label(node, i), node.op_type, axis))
+
+
+def _dequantizer(name: str, scope):
+    """(index, node) of the DynamicDequantize or DequantizeLinear node of `scope` that makes
+    `name`, through the Slice and Cast that follow it; None when no such node does."""
+    made_by = {out: (i, node) for i, node in enumerate(scope.nodes) for out in node.output}
+    made = made_by.get(name)
+    while made is not None and made[1].op_type in ("Slice", "Cast") and made[1].input:
+        made = made_by.get(made[1].input[0])
+    return made if made is not None and made[1].op_type in QUANTIZED else None
 
 
 def _axis(node: onnx.NodeProto, rank: int) -> int | None:

@@ -22,14 +22,39 @@ from dyndq.graphs import ai_onnx_version, all_names, is_constant_node, scopes
 from dyndq.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.quantize import plan as planning
-from dyndq.quantize.numerics import METHODS, QuantizedWeight, quantize_weight
+from dyndq.quantize.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
 from dyndq.quantize.report import LayerReport, QuantizeReport
 from dyndq.quantize.rewrite import placed
+from dyndq.wording import plural
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
 EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
 INT4_IR = 10  # int4/uint4 tensors need IR version 10
 EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
+
+
+class OptionError(ValidationError):
+    """Options `quantize` cannot work with (a group size of 0, an op it does not quantize, a
+    name the model does not hold): a mistake in the call, not in the model (the CLI: exit 2)."""
+
+
+class NothingToQuantize(ValidationError):
+    """No weight of the chosen ops could be quantized: its problems say why for each (none: the
+    model has no such node reading a constant float weight)."""
+
+    def __init__(self, problems, ops):
+        self.ops = list(ops)
+        super().__init__(problems)
+
+    @property
+    def reason(self) -> str:
+        if self.problems:
+            return f"{plural(len(self.problems), 'weight')} left alone"
+        names = self.ops[:-2] + [" or ".join(self.ops[-2:])]
+        return f"no {', '.join(names)} node reads a constant float weight"
+
+    def _message(self) -> str:
+        return "\n".join([f"nothing to quantize: {self.reason}"] + [f"  - {p}" for p in self.problems])
 
 
 def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = False, scale_dtype=None,
@@ -50,7 +75,7 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
 
     model = model_of(model, "quantize")
     settings = _settings(model, bits=bits, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype, ops=ops,
-                         exclude=exclude, method=method)
+                         exclude=exclude, method=method, seed=seed)
     out, report = _quantize(model, settings, _Tensors(), strict, progress)
     if evaluate:
         from dyndq.quantize.evaluate import output_error
@@ -62,8 +87,9 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
 
 
 def _settings(model, *, bits=4, group_size=128, symmetric=False, scale_dtype=None, ops=planning.OPS, exclude=(),
-              method="rtn") -> dict:
-    """The options checked (ValidationError naming every bad one) and written out."""
+              method="rtn", seed=0) -> dict:
+    """The options checked (OptionError naming every bad one) and written out (the seed, which
+    only the output error uses, is checked and left out)."""
     problems = []
 
     def bad(argument, found, allowed):
@@ -89,13 +115,17 @@ def _settings(model, *, bits=4, group_size=128, symmetric=False, scale_dtype=Non
     for op in ops:
         if op not in planning.OPS:
             bad("ops", repr(op), ", ".join(planning.OPS))
+    if not ops:
+        bad("ops", "no op", "one or more of " + ", ".join(planning.OPS))
     exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     nodes, weights = planning.names_of(model)
     for x in exclude:
         if x not in nodes and x not in weights:
             bad("exclude", repr(x), "the name of a node or a weight (initializer) of the model")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        bad("seed", repr(seed), "a whole number >= 0")
     if problems:
-        raise ValidationError(problems)
+        raise OptionError(problems)
     return dict(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name,
                 ops=list(ops), exclude=list(exclude), method=method)
 
@@ -132,9 +162,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
     if strict and found.problems:
         raise ValidationError(found.problems)
     if not found.targets:
-        raise ValidationError(found.problems or [Problem(
-            "model", f"no {'/'.join(settings['ops'])} node with a weight to quantize",
-            "a model whose MatMul, Gemm or Gather nodes read constant float weights")])
+        raise NothingToQuantize(found.problems, settings["ops"])
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
@@ -189,7 +217,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
-        raise ValidationError(report.left_alone)
+        raise NothingToQuantize(report.left_alone, settings["ops"])
     for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
         scope = every[path]
         for node in gone.get(path, ()):
@@ -217,10 +245,15 @@ def _one_weight(target, weight, settings, names, opset, scopes_by_path, add):
         u = target.uses[0]
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
-    q: QuantizedWeight = quantize_weight(
-        weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
-        symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
-        method=settings["method"], rule=target.rule)
+    try:
+        q: QuantizedWeight = quantize_weight(
+            weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
+            symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
+            method=settings["method"], rule=target.rule)
+    except ScaleOutOfRange as e:
+        u = target.uses[0]
+        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", e.found, e.allowed,
+                             op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     del weight
     p = placed(target.name, target.dtype, q, names, opset)
     after = 0

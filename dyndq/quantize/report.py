@@ -46,6 +46,12 @@ class QuantizeReport:
     outputs: list[OutputError] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
     seconds: float = 0.0
+    # the export to the form asked for (quantize_file's emit "onnx", "onnxruntime"): "written for
+    # FORM: " its summary, then one line per node whose form it decided, and why (the weights left
+    # in standard ONNX)
+    emitted: list[str] = field(default_factory=list)
+    data_file: str | None = None  # (quantize_file) the external data file written beside the model
+    kept_files: list[str] = field(default_factory=list)  # (quantize_file onto its input) the input's data files, kept
 
     @property
     def bytes_before(self) -> int:
@@ -85,6 +91,9 @@ class QuantizeReport:
         lines.append(f"  output error ({self.outputs_note}):" if self.outputs else f"  output error: {self.outputs_note}")
         lines += [f"    {o.name}: rel. error {o.relative_error:.5f}, max abs {o.max_abs_error:.3g}, cosine {o.cosine:.6f}"
                   for o in self.outputs]
+        if self.emitted:
+            lines.append(f"  {self.emitted[0]}")
+            lines += [f"    {line}" for line in self.emitted[1:]]
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
@@ -100,6 +109,9 @@ class QuantizeReport:
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "outputs_note": self.outputs_note,
             "left_alone": [p.as_dict() | {"message": str(p)} for p in self.left_alone],
+            "emitted": self.emitted,
+            "data_file": self.data_file,
+            "kept_files": self.kept_files,
             "seconds": self.seconds,
         }
 

@@ -27,6 +27,12 @@ follow each, because the issue asks for its very codes (docs/quantize.md states 
   symmetric: m as above; scale = m / -half; level = clamp(round_half_even(w / scale)) + half,
   half for an all-zero group.
 Here qmax = 2^bits - 1 and half = 2^(bits - 1): 15 and 8 for 4 bits, 255 and 128 for 8.
+
+Where ONNX Runtime's arithmetic overflows (a group spanning more than the largest value of
+the dtype it computes (hi - lo) in: +-3e38 in float32, +-40000 in a float16 Gather table), it
+writes an infinite scale and its weights dequantize to NaN; we compute that group's (hi - lo)
+/ qmax in float64 instead (`range_scale`), a finite scale the dtype holds.  Every other group
+is ONNX Runtime's, bit for bit.
 """
 from __future__ import annotations
 
@@ -65,6 +71,19 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.where(tie, whole + np.sign(x), np.round(x))
 
 
+def range_scale(high: np.ndarray, low: np.ndarray, qmax) -> np.ndarray:
+    """(high - low) / qmax in the dtype NumPy gives it (ONNX Runtime's arithmetic); where that
+    overflows, in float64, rounded back to that dtype, which holds it (it is at most 2 / qmax of
+    the dtype's largest value)."""
+    with np.errstate(over="ignore"):
+        scale = np.asarray((high - low) / qmax)
+    over = np.isinf(scale)
+    if over.any():
+        wide = (np.asarray(high, np.float64)[over] - np.asarray(low, np.float64)[over]) / float(qmax)
+        scale[over] = wide.astype(scale.dtype)
+    return scale
+
+
 def rtn(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule: str = "matmul") -> Levels:
     if rule == "matmul":
         return _matmul_rule(groups, bits, symmetric, np.dtype(scale_dtype))
@@ -87,18 +106,20 @@ def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
         zero = np.full(scale.shape, half, f32)
     else:
         low, high = np.minimum(low, f32(0)), np.maximum(high, f32(0))
-        scale = (high - low) / qmax
+        scale = range_scale(high, low, qmax)
         with np.errstate(divide="ignore", invalid="ignore"):
             zero_real = np.where(scale != 0, f32(0) - low / scale, low)
         zero = np.clip(round_half_away(zero_real), f32(0), qmax)  # (clamping first, as it does, gives the same)
-    stored = scale.astype(scale_dtype)
+    with np.errstate(over="ignore"):  # (a scale its dtype cannot hold is infinite: numerics refuses it)
+        stored = scale.astype(scale_dtype)
     # codes against the scale as stored when it is float16, else against the float32 scale
     against = stored.astype(f32) if scale_dtype == np.float16 else scale
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         reciprocal = np.where(against != 0, f32(1) / against, f32(0)).astype(f32)
-    x = g * reciprocal[..., None]
-    x += zero[..., None]
-    levels = np.clip(round_half_away(x), f32(0), qmax).astype(np.uint8)
+        x = g * reciprocal[..., None]  # (a subnormal scale's reciprocal is infinite: 0 times it is NaN)
+        x += zero[..., None]
+        # a NaN is level 0, as its x86-64 build casts NaN (C leaves that cast undefined)
+        levels = np.nan_to_num(np.clip(round_half_away(x), f32(0), qmax), nan=0).astype(np.uint8)
     return Levels(levels, zero.astype(np.uint8), stored)
 
 
@@ -117,8 +138,9 @@ def _gather_rule(groups, bits, symmetric, scale_dtype) -> Levels:
             zero = np.full(scale.shape, half, np.uint8)
         else:
             low, high = np.minimum(low, 0), np.maximum(high, 0)
-            scale = (high - low) / float(qmax)
+            scale = range_scale(high, low, float(qmax))
             empty = scale == 0
             zero = np.clip(np.round(np.where(empty, half, -low / scale)), 0, qmax).astype(np.uint8)
             levels = np.clip(np.round(np.where(empty[..., None], half, g / scale[..., None] + zero[..., None])), 0, qmax)
-    return Levels(levels.astype(np.uint8), zero, scale.astype(scale_dtype))
+    with np.errstate(over="ignore"):
+        return Levels(levels.astype(np.uint8), zero, scale.astype(scale_dtype))

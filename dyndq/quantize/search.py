@@ -12,6 +12,10 @@ alternates rounding and least squares `REFINE` times.  Each group ends with the 
 that and RTN's error (measured after the scale is rounded to its stored dtype), so it is
 never worse than RTN, group by group.
 
+The search runs on each group scaled by a power of two that brings its largest magnitude into
+[0.5, 1): exact, it changes no choice the search makes, and nothing it computes (products,
+squares, sums of them) can overflow float32, which a group near float32's largest value would.
+
 `exhaustive` is the yardstick, not a method: every zero level and a dense grid of scales,
 each with its least-squares scale, which is about the best any per-group scale with an
 integer zero point can do (docs/quantize.md, "How close to the limit").  It is hundreds of
@@ -30,7 +34,9 @@ REFINE = 2  # rounds of (round, least-squares scale) after the best candidate
 
 def search(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule: str = "matmul") -> Levels:
     """Levels, zero levels and scales chosen by the search (see the module doc)."""
-    g = groups.astype(np.float32, copy=False)
+    original = groups.astype(np.float32, copy=False)
+    _, exponent = np.frexp(np.abs(original).max(axis=-1))
+    g = np.ldexp(original, -exponent[..., None])
     qmax = qmax_of(bits)
     best_gain = np.full(g.shape[:-1], -np.inf, np.float32)
     best_scale = np.zeros(g.shape[:-1], np.float32)
@@ -45,10 +51,12 @@ def search(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule:
     for _ in range(REFINE):
         _, fitted = _least_squares(g, _levels(g, scale, zero, qmax), zero)
         scale = np.where(fitted != 0, fitted, scale)
-    stored = scale.astype(scale_dtype)
-    levels = _levels(g, stored.astype(np.float32), zero, qmax)
+    with np.errstate(over="ignore"):  # (a scale its dtype cannot hold is infinite: numerics refuses it)
+        stored = np.ldexp(scale, exponent).astype(scale_dtype)
+    levels = _levels(original, stored.astype(np.float32), zero, qmax)
     found = Levels(levels.astype(np.uint8), zero.astype(np.uint8), stored)
-    return _keep_better(g, found, rtn(groups, bits=bits, symmetric=symmetric, scale_dtype=scale_dtype, rule=rule))
+    fallback = rtn(groups, bits=bits, symmetric=symmetric, scale_dtype=scale_dtype, rule=rule)
+    return _keep_better(original, found, fallback)
 
 
 def exhaustive(groups: np.ndarray, *, bits: int, symmetric: bool, scales: int = 1500) -> np.ndarray:
@@ -78,7 +86,8 @@ def exhaustive(groups: np.ndarray, *, bits: int, symmetric: bool, scales: int = 
 def squared_error(groups: np.ndarray, q: Levels) -> np.ndarray:
     """|w - (level - zero) * scale|^2 per group, the scale as stored: [rows, n_groups]."""
     g = groups.astype(np.float64)
-    values = (q.levels.astype(np.float64) - q.zeros[..., None]) * q.scales.astype(np.float64)[..., None]
+    with np.errstate(invalid="ignore"):  # (an infinite scale, which numerics refuses, gives NaN)
+        values = (q.levels.astype(np.float64) - q.zeros[..., None]) * q.scales.astype(np.float64)[..., None]
     return ((g - values) ** 2).sum(axis=-1)
 
 

@@ -2,9 +2,13 @@
 conftest.py as the module `quantize_models`)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
+from hypothesis import strategies as st
 from onnx import TensorProto as T, helper, numpy_helper as nh
+
+FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def heavy(shape, seed=0, df=4, scale=0.02, dtype=np.float32) -> np.ndarray:
@@ -26,3 +30,25 @@ def mlp(k=256, n=192, vocab=64, dtype=np.float32, seed=0, opset=21) -> onnx.Mode
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("ids", T.INT64, ["batch"])],
                           [helper.make_tensor_value_info("y", elem, ["batch", k])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+@st.composite
+def extreme_weights(draw, max_rows=40, max_columns=4):
+    """[k, n] finite weights of one float dtype mixing its largest values, values near them,
+    subnormals, zeros of both signs and ordinary values; of both signs or of one."""
+    name = draw(st.sampled_from(sorted(FLOAT_DTYPES)))
+    dtype = FLOAT_DTYPES[name]
+    info = ml_dtypes.finfo(dtype)
+    top, tiny = float(info.max), float(info.smallest_subnormal)
+    values = st.one_of(
+        st.sampled_from([top, -top, top / 2, -top / 3, tiny, -tiny, 0.0, -0.0, 1.0, -0.02]),
+        st.floats(-top, top, allow_nan=False, width={"float32": 32, "float16": 16}.get(name, 64)),
+        st.floats(-1e-30, 1e-30),
+    )
+    k, n = draw(st.integers(1, max_rows)), draw(st.integers(1, max_columns))
+    flat = np.array(draw(st.lists(values, min_size=k * n, max_size=k * n)), np.float64).reshape(k, n)
+    sign = draw(st.sampled_from(["both", "positive", "negative"]))
+    if sign != "both":
+        flat = np.abs(flat) * (1 if sign == "positive" else -1)
+    # (clipped first: a float64 beyond the dtype's largest value would round to infinity)
+    return np.clip(flat, -top, top).astype(dtype)

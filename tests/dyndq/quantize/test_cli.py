@@ -90,20 +90,103 @@ def test_emit_onnxruntime(float_model, tmp_path, capsys):
     assert main(["quantize", float_model, out, "--emit", "onnxruntime"]) == 0
     ops = {n.op_type for n in dyndq.load_model(out).graph.node}
     assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
+    # which weights fell back to standard ONNX, and why: the Gemm's (MatMulNBits is a MatMul)
+    printed = capsys.readouterr().out
+    assert "\n  written for onnxruntime: wrote 2 " in printed
+    fell_back = [line for line in printed.splitlines() if "'W2_DynamicDequantize' -> DequantizeLinear" in line]
+    assert len(fell_back) == 1 and ": not MatMulNBits: " in fell_back[0], printed
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--group-size", "-1"], "not MatMulNBits: per_channel"),
+    (["--scale-dtype", "bfloat16"], "scales is bfloat16"),
+])
+def test_emit_onnxruntime_says_why_each_weight_fell_back_to_standard_onnx(float_model, tmp_path, capsys, argv, why):
+    out = str(tmp_path / "q.onnx")
+    assert main(["quantize", float_model, out, "--emit", "onnxruntime", "--no-evaluate", *argv]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    for weight in ("E", "W1", "W2"):
+        line, = [p for p in printed if f"'{weight}_DynamicDequantize' -> " in p]
+        assert why in line and "DequantizeLinear" in line, line
+
+
+def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, tmp_path):
+    """ONNX Runtime runs the weights `--emit onnxruntime` leaves in standard ONNX as they are
+    written: it fuses none of them into MatMulNBits (which would run at accuracy_level 4, its
+    activations quantized to int8) at its default optimization level."""
+    import onnx
+    import onnxruntime as ort
+
+    for argv in (["--group-size", "-1"], ["--scale-dtype", "bfloat16"], ["--group-size", "96"],
+                 ["--bits", "8", "--group-size", "-1"]):
+        out = str(tmp_path / "q.onnx")
+        assert main(["quantize", float_model, out, "--emit", "onnxruntime", "--no-evaluate", *argv]) == 0
+        written = [n.op_type for n in dyndq.load_model(out).graph.node]
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort.InferenceSession(out, options, providers=["CPUExecutionProvider"])
+        optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+        assert optimized.count("MatMulNBits") == written.count("MatMulNBits"), (argv, written, optimized)
 
 
 @pytest.mark.parametrize("argv,code,said", [
-    (["--group-size", "0"], 1, "group_size: found 0; allowed: a whole number >= 1, or -1"),
-    (["--ops", "Conv"], 1, "ops: found 'Conv'"),
-    (["--exclude", "nope"], 1, "exclude: found 'nope'"),
-    (["--group-size", "512"], 1, "is shorter than the group size 512"),
+    (["--group-size", "0"], 2, "dyndq: --group-size: found 0; allowed: a whole number >= 1, or -1"),
+    (["--group-size", "-3"], 2, "dyndq: --group-size: found -3; allowed: a whole number >= 1, or -1"),
+    (["--ops", "Conv"], 2, "dyndq: --ops: found 'Conv'; allowed: MatMul, Gemm, Gather"),
+    (["--ops", ","], 2, "dyndq: --ops: found no op; allowed: one or more of MatMul, Gemm, Gather"),
+    (["--exclude", "nope"], 2, "dyndq: --exclude: found 'nope'; allowed: the name of a node or a weight"),
+    (["--seed", "-1"], 2, "dyndq: --seed: found -1; allowed: a whole number >= 0"),
+    (["--ops", "Conv", "--exclude", "nope"], 2, "dyndq: --ops: found 'Conv'; allowed: MatMul, Gemm, Gather\n"
+                                                "dyndq: --exclude: found 'nope'"),
     (["--bits", "3"], 2, "argument --bits: invalid choice"),
+    (["--group-size", "512"], 1, "nothing to quantize (nothing written): 3 weights left alone\n"),
 ])
 def test_mistakes_are_told_plainly(float_model, tmp_path, capsys, argv, code, said):
     assert main(["quantize", float_model, str(tmp_path / "q.onnx"), *argv]) == code
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "q.onnx")
+
+
+def test_a_model_with_nothing_to_quantize_says_so(tmp_path, capsys):
+    from onnx import TensorProto as T, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+    save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), tmp_path / "relu.onnx")
+    assert main(["quantize", str(tmp_path / "relu.onnx"), str(tmp_path / "q.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"{tmp_path / 'relu.onnx'}: nothing to quantize (nothing written): no MatMul, Gemm or Gather node "
+                   "reads a constant float weight\n")
+    assert not os.path.exists(tmp_path / "q.onnx")
+
+
+def test_an_already_quantized_model_has_nothing_to_quantize(float_model, tmp_path, capsys):
+    once = str(tmp_path / "once.onnx")
+    assert main(["quantize", float_model, once, "--no-evaluate"]) == 0
+    capsys.readouterr()
+    assert main(["quantize", once, str(tmp_path / "twice.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{once}: nothing to quantize (nothing written): 3 weights left alone\n")
+    assert "B ('W1_dequantized'): found the output of DynamicDequantize 'W1_DynamicDequantize'" in err
+
+
+def test_no_evaluate_says_why_nothing_was_measured(float_model, tmp_path, capsys):
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--no-evaluate"]) == 0
+    assert "  output error: not measured (--no-evaluate)" in capsys.readouterr().out.splitlines()
+
+
+def test_quantizing_a_model_onto_itself_says_which_data_file_it_keeps(tmp_path, capsys):
+    model = str(tmp_path / "m.onnx")
+    save_model(mlp(), model, external_data=True)
+    assert main(["quantize", model, model, "--no-evaluate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"wrote {model}: quantized 3 weights")
+    assert out[1:3] == ["  its tensors are in m.onnx.1.data, beside it",
+                        "  kept m.onnx.data, the data of the model it replaced: other copies of that model may point "
+                        "into it; delete it when none does"]
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.1.data", "m.onnx.data"]
+    assert dyndq.check(dyndq.load_model(model)) == []
 
 
 def test_a_file_that_is_not_a_model(tmp_path, capsys):

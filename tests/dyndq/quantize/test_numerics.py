@@ -62,6 +62,17 @@ def test_layout_and_values_on_any_axis_and_group(shape, axis_pick, group_pick, b
                                              / np.linalg.norm(w.astype(np.float64).ravel()) if np.any(w) else q.stats.relative)
 
 
+def test_error_statistics_never_hide_a_nan_behind_a_max_of_zero():
+    stats = ErrorStats()
+    stats.add(np.array([1.0, 2.0], np.float32), np.array([np.nan, 2.0], np.float32))
+    assert np.isnan(stats.max_abs) and np.isnan(stats.relative)
+    stats.add(np.array([3.0], np.float32), np.array([1.0], np.float32))  # (a later block does not hide it either)
+    assert np.isnan(stats.max_abs)
+    big = ErrorStats()  # (sums of squares of float32's largest values: float64 holds them)
+    big.add(np.array([3e38, -3e38], np.float32), np.array([2.5e38, -3e38], np.float32))
+    assert big.max_abs == pytest.approx(5e37, rel=1e-6) and 0 < big.relative < 1 and 0.99 < big.cosine <= 1
+
+
 def test_padding_holds_level_zero_and_is_sliced_away():
     w = heavy((200, 8), 3)
     q = quantize_weight(w, axis=0, group_size=128, bits=4)

@@ -189,11 +189,14 @@ def problems_of(excinfo):
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(group_size=0), "group_size"), (dict(group_size=-2), "group_size"), (dict(group_size=True), "group_size"),
     (dict(bits=3), "bits"), (dict(method="gptq"), "method"), (dict(scale_dtype="int8"), "scale_dtype"),
-    (dict(ops=("Conv",)), "ops"), (dict(exclude=("nope",)), "exclude"),
+    (dict(ops=("Conv",)), "ops"), (dict(exclude=("nope",)), "exclude"), (dict(ops=()), "ops"), (dict(seed=-1), "seed"),
 ])
 def test_bad_options_are_named(model, kwargs, argument):
-    with pytest.raises(dyndq.ValidationError) as e:
+    from dyndq.quantize import OptionError
+
+    with pytest.raises(OptionError) as e:  # (a ValidationError: about the call, not the model)
         dyndq.quantize(model, **kwargs)
+    assert isinstance(e.value, dyndq.ValidationError)
     assert [p.argument for p in e.value.problems] == [argument]
 
 
@@ -241,10 +244,16 @@ def test_nan_weights_are_left_alone_and_said():
 
 
 def test_nothing_to_quantize_is_a_problem():
+    from dyndq.quantize import NothingToQuantize
+
     model = one_node("MatMul", np.ones((64, 8), np.int8), a_shape=[2, 64], out_shape=[2, 8])
-    with pytest.raises(dyndq.ValidationError) as e:
+    with pytest.raises(NothingToQuantize) as e:
         dyndq.quantize(model)
     assert "found an int8 tensor" in problems_of(e)[0]
+    assert str(e.value).startswith("nothing to quantize: 1 weight left alone\n  - graph 'main' node 0 'node'")
+    with pytest.raises(NothingToQuantize) as e:  # no node of those ops at all
+        dyndq.quantize(model, ops=["Gather", "Gemm"])
+    assert e.value.problems == [] and str(e.value) == "nothing to quantize: no Gather or Gemm node reads a constant float weight"
 
 
 def test_exclude_by_node_or_weight_name(model):

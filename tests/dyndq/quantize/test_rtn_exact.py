@@ -21,7 +21,7 @@ from dyndq.quantize.numerics import quantize_weight
 ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: in the test extra)
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits  # noqa: E402
 
-from quantize_models import mlp  # noqa: E402
+from quantize_models import extreme_weights, mlp  # noqa: E402
 
 
 def ort_matmul(w: np.ndarray, bits: int, block: int, symmetric: bool):
@@ -95,6 +95,54 @@ def test_matmul_rule_equals_onnxruntime(weight, bits, symmetric, block):
         block = -1
     q = quantize_weight(w, axis=0, group_size=block, bits=bits, symmetric=symmetric)
     np.testing.assert_array_equal(ours_as_levels(q, bits, symmetric)[:k], codes)
+    np.testing.assert_array_equal(bits_of(q.scales), bits_of(scales))
+    if not symmetric:
+        np.testing.assert_array_equal(q.zero_points.astype(np.uint8), zps)
+
+
+def as_its_dequantization_gives(levels, zero_points, scales, block, dtype):
+    """float32(level - zero point) * float32(scale), rounded to `dtype`: ONNX Runtime's weight
+    (its MatMulNBits and DequantizeLinear compute it so), [K, N] from [blocks, N] parameters."""
+    k = levels.shape[0]
+    zero_points = np.repeat(zero_points.astype(np.int16), block, axis=0)[:k]
+    scales = np.repeat(scales.astype(np.float32), block, axis=0)[:k]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ((levels.astype(np.int16) - zero_points).astype(np.float32) * scales).astype(dtype)
+
+
+def finite(a) -> bool:
+    return bool(np.isfinite(np.asarray(a).astype(np.float32)).all())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (its NumPy code's, on overflowing groups)
+@settings(max_examples=300, deadline=None)
+@given(extreme_weights(max_rows=80), st.sampled_from([4, 8]), st.booleans(), st.sampled_from([16, 32]),
+       st.sampled_from(["matmul", "gather"]))
+def test_extreme_weights_equal_onnxruntime_wherever_it_stays_finite(w, bits, symmetric, block, rule):
+    """Where ONNX Runtime's scales and the weight they give back are finite, ours are its codes,
+    scales and zero points; elsewhere (its scale or weight infinite or NaN) ours are finite."""
+    k, n = w.shape
+    if rule == "gather":
+        bits, table = 4, w.T.copy()  # (its NumPy rule: 4 bits, along the table's last axis)
+        block = min(block, k)
+        packed, scales, zps = ort_quant.DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block, symmetric)
+        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(-1)[: table.size].reshape(n, k).T
+        levels = codes.astype(np.int16) + 8 * symmetric - 16 * (symmetric & (codes >= 8))  # (signed nibbles)
+        scales = scales.T
+        zps = np.full(scales.shape, 8) if symmetric else \
+            np.stack([zps & 15, zps >> 4], axis=-1).reshape(-1)[: scales.size].reshape(n, -1).T
+    else:
+        single = w.astype(np.float32) if w.dtype == ml_dtypes.bfloat16 else w
+        levels, scales, zps = ort_matmul(single, bits, block, symmetric)
+        scales = scales.astype(w.dtype)
+        if symmetric:
+            zps = np.full(scales.shape, 1 << (bits - 1))
+    theirs = as_its_dequantization_gives(levels, zps, scales, block, w.dtype)
+    q = quantize_weight(w, axis=0, group_size=block if block <= k else -1, bits=bits, symmetric=symmetric, rule=rule)
+    if not (finite(scales) and finite(theirs)):
+        assert finite(q.scales) and np.isfinite(q.stats.relative)
+        return
+    np.testing.assert_array_equal(ours_as_levels(q, bits, symmetric)[:k], levels)
     np.testing.assert_array_equal(bits_of(q.scales), bits_of(scales))
     if not symmetric:
         np.testing.assert_array_equal(q.zero_points.astype(np.uint8), zps)
