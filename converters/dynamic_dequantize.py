@@ -305,8 +305,9 @@ def _route(src, scales, zps, qtype, group_shape) -> str:
         else:
             return "block"
     if qtype == PER_TENSOR:
-        # a zero point that is not a true scalar needs a Reshape, which ORT lacks for int4
-        return "integer" if zps is not None and z in _INT4 and zshape != () else "tensor"
+        # a zero point that is not a true scalar needs a Reshape, which ORT lacks for int4; one of
+        # shape [1] beside a true scalar scale it takes as it is (ONNX's own int4 test case has it)
+        return "integer" if zps is not None and z in _INT4 and zshape not in ((), (1,)) else "tensor"
     # per_channel: a one-element zero point beside per-axis scales (ORT refuses it; int4 cannot be Expanded)
     if zps is not None and (zshape is None or zshape != sshape):
         return "integer"
@@ -383,7 +384,8 @@ def dynamic_dequantize_2(
         # its float16 one drops NaN payloads that its Cast and the kernel keep)
         scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
         if route == "tensor":
-            inputs = [src, _scalar(ctx, scale, "scale")] + ([_scalar(ctx, zps, "zero_point")] if zps else [])
+            zero = zps if zps is None or _dtype(zps_spec) in _INT4 else _scalar(ctx, zps, "zero_point")
+            inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
             y = ctx.op("DequantizeLinear", *inputs, hint="dst")
             ctx.form = "DequantizeLinear"
         else:

@@ -488,7 +488,8 @@ def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeP
         names.used.discard(new[-1].name)
         if node.name:
             new[-1].name = node.name
-        new[-1].doc_string = node.doc_string
+        if node.HasField("doc_string"):  # (an empty one set would be written out: not the node given)
+            new[-1].doc_string = node.doc_string
         new[-1].metadata_props.extend(node.metadata_props)
     form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
     report.lowered.append(LoweredNode(path, base, f"{op.qualname}-{op.since_version}", attrs, form, len(new)))

@@ -123,7 +123,8 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
             continue
         new = make_node(list(plan.inputs), list(node.output), name=node.name or None, op_type=op.name,
                         domain=op.domain, version=op.since_version, **plan.attrs)
-        new.doc_string = node.doc_string
+        if node.HasField("doc_string"):
+            new.doc_string = node.doc_string
         new.metadata_props.extend(node.metadata_props)
         report.sources.append(node.op_type)
         node.CopyFrom(new)  # in place: the walk hands out the model's own protos
