@@ -285,7 +285,7 @@ def test_a_node_in_an_if_branch_is_lifted_with_the_branch_s_own_weights():
 
 
 def test_a_node_in_a_model_local_function_reading_its_inputs_is_left_alone_and_named():
-    model, _, _ = matmul_nbits(32, 2, 4, 16)
+    model, _, _ = matmul_nbits(32, 2, 4, 16, zp="absent")
     fn = helper.make_function("local", "Proj", ["A", "B", "scales"], ["Y"], list(model.graph.node),
                               [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     graph = helper.make_graph([helper.make_node("Proj", ["A", "B", "scales"], ["Y"], domain="local")], "g",
@@ -296,3 +296,7 @@ def test_a_node_in_a_model_local_function_reading_its_inputs_is_left_alone_and_n
     assert report.count == 0
     assert str(report.skipped[0]).startswith("function local::Proj: com.microsoft::MatMulNBits 'mm' left alone: "
                                              "B is not a constant")
+    _, exported = dyndq.export_with_report(wrapped)  # standard ONNX asked for: the node kept is named, with why
+    assert [line for line in exported.lines() if line.startswith("function local::Proj: com.microsoft::MatMulNBits "
+                                                                   "'mm' -> kept: no standard form: B is not a constant")]
+    assert "1 MatMulNBits node(s) in the input" in exported.summary()
