@@ -249,3 +249,33 @@ def test_shared_weights_stay_one_copy_both_ways():
     back = dyndq.export(lifted, target="onnxruntime")
     assert constants_of(back) == constants_of(model)
     assert [n.op_type for n in back.graph.node] == ["MatMulNBits", "MatMulNBits"]
+
+
+def test_a_weight_shared_by_the_main_graph_and_a_branch_stays_one_copy():
+    rng = np.random.default_rng(0)
+    nodes, tensors = nbits_layer("shared", "x", "h", rng)
+    inner = onnx.NodeProto()
+    inner.CopyFrom(nodes[0])
+    inner.name, inner.input[0], inner.output[0] = "mm_inner", "h", "y_then"
+    t = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    branch = helper.make_graph([inner], "then", [], [t("y_then", [2, N])])
+    other = helper.make_graph([helper.make_node("Identity", ["h"], ["y_else"])], "else", [], [t("y_else", [2, N])])
+    graph = helper.make_graph(nodes + [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=branch,
+                                                        else_branch=other)], "g",
+                              [t("x", [2, K]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [t("y", [2, N])], tensors)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 2
+    assert [t.name for s in scopes(lifted) if s.graph is not None for t in s.graph.initializer] == \
+        ["B_shared", "s_shared", "z_shared"]
+    assert dyndq.check(lifted) == []
+    for cond in (True, False):
+        got = dyndq.run(lifted, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)}, engine="reference")["y"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+            None, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)})[0]
+        assert close(got, want)
+    assert constants_of(dyndq.export(lifted, target="onnxruntime")) == constants_of(model)
