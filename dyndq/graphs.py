@@ -148,6 +148,7 @@ class Scope:
     function: onnx.FunctionProto | None = None
     _defines: set | None = field(default=None, repr=False)
     _constants: dict | None = field(default=None, repr=False)
+    _nodes_made: set | None = field(default=None, repr=False)
 
     @property
     def in_function(self) -> bool:
@@ -189,6 +190,7 @@ class Scope:
             for node in self.nodes:
                 if is_constant_node(node) and node.attribute[0].name == "value":
                     found[node.output[0]] = node.attribute[0].t
+            self._nodes_made = set(found)
             if self.graph is not None:
                 fed = {vi.name for vi in self.graph.input}
                 found.update((t.name, t) for t in self.graph.initializer if t.name not in fed)
@@ -211,8 +213,13 @@ class Scope:
             return any(vi.name == name for vi in self.graph.input)
         return name in self.function.input
 
+    def constant_node(self, name: str) -> bool:
+        """Whether `name` is the output of a Constant node of this scope (not an initializer)."""
+        self.constant(name)
+        return name in self._nodes_made
+
     def changed(self) -> None:
-        self._defines = self._constants = None
+        self._defines = self._constants = self._nodes_made = None
 
 
 def scopes(model: onnx.ModelProto) -> list[Scope]:

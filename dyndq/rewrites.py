@@ -154,20 +154,18 @@ class _Walk:
             for node in reversed(placed.get(i, [])):
                 scope.nodes.insert(i, node)
                 made.update(node.output)
-        for holder, node, source in constants:  # (after the positions above were used) beside its source, or first
-            at = next((i for i, n in enumerate(holder.nodes) if source and is_constant_node(n) and n.output[0] == source), 0)
-            holder.nodes.insert(at, node)
-            holder.changed()
+        _insert_beside_sources(constants)  # (after the positions above were used)
         scope.changed()
         if scope.graph is not None:
             stale = {o for rw in rewrites for n in rw.replaces for o in n.output} - made
             for vi in [vi for vi in scope.graph.value_info if vi.name in stale]:
                 scope.graph.value_info.remove(vi)
 
-    def _place_constants(self, scope: Scope, rw: Rewrite) -> list[tuple[Scope, onnx.NodeProto, str | None]]:
-        """Add the rewrite's new constants where their sources stand, sharing equal ones; returns
-        the Constant nodes to put first in their scope (in a function, constants are nodes)."""
-        renamed, nodes = {}, []
+    def _place_constants(self, scope: Scope, rw: Rewrite) -> list[tuple[Scope, onnx.TensorProto | onnx.NodeProto, str]]:
+        """The rewrite's new constants, equal ones shared: (holder scope, initializer or Constant
+        node, source) for each to add, in the scope that holds its source (in a function,
+        constants are Constant nodes; beside a Constant node, one too)."""
+        renamed, pending = {}, []
         for t in rw.initializers:
             source, role = rw.derived.get(t.name, (None, ""))
             holder = (scope.resolve(source) or scope) if source else scope
@@ -179,21 +177,13 @@ class _Walk:
                 self.derived[key] = t.name
                 self.made.setdefault((holder.path, source), []).append((t.name, role))
                 self.candidates.add(source)
-            if holder.graph is not None and not holder.in_function and not _made_by_constant_node(holder, source):
-                # beside its source: once the source is gone, it stands in its place
-                at = next((i for i, x in enumerate(holder.graph.initializer) if x.name == source), None)
-                if at is None:
-                    holder.graph.initializer.append(t)
-                else:
-                    holder.graph.initializer.insert(at, t)
-                holder.changed()
-            else:
-                nodes.append((holder, _constant_node(t, self.names), source))
+            as_node = holder.graph is None or holder.in_function or bool(source and holder.constant_node(source))
+            pending.append((holder, _constant_node(t, self.names) if as_node else t, source or ""))
         if renamed:
             for node in rw.nodes:
                 for n in with_nested(node):
                     n.input[:] = [renamed.get(name, name) for name in n.input]
-        return nodes
+        return pending
 
     # -- the whole model --------------------------------------------------------------------
 
@@ -217,10 +207,15 @@ class _Walk:
                 if is_constant_node(node) and node.output[0] in self.candidates and node.output[0] not in read:
                     removed[(scope.path, node.output[0])] = node.name
                     del scope.nodes[i]
+        renames: dict[str, dict[str, tuple[str, str]]] = {}  # holder path -> {made: (source, its node's name)}
         for (path, source), made in self.made.items():
             main = [name for name, role in made if role == ""]
-            if len(main) == 1 and (path, source) in removed and not _shadowed(self.holders[path], source):
-                _rename(self.holders[path], main[0], source, removed[(path, source)])
+            if len(main) == 1 and (path, source) in removed:
+                renames.setdefault(path, {})[main[0]] = (source, removed[(path, source)])
+        for path, names in renames.items():
+            holder = self.holders[path]
+            inner = {name for s in scopes_under(holder) for name in s.defines()}  # (a rename there could be captured)
+            _rename(holder, {made: to for made, to in names.items() if to[0] not in inner})
         for scope in self.scopes:
             if scope.top is scope:
                 used = {n.domain for node in scope.nodes for n in with_nested(node)}
@@ -229,23 +224,45 @@ class _Walk:
                     scope.top_imports.remove(o)
 
 
-def _rename(holder: Scope, name: str, to: str, node_name: str) -> None:
-    """Call the constant `name` of `holder` (made beside its source, so in the source's place)
-    `to`, and every reader of it in the scope and the bodies in it; a Constant node takes the
-    source node's name too."""
+def _rename(holder: Scope, names: dict[str, tuple[str, str]]) -> None:
+    """Call each constant `made` of `holder` (made beside its source, so in the source's place)
+    by its source's name, in the scope and the bodies in it; a Constant node takes the source
+    node's name too.  `names`: {made: (source, the source node's name)}."""
+    if not names:
+        return
     for node in holder.nodes:
         for n in with_nested(node):
-            if name in n.input:
-                n.input[:] = [to if x == name else x for x in n.input]
-        if is_constant_node(node) and node.output[0] == name:
-            node.output[0] = to
-            node.attribute[0].t.name = to
-            node.name = node_name
+            if any(x in names for x in n.input):
+                n.input[:] = [names[x][0] if x in names else x for x in n.input]
+        if is_constant_node(node) and node.output[0] in names:
+            node.output[0], node.name = names[node.output[0]]
+            node.attribute[0].t.name = node.output[0]
     if holder.graph is not None:
         for t in holder.graph.initializer:
-            if t.name == name:
-                t.name = to
+            if t.name in names:
+                t.name = names[t.name][0]
     holder.changed()
+
+
+def _insert_beside_sources(pending) -> None:
+    """Put each new constant right before its source (so that it stands in its place once the
+    source is gone), or, without one, last (an initializer) or first (a Constant node)."""
+    by_holder: dict[int, tuple[Scope, list]] = {}
+    for holder, item, source in pending:
+        by_holder.setdefault(id(holder), (holder, []))[1].append((item, source))
+    for holder, items in by_holder.values():
+        for kind in (onnx.TensorProto, onnx.NodeProto):
+            mine = [(item, source) for item, source in items if isinstance(item, kind)]
+            if not mine:
+                continue
+            field = holder.graph.initializer if kind is onnx.TensorProto else holder.nodes
+            where = {x.name: i for i, x in enumerate(field)} if kind is onnx.TensorProto else \
+                {x.output[0]: i for i, x in enumerate(field) if is_constant_node(x)}
+            default = len(field) if kind is onnx.TensorProto else 0
+            at = sorted(((where.get(source, default), n) for n, (_, source) in enumerate(mine)), reverse=True)
+            for position, n in at:  # (from the end: earlier positions stay put; equal ones keep their order)
+                field.insert(position, mine[n][0])
+        holder.changed()
 
 
 # -- reading a scope ------------------------------------------------------------------------
@@ -288,15 +305,6 @@ def _constant(scope: Scope, name: str):
     holder = scope.resolve(name)
     tensor = holder.constant(name) if holder is not None else None
     return None if tensor is None else numpy_helper.to_array(tensor)
-
-
-def _shadowed(holder: Scope, name: str) -> bool:
-    """Whether a scope nested in `holder` defines `name` again (a rename to it could be captured there)."""
-    return any(name in s.defines() for s in scopes_under(holder))
-
-
-def _made_by_constant_node(holder: Scope, source: str | None) -> bool:
-    return source is not None and any(is_constant_node(n) and n.output[0] == source for n in holder.nodes)
 
 
 def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
