@@ -321,15 +321,19 @@ def same_values(a, b) -> bool:
             and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
 
 
-def run_ort(model, feeds: dict) -> list:
-    """Run a model (a ModelProto, or a path: external data is found beside it) in ONNX Runtime, CPU, one thread."""
+def run_ort(model, feeds: dict, *, level=None, outputs=None) -> list:
+    """Run a model (a ModelProto, or a path: external data is found beside it) in ONNX Runtime, CPU,
+    one thread; `level` a GraphOptimizationLevel (ONNX Runtime's default: all), `outputs` the
+    names to fetch (default: the graph's outputs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
+    if level is not None:
+        options.graph_optimization_level = level
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(outputs, feeds)
 
 
 def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:

@@ -21,6 +21,8 @@ import pytest
 from decoder import decoder_model, ort_quantize as quantize
 from onnx import TensorProto, helper, numpy_helper
 
+from cases import run_ort
+
 import dyndq
 from dyndq.cli import main
 from dyndq.parity import TOLERANCE
@@ -36,11 +38,8 @@ def float_model():
 
 
 def on_ort(model, feeds, outputs=None):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip(outputs or [o.name for o in model.graph.output], session.run(outputs, feeds)))
+    got = run_ort(model, feeds, level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, outputs=outputs)
+    return dict(zip(outputs or [o.name for o in model.graph.output], got))
 
 
 def with_outputs(model, names):

@@ -16,6 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from cases import run_ort
+
 import dyndq
 from dyndq.converters import foreign
 from dyndq.graphs import scopes
@@ -99,11 +101,7 @@ def feeds(cond):
 
 
 def on_ort(model, cond, level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds(cond))[0]
+    return run_ort(model, feeds(cond), level=level)[0]
 
 
 def close(got, want):
@@ -273,9 +271,6 @@ def test_a_weight_shared_by_the_main_graph_and_a_branch_stays_one_copy():
     assert dyndq.check(lifted) == []
     for cond in (True, False):
         got = dyndq.run(lifted, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)}, engine="reference")["y"]
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-            None, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)})[0]
+        want = run_ort(model, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)})[0]
         assert close(got, want)
     assert constants_of(dyndq.export(lifted, target="onnxruntime")) == constants_of(model)

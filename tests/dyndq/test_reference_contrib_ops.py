@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from cases import call
+from cases import call, run_ort
 from decoder import decoder_model, ort_quantize
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
@@ -29,11 +29,8 @@ def ort_off(model, feeds, outputs=None):
                                                     [helper.make_tensor_value_info(o, T.FLOAT, None) for o in outputs],
                                                     model.graph.initializer),
                                   opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip(outputs or [o.name for o in model.graph.output], session.run(outputs, feeds)))
+    got = run_ort(model, feeds, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL, outputs=outputs)
+    return dict(zip(outputs or [o.name for o in model.graph.output], got))
 
 
 def close(got, expected):

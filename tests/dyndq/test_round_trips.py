@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from decoder import decoder_model, ort_quantize
 
-from cases import backend_case, backend_case_names
+from cases import backend_case, backend_case_names, run_ort
 
 import dyndq
 
@@ -25,13 +25,6 @@ CONFIGS = [(hidden, fmt, bits, block, sym) for hidden in (128, 80) for fmt in ("
 @pytest.fixture(scope="module")
 def float_models():
     return {hidden: decoder_model(hidden=hidden, layers=1, vocab=256) for hidden in (128, 80)}
-
-
-def on_ort(model, feeds, level):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def node_bytes(node: onnx.NodeProto, drop=()) -> bytes:
@@ -61,7 +54,7 @@ def test_onnxruntime_quantizer_outputs_come_back(float_models, hidden, fmt, bits
     assert_given_back(back, model, drop=("accuracy_level",) if fmt == "QOperator" else ())
     ids = {"input_ids": np.random.default_rng(0).integers(0, 256, (2, 5)).astype(np.int64)}
     for level in LEVELS:
-        assert np.array_equal(on_ort(back, ids, level)[0], on_ort(model, ids, level)[0]), level
+        assert np.array_equal(run_ort(back, ids, level=level)[0], run_ort(model, ids, level=level)[0]), level
 
 
 @pytest.mark.parametrize("name", ["test_dequantizelinear", "test_dequantizelinear_axis", "test_dequantizelinear_int4",
