@@ -159,10 +159,6 @@ class Scope:
         return self if self.parent is None else self.parent.top
 
     @property
-    def top_imports(self):
-        return self.imports
-
-    @property
     def outputs(self) -> list[str]:
         if self.graph is not None:
             return [o.name for o in self.graph.output]

@@ -39,8 +39,8 @@ from onnx import numpy_helper
 from dyndq.converters.foreign import GraphView, Rewrite
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import dtype_name
-from dyndq.opdefs import TensorSpec
 from dyndq.graphs import Scope, ai_onnx_version, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
+from dyndq.opdefs import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ class _Walk:
         snapshot = list(scope.nodes)
         index = _Index(scope, snapshot)
         imports = scope_opsets(scope.imports)
-        # a function importing no ai.onnx gets the model's when a rewrite writes ai.onnx nodes into it
-        opset = ai_onnx_version(scope.imports) or (ai_onnx_version(self.model.opset_import) or 0) * scope.in_function
+        opset = ai_onnx_version(scope.imports) or 0
+        if not opset and scope.in_function:  # (it gets the model's when a rewrite writes ai.onnx nodes into it)
+            opset = ai_onnx_version(self.model.opset_import) or 0
         decoded = {}  # (a weight read twice while judging one node is decoded once; never kept longer)
 
         def constant(name):
@@ -125,8 +126,8 @@ class _Walk:
         need = rw.domains.get("", 0)
         if need > opset:
             return (f"its rewrite needs ai.onnx opset {need} ({rw.needs_why or 'the ops it writes'}), and "
-                    f"{'the function' if scope.in_function else 'the model'} imports {opset or 'none'}: raise it first "
-                    f"(onnx.version_converter.convert_version, or dyndq export --opset {need})")
+                    f"{'the function' if scope.in_function else 'the model'} imports {opset or 'none'}: raise it "
+                    f"first (onnx.version_converter.convert_version(model, {need}))")
         if any(id(n) in taken for n in rw.replaces):
             return "another rewrite already takes one of the nodes it would replace"
         return None
@@ -144,9 +145,9 @@ class _Walk:
                 self.replaced_domains.setdefault(id(scope.top), set()).add(n.domain)
             for domain, version in rw.domains.items():
                 if domain not in ("", "ai.onnx"):
-                    _import(scope.top_imports, domain, version)
-                elif ai_onnx_version(scope.top_imports) is None:
-                    _import(scope.top_imports, "", ai_onnx_version(self.model.opset_import))
+                    _import(scope.imports, domain, version)
+                elif ai_onnx_version(scope.imports) is None:
+                    _import(scope.imports, "", ai_onnx_version(self.model.opset_import))
         made = set()
         for i in sorted(gone | set(placed), reverse=True):  # (from the end: earlier positions stay put)
             if i in gone:
@@ -220,8 +221,8 @@ class _Walk:
             if scope.top is scope:
                 used = {n.domain for node in scope.nodes for n in with_nested(node)}
                 gone = self.replaced_domains.get(id(scope), set()) - used - {"", "ai.onnx"}
-                for o in [o for o in scope.top_imports if o.domain in gone]:
-                    scope.top_imports.remove(o)
+                for o in [o for o in scope.imports if o.domain in gone]:
+                    scope.imports.remove(o)
 
 
 def _rename(holder: Scope, names: dict[str, tuple[str, str]]) -> None:
