@@ -25,6 +25,7 @@ FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}
 FLOAT8 = {"float8_e4m3fn", "float8_e5m2"}  # oneDNN's f8_e4m3 and f8_e5m2 (finite-only e4m3, IEEE-like e5m2)
 WIDENS_EXACTLY = LOW_FLOATS | FLOAT8 | {"int32"}  # to float32 by a Cast (int32: exact within 2^24)
+NAME_BASE = 64  # characters of an op's name that the names of its values keep (they are file names, too)
 
 
 class Refused(Exception):
@@ -82,7 +83,7 @@ class OpEmitter:
         return self.names[self.op.outputs[i].id]
 
     def temp(self, what: str) -> str:
-        base = f"{self.node_name or self.op.kind}/{what}"
+        base = f"{(self.node_name or self.op.kind)[:NAME_BASE]}/{what}"
         name, n = base, 1
         while name in self.taken:
             n += 1
