@@ -33,8 +33,10 @@ class Refused(Exception):
 
 
 class OpEmitter:
-    def __init__(self, op: Op, names: dict[int, str], taken: set[str], node_name: str | None = None):
+    def __init__(self, op: Op, names: dict[int, str], taken: set[str], node_name: str | None = None,
+                 position: int | None = None):
         self.op = op
+        self.position = position  # the op's place in the file's list of ops (dump writes them in that order)
         self.node_name = op.name if node_name is None else node_name  # unique in the graph, as ONNX Runtime asks
         self.names = names
         self.taken = taken
@@ -113,6 +115,11 @@ class OpEmitter:
                      "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
                      "input_names": [self.names[t.id] for t in self.op.inputs],
                      "output_names": [self.names[t.id] for t in self.op.outputs]}
+            if self.position is not None:
+                entry["position"] = self.position
+            # how this op describes each of its tensors (dump writes it back where the shape is that one)
+            entry["layouts"] = [[list(t.shape), list(t.stride), t.layout_type, t.property_type]
+                                for t in self.op.inputs + self.op.outputs]
             node.metadata_props.add(key="onednn.id", value=str(self.op.id))
             node.metadata_props.add(key="onednn.op", value=json.dumps(entry, separators=(",", ":")))
 

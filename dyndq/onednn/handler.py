@@ -145,7 +145,8 @@ class Handler:
 
     def typed(self, values: dict) -> dict:
         """oneDNN's JSON form of attribute values: {name: {"type": ..., "value": ...}}."""
-        return {k: {"type": self.spec[k].type, "value": v} for k, v in values.items()}
+        return {k: {"type": self.spec[k].type, "value": list(v) if isinstance(v, tuple) else v}
+                for k, v in values.items()}
 
 
 KINDS: dict[str, Handler] = {}

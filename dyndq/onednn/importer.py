@@ -104,7 +104,7 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
         if h is None:
             problems.append(op.problem("kind", repr(cut(op.kind)), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
             continue
-        e = OpEmitter(op, names, taken, op_names[op.id])
+        e = OpEmitter(op, names, taken, op_names[op.id], graph.positions.get(op.id))
         try:
             for i, t in enumerate(op.inputs):
                 if canonical.get(t.id, t.shape) != t.shape:
@@ -257,7 +257,8 @@ def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportRe
 
 
 def _tensor_notes(graph: Graph) -> str:
-    """What ONNX has no place for, kept for `dump`: each tensor's property type and layout type."""
+    """What ONNX has no place for, kept for `dump`: each tensor's property type and layout type
+    (each op keeps how it describes its own tensors: emitter.OpEmitter.tag)."""
     import json
 
     seen = {}

@@ -64,6 +64,7 @@ class Graph:
     inputs: list[Tensor]  # graph inputs, in port order, then the unproduced tensors found in the graph
     outputs: list[Tensor]
     notes: list[str] = field(default_factory=list)  # what was accepted but changed (ports naming no tensor ...)
+    positions: dict[int, int] = field(default_factory=dict)  # op id -> its place in the file's list of ops
 
 
 def _file_problem(argument: str, found: str, allowed: str) -> Problem:
@@ -444,4 +445,5 @@ def read(source) -> Graph:
     if problems:
         raise ValidationError(problems)
     return Graph(_text(doc.get("version", "")), _text(doc.get("engine_kind", "cpu")), _text(doc.get("fpmath_mode", "strict")),
-                 _text(doc.get("fpmath_mode_apply_to_int", "false")), order, list(inputs.values()), outputs, notes)
+                 _text(doc.get("fpmath_mode_apply_to_int", "false")), order, list(inputs.values()), outputs, notes,
+                 {op.id: n for n, op in enumerate(ops)})
