@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import onnx
 
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
@@ -228,9 +231,24 @@ def _as_written(p: Problem, origin: dict, graph_name: str) -> Problem:
     return Problem(p.argument, p.found, allowed if p.op else p.allowed, graph=graph_name)
 
 
-def save_json(doc: dict, path) -> None:
-    """Write `doc` to `path` as JSON, atomically (dyndq.files.write_atomically: a staging file
-    beside it, then a rename; only a regular file is replaced)."""
-    from dyndq.files import write_atomically
+def weights_folder(path) -> str:
+    """Where the arrays of a graph written to `path` go: its name without .json, + "-weights"."""
+    return re.sub(r"\.json$", "", os.fspath(path)) + "-weights"
 
-    write_atomically(path, lambda f: f.write((json.dumps(doc, indent=2) + "\n").encode("utf-8")))
+
+def save_json(doc: dict, path, weights: dict | None = None) -> dict:
+    """Write `doc` to `path` as JSON and, when `weights` holds arrays ({port name: array}, as
+    `dump(weights_as_inputs=True, weights=...)` fills it), each as NAME.npy into
+    `weights_folder(path)`: all or nothing (dyndq.files.write_together: staging files beside
+    them, then renames; a failure at any step leaves the JSON and the folder as they were).
+    Returns {path of each .npy written: its array}."""
+    from dyndq.files import write_atomically, write_together
+
+    text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    if not weights:
+        write_atomically(path, lambda f: f.write(text))
+        return {}
+    files = {f"{name}.npy": (lambda f, a=array: np.save(f, np.asarray(a), allow_pickle=False))
+             for name, array in weights.items()}
+    written = write_together(path, lambda f: f.write(text), weights_folder(path), files)
+    return dict(zip(written, weights.values()))

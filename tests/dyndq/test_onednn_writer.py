@@ -2,6 +2,7 @@
 a node without a kind is named alone; a loaded graph is written back in its file's order, with
 its strides and layouts."""
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,70 @@ def test_dump_of_every_graph_here_keeps_the_file_order_and_each_tensor_layout(pa
                 if t["shape"] == u["shape"]:  # (a dim the file leaves unknown is written as computed)
                     assert {k: t[k] for k in ("stride", "layout_type", "property_type") if k in t} == \
                         {k: u[k] for k in ("stride", "layout_type", "property_type") if k in t}, (a["name"], t["id"])
+
+
+# -- the JSON and its weights: all or nothing -------------------------------------------------------
+
+
+def _two_layers(path):
+    """A float model of two MatMul layers (two weights), saved to `path`."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((256, 256), (256, 128)))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")], "two",
+                          [_vi("x", F32, [2, 256])], [_vi("y", F32, [2, 128])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    onnx.save(dyndq.make_model(g), path)
+
+
+def _failing_second_save(monkeypatch):
+    save, calls = np.save, []
+
+    def failing(f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return save(f, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", failing)
+
+
+def _listing(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", [["export-onednn", "--weights-as-inputs"],
+                                     ["quantize", "--emit", "onednn-json", "--no-evaluate"]],
+                         ids=["export-onednn", "quantize"])
+def test_a_failed_weight_write_leaves_neither_json_nor_weights(tmp_path, monkeypatch, capsys, command):
+    src, out = tmp_path / "in" / "m.onnx", tmp_path / "out" / "m.json"
+    src.parent.mkdir()
+    out.parent.mkdir()
+    _two_layers(src)
+    argv = [command[0], str(src), str(out), *command[1:]]
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "Traceback" not in err
+    assert os.listdir(tmp_path / "out") == []  # no JSON, no weights folder, no staging file
+    assert main(argv) == 0  # a write that succeeds, then one that fails over it: the first is kept whole
+    before = _listing(tmp_path / "out")
+    assert sorted(before) == ["m-weights/" + n for n in sorted(os.listdir(out.parent / "m-weights"))] + ["m.json"]
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2
+    assert _listing(tmp_path / "out") == before and sorted(os.listdir(tmp_path / "out")) == ["m-weights", "m.json"]
+
+
+def test_an_unwritable_target_leaves_no_weights_folder(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    _two_layers(src)
+    (tmp_path / "m.json").mkdir()  # the JSON's path is a folder
+    assert main(["export-onednn", str(src), str(tmp_path / "m.json"), "--weights-as-inputs"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert not (tmp_path / "m-weights").exists()
+    (tmp_path / "m.json").rmdir()
+    (tmp_path / "m-weights").write_text("a file where the weights' folder goes")
+    assert main(["export-onednn", str(src), str(tmp_path / "m.json"), "--weights-as-inputs"]) == 2
+    assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "m.json").exists()
