@@ -505,7 +505,7 @@ def _onednn_parsers(sub) -> None:
 def cmd_import_onednn(args) -> int:
     import dyndq
     from dyndq import onednn
-    from dyndq.files import ModelFileError, save_model
+    from dyndq.files import ModelFileError, save_model, write_together
 
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
@@ -518,21 +518,21 @@ def cmd_import_onednn(args) -> int:
     except dyndq.ValidationError as e:
         _print_problems(args.graph, e.problems, sys.stderr)
         return PROBLEMS
-    existed = os.path.exists(args.output)
+    files = _output_files(args.inputs_dir, arrays) if arrays is not None else []
     try:
-        save_model(model, args.output)
+        if arrays is None:
+            save_model(model, args.output)
+        else:  # the model and its example inputs all or nothing
+            write_together(args.output, lambda f: f.write(model.SerializeToString()), args.inputs_dir,
+                           {os.path.basename(path): (lambda f, v=value: np.save(f, v, allow_pickle=False))
+                            for _, path, value in files})
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {args.output}: {report.summary()}")
     for note in report.notes:
         print(f"  note: {note}")
-    if arrays is not None:
-        try:
-            _save_arrays(args.inputs_dir, arrays, "--inputs-dir", raw_bytes_note=True)
-        except UsageError:
-            if not existed:  # the inputs could not be written: neither is the model
-                os.remove(args.output)
-            raise
+    for label, path, value in files:
+        _say_saved(path, value, label, raw_bytes_note=True)
     return OK
 
 

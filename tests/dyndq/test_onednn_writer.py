@@ -251,3 +251,15 @@ def test_an_unwritable_target_leaves_no_weights_folder(tmp_path, capsys):
     (tmp_path / "m-weights").write_text("a file where the weights' folder goes")
     assert main(["export-onednn", str(src), str(tmp_path / "m.json"), "--weights-as-inputs"]) == 2
     assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "m.json").exists()
+
+
+def test_import_onednn_writes_the_model_and_its_inputs_all_or_nothing(tmp_path, monkeypatch, capsys):
+    src, out, inputs = DATA / "kinds" / "Add.json", tmp_path / "add.onnx", tmp_path / "add-in"
+    argv = ["import-onednn", str(src), str(out), "--inputs-dir", str(inputs)]
+    assert main(argv + ["--seed", "1"]) == 0
+    before = _listing(tmp_path)
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2  # another seed: other inputs; the second cannot be written
+    assert "No space left on device" in capsys.readouterr().err
+    assert _listing(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["add-in", "add.onnx"]
