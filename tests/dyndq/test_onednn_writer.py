@@ -172,18 +172,29 @@ def test_dump_writes_a_loaded_graph_back_in_its_order_with_its_strides():
     assert onednn.dump(model) == doc
 
 
-@pytest.mark.parametrize("path", sorted(p for p in DATA.rglob("*.json") if "bad" not in p.parts and "dropout" not in p.name),
-                         ids=lambda p: str(p.relative_to(DATA)))
-def test_dump_of_every_graph_here_keeps_the_file_order_and_each_tensor_layout(path):
+def _layout_changes(path: Path) -> list[str]:
+    """How dump(load(file)) differs from the file in its order of ops and in the strides, layout
+    and property type of each tensor whose shape it writes as the file does."""
     doc = json.loads(path.read_text())
     back = onednn.dump(onednn.load(doc)[0])
-    assert [op["id"] for op in back["graph"]] == [op["id"] for op in doc["graph"]]
+    if [op["id"] for op in back["graph"]] != [op["id"] for op in doc["graph"]]:
+        return [f"ops in the order {[op['id'] for op in back['graph']]}"]
+    changes = []
     for a, b in zip(doc["graph"], back["graph"]):
         for side in ("inputs", "outputs"):
             for t, u in zip(a[side], b[side]):
-                if t["shape"] == u["shape"]:  # (a dim the file leaves unknown is written as computed)
-                    assert {k: t[k] for k in ("stride", "layout_type", "property_type") if k in t} == \
-                        {k: u[k] for k in ("stride", "layout_type", "property_type") if k in t}, (a["name"], t["id"])
+                kept = [k for k in ("stride", "layout_type", "property_type") if k in t]
+                if t["shape"] == u["shape"] and [t[k] for k in kept] != [u[k] for k in kept]:
+                    changes.append(f"op {a['id']} tensor {t['id']}: {[u[k] for k in kept]}, not {[t[k] for k in kept]}")
+    return changes
+
+
+def test_dump_of_every_graph_here_keeps_the_file_order_and_each_tensor_layout():
+    """The anchors, the kinds' graphs and the upstream copies (all but Dropout's): a dim the file
+    leaves unknown is written as computed, so only tensors of the file's shape are compared."""
+    paths = sorted(p for p in DATA.rglob("*.json") if "bad" not in p.parts and "dropout" not in p.name)
+    changes = {str(p.relative_to(DATA)): c for p in paths if (c := _layout_changes(p))}
+    assert len(paths) > 60 and not changes, changes
 
 
 # -- the JSON and its weights: all or nothing -------------------------------------------------------
