@@ -92,7 +92,12 @@ def load_json(source) -> dict:
         doc = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValidationError([_file_problem("json", f"malformed JSON ({cut(e, 200)})", "a oneDNN graph JSON object")]) from None
-    except ValueError:  # Python's int-str conversion limit (sys.get_int_max_str_digits)
+    except UnicodeDecodeError as e:  # bytes that are no UTF-8 (or UTF-16/32) text
+        raise ValidationError([_file_problem("json", f"bytes that are not UTF-8 text (byte {e.start}: "
+                                             f"{e.object[e.start:e.start + 1]!r})", "a oneDNN graph JSON object, UTF-8 text")]) from None
+    except ValueError as e:
+        if "integer string conversion" not in str(e):  # (Python's limit, sys.get_int_max_str_digits)
+            raise
         raise ValidationError([_file_problem("json", "an integer literal of more than 4,300 digits",
                                              "a oneDNN graph JSON object (its integers are s64: at most 19 digits)")]) from None
     except RecursionError:

@@ -151,6 +151,12 @@ def test_an_integer_of_more_digits_than_python_converts_is_named(tmp_path, capsy
     assert p.argument == "inputs[0].shape" and "5001 digits" in p.found and len(p.found) < 200
 
 
+@pytest.mark.parametrize("source", [b"\xff\xfe\x00", b"\x80{}", bytearray(b"\xc3(")])
+def test_bytes_that_are_no_text_are_named(source):
+    [p] = _problems(source)
+    assert p.argument == "json" and "not UTF-8 text" in p.found
+
+
 @pytest.mark.parametrize("kind, key, value", [
     ("StaticTranspose", "order", [2**63, 0, 1]),
     ("StaticTranspose", "order", [0, -2**63 - 1, 1]),
