@@ -78,14 +78,18 @@ def load_json(source) -> dict:
         return source
     if isinstance(source, (str, os.PathLike)) and not (isinstance(source, str) and source.lstrip()[:1] in ("{", "[")):
         path = os.fspath(source)
+        said = cut(_printable(path), 200)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
-            raise ValidationError([_file_problem("file", f"{path}: {e.strerror or e}", "a readable oneDNN graph JSON file")]) from None
+            raise ValidationError([_file_problem("file", f"{said}: {e.strerror or e}", "a readable oneDNN graph JSON file")]) from None
         except UnicodeDecodeError as e:
-            raise ValidationError([_file_problem("file", f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+            raise ValidationError([_file_problem("file", f"{said}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
                                                  "a oneDNN graph JSON file, UTF-8 text")]) from None
+        except ValueError:  # a NUL character, which no path holds
+            raise ValidationError([_file_problem("file", f"{said!r}: a path with a NUL character",
+                                                 "a readable oneDNN graph JSON file")]) from None
     else:
         text = source
     try:

@@ -151,6 +151,13 @@ def test_an_integer_of_more_digits_than_python_converts_is_named(tmp_path, capsy
     assert p.argument == "inputs[0].shape" and "5001 digits" in p.found and len(p.found) < 200
 
 
+def test_a_path_with_a_nul_character_or_of_5000_characters_is_named_short():
+    [p] = _problems("graph\x00.json")
+    assert p.argument == "file" and "NUL" in p.found
+    [p] = _problems("x" * 5000 + ".json")
+    assert p.argument == "file" and len(str(p)) < 400 and "5,005 characters" in p.found
+
+
 @pytest.mark.parametrize("source", [b"\xff\xfe\x00", b"\x80{}", bytearray(b"\xc3(")])
 def test_bytes_that_are_no_text_are_named(source):
     [p] = _problems(source)
