@@ -11,8 +11,8 @@
 
 The modules: reader (the JSON and its structure), handler (what a kind's handler holds,
 and the table), kinds (the table filled by the families: quantization, matmul, normalization,
-elementwise, layout), emitter (what mappings write with), importer, writer, examples,
-int4.
+elementwise, layout), emitter (what mappings write with), importer, writer, metadata (what load
+leaves in a model, read back with checks), examples, int4.
 """
 from dyndq.onednn.examples import example_inputs
 from dyndq.onednn.importer import ImportReport, load

@@ -24,9 +24,11 @@ import onnx
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
 from dyndq.onednn.int4 import dense_strides
 from dyndq.onednn.kinds import inverse_table
+from dyndq.onednn.metadata import op_entry, tensor_hints
 from dyndq.opdefs import DOMAIN, Problem, ValidationError, dtypes
 
 FORMAT_VERSION = "3.7.0"  # written when the model does not say which version it came from
+_WRITTEN_BY_LOAD = "what dyndq.onednn.load writes there (or no onednn.* metadata: the node is then written by its kind's inverse)"
 
 
 @dataclass
@@ -68,8 +70,12 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
     types = value_types(model)
     specs = {name: spec_of_type(tp) for name, tp in types.at("main").items()}  # dump writes the main graph
     shapes = {name: (s.shape if s else None) for name, s in specs.items()}
-    notes = json.loads(meta.get("onednn.tensors", "{}"))
     problems: list[Problem] = []
+    try:
+        notes = tensor_hints(meta.get("onednn.tensors", "{}"))
+    except ValueError as e:
+        problems.append(Problem("metadata onednn.tensors", str(e), _WRITTEN_BY_LOAD, graph=g.name))
+        notes = {}
     ids: dict[str, int] = {}
 
     def blame_node(i, node):
@@ -77,13 +83,20 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
 
     # ids kept from load, then fresh ones above them
     groups: dict[str, dict] = {}
-    for node in g.node:
+    broken: set[str] = set()  # the onednn.id of ops whose metadata is named as a problem
+    for index, node in enumerate(g.node):
         props = {p.key: p.value for p in node.metadata_props}
         if "onednn.op" in props:
-            entry = json.loads(props["onednn.op"])
+            try:
+                entry = op_entry(props["onednn.op"])
+                if props.get("onednn.id") != str(entry["id"]):
+                    raise ValueError(f"onednn.id {props.get('onednn.id')!r} beside an op of id {entry['id']}")
+            except ValueError as e:
+                problems.append(blame_node(index, node)("metadata onednn.op", str(e), _WRITTEN_BY_LOAD))
+                broken.add(props.get("onednn.id", ""))
+                continue
             groups[props["onednn.id"]] = entry
-            for name, tid in zip(entry.get("input_names", []) + entry.get("output_names", []),
-                                 entry["inputs"] + entry["outputs"]):
+            for name, tid in zip(entry["input_names"] + entry["output_names"], entry["inputs"] + entry["outputs"]):
                 ids.setdefault(name, tid)
     counter = [max([*ids.values(), *(int(k) for k in notes)], default=-1) + 1]
 
@@ -132,6 +145,9 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
         named, written_ops = len(problems), len(ops)
         props = {p.key: p.value for p in node.metadata_props}
         blame = blame_node(index, node)
+        if props.get("onednn.id") in broken:  # (named above)
+            refused.update(list(node.input) + list(node.output))
+            continue
         if "onednn.id" in props and props["onednn.id"] in groups:
             key = props["onednn.id"]
             if key in written:

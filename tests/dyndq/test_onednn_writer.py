@@ -274,3 +274,30 @@ def test_import_onednn_writes_the_model_and_its_inputs_all_or_nothing(tmp_path, 
         assert main(argv) == 2  # another seed: other inputs; the second cannot be written
     assert "No space left on device" in capsys.readouterr().err
     assert _listing(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["add-in", "add.onnx"]
+
+
+# -- what load leaves in a model's metadata, edited by hand ----------------------------------------
+
+
+def _with_metadata(key: str, value: str, on_model: bool = False) -> onnx.ModelProto:
+    model, _ = onednn.load(DATA / "kinds" / "Add.json")
+    targets = [model] if on_model else [n for n in model.graph.node if any(p.key == key for p in n.metadata_props)]
+    for target in targets:
+        for p in target.metadata_props:
+            if p.key == key:
+                p.value = value
+    return model
+
+
+@pytest.mark.parametrize("key, value, on_model", [
+    ("onednn.op", "{", False), ("onednn.op", "[]", False), ("onednn.op", "{}", False),
+    ("onednn.op", '{"id": 0, "name": "add", "kind": "Add", "attrs": {}, "inputs": [0, 1], "outputs": [2]}', False),
+    ("onednn.op", "1" * 5000, False), ("onednn.op", "[" * 3000 + "]" * 3000, False),
+    ("onednn.id", "zz", False), ("onednn.tensors", "[]", True), ("onednn.tensors", '{"x": [1]}', True),
+], ids=["malformed", "a-list", "empty", "no-names", "5000-digits", "deep", "id-not-int", "tensors-list", "tensors-keys"])
+def test_metadata_not_as_load_writes_it_is_named_by_dump_and_ignored_by_example_inputs(key, value, on_model):
+    model = _with_metadata(key, value, on_model)
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    assert [p.argument for p in e.value.problems] == [f"metadata {'onednn.op' if key == 'onednn.id' else key}"]
+    assert set(onednn.example_inputs(model)) == {i.name for i in model.graph.input}
