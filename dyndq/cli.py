@@ -551,7 +551,7 @@ def _onednn_parsers(sub) -> None:
 def cmd_import_onednn(args) -> int:
     import dyndq
     from dyndq import onednn
-    from dyndq.files import ModelFileError, save_model
+    from dyndq.files import ModelFileError, save_model, write_together
 
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
@@ -564,21 +564,21 @@ def cmd_import_onednn(args) -> int:
     except dyndq.ValidationError as e:
         _print_problems(args.graph, e.problems, sys.stderr)
         return PROBLEMS
-    existed = os.path.exists(args.output)
+    files = _output_files(args.inputs_dir, arrays) if arrays is not None else []
     try:
-        save_model(model, args.output)
+        if arrays is None:
+            save_model(model, args.output)
+        else:  # the model and its example inputs all or nothing
+            write_together(args.output, lambda f: f.write(model.SerializeToString()), args.inputs_dir,
+                           {os.path.basename(path): (lambda f, v=value: np.save(f, v, allow_pickle=False))
+                            for _, path, value in files})
     except (ModelFileError, OSError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {args.output}: {report.summary()}")
     for note in report.notes:
         print(f"  note: {note}")
-    if arrays is not None:
-        try:
-            _save_arrays(args.inputs_dir, arrays, "--inputs-dir", raw_bytes_note=True)
-        except UsageError:
-            if not existed:  # the inputs could not be written: neither is the model
-                os.remove(args.output)
-            raise
+    for label, path, value in files:
+        _say_saved(path, value, label, raw_bytes_note=True)
     return OK
 
 
@@ -594,17 +594,14 @@ def cmd_export_onednn(args) -> int:
     except dyndq.ValidationError as e:
         _print_problems(args.model, e.problems, sys.stderr)
         return PROBLEMS
-    try:
-        onednn.save_json(doc, args.output)
+    try:  # the JSON and its weights (OUT-weights/NAME.npy) all or nothing
+        written = onednn.save_json(doc, args.output, weights)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(f"{args.output}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "
           f"{len(doc['input_ports'])} input ports, {len(doc['output_ports'])} output ports")
-    if weights:
-        _save_arrays(re.sub(r"\.json$", "", args.output) + "-weights", weights, "--weights-as-inputs",
-                     raw_bytes_note=True)
+    for path, value in written.items():
+        _say_saved(path, value, raw_bytes_note=True)
     return OK
 
 
@@ -644,12 +641,11 @@ def cmd_quantize(args) -> int:
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
 
-    folder = re.sub(r"\.json$", "", args.output) + "-weights"  # (as export-onednn --weights-as-inputs writes them)
     try:
         report = quantize_file(
             args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
             strict=args.strict, progress=progress if sys.stderr.isatty() else None,
-            save_weights=lambda arrays: _save_arrays(folder, arrays, "--emit onednn-json", raw_bytes_note=not args.json),
+            save_weights=lambda written: [_say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
             bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
             ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
     except ModelFileError as e:
@@ -698,15 +694,21 @@ def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool =
         os.makedirs(folder, exist_ok=True)
         for label, path, value in files:
             save_array(path, value)
-            print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label != _stem(path)
-                  else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
-            if raw_bytes_note and value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: bytes only
-                print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
-                      f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
+            _say_saved(path, value, label, raw_bytes_note=raw_bytes_note)
     except ModelFileError as e:
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{flag} {os_error(e)}") from None
+
+
+def _say_saved(path: str, value: np.ndarray, label: str | None = None, *, raw_bytes_note: bool = False) -> None:
+    """"wrote PATH: DTYPE[SHAPE]" (with the output's name when the file's differs), and, with
+    raw_bytes_note, how to read back the dtypes NumPy stores as raw bytes."""
+    print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label and label != _stem(path)
+          else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+    if raw_bytes_note and value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: bytes only
+        print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
+              f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
 
 
 def _output_files(folder: str, outputs: dict) -> list[tuple[str, str, np.ndarray]]:

@@ -429,6 +429,90 @@ def write_atomically(path: str | os.PathLike, write) -> None:
             _remove_quietly(tmp)
 
 
+def write_together(path: str | os.PathLike, write, folder: str | os.PathLike, files: dict) -> list[str]:
+    """`write(binary file)` to `path` and `files[name](binary file)` to folder/name for each name,
+    all or nothing (a graph and the arrays beside it).  Every file is written to a staging folder
+    first; then the folder's files are moved in (the folder is made when it is missing, in one
+    rename; a file of the same name is replaced, other files are left alone) and `path` last.  An
+    error or an interrupt at any step leaves `path` and the folder as they were (files replaced
+    are put back, a folder made is removed) and no staging file behind.  Returns the paths written
+    into the folder (as `folder` names them)."""
+    target = _writable_target(os.fspath(path))
+    given, folder = os.fspath(folder), os.path.realpath(os.path.abspath(os.fspath(folder)))
+    for name in files:
+        if not name or name in (".", "..") or os.path.basename(name) != name:
+            raise ModelFileError(f"{name!r}: not a plain file name (for {folder})")
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ModelFileError(f"{folder}: is not a folder")
+    if not os.path.isdir(os.path.dirname(folder)):
+        raise ModelFileError(f"{folder}: its folder does not exist")
+    existing = os.path.isdir(folder)
+    dests = [_writable_target(os.path.join(folder, n)) if existing else os.path.join(folder, n) for n in files]
+    places = [os.path.split(target), os.path.split(folder)]  # (folder, name): staging beside each
+    for where, name in places:
+        _remove_stale_staging(where, name)
+    stagings: list[str] = []
+    undo: list = []  # steps that put back what was there, run last first on a failure
+    with _terminate_cleanly():
+        try:
+            for where, name in places:
+                stagings.append(tempfile.mkdtemp(prefix=_staging_prefix(name), suffix=".tmp", dir=where))
+            staged, staged_files = os.path.join(stagings[0], "file"), stagings[1]
+            _write_new(staged, write, os.fspath(path))
+            for name, write_one in files.items():
+                _write_new(os.path.join(staged_files, name), write_one, os.path.join(given, name))
+            if not existing:  # the folder and its files appear at once
+                os.chmod(staged_files, 0o777 & ~_umask())
+                os.rename(staged_files, folder)
+                stagings.pop()
+                undo.append(lambda: shutil.rmtree(folder, ignore_errors=True))
+            else:
+                replaced = os.path.join(stagings[0], "replaced")
+                os.mkdir(replaced)
+                for name, dest in zip(files, dests):
+                    kept = _keep(dest, os.path.join(replaced, name))
+                    os.replace(os.path.join(staged_files, name), dest)
+                    undo.append(lambda dest=dest, kept=kept: os.replace(kept, dest) if kept else _remove_quietly(dest))
+            os.replace(staged, target)
+            _fsync_folder(folder)
+            _fsync_folder(os.path.dirname(target))
+        except BaseException as e:
+            for step in reversed(undo):
+                with contextlib.suppress(OSError):
+                    step()
+            if isinstance(e, OSError):
+                raise ModelFileError(f"{e.filename or path}: cannot write it ({e.strerror or e})") from None
+            raise
+        finally:
+            for staging in stagings:
+                shutil.rmtree(staging, ignore_errors=True)
+    return [os.path.join(given, name) for name in files]
+
+
+def _write_new(path: str, write, meant: str) -> None:
+    """`write(binary file)` to a new file (mode 0666 less the umask), flushed to disk; an OSError
+    names `meant`, the file it is staged for."""
+    try:
+        with open(path, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), meant) from None
+
+
+def _keep(path: str, copy: str) -> str | None:
+    """A copy of the file at `path` (a hard link where the file system allows), or None when
+    there is none."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        os.link(path, copy)
+    except OSError:
+        shutil.copy2(path, copy)
+    return copy
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -29,6 +29,17 @@ def problem_list(head: str, problems, *, item: str = "") -> str:
     return "\n".join([f"{head}: {plural(len(problems), 'problem')}"] + [f"  - {item}{p}" for p in problems])
 
 
+def cut(text, limit: int = 80) -> str:
+    """`text` as a message shows a name it was given: whole when it has at most `limit`
+    characters, else its start and end around "..." and its length, so that a message names
+    what it is about without echoing megabytes of it."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = max(limit - 40, 8)
+    return f"{text[:head]}...{text[-12:]} ({len(text):,} characters)"
+
+
 def first_line(e: BaseException) -> str:
     """An exception's message, first line only (its type's name when it has none)."""
     text = str(e).strip()

@@ -3,20 +3,37 @@ Pow, SoftMax and SoftMaxBackward, the comparison GreaterEqual, Select and GenInd
 from doc/graph/operations/*.md and the op schemas of src/graph/interface/op_def.hpp)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dyndq.onednn.emitter import OpEmitter, Refused
 from dyndq.onednn.handler import REQUIRED, Attr, handler
 from dyndq.onednn.shared import (BROADCAST, FLOATS, axis_of, broadcast_from_onnx, check_broadcast,
                                  no_attrs_from_onnx, per_axis_shape)
+from dyndq.opdefs import dtypes
+
+INT32, INT64 = dtypes.by_name("int32"), dtypes.by_name("int64")
 
 
-def _binary(onnx_type: str):
+INTEGER_BINARY = {"Add", "Subtract"}  # the binary kinds oneDNN's op schemas give s32 (src_0, src_1, dst)
+S32 = (-2**31, 2**31 - 1)
+
+
+def _binary(kind: str, onnx_type: str):
     def mapping(e: OpEmitter, attrs: dict) -> None:
         """In float32, rounded once to dst's dtype.  oneDNN lets the inputs' dtypes differ (one of
         them then f32, as dst) and takes an s32 input beside a float one (an implicit causal
-        mask added as s32): it is widened to float32 exactly (|value| <= 2^24, as a mask's are)."""
+        mask added as s32): it is widened to float32 exactly (|value| <= 2^24, as a mask's are).
+        Add and Subtract also take s32 with s32 (a bottom-right causal mask's row index shifted
+        by host scalars): exact in int64, saturated to s32 as oneDNN stores an s32 dst."""
         check_broadcast(e, attrs)
+        if kind in INTEGER_BINARY and all(t.dtype.name == "int32" for t in e.op.inputs):
+            e.dtype_in(e.op.outputs[0], "outputs[0]", {"int32"})
+            if e.problems:
+                raise Refused()
+            _integer_binary(e, onnx_type)
+            return
         if not any(t.dtype.name in FLOATS for t in e.op.inputs):
             e.dtype_in(e.op.inputs[0], "inputs[0]", FLOATS)
         for i, t in enumerate(e.op.inputs):
@@ -26,6 +43,37 @@ def _binary(onnx_type: str):
             raise Refused()
         e.float_op(onnx_type, [0, 1])
     return mapping
+
+
+def _integer_binary(e: OpEmitter, onnx_type: str) -> None:
+    """s32 with s32: the exact result saturated to the s32 range, as an s32 dst.  Beside a
+    one-element operand (a mask's host scalar) the other one is first clipped to the range where
+    the result cannot leave s32, so the arithmetic stays in int32 (a fourth of the memory of the
+    int64 route, which other shapes take)."""
+    a, b = e.op.inputs
+    if math.prod(b.shape) == 1 or math.prod(a.shape) == 1:
+        scalar = 1 if math.prod(b.shape) == 1 else 0
+        wide = e.node("Reshape", [e.cast(e.input(scalar), INT64, what="scalar_s64"), e.const([], "int64", "scalar")],
+                      what="scalar_as_scalar")
+        lo, hi = e.const(S32[0], "int64", "s32_min"), e.const(S32[1], "int64", "s32_max")
+        if scalar == 1:  # a + s in [MIN, MAX] for a in [MIN - s, MAX - s]; a - s for a in [MIN + s, MAX + s]
+            step = "Sub" if onnx_type == "Add" else "Add"
+            bounds = [e.node(step, [bound, wide], what=f"{name}_for_a") for name, bound in (("lo", lo), ("hi", hi))]
+        elif onnx_type == "Add":  # s + b: b in [MIN - s, MAX - s]
+            bounds = [e.node("Sub", [bound, wide], what=f"{name}_for_b") for name, bound in (("lo", lo), ("hi", hi))]
+        else:  # s - b in [MIN, MAX] for b in [s - MAX, s - MIN]
+            bounds = [e.node("Sub", [wide, bound], what=f"{name}_for_b") for name, bound in (("lo", hi), ("hi", lo))]
+        bounds = [e.cast(e.node("Clip", [x, lo, hi], what="bound_in_s32"), INT32, what="bound_s32") for x in bounds]
+        other = 1 - scalar
+        clipped = e.node("Clip", [e.input(other), *bounds], what=f"in{other}_clipped")
+        operands = [clipped, e.input(1)] if other == 0 else [e.input(0), clipped]
+        e.node(onnx_type, operands, e.output(), main=True)
+        return
+    wide = [e.cast(e.input(i), INT64, what=f"in{i}_s64") for i in (0, 1)]
+    exact = e.node(onnx_type, wide, main=True, what="exact")
+    saturated = e.node("Clip", [exact, e.const(S32[0], "int64", "s32_min"), e.const(S32[1], "int64", "s32_max")],
+                       what="saturate")
+    e.node("Cast", [saturated], e.output(), what="to_dst", to=e.op.outputs[0].dtype.onnx)
 
 
 def _binary_from_onnx(w) -> dict:
@@ -44,11 +92,22 @@ def _scale_factor(i: int, draw):
     return draw.floats(0.125, 1.0) if draw.size == 1 and not draw.dtype.is_integer else None
 
 
+def _index_offset(i: int, draw):
+    """A one-element s32 added to or subtracted from an index (GenIndex's: a bottom-right causal
+    mask adds the key length and subtracts the query length) is the length of the index's last
+    dim, as both lengths are when they are equal."""
+    if i != 1 or draw.dtype.name != "int32" or draw.size != 1:
+        return None
+    index = draw.input_shape(0)
+    return draw.full(index[-1]) if index else None
+
+
+_EXAMPLES = {"Divide": _positive_divisor, "Multiply": _scale_factor, "Add": _index_offset, "Subtract": _index_offset}
 for _kind, _onnx in (("Add", "Add"), ("Subtract", "Sub"), ("Multiply", "Mul"), ("Divide", "Div"),
                      ("Maximum", "Max"), ("Minimum", "Min")):
     handler(_kind, roles=("src_0", "src_1"), inputs=(2, 2), attrs=(BROADCAST,), onnx_types=(_onnx,),
-            from_onnx=_binary_from_onnx, example={"Divide": _positive_divisor, "Multiply": _scale_factor}.get(_kind))(
-                _binary(_onnx))
+            from_onnx=_binary_from_onnx, example=_EXAMPLES.get(_kind))(
+                _binary(_kind, _onnx))
 
 
 @handler("BiasAdd", roles=("src", "bias"), inputs=(2, 2),

@@ -25,6 +25,7 @@ FLOAT32 = dtypes.by_name("float32")
 LOW_FLOATS = {"float16", "bfloat16"}
 FLOAT8 = {"float8_e4m3fn", "float8_e5m2"}  # oneDNN's f8_e4m3 and f8_e5m2 (finite-only e4m3, IEEE-like e5m2)
 WIDENS_EXACTLY = LOW_FLOATS | FLOAT8 | {"int32"}  # to float32 by a Cast (int32: exact within 2^24)
+NAME_BASE = 64  # characters of an op's name that the names of its values keep (they are file names, too)
 
 
 class Refused(Exception):
@@ -32,8 +33,10 @@ class Refused(Exception):
 
 
 class OpEmitter:
-    def __init__(self, op: Op, names: dict[int, str], taken: set[str], node_name: str | None = None):
+    def __init__(self, op: Op, names: dict[int, str], taken: set[str], node_name: str | None = None,
+                 position: int | None = None):
         self.op = op
+        self.position = position  # the op's place in the file's list of ops (dump writes them in that order)
         self.node_name = op.name if node_name is None else node_name  # unique in the graph, as ONNX Runtime asks
         self.names = names
         self.taken = taken
@@ -82,7 +85,7 @@ class OpEmitter:
         return self.names[self.op.outputs[i].id]
 
     def temp(self, what: str) -> str:
-        base = f"{self.node_name or self.op.kind}/{what}"
+        base = f"{(self.node_name or self.op.kind)[:NAME_BASE]}/{what}"
         name, n = base, 1
         while name in self.taken:
             n += 1
@@ -112,6 +115,11 @@ class OpEmitter:
                      "inputs": [t.id for t in self.op.inputs], "outputs": [t.id for t in self.op.outputs],
                      "input_names": [self.names[t.id] for t in self.op.inputs],
                      "output_names": [self.names[t.id] for t in self.op.outputs]}
+            if self.position is not None:
+                entry["position"] = self.position
+            # how this op describes each of its tensors (dump writes it back where the shape is that one)
+            entry["layouts"] = [[list(t.shape), list(t.stride), t.layout_type, t.property_type]
+                                for t in self.op.inputs + self.op.outputs]
             node.metadata_props.add(key="onednn.id", value=str(self.op.id))
             node.metadata_props.add(key="onednn.op", value=json.dumps(entry, separators=(",", ":")))
 

@@ -15,7 +15,6 @@ Inputs that together would take more than `max_bytes` are refused, naming the la
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +22,7 @@ import onnx
 
 from dyndq.converters.onnx_types import spec_of_type
 from dyndq.onednn.kinds import KINDS, inverse_table
+from dyndq.onednn.metadata import op_entry
 from dyndq.opdefs import Problem, ValidationError, dtypes
 
 MAX_BYTES = 4 * 2**30  # the default budget of example_inputs: 4 GiB of arrays
@@ -44,9 +44,12 @@ def _ops(model: onnx.ModelProto) -> list[Use]:
     for node in model.graph.node:
         meta = {p.key: p.value for p in node.metadata_props}
         if "onednn.op" in meta:
-            entry = json.loads(meta["onednn.op"])
-            attrs = {k: v.get("value") if isinstance(v, dict) else v for k, v in entry.get("attrs", {}).items()}
-            ops.append(Use(entry["kind"], attrs, entry.get("input_names", []), entry.get("output_names", [])))
+            try:
+                entry = op_entry(meta["onednn.op"])
+            except ValueError:  # metadata not as load writes it: no rule speaks for the op's inputs
+                continue
+            attrs = {k: v["value"] for k, v in entry["attrs"].items()}
+            ops.append(Use(entry["kind"], attrs, entry["input_names"], entry["output_names"]))
         elif node.op_type in inverse and "onednn.id" not in meta:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             ops.append(Use(inverse[node.op_type].kind, attrs, list(node.input), list(node.output)))

@@ -15,16 +15,24 @@ modules that `kinds.py` imports.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dyndq.onednn.reader import show
 from dyndq.opdefs import REQUIRED, AttrKind
+from dyndq.wording import cut
 
 # oneDNN's attribute types (src/graph/interface/op_def.hpp), as its graph JSON writes them
 _DESCRIBE = {"s64": "an s64 integer", "f32": "an f32 number", "bool": "a bool (true/false or 0/1)",
              "string": "a string", "s64[]": "a list of s64 integers", "f32[]": "a list of f32 numbers"}
 ONEDNN_TYPE = {AttrKind.INT: "s64", AttrKind.INTS: "s64[]", AttrKind.FLOAT: "f32", AttrKind.STRING: "string"}
+S64 = (-2**63, 2**63 - 1)
+F32_OVERFLOW = 2.0**128 - 2.0**103  # the least magnitude a float32 rounds to infinity (3.4028235e38 is its largest)
+_IN_RANGE = {"s64": "an s64 integer, in [-2^63, 2^63 - 1]",
+             "s64[]": "a list of s64 integers, each in [-2^63, 2^63 - 1]",
+             "f32": "an f32 number a float32 holds (magnitude at most 3.4028235e+38)",
+             "f32[]": "a list of f32 numbers a float32 holds (each of magnitude at most 3.4028235e+38)"}
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,12 @@ class Attr:
         return f"{said} ({self.note})" if self.note else said
 
     def coerce(self, value):
-        """The value as the mapping takes it, or ValueError when it is not of the attribute's type."""
+        """The value as the mapping takes it, or ValueError when it is not of the attribute's type
+        (with what is allowed as its message when the type is right but the value beyond it: an
+        integer outside s64, a finite number a float32 would make infinite)."""
         t = self.type
+        if t in _IN_RANGE and _beyond(value, t):
+            raise ValueError(_IN_RANGE[t])
         if t == "bool":
             if isinstance(value, bool) or value in (0, 1):
                 return bool(value)
@@ -71,6 +83,15 @@ class Attr:
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _beyond(value, t: str) -> bool:
+    """Whether a value of the right JSON type lies beyond oneDNN's type `t` (s64, f32, or lists)."""
+    items = value if t.endswith("[]") and isinstance(value, list) else [value]
+    if t.startswith("s64"):
+        return any(_is_int(v) and not S64[0] <= v <= S64[1] for v in items)
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) >= F32_OVERFLOW
+               for v in items)
 
 
 def from_opdefs(attribute) -> Attr:
@@ -106,12 +127,12 @@ class Handler:
             a = self.spec.get(key)
             if a is None:
                 known = ", ".join(self.spec) or "none"
-                e.problem(key, f"attribute {key}={show(value)}", f"the attributes this mapping honours: {known}")
+                e.problem(cut(key), f"attribute {cut(key)}={show(value)}", f"the attributes this mapping honours: {known}")
                 continue
             try:
                 value = a.coerce(value)
-            except ValueError:
-                e.problem(key, show(value), a.describe())
+            except ValueError as err:
+                e.problem(key, show(value), str(err) or a.describe())
                 continue
             if a.allowed and value not in a.allowed:
                 e.problem(key, show(value), a.describe())
@@ -124,7 +145,8 @@ class Handler:
 
     def typed(self, values: dict) -> dict:
         """oneDNN's JSON form of attribute values: {name: {"type": ..., "value": ...}}."""
-        return {k: {"type": self.spec[k].type, "value": v} for k, v in values.items()}
+        return {k: {"type": self.spec[k].type, "value": list(v) if isinstance(v, tuple) else v}
+                for k, v in values.items()}
 
 
 KINDS: dict[str, Handler] = {}

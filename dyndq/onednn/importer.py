@@ -20,10 +20,11 @@ import onnx
 from onnx import helper
 
 from dyndq.converters.onnx_types import spec_of_type
-from dyndq.onednn.emitter import OpEmitter, Refused
+from dyndq.onednn.emitter import NAME_BASE, OpEmitter, Refused
 from dyndq.onednn.kinds import KINDS, REFUSED
 from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, fits, read
 from dyndq.opdefs import Problem, ValidationError
+from dyndq.wording import cut
 
 OPSET = 21
 METADATA = ("version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int")
@@ -52,15 +53,21 @@ def value_names(graph: Graph) -> dict[int, str]:
     there, and its id: `deq_gate_dst_3`, `fc_gate_src_5`."""
     names: dict[int, str] = {}
     for op in graph.ops:
-        base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
+        base = _base(op)
         for i, t in enumerate(op.outputs):
             names[t.id] = f"{base}_{'dst' if i == 0 else f'dst{i}'}_{t.id}"
     for op in graph.ops:
-        base = _UNSAFE.sub("_", op.name).strip("_") or op.kind.lower()
+        base = _base(op)
         roles = KINDS[op.kind].roles if op.kind in KINDS else ()
         for i, t in enumerate(op.inputs):
             names.setdefault(t.id, f"{base}_{roles[i] if i < len(roles) else f'in{i}'}_{t.id}")
     return names
+
+
+def _base(op: Op) -> str:
+    """What the names of an op's values start with: its name made safe (and at most NAME_BASE
+    characters: the tensor id at the end keeps names unique), or its kind."""
+    return (_UNSAFE.sub("_", op.name[:NAME_BASE]).strip("_") or op.kind.lower())[:NAME_BASE]
 
 
 def _value_info(name: str, t: Tensor) -> onnx.ValueInfoProto:
@@ -92,12 +99,12 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
         ops.append(op)
         h = KINDS.get(op.kind)
         if op.kind in REFUSED:
-            problems.append(op.problem("kind", repr(op.kind), REFUSED[op.kind]))
+            problems.append(op.problem("kind", repr(cut(op.kind)), REFUSED[op.kind]))
             continue
         if h is None:
-            problems.append(op.problem("kind", repr(op.kind), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
+            problems.append(op.problem("kind", repr(cut(op.kind)), f"a kind with a mapping: {', '.join(sorted(KINDS))}"))
             continue
-        e = OpEmitter(op, names, taken, op_names[op.id])
+        e = OpEmitter(op, names, taken, op_names[op.id], graph.positions.get(op.id))
         try:
             for i, t in enumerate(op.inputs):
                 if canonical.get(t.id, t.shape) != t.shape:
@@ -117,7 +124,7 @@ def _map_ops(graph: Graph, names: dict[int, str], op_names: dict[int, str]) -> t
                     if t.shape != declared[t.id]:
                         inferred[t.id] = canonical[t.id] = t.shape
                         notes.append(f"tensor {t.id} is {_written(declared[t.id])} in the JSON: {list(t.shape)}, as "
-                                     f"op {op.id} {op.name!r} computes it")
+                                     f"{op.said()} computes it")
     if inferred:
         by_id = {t.id: t for op in ops for t in op.outputs}
         graph = replace(graph, ops=ops, outputs=[by_id.get(t.id, t) for t in graph.outputs], notes=graph.notes + notes)
@@ -250,7 +257,8 @@ def build(graph: Graph, name: str = "onednn") -> tuple[onnx.ModelProto, ImportRe
 
 
 def _tensor_notes(graph: Graph) -> str:
-    """What ONNX has no place for, kept for `dump`: each tensor's property type and layout type."""
+    """What ONNX has no place for, kept for `dump`: each tensor's property type and layout type
+    (each op keeps how it describes its own tensors: emitter.OpEmitter.tag)."""
     import json
 
     seen = {}

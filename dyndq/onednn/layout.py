@@ -79,8 +79,8 @@ def static_transpose(e: OpEmitter, attrs: dict) -> None:
     _same_tensor(e)
     rank = len(e.op.inputs[0].shape)
     order = attrs.get("order")
-    if order is not None and (len(order) != rank or sorted(d % rank if -rank <= d < rank else None
-                                                           for d in order) != list(range(rank))):
+    if order is not None and (len(order) != rank or not all(-rank <= d < rank for d in order)
+                              or sorted(d % rank for d in order) != list(range(rank))):
         e.problem("order", repr(order), f"a permutation of the {rank} dims (negative counts from the end)")
     if e.problems:
         raise Refused()

@@ -30,6 +30,9 @@ def matmul(e: OpEmitter, attrs: dict) -> None:
     in the gated MLP)."""
     for i, t in enumerate(e.op.inputs):
         e.dtype_in(t, f"inputs[{i}]", FLOATS)
+    for i, t in enumerate(e.op.inputs[:2]):
+        if not t.shape:
+            e.problem(f"inputs[{i}]", f"rank 0 ({t.describe()})", "a rank of at least 1 (a vector or a matrix, with batch dims)")
     e.dtype_in(e.op.outputs[0], "outputs[0]", FLOATS)
     if e.problems:
         raise Refused()

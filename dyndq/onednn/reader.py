@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dyndq.opdefs import Problem, ValidationError, dtypes
+from dyndq.wording import cut
 
 GRAPH = "oneDNN graph"  # the `graph` field of problems about the file as a whole
 
@@ -45,7 +46,12 @@ class Op(NamedTuple):
     outputs: tuple[Tensor, ...]
 
     def problem(self, argument: str | None, found: str, allowed: str) -> Problem:
-        return Problem(argument, found, allowed, op=self.kind, node=self.name, op_id=self.id, graph=GRAPH)
+        """A problem of this op, its name and kind cut to a readable length (wording.cut)."""
+        return Problem(argument, found, allowed, op=cut(self.kind), node=cut(self.name), op_id=self.id, graph=GRAPH)
+
+    def said(self) -> str:
+        """The op as a message names it: `op 3 'fc'`."""
+        return f"op {self.id} {cut(self.name)!r}"
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Graph:
     inputs: list[Tensor]  # graph inputs, in port order, then the unproduced tensors found in the graph
     outputs: list[Tensor]
     notes: list[str] = field(default_factory=list)  # what was accepted but changed (ports naming no tensor ...)
+    positions: dict[int, int] = field(default_factory=dict)  # op id -> its place in the file's list of ops
 
 
 def _file_problem(argument: str, found: str, allowed: str) -> Problem:
@@ -71,20 +78,32 @@ def load_json(source) -> dict:
         return source
     if isinstance(source, (str, os.PathLike)) and not (isinstance(source, str) and source.lstrip()[:1] in ("{", "[")):
         path = os.fspath(source)
+        said = cut(_printable(path), 200)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
-            raise ValidationError([_file_problem("file", f"{path}: {e.strerror or e}", "a readable oneDNN graph JSON file")]) from None
+            raise ValidationError([_file_problem("file", f"{said}: {e.strerror or e}", "a readable oneDNN graph JSON file")]) from None
         except UnicodeDecodeError as e:
-            raise ValidationError([_file_problem("file", f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+            raise ValidationError([_file_problem("file", f"{said}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
                                                  "a oneDNN graph JSON file, UTF-8 text")]) from None
+        except ValueError:  # a NUL character, which no path holds
+            raise ValidationError([_file_problem("file", f"{said!r}: a path with a NUL character",
+                                                 "a readable oneDNN graph JSON file")]) from None
     else:
         text = source
     try:
         doc = json.loads(text)
     except (json.JSONDecodeError, TypeError) as e:
-        raise ValidationError([_file_problem("json", f"malformed JSON ({e})", "a oneDNN graph JSON object")]) from None
+        raise ValidationError([_file_problem("json", f"malformed JSON ({cut(e, 200)})", "a oneDNN graph JSON object")]) from None
+    except UnicodeDecodeError as e:  # bytes that are no UTF-8 (or UTF-16/32) text
+        raise ValidationError([_file_problem("json", f"bytes that are not UTF-8 text (byte {e.start}: "
+                                             f"{e.object[e.start:e.start + 1]!r})", "a oneDNN graph JSON object, UTF-8 text")]) from None
+    except ValueError as e:
+        if "integer string conversion" not in str(e):  # (Python's limit, sys.get_int_max_str_digits)
+            raise
+        raise ValidationError([_file_problem("json", "an integer literal of more than 4,300 digits",
+                                             "a oneDNN graph JSON object (its integers are s64: at most 19 digits)")]) from None
     except RecursionError:
         raise ValidationError([_file_problem("json", "arrays or objects nested deeper than the parser follows",
                                              "a oneDNN graph JSON object (a few levels deep)")]) from None
@@ -93,7 +112,16 @@ def load_json(source) -> dict:
     return doc
 
 
-_SHOW = reprlib.Repr()
+class _Short(reprlib.Repr):
+    def repr_int(self, x, level):
+        """An int of any size: Python refuses repr() of one over 4,300 digits."""
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<an integer of about {int(math.log10(abs(x))) + 1} digits>"
+
+
+_SHOW = _Short()
 _SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 60, 60, 8, 6
 
 
@@ -114,9 +142,15 @@ def unencodable(text) -> bool:
     return False
 
 
+def _text(value) -> str:
+    """A field that should hold text, as text: the string itself, or the value shown short (a number
+    of any size, a list)."""
+    return value if isinstance(value, str) else show(value)
+
+
 def _printable(text) -> str:
-    """str(text), with what UTF-8 cannot encode written as escapes (so that a problem prints)."""
-    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    """_text(text), with what UTF-8 cannot encode written as escapes (so that a problem prints)."""
+    return _text(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_int(x) -> bool:
@@ -183,15 +217,15 @@ def _tensor(raw, where: str, problems: list, blame) -> Tensor | None:
     bad += wrong
     stride = raw.get("stride", [])
     layout = raw.get("layout_type", "strided")
-    if type(stride) is not list or not all(type(s) is int for s in stride):
-        bad.append(blame(f"{where}.stride", show(stride), "a list of integer strides"))
+    if type(stride) is not list or not all(type(s) is int and UNKNOWN_DIM <= s <= INT64_MAX for s in stride):
+        bad.append(blame(f"{where}.stride", show(stride), "a list of integer strides (int64)"))
     elif (shape is not None and stride and len(stride) != len(shape) and layout == "strided"
           and UNKNOWN_DIM not in stride):
         bad.append(blame(f"{where}.stride", f"{len(stride)} strides for a rank-{len(shape)} tensor", "one stride per dimension"))
     problems += bad
     if bad:
         return None
-    return Tensor(tid, dtype, shape, tuple(stride), str(layout), str(raw.get("property_type", "undef")))
+    return Tensor(tid, dtype, shape, tuple(stride), _text(layout), _text(raw.get("property_type", "undef")))
 
 
 _BY_ONEDNN = {d.onednn: d for d in dtypes.DTYPES if d.onednn}
@@ -206,13 +240,13 @@ def _attrs(raw, blame, problems) -> tuple[dict, dict]:
         return values, types
     for key, a in raw.items():
         if unencodable(key) or isinstance(a, dict) and unencodable(a.get("value")):
-            problems.append(blame("attrs", f"{key!r}: a string UTF-8 cannot encode (a lone surrogate)",
+            problems.append(blame("attrs", f"{cut(key)!r}: a string UTF-8 cannot encode (a lone surrogate)",
                                   "attribute names and string values in UTF-8"))
             continue
         if not isinstance(a, dict) or "value" not in a:
-            problems.append(blame(key, show(a), "an attribute {\"type\": ..., \"value\": ...}"))
+            problems.append(blame(cut(key), show(a), "an attribute {\"type\": ..., \"value\": ...}"))
             continue
-        values[key], types[key] = a["value"], a.get("type", "")
+        values[key], types[key] = a["value"], _text(a.get("type", ""))
     return values, types
 
 
@@ -229,14 +263,15 @@ def _ops(doc: dict, problems: list) -> list[Op]:
         oid, name, kind = raw.get("id"), raw.get("name", ""), raw.get("kind")
 
         def blame(argument, found, allowed, oid=oid, name=name, kind=kind):  # the op, as far as it can be told
-            return Op(oid if _is_int(oid) else None, _printable(name), _printable(kind), {}, {}, (), ()).problem(
-                argument, found, allowed)
+            known = oid if _is_int(oid) and -2**63 <= oid <= INT64_MAX else None
+            return Op(known, _printable(name), _printable(kind), {}, {}, (), ()).problem(argument, found, allowed)
 
         bad = len(problems)
-        if not _is_int(oid):
-            problems.append(blame("id", "missing" if oid is None else show(oid), "an integer op id"))
+        if not _is_int(oid) or not -2**63 <= oid <= INT64_MAX:
+            problems.append(blame("id", "missing" if oid is None else show(oid), "an integer op id (int64)"))
         if unencodable(name):
-            problems.append(blame("name", f"{name!r}: a string UTF-8 cannot encode (a lone surrogate)", "a name in UTF-8"))
+            problems.append(blame("name", f"{cut(name)!r}: a string UTF-8 cannot encode (a lone surrogate)",
+                                  "a name in UTF-8"))
         if not isinstance(kind, str) or not kind or unencodable(kind):
             problems.append(blame("kind", show(kind), "an op kind (a string such as \"MatMul\")"))
         attrs, types = _attrs(raw.get("attrs", {}), blame, problems)
@@ -248,7 +283,7 @@ def _ops(doc: dict, problems: list) -> list[Op]:
                 lts = []
             tensors[side] = tuple(_tensor(lt, f"{side}[{i}]", problems, blame) for i, lt in enumerate(lts))
         if len(problems) == bad:
-            ops.append(Op(oid, str(name), kind, attrs, types, tensors["inputs"], tensors["outputs"]))
+            ops.append(Op(oid, _text(name), kind, attrs, types, tensors["inputs"], tensors["outputs"]))
     return ops
 
 
@@ -258,8 +293,8 @@ def _producers(ops: list[Op], problems: list) -> dict[int, tuple[Op, Tensor]]:
         for i, t in enumerate(op.outputs):
             if t.id in produced:
                 first = produced[t.id][0]
-                problems.append(op.problem(f"outputs[{i}]", f"tensor {t.id}, which op {first.id} {first.name!r} "
-                                           f"({first.kind}) produces too", "a tensor id produced by one op only"))
+                problems.append(op.problem(f"outputs[{i}]", f"tensor {t.id}, which {first.said()} ({cut(first.kind)}) "
+                                           "produces too", "a tensor id produced by one op only"))
             else:
                 produced[t.id] = (op, t)
     return produced
@@ -288,12 +323,12 @@ def _agreements(ops: list[Op], produced: dict, problems: list, views: list) -> d
                 continue
             other, want = first_seen[t.id]
             if t.dtype == want.dtype and _same_elements(t.shape, want.shape):
-                views.append(f"tensor {t.id} is {list(want.shape)} as op {other.id} {other.name!r} gives it and "
-                             f"{list(t.shape)} as op {op.id} {op.name!r} takes it: the same elements, reshaped")
+                views.append(f"tensor {t.id} is {list(want.shape)} as {other.said()} gives it and "
+                             f"{list(t.shape)} as {op.said()} takes it: the same elements, reshaped")
             elif t.dtype != want.dtype or not fits(t.shape, want.shape):
                 how = "produces" if t.id in produced else "takes"
                 problems.append(op.problem(f"inputs[{i}]", f"tensor {t.id} as {t.describe()}",
-                                           f"{want.describe()}, as op {other.id} {other.name!r} ({other.kind}) {how} it"))
+                                           f"{want.describe()}, as {other.said()} ({cut(other.kind)}) {how} it"))
             elif t.shape != want.shape:
                 base = known.get(t.id, want.shape)
                 known[t.id] = tuple(x if x >= 0 else y for x, y in zip(base, t.shape))
@@ -352,8 +387,8 @@ def _ports(doc: dict, key: str, problems: list) -> list[int] | None:
     ports = doc.get(key)
     if ports is None:
         return None
-    if not isinstance(ports, list) or not all(_is_int(p) for p in ports):
-        problems.append(_file_problem(key, show(ports), "a list of tensor ids"))
+    if not isinstance(ports, list) or not all(_is_int(p) and -2**63 <= p <= INT64_MAX for p in ports):
+        problems.append(_file_problem(key, show(ports), "a list of tensor ids (int64)"))
         return None
     return list(dict.fromkeys(ports))  # a port listed twice is one port
 
@@ -412,10 +447,12 @@ def read(source) -> Graph:
         outputs = [t for op in order for t in op.outputs if t.id not in used]
     for key in ("version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int"):
         if unencodable(doc.get(key)):
-            problems.append(_file_problem(key, f"{doc[key]!r}: a string UTF-8 cannot encode (a lone surrogate)", "UTF-8 text"))
+            problems.append(_file_problem(key, f"{cut(doc[key])!r}: a string UTF-8 cannot encode (a lone surrogate)",
+                                          "UTF-8 text"))
     if not ops and not problems:
         problems.append(_file_problem("graph", "no ops", "at least one op"))
     if problems:
         raise ValidationError(problems)
-    return Graph(str(doc.get("version", "")), str(doc.get("engine_kind", "cpu")), str(doc.get("fpmath_mode", "strict")),
-                 str(doc.get("fpmath_mode_apply_to_int", "false")), order, list(inputs.values()), outputs, notes)
+    return Graph(_text(doc.get("version", "")), _text(doc.get("engine_kind", "cpu")), _text(doc.get("fpmath_mode", "strict")),
+                 _text(doc.get("fpmath_mode_apply_to_int", "false")), order, list(inputs.values()), outputs, notes,
+                 {op.id: n for n, op in enumerate(ops)})

@@ -12,17 +12,23 @@ is refused with every problem named.
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import onnx
 
 from dyndq.converters.onnx_types import attribute_values, spec_of_type
 from dyndq.onednn.int4 import dense_strides
 from dyndq.onednn.kinds import inverse_table
+from dyndq.onednn.metadata import op_entry, tensor_hints
 from dyndq.opdefs import DOMAIN, Problem, ValidationError, dtypes
 
 FORMAT_VERSION = "3.7.0"  # written when the model does not say which version it came from
+_WRITTEN_BY_LOAD = "what dyndq.onednn.load writes there (or no onednn.* metadata: the node is then written by its kind's inverse)"
 
 
 @dataclass
@@ -64,8 +70,12 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
     types = value_types(model)
     specs = {name: spec_of_type(tp) for name, tp in types.at("main").items()}  # dump writes the main graph
     shapes = {name: (s.shape if s else None) for name, s in specs.items()}
-    notes = json.loads(meta.get("onednn.tensors", "{}"))
     problems: list[Problem] = []
+    try:
+        notes = tensor_hints(meta.get("onednn.tensors", "{}"))
+    except ValueError as e:
+        problems.append(Problem("metadata onednn.tensors", str(e), _WRITTEN_BY_LOAD, graph=g.name))
+        notes = {}
     ids: dict[str, int] = {}
 
     def blame_node(i, node):
@@ -73,13 +83,20 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
 
     # ids kept from load, then fresh ones above them
     groups: dict[str, dict] = {}
-    for node in g.node:
+    broken: set[str] = set()  # the onednn.id of ops whose metadata is named as a problem
+    for index, node in enumerate(g.node):
         props = {p.key: p.value for p in node.metadata_props}
         if "onednn.op" in props:
-            entry = json.loads(props["onednn.op"])
+            try:
+                entry = op_entry(props["onednn.op"])
+                if props.get("onednn.id") != str(entry["id"]):
+                    raise ValueError(f"onednn.id {props.get('onednn.id')!r} beside an op of id {entry['id']}")
+            except ValueError as e:
+                problems.append(blame_node(index, node)("metadata onednn.op", str(e), _WRITTEN_BY_LOAD))
+                broken.add(props.get("onednn.id", ""))
+                continue
             groups[props["onednn.id"]] = entry
-            for name, tid in zip(entry.get("input_names", []) + entry.get("output_names", []),
-                                 entry["inputs"] + entry["outputs"]):
+            for name, tid in zip(entry["input_names"] + entry["output_names"], entry["inputs"] + entry["outputs"]):
                 ids.setdefault(name, tid)
     counter = [max([*ids.values(), *(int(k) for k in notes)], default=-1) + 1]
 
@@ -89,7 +106,9 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
             counter[0] += 1
         return ids[name]
 
-    def tensor(name: str, blame) -> dict:
+    def tensor(name: str, blame, described=None) -> dict:
+        """The tensor `name` as a oneDNN logical tensor; `described`: [shape, stride, layout type,
+        property type] as the loaded op described it (kept where the shape is still that one)."""
         spec = specs.get(name)
         if spec is None or spec.dtype is None:
             problems.append(blame(name, "a value of unknown type", "a tensor whose dtype ONNX can infer"))
@@ -101,19 +120,34 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
         shape = [d if isinstance(d, int) else -1 for d in (spec.shape or [])]
         i = tid(name)
         prop, layout = notes.get(str(i), ["undef", "strided"])
-        return {"id": i, "dtype": row.onednn, "shape": shape,
-                "stride": dense_strides(shape) if all(d >= 0 for d in shape) else [-1] * len(shape),
-                "layout_type": "strided" if layout in ("strided", "any", "undef") else layout, "property_type": prop}
+        if described and _same_tensor(described[0], shape):  # as the op was loaded: its view, strides, layout
+            shape, stride, layout, prop = described
+        else:
+            stride = dense_strides(shape) if all(d >= 0 for d in shape) else [-1] * len(shape)
+            layout = "strided" if layout in ("strided", "any", "undef") else layout
+        return {"id": i, "dtype": row.onednn, "shape": shape, "stride": stride, "layout_type": layout,
+                "property_type": prop}
 
     initializers = {t.name for t in g.initializer}
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
     weight_names: list[str] = []
+    positions: dict[int, int] = {}  # op id -> its place in the file it was loaded from
     inverse = inverse_table()
     ops, written = [], set()
+    origin: dict[int, Callable] = {}  # op id -> the blame of the ONNX node it was written from
+    refused: set[str] = set()  # the values of nodes no kind writes (named once, by their node)
     next_op = [max([int(k) for k in groups] or [-1]) + 1]
+    named = written_ops = 0
+    troubled: set[int] = set()  # ops with problems named already (their tensors may be missing)
     for index, node in enumerate(g.node):
+        if len(ops) > written_ops and len(problems) > named:  # the last node's op, and problems with it
+            troubled.add(ops[-1]["id"])
+        named, written_ops = len(problems), len(ops)
         props = {p.key: p.value for p in node.metadata_props}
         blame = blame_node(index, node)
+        if props.get("onednn.id") in broken:  # (named above)
+            refused.update(list(node.input) + list(node.output))
+            continue
         if "onednn.id" in props and props["onednn.id"] in groups:
             key = props["onednn.id"]
             if key in written:
@@ -121,12 +155,18 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
             written.add(key)
             e = groups[key]
             names = (e.get("input_names", []), e.get("output_names", []))
+            described = e.get("layouts") or [None] * (len(names[0]) + len(names[1]))
+            origin[e["id"]] = blame
             ops.append({"id": e["id"], "name": e["name"], "kind": e["kind"], "attrs": e["attrs"],
-                        "inputs": [tensor(n, blame) for n in names[0]], "outputs": [tensor(n, blame) for n in names[1]]})
+                        "inputs": [tensor(n, blame, d) for n, d in zip(names[0], described)],
+                        "outputs": [tensor(n, blame, d) for n, d in zip(names[1], described[len(names[0]):])]})
+            if "position" in e:
+                positions[e["id"]] = e["position"]
             continue
         if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in inverse:
             problems.append(blame("op_type", f"{node.domain + '::' if node.domain else ''}{node.op_type}",
                                   "an op oneDNN has a kind for: " + ", ".join(sorted(inverse))))
+            refused.update(list(node.input) + list(node.output))
             continue
         h = inverse[node.op_type]
         kind = h.kind
@@ -140,37 +180,91 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
                 weight_names.append(name)
                 notes[str(tid(name))] = ["constant", "strided"]
         attrs = _attrs_of(node, h, shapes, constants, lambda *a, blame=blame: problems.append(blame(*a)))
+        origin[next_op[0]] = blame
         ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
                     "attrs": attrs, "inputs": [tensor(n, blame) for n in data],
                     "outputs": [tensor(n, blame) for n in node.output]})
         next_op[0] += 1
     graph_inputs = [vi.name for vi in g.input if vi.name not in initializers] + weight_names
+    if len(ops) > written_ops and len(problems) > named:
+        troubled.add(ops[-1]["id"])
     for name in graph_inputs + [vi.name for vi in g.output]:
-        if name not in ids:
+        if name not in ids and name not in refused:
             problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops", graph=g.name))
-    if problems:
-        raise ValidationError(problems)
+    if len(positions) == len(ops):  # every op came from a loaded file: in the file's order
+        ops.sort(key=lambda op: positions[op["id"]])
     doc = {
         "version": meta.get("onednn.version") or FORMAT_VERSION,
         "engine_kind": meta.get("onednn.engine_kind", "cpu"),
         "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
         "fpmath_mode_apply_to_int": meta.get("onednn.fpmath_mode_apply_to_int", "false"),
-        "input_ports": [ids[n] for n in graph_inputs],
-        "output_ports": [ids[vi.name] for vi in g.output],
+        "input_ports": [ids[n] for n in graph_inputs if n in ids],
+        "output_ports": [ids[vi.name] for vi in g.output if vi.name in ids],
         "graph": ops,
     }
+    graph, later = _imported(doc, origin, troubled, g.name)
+    problems += [p for p in later if not problems or p.node_index is not None]  # (with others: the ops' own)
+    if problems:
+        raise ValidationError(problems)
     if weights is not None and weight_names:
         from dyndq.onednn.importer import value_names
-        from dyndq.onednn.reader import read
 
-        names = value_names(read(doc))
+        names = value_names(graph)
         weights.update({names[ids[n]]: constants[n] for n in weight_names})
     return doc
 
 
-def save_json(doc: dict, path) -> None:
-    """Write `doc` to `path` as JSON, atomically (dyndq.files.write_atomically: a staging file
-    beside it, then a rename; only a regular file is replaced)."""
-    from dyndq.files import write_atomically
+def _same_tensor(described: list, shape: list) -> bool:
+    """Whether a loaded op's description of a tensor still fits it: the shape it has, or another
+    view of as many elements (oneDNN lets a consumer take a [256, 1] dst as [256])."""
+    if described == shape:
+        return True
+    known = all(d >= 0 for d in described + shape)
+    return known and math.prod(described) == math.prod(shape)
 
-    write_atomically(path, lambda f: f.write((json.dumps(doc, indent=2) + "\n").encode("utf-8")))
+
+def _imported(doc: dict, origin: dict, troubled: set, graph_name: str):
+    """(the graph `doc` holds, read back as `load` reads it, or None; the problems `load` finds in
+    it): what one direction writes the other reads.  An op `load` would refuse (a dtype oneDNN's
+    kind does not take: f64 ReLU, u8 Add) is refused on export, each problem told at the ONNX
+    node the op was written from; ops whose problems were named already are left out."""
+    from dyndq.onednn.importer import build
+    from dyndq.onednn.reader import read
+
+    try:
+        graph = read(doc)
+        build(graph)
+    except ValidationError as e:
+        return None, [_as_written(p, origin, graph_name) for p in e.problems if p.op_id not in troubled]
+    return graph, []
+
+
+def _as_written(p: Problem, origin: dict, graph_name: str) -> Problem:
+    """A problem of the written JSON as the export's: at the ONNX node its op came from."""
+    allowed = f"{p.allowed} (what oneDNN's {p.op} takes; written as it is, the graph would not import)"
+    if p.op_id in origin:
+        return origin[p.op_id](p.argument, p.found, allowed)
+    return Problem(p.argument, p.found, allowed if p.op else p.allowed, graph=graph_name)
+
+
+def weights_folder(path) -> str:
+    """Where the arrays of a graph written to `path` go: its name without .json, + "-weights"."""
+    return re.sub(r"\.json$", "", os.fspath(path)) + "-weights"
+
+
+def save_json(doc: dict, path, weights: dict | None = None) -> dict:
+    """Write `doc` to `path` as JSON and, when `weights` holds arrays ({port name: array}, as
+    `dump(weights_as_inputs=True, weights=...)` fills it), each as NAME.npy into
+    `weights_folder(path)`: all or nothing (dyndq.files.write_together: staging files beside
+    them, then renames; a failure at any step leaves the JSON and the folder as they were).
+    Returns {path of each .npy written: its array}."""
+    from dyndq.files import write_atomically, write_together
+
+    text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    if not weights:
+        write_atomically(path, lambda f: f.write(text))
+        return {}
+    files = {f"{name}.npy": (lambda f, a=array: np.save(f, np.asarray(a), allow_pickle=False))
+             for name, array in weights.items()}
+    written = write_together(path, lambda f: f.write(text), weights_folder(path), files)
+    return dict(zip(written, weights.values()))

@@ -7,8 +7,10 @@
 - "onnxruntime": `dyndq.export(target="onnxruntime")`: MatMulNBits and GatherBlockQuantized
   where they express a node exactly (docs/int4-bridge.md), standard ONNX elsewhere.
 - "onednn-json": a oneDNN graph (`dyndq.onednn.dump`, weights as inputs): its weights become
-  input ports of property_type constant, their values handed to `save_weights` (the CLI
-  writes them as .npy files beside the JSON, as `dyndq export-onednn --weights-as-inputs` does).
+  input ports of property_type constant, their arrays .npy files in OUT's name + "-weights",
+  written with the JSON all or nothing (`dyndq.onednn.save_json`, as `dyndq export-onednn
+  --weights-as-inputs` writes them); `save_weights`, when given, is then called with
+  {path: array} of the files written (the CLI says each).
 The last three hold the quantized model in memory (about bits/32 of the float weights).
 """
 from __future__ import annotations
@@ -51,9 +53,9 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             from dyndq.onednn import save_json
 
             doc, weights = onednn_graph(out)
-            save_json(doc, dst)
+            files = save_json(doc, dst, weights)  # (the JSON and its -weights folder, all or nothing)
             if save_weights is not None:
-                save_weights(weights)
+                save_weights(files)
         elif emit == "dyndq":
             written = save_model(out, dst, external_data=loaded.external_data)
         else:

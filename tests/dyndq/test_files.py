@@ -190,3 +190,80 @@ def test_keyboard_interrupt_cleans_up(tmp_path, monkeypatch):
 def test_location_must_be_a_plain_name(tmp_path):
     with pytest.raises(ModelFileError, match="plain file name"):
         save_model(_model(), tmp_path / "m.onnx", external_data=True, location="../w.data")
+
+
+# -- write_together: a file and a folder of files, all or nothing ---------------------------------
+
+
+def _writer(text: bytes):
+    return lambda f: f.write(text)
+
+
+def _failing_after(n: int):
+    """File writers of which the n-th (counting from 1) fails as a full disk does."""
+    def write(f):
+        raise OSError(28, "No space left on device")
+    return {f"w{i}.npy": (_writer(b"new %d" % i) if i != n else write) for i in range(1, 4)}
+
+
+def _tree(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+
+
+def test_write_together_writes_the_file_and_the_folder(tmp_path):
+    written = files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
+                                   {"a.npy": _writer(b"A"), "b.npy": _writer(b"B")})
+    assert (tmp_path / "g.json").read_bytes() == b"{}" and _tree(tmp_path / "g-weights") == {"a.npy": b"A", "b.npy": b"B"}
+    assert sorted(written) == [str(tmp_path / "g-weights" / n) for n in ("a.npy", "b.npy")]
+    assert oct((tmp_path / "g-weights").stat().st_mode & 0o777) == oct(0o777 & ~files._umask())
+    assert sorted(os.listdir(tmp_path)) == ["g-weights", "g.json"]
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["new", "over-a-previous-write"])
+def test_a_failure_midway_leaves_nothing_new_and_nothing_damaged(tmp_path, before):
+    path, folder = tmp_path / "g.json", tmp_path / "g-weights"
+    if before:
+        files.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1"), "mine.txt": _writer(b"x")})
+    was = (path.read_bytes() if before else None, _tree(folder))
+    with pytest.raises(ModelFileError, match="No space left"):
+        files.write_together(path, _writer(b"new"), folder, _failing_after(2))
+    assert (path.read_bytes() if path.exists() else None, _tree(folder)) == was
+    assert sorted(os.listdir(tmp_path)) == (["g-weights", "g.json"] if before else [])  # no staging file left
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["new", "over-a-previous-write"])
+def test_a_failure_of_the_last_rename_puts_the_folder_back(tmp_path, monkeypatch, before):
+    path, folder = tmp_path / "g.json", tmp_path / "g-weights"
+    if before:
+        files.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1")})
+    was = (path.read_bytes() if before else None, _tree(folder))
+    replace = os.replace
+
+    def failing_replace(src, dst):
+        if os.fspath(dst) == str(path):
+            raise OSError(5, "Input/output error", str(path))
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(ModelFileError, match="Input/output error"):
+        files.write_together(path, _writer(b"new"), folder, _failing_after(0))
+    assert (path.read_bytes() if path.exists() else None, _tree(folder)) == was
+    assert sorted(os.listdir(tmp_path)) == (["g-weights", "g.json"] if before else [])
+
+
+def test_an_interrupt_midway_leaves_nothing(tmp_path):
+    def interrupted(f):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
+                             {"a.npy": _writer(b"A"), "b.npy": interrupted})
+    assert os.listdir(tmp_path) == []
+
+
+def test_write_together_refuses_a_folder_that_is_a_file_and_names_that_are_paths(tmp_path):
+    (tmp_path / "g-weights").write_bytes(b"not a folder")
+    with pytest.raises(ModelFileError, match="is not a folder"):
+        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights", {"a.npy": _writer(b"A")})
+    with pytest.raises(ModelFileError, match="not a plain file name"):
+        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "w", {"../a.npy": _writer(b"A")})
+    assert sorted(os.listdir(tmp_path)) == ["g-weights"]

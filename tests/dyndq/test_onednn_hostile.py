@@ -5,6 +5,7 @@ outcomes allowed are a model or a ValidationError."""
 import copy
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,114 @@ def test_import_onednn_over_the_input_budget_writes_neither_model_nor_inputs(tmp
     assert out.exists() and len(os.listdir(inputs)) == 2
 
 
+# -- numbers and names beyond what a message or a dtype holds -----------------------------------
+
+KIND = {p.stem: json.loads(p.read_text()) for p in (DATA / "kinds").glob("*.json")}
+
+
+def _attr(kind, key, value):
+    return _with(("graph", 0, "attrs", key, "value"), value, KIND[kind])
+
+
+def test_an_integer_of_more_digits_than_python_converts_is_named(tmp_path, capsys):
+    """Python refuses to turn an integer literal of over 4,300 digits into an int (and a dict
+    holding such an int into a repr): named, in a file and in a dict alike."""
+    text = json.dumps(ADD).replace('"id": 0', '"id": ' + "9" * 5000, 1)
+    [p] = _problems(text)
+    assert p.argument == "json" and "4,300 digits" in p.found
+    src = tmp_path / "digits.json"
+    src.write_text(text)
+    assert main(["import-onednn", str(src), str(tmp_path / "d.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert "4,300 digits" in err and "Traceback" not in err and len(err) < 1000
+    [p] = _problems(_with(SHAPE, [10**5000, 3]))
+    assert p.argument == "inputs[0].shape" and "5001 digits" in p.found and len(p.found) < 200
+
+
+def test_a_path_with_a_nul_character_or_of_5000_characters_is_named_short():
+    [p] = _problems("graph\x00.json")
+    assert p.argument == "file" and "NUL" in p.found
+    [p] = _problems("x" * 5000 + ".json")
+    assert p.argument == "file" and len(str(p)) < 400 and "5,005 characters" in p.found
+
+
+@pytest.mark.parametrize("source", [b"\xff\xfe\x00", b"\x80{}", bytearray(b"\xc3(")])
+def test_bytes_that_are_no_text_are_named(source):
+    [p] = _problems(source)
+    assert p.argument == "json" and "not UTF-8 text" in p.found
+
+
+@pytest.mark.parametrize("kind, key, value", [
+    ("StaticTranspose", "order", [2**63, 0, 1]),
+    ("StaticTranspose", "order", [0, -2**63 - 1, 1]),
+    ("StaticReshape", "shape", [2**63]),
+    ("Dequantize", "axis", 2**63),
+    ("SoftMax", "axis", -2**64),
+    ("ReduceSum", "axes", [2**100]),
+])
+def test_s64_attributes_beyond_int64_are_named(kind, key, value):
+    [p] = _problems(_attr(kind, key, value))
+    assert (p.argument, p.op_id) == (key, 0) and "s64" in p.allowed
+
+
+@pytest.mark.filterwarnings("error")  # no NumPy overflow warning may leak either
+@pytest.mark.parametrize("kind, key, value", [
+    ("Clamp", "max", 1e300), ("Clamp", "min", -1e39), ("Elu", "alpha", 2**200), ("Pow", "beta", 1e300),
+    ("LayerNorm", "epsilon", 3.5e38), ("Dequantize", "scales", [0.5, 1e300, 0.25]),
+])
+def test_f32_attributes_beyond_float32_are_named_not_made_infinite(kind, key, value):
+    [p] = _problems(_attr(kind, key, value))
+    assert p.argument == key and "float32" in p.allowed
+
+
+@pytest.mark.filterwarnings("error")
+def test_f32_attributes_up_to_the_largest_float32_stay_finite():
+    model, _ = onednn.load(_attr("Clamp", "max", 3.4028235e38))
+    assert onednn.dump(model)["graph"][0]["attrs"]["max"]["value"] == 3.4028235e38
+
+
+def test_the_cli_names_an_f32_attribute_beyond_float32_and_writes_nothing(tmp_path, capsys):
+    src, out = tmp_path / "clamp.json", tmp_path / "clamp.onnx"
+    src.write_text(json.dumps(_attr("Clamp", "max", 1e300)))
+    assert main(["import-onednn", str(src), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "max: found 1e+300" in err and "Warning" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("order", [[2**62, 0, 1], [0, 1, 5], [0, 0, 1], [0, 1]])
+def test_a_static_transpose_order_that_is_no_permutation_is_named(order):
+    [p] = _problems(_attr("StaticTranspose", "order", order))
+    assert p.argument == "order" and "permutation" in p.allowed
+
+
+def test_a_matmul_of_a_rank_0_tensor_is_named():
+    doc = _with(("graph", 0, "inputs", 0, "shape"), [], KIND["MatMul"])
+    [p] = _problems(_with(("graph", 0, "inputs", 0, "stride"), [], doc))
+    assert p.argument == "inputs[0]" and "rank" in p.allowed
+
+
+def test_a_huge_op_name_is_cut_in_messages_and_kept_in_the_model(tmp_path, capsys):
+    name = "x" * 5_000_000
+    doc = _with(("graph", 0, "name"), name)
+    bad = _with(("graph", 0, "attrs", "auto_broadcast", "value"), "sideways", doc)
+    [p] = _problems(bad)
+    assert len(str(p)) < 500 and "5,000,000 characters" in str(p)
+    huge_key = _with(("graph", 0, "attrs"), {"k" * 1_000_000: {"type": "s64", "value": 1}}, doc)
+    [p] = _problems(huge_key)
+    assert len(str(p)) < 500 and "1,000,000 characters" in str(p)
+    unknown = _with(("graph", 0, "kind"), "K" * 1_000_000, doc)
+    [p] = _problems(unknown)
+    assert len(str(p)) < 2000
+    model, _ = onednn.load(doc)  # the name is the op's: kept whole, for dump to write back
+    assert name in [n.name for n in model.graph.node] and onednn.dump(model)["graph"][0]["name"] == name
+    values = [v for n in model.graph.node for v in list(n.input) + list(n.output)]
+    assert max(len(v) for v in values) < 200
+    src = tmp_path / "long.json"
+    src.write_text(json.dumps(bad))
+    assert main(["import-onednn", str(src), str(tmp_path / "long.onnx")]) == 1
+    assert len(capsys.readouterr().err) < 1000
+
+
 # -- fuzzing ---------------------------------------------------------------------------------------
 
 json_values = st.recursive(
@@ -139,9 +248,11 @@ KEYS = ["id", "name", "kind", "attrs", "inputs", "outputs", "dtype", "shape", "s
 
 
 def _outcome(doc) -> None:
-    """load either returns a model or raises ValidationError: nothing else."""
+    """load either returns a model or raises ValidationError: nothing else (no warning either)."""
     try:
-        model, report = onednn.load(doc)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model, report = onednn.load(doc)
     except dyndq.ValidationError as e:
         assert e.problems and all(str(p) for p in e.problems)
         return
@@ -164,7 +275,8 @@ def _paths(value, prefix=()):
             yield from _paths(v, prefix + (i,))
 
 
-ANCHOR_DOCS = [json.loads(p.read_text()) for p in ANCHORS if p.stat().st_size < 20000]
+BEYOND = [2**63, -2**63 - 1, 2**62, 10**5000, 1e300, -1e39, float("inf"), float("nan")]
+ANCHOR_DOCS = [json.loads(p.read_text()) for p in ANCHORS if p.stat().st_size < 20000] + list(KIND.values())
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -174,7 +286,7 @@ def test_mutated_anchors_are_models_or_named_problems(data):
     for _ in range(data.draw(st.integers(1, 3))):
         paths = [p for p in _paths(doc) if p]
         path = data.draw(st.sampled_from(paths))
-        action = data.draw(st.sampled_from(["replace", "delete", "dim", "dtype", "id"]))
+        action = data.draw(st.sampled_from(["replace", "delete", "dim", "dtype", "id", "number"]))
         *head, last = path
         parent = doc
         for key in head:
@@ -187,6 +299,8 @@ def test_mutated_anchors_are_models_or_named_problems(data):
             parent[last] = data.draw(st.sampled_from(["f8_e4m3", "f8_e5m2", "s32", "boolean", "u4", "f64", "x"]))
         elif action == "id":
             parent[last] = data.draw(st.integers(-3, 60))
+        elif action == "number":  # beyond s64, beyond float32, beyond what Python turns into text
+            parent[last] = data.draw(st.sampled_from(BEYOND + [[b, 0, 1] for b in BEYOND]))
         else:
             parent[last] = data.draw(json_values)
     _outcome(doc)

@@ -1,0 +1,303 @@
+"""dump, the writer of oneDNN graph JSON: what it writes, load reads (or it refuses, saying why);
+a node without a kind is named alone; a loaded graph is written back in its file's order, with
+its strides and layouts."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import dyndq
+from dyndq import onednn
+from dyndq.cli import main
+from dyndq.onednn.kinds import inverse_table
+from dyndq.opdefs import dtypes
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+ONEDNN_DTYPES = [d for d in dtypes.DTYPES if d.onednn]
+BOOL, F32, U8 = dtypes.by_name("bool"), dtypes.by_name("float32"), dtypes.by_name("uint8")
+
+
+def _vi(name, dtype, shape):
+    return helper.make_tensor_value_info(name, dtype.onnx, shape)
+
+
+def _const(name, value, dtype):
+    return numpy_helper.from_array(np.asarray(value).astype(dtype.numpy), name)
+
+
+def _one_node(op_type: str, d: dtypes.DType) -> onnx.ModelProto:
+    """A model of one `op_type` node named 'n' whose data inputs (and output, where the op keeps
+    the dtype) are of dtype d; constants a kind reads as attributes are float32 or int64."""
+    s = [2, 3]
+    inputs, names, constants, out, attrs = [_vi("a", d, s)], ["a"], [], _vi("y", d, s), {}
+    if op_type in ("Add", "Sub", "Mul", "Div", "Max", "Min", "GreaterOrEqual", "Concat"):
+        inputs.append(_vi("b", d, s))
+        names.append("b")
+    if op_type == "GreaterOrEqual":
+        out = _vi("y", BOOL, s)
+    elif op_type == "Concat":
+        out, attrs = _vi("y", d, [4, 3]), {"axis": 0}
+    elif op_type == "Where":
+        inputs, names = [_vi("c", BOOL, s), _vi("a", d, s), _vi("b", d, s)], ["c", "a", "b"]
+    elif op_type == "MatMul":
+        inputs, names, out = [_vi("a", d, [2, 3]), _vi("b", d, [3, 4])], ["a", "b"], _vi("y", d, [2, 4])
+    elif op_type == "Cast":
+        out, attrs = _vi("y", F32, s), {"to": F32.onnx}
+    elif op_type == "Clip":
+        names, constants = ["a", "lo", "hi"], [_const("lo", -1.0, F32), _const("hi", 1.0, F32)]
+    elif op_type == "Reshape":
+        names, constants, out = ["a", "shape"], [_const("shape", [3, 2], dtypes.by_name("int64"))], _vi("y", d, [3, 2])
+    elif op_type == "Transpose":
+        out = _vi("y", d, [3, 2])
+    elif op_type in ("ReduceSum", "ReduceMax"):
+        names, constants, out = ["a", "axes"], [_const("axes", [1], dtypes.by_name("int64"))], _vi("y", d, [2, 1])
+    elif op_type == "Softmax":
+        attrs = {"axis": -1}
+    elif op_type == "Elu":
+        attrs = {"alpha": 0.5}
+    elif op_type == "LayerNormalization":
+        inputs += [_vi("g", d, [3]), _vi("bb", d, [3])]
+        names += ["g", "bb"]
+    elif op_type == "QuantizeLinear":
+        names, constants, out = ["a", "scale"], [_const("scale", 0.5, F32)], _vi("y", U8, s)
+    elif op_type == "DynamicDequantize":
+        inputs, names, out = [_vi("a", d, s), _vi("scale", F32, [1])], ["a", "scale"], _vi("y", F32, s)
+    domain = "org.dyndq" if op_type == "DynamicDequantize" else ""
+    node = helper.make_node(op_type, names, ["y"], name="n", domain=domain, **attrs)
+    return dyndq.make_model(helper.make_graph([node], "one", inputs, [out], constants))
+
+
+def _round_trip(op_type: str, d: dtypes.DType) -> str | None:
+    """None when dump of a one-node model either refuses it, each problem saying what is allowed
+    at the node (or, for a type ONNX itself has no such node for, naming it as ONNX's checker
+    does), or writes a graph load reads back with the model's input and output types; else why not."""
+    model = _one_node(op_type, d)
+    try:
+        doc = onednn.dump(model)
+    except dyndq.ValidationError as e:
+        named = all(p.allowed and (p.node == "n" or "node name: n" in p.found) for p in e.problems)
+        return None if e.problems and named else f"refused without saying where or why: {e}"
+    try:
+        again, _ = onednn.load(json.loads(json.dumps(doc)))
+    except dyndq.ValidationError as e:
+        return f"written, then refused by load: {e}"
+    initializers = {t.name for t in model.graph.initializer}
+    types = [[(vi.type.tensor_type.elem_type, [x.dim_value for x in vi.type.tensor_type.shape.dim])
+              for vi in list(m.graph.input) + list(m.graph.output) if vi.name not in initializers] for m in (again, model)]
+    return None if types[0] == types[1] else f"load gives {types[0]}, the model has {types[1]}"
+
+
+def test_every_kind_and_dtype_the_exporter_can_write_imports_or_is_refused_with_a_reason():
+    """Every ONNX op type dump writes as a kind, with each dtype oneDNN names (inputs and, where
+    the op keeps the dtype, output): 27 op types x 15 dtypes."""
+    failures = {f"{t} {d.onednn}": why for t in sorted(inverse_table()) for d in ONEDNN_DTYPES
+                if (why := _round_trip(t, d)) is not None}
+    assert not failures, f"{len(failures)} pairs: " + "\n".join(f"{k}: {v}" for k, v in failures.items())
+
+
+def test_what_oneDNN_does_not_take_is_refused_on_export_saying_what_it_takes():
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(_one_node("Relu", dtypes.by_name("float64")))
+    [p] = e.value.problems
+    assert (p.node, p.op, p.argument, p.found) == ("n", "Relu", "inputs[0]", "dtype f64")
+    assert p.allowed.startswith("bf16, f16, f32") and "ReLU" in p.allowed
+
+
+def test_the_cli_refuses_such_an_export_and_writes_nothing(tmp_path, capsys):
+    src, out = tmp_path / "relu.onnx", tmp_path / "relu.json"
+    onnx.save(_one_node("Relu", dtypes.by_name("float64")), src)
+    assert main(["export-onednn", str(src), str(out)]) == 1
+    assert "what oneDNN's ReLU takes" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("b_shape", [[], [5], [1, 1]], ids=["host-scalar", "tensor", "one-element"])
+@pytest.mark.parametrize("swap", [False, True], ids=["tensor-first", "tensor-second"])
+@pytest.mark.parametrize("kind, op", [("Add", np.add), ("Subtract", np.subtract)])
+def test_s32_add_and_subtract_are_exact_and_saturate_to_s32_on_both_engines(kind, op, swap, b_shape):
+    lt = {"layout_type": "strided", "property_type": "variable"}
+    a = np.array([2**31 - 1, -2**31, 5, 0, -100], np.int32)
+    b = np.array([7, -7, 2**31 - 1, -2**31, 3], np.int32)[:1 if b_shape != [5] else 5].reshape(b_shape)
+    x, y = (b, a) if swap else (a, b)
+    out = list(np.broadcast_shapes(x.shape, y.shape))
+    doc = {"version": "3.9.0", "graph": [{
+        "id": 0, "name": "mask", "kind": kind, "attrs": {},
+        "inputs": [{"id": 0, "dtype": "s32", "shape": list(x.shape), "stride": [], **lt},
+                   {"id": 1, "dtype": "s32", "shape": list(y.shape), "stride": [], **lt}],
+        "outputs": [{"id": 2, "dtype": "s32", "shape": out, "stride": [], **lt}]}]}
+    model, _ = onednn.load(doc)
+    want = np.clip(op(x.astype(np.int64), y.astype(np.int64)), -2**31, 2**31 - 1).astype(np.int32)
+    for engine in ("reference", "onnxruntime"):
+        [got] = dyndq.run(model, {model.graph.input[0].name: x, model.graph.input[1].name: y}, engine=engine).values()
+        assert got.dtype == np.int32 and np.array_equal(got, want), engine
+    assert [op["kind"] for op in onednn.dump(model)["graph"]] == [kind]
+
+
+def test_a_node_without_a_kind_is_named_alone_beside_the_problems_of_the_others():
+    """No false "a graph input or output no op uses" for the values of a refused node."""
+    f64 = dtypes.by_name("float64")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu"), helper.make_node("Neg", ["y"], ["z"], name="neg")],
+                          "g", [_vi("x", f64, [2])], [_vi("z", f64, [2])])
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(dyndq.make_model(g))
+    assert sorted((p.node, p.argument) for p in e.value.problems) == [("neg", "op_type"), ("relu", "inputs[0]")]
+    g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"], name="neg"), helper.make_node("Relu", ["y"], ["z"], name="relu")],
+                          "g", [_vi("x", F32, [2])], [_vi("z", F32, [2])])
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(dyndq.make_model(g))
+    assert [(p.node, p.argument) for p in e.value.problems] == [("neg", "op_type")]
+
+
+def _lt(i, shape, stride, layout="strided", prop="variable"):
+    return {"id": i, "dtype": "f32", "shape": shape, "stride": stride, "layout_type": layout, "property_type": prop}
+
+
+def test_dump_writes_a_loaded_graph_back_in_its_order_with_its_strides():
+    """A transposed src, PyTorch's undef layout with an unknown stride, and consumers listed
+    before their producers: dump gives the file's ops back as they were."""
+    doc = {"version": "3.9.0", "engine_kind": "cpu", "fpmath_mode": "strict", "fpmath_mode_apply_to_int": "false",
+           "input_ports": [0], "output_ports": [3], "graph": [
+               {"id": 7, "name": "last", "kind": "Exp", "attrs": {},
+                "inputs": [_lt(2, [3, 2], [2, 1])], "outputs": [_lt(3, [3, 2], [2, 1])]},
+               {"id": 5, "name": "middle", "kind": "StaticTranspose", "attrs": {"order": {"type": "s64[]", "value": [1, 0]}},
+                "inputs": [_lt(1, [2, 3], [-9223372036854775808], "undef")], "outputs": [_lt(2, [3, 2], [2, 1])]},
+               {"id": 6, "name": "first", "kind": "ReLU", "attrs": {},
+                "inputs": [_lt(0, [2, 3], [1, 2])], "outputs": [_lt(1, [2, 3], [-9223372036854775808], "undef")]},
+           ]}
+    model, _ = onednn.load(doc)
+    assert [n.name for n in model.graph.node] == ["first", "middle", "last"]  # ONNX's order: producers first
+    assert onednn.dump(model) == doc
+
+
+def _layout_changes(path: Path) -> list[str]:
+    """How dump(load(file)) differs from the file in its order of ops and in the strides, layout
+    and property type of each tensor whose shape it writes as the file does."""
+    doc = json.loads(path.read_text())
+    back = onednn.dump(onednn.load(doc)[0])
+    if [op["id"] for op in back["graph"]] != [op["id"] for op in doc["graph"]]:
+        return [f"ops in the order {[op['id'] for op in back['graph']]}"]
+    changes = []
+    for a, b in zip(doc["graph"], back["graph"]):
+        for side in ("inputs", "outputs"):
+            for t, u in zip(a[side], b[side]):
+                kept = [k for k in ("stride", "layout_type", "property_type") if k in t]
+                if t["shape"] == u["shape"] and [t[k] for k in kept] != [u[k] for k in kept]:
+                    changes.append(f"op {a['id']} tensor {t['id']}: {[u[k] for k in kept]}, not {[t[k] for k in kept]}")
+    return changes
+
+
+def test_dump_of_every_graph_here_keeps_the_file_order_and_each_tensor_layout():
+    """The anchors, the kinds' graphs and the upstream copies (all but Dropout's): a dim the file
+    leaves unknown is written as computed, so only tensors of the file's shape are compared."""
+    paths = sorted(p for p in DATA.rglob("*.json") if "bad" not in p.parts and "dropout" not in p.name)
+    changes = {str(p.relative_to(DATA)): c for p in paths if (c := _layout_changes(p))}
+    assert len(paths) > 60 and not changes, changes
+
+
+# -- the JSON and its weights: all or nothing -------------------------------------------------------
+
+
+def _two_layers(path):
+    """A float model of two MatMul layers (two weights), saved to `path`."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((256, 256), (256, 128)))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")], "two",
+                          [_vi("x", F32, [2, 256])], [_vi("y", F32, [2, 128])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    onnx.save(dyndq.make_model(g), path)
+
+
+def _failing_second_save(monkeypatch):
+    save, calls = np.save, []
+
+    def failing(f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return save(f, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", failing)
+
+
+def _listing(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", [["export-onednn", "--weights-as-inputs"],
+                                     ["quantize", "--emit", "onednn-json", "--no-evaluate"]],
+                         ids=["export-onednn", "quantize"])
+def test_a_failed_weight_write_leaves_neither_json_nor_weights(tmp_path, monkeypatch, capsys, command):
+    src, out = tmp_path / "in" / "m.onnx", tmp_path / "out" / "m.json"
+    src.parent.mkdir()
+    out.parent.mkdir()
+    _two_layers(src)
+    argv = [command[0], str(src), str(out), *command[1:]]
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "Traceback" not in err
+    assert os.listdir(tmp_path / "out") == []  # no JSON, no weights folder, no staging file
+    assert main(argv) == 0  # a write that succeeds, then one that fails over it: the first is kept whole
+    before = _listing(tmp_path / "out")
+    assert sorted(before) == ["m-weights/" + n for n in sorted(os.listdir(out.parent / "m-weights"))] + ["m.json"]
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2
+    assert _listing(tmp_path / "out") == before and sorted(os.listdir(tmp_path / "out")) == ["m-weights", "m.json"]
+
+
+def test_an_unwritable_target_leaves_no_weights_folder(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    _two_layers(src)
+    (tmp_path / "m.json").mkdir()  # the JSON's path is a folder
+    assert main(["export-onednn", str(src), str(tmp_path / "m.json"), "--weights-as-inputs"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert not (tmp_path / "m-weights").exists()
+    (tmp_path / "m.json").rmdir()
+    (tmp_path / "m-weights").write_text("a file where the weights' folder goes")
+    assert main(["export-onednn", str(src), str(tmp_path / "m.json"), "--weights-as-inputs"]) == 2
+    assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "m.json").exists()
+
+
+def test_import_onednn_writes_the_model_and_its_inputs_all_or_nothing(tmp_path, monkeypatch, capsys):
+    src, out, inputs = DATA / "kinds" / "Add.json", tmp_path / "add.onnx", tmp_path / "add-in"
+    argv = ["import-onednn", str(src), str(out), "--inputs-dir", str(inputs)]
+    assert main(argv + ["--seed", "1"]) == 0
+    before = _listing(tmp_path)
+    with monkeypatch.context() as m:
+        _failing_second_save(m)
+        assert main(argv) == 2  # another seed: other inputs; the second cannot be written
+    assert "No space left on device" in capsys.readouterr().err
+    assert _listing(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["add-in", "add.onnx"]
+
+
+# -- what load leaves in a model's metadata, edited by hand ----------------------------------------
+
+
+def _with_metadata(key: str, value: str, on_model: bool = False) -> onnx.ModelProto:
+    model, _ = onednn.load(DATA / "kinds" / "Add.json")
+    targets = [model] if on_model else [n for n in model.graph.node if any(p.key == key for p in n.metadata_props)]
+    for target in targets:
+        for p in target.metadata_props:
+            if p.key == key:
+                p.value = value
+    return model
+
+
+@pytest.mark.parametrize("key, value, on_model", [
+    ("onednn.op", "{", False), ("onednn.op", "[]", False), ("onednn.op", "{}", False),
+    ("onednn.op", '{"id": 0, "name": "add", "kind": "Add", "attrs": {}, "inputs": [0, 1], "outputs": [2]}', False),
+    ("onednn.op", "1" * 5000, False), ("onednn.op", "[" * 3000 + "]" * 3000, False),
+    ("onednn.id", "zz", False), ("onednn.tensors", "[]", True), ("onednn.tensors", '{"x": [1]}', True),
+], ids=["malformed", "a-list", "empty", "no-names", "5000-digits", "deep", "id-not-int", "tensors-list", "tensors-keys"])
+def test_metadata_not_as_load_writes_it_is_named_by_dump_and_ignored_by_example_inputs(key, value, on_model):
+    model = _with_metadata(key, value, on_model)
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    assert [p.argument for p in e.value.problems] == [f"metadata {'onednn.op' if key == 'onednn.id' else key}"]
+    assert set(onednn.example_inputs(model)) == {i.name for i in model.graph.input}
