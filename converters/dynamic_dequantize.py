@@ -513,7 +513,7 @@ def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str |
     return foreign.lifted(node, ctx, new, f"DynamicDequantize per_group {list(group)} (padded) + Slice", padded=True)
 
 
-def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t, scale_values=None) -> str:
+def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t) -> str:
     """The "block" route: DequantizeLinear-21 with axis and block_size, in float32 (the scales
     Cast up first and the product rounded once to T2 after: see `_narrow`)."""
     scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
@@ -554,7 +554,7 @@ def lower_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str 
     keep = tuple(slice(0, length) if i == axis else slice(None) for i in range(codes.ndim))
     short = new.add(codes[keep], src)
     ctx = context(view, cut.name or cut.output[0])
-    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, s_spec.dtype, view.constant(scales))
+    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, s_spec.dtype)
     ctx.output_as(y, cut.output[0])
     stand_in(ctx.nodes[-1], cut)
     return Rewrite(foreign.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,
