@@ -149,6 +149,7 @@ class Scope:
     _defines: set | None = field(default=None, repr=False)
     _constants: dict | None = field(default=None, repr=False)
     _nodes_made: set | None = field(default=None, repr=False)
+    _makers: dict | None = field(default=None, repr=False)
 
     @property
     def in_function(self) -> bool:
@@ -214,8 +215,14 @@ class Scope:
         self.constant(name)
         return name in self._nodes_made
 
+    def maker(self, name: str) -> tuple[int, onnx.NodeProto] | None:
+        """(index, node) of the node of this scope whose output `name` is.  Cached until `changed()`."""
+        if self._makers is None:
+            self._makers = {out: (i, node) for i, node in enumerate(self.nodes) for out in node.output if out}
+        return self._makers.get(name)
+
     def changed(self) -> None:
-        self._defines = self._constants = self._nodes_made = None
+        self._defines = self._constants = self._nodes_made = self._makers = None
 
 
 def scopes(model: onnx.ModelProto) -> list[Scope]:

@@ -158,10 +158,9 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
 def _dequantizer(name: str, scope):
     """(index, node) of the DynamicDequantize or DequantizeLinear node of `scope` that makes
     `name`, through the Slice and Cast that follow it; None when no such node does."""
-    made_by = {out: (i, node) for i, node in enumerate(scope.nodes) for out in node.output}
-    made = made_by.get(name)
+    made = scope.maker(name)
     while made is not None and made[1].op_type in ("Slice", "Cast") and made[1].input:
-        made = made_by.get(made[1].input[0])
+        made = scope.maker(made[1].input[0])
     return made if made is not None and made[1].op_type in QUANTIZED else None
 
 
