@@ -108,6 +108,16 @@ def _walk_nodes(nodes, path: str, opsets, in_function: bool, scope: str) -> Iter
             yield from _walk_nodes(g.node, subgraph_path(path, node, i, label), opsets, in_function, scope)
 
 
+def import_at_least(imports, domain: str, version: int) -> None:
+    """Import `domain` at `version` at least among a model's or a function's opset imports (an
+    import already there is kept when newer)."""
+    for o in imports:
+        if o.domain == domain:
+            o.version = max(o.version, version)
+            return
+    imports.append(onnx.helper.make_opsetid(domain, version))
+
+
 def ai_onnx_version(imports) -> int | None:
     """The ai.onnx opset among opset imports (its domain written "" or "ai.onnx"), or None."""
     return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)

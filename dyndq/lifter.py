@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.build import make_node, opset_import
+from dyndq.build import make_node
 from dyndq.checker import model_of, value_types
 from dyndq.converters import FOREIGN
 from dyndq.converters.dynamic_dequantize import lift_padded_blocks
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import repeated_attributes
-from dyndq.graphs import all_names, function_path, scopes, walk
+from dyndq.graphs import all_names, function_path, import_at_least, scopes, walk
 from dyndq.opdefs import LiftPlan, all_versions, lifters
 from dyndq.rewrites import rewrite_model, specs_at
 
@@ -133,22 +133,13 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
             imports[key] = max(imports.get(key, 0), op.since_version)
     for (domain, scope), version in imports.items():
         if scope == "main":
-            _ensure_domain(out.opset_import, domain, version)
+            import_at_least(out.opset_import, domain, version)
     # a function whose nodes (at any depth) were lifted imports the domain itself
     for f in out.functions:
         for (domain, scope), version in imports.items():
             if scope == function_path(f):
-                _ensure_domain(f.opset_import, domain, version)
+                import_at_least(f.opset_import, domain, version)
     return out, report
-
-
-def _ensure_domain(imports, domain: str, version: int) -> None:
-    """Import `domain` at `version` at least (an import already there is kept when newer)."""
-    for o in imports:
-        if o.domain == domain:
-            o.version = max(o.version, version)
-            return
-    imports.append(opset_import(version, domain))
 
 
 def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:

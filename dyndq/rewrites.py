@@ -39,7 +39,7 @@ from onnx import numpy_helper
 from dyndq.converters.foreign import GraphView, Rewrite
 from dyndq.converters.lowering_context import NameScope
 from dyndq.converters.onnx_types import dtype_name
-from dyndq.graphs import Scope, ai_onnx_version, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
+from dyndq.graphs import Scope, ai_onnx_version, import_at_least, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
 from dyndq.opdefs import TensorSpec
 
 
@@ -145,9 +145,9 @@ class _Walk:
                 self.replaced_domains.setdefault(id(scope.top), set()).add(n.domain)
             for domain, version in rw.domains.items():
                 if domain not in ("", "ai.onnx"):
-                    _import(scope.imports, domain, version)
+                    import_at_least(scope.imports, domain, version)
                 elif ai_onnx_version(scope.imports) is None:
-                    _import(scope.imports, "", ai_onnx_version(self.model.opset_import))
+                    import_at_least(scope.imports, "", ai_onnx_version(self.model.opset_import))
         made = set()
         for i in sorted(gone | set(placed), reverse=True):  # (from the end: earlier positions stay put)
             if i in gone:
@@ -328,15 +328,6 @@ def _read_names(model: onnx.ModelProto) -> set[str]:
         for node in scope.nodes:
             read.update(node.input)
     return read
-
-
-def _import(imports, domain: str, version: int) -> None:
-    """Import `domain` at `version` at least (an import already there is kept when newer)."""
-    for o in imports:
-        if o.domain == domain:
-            o.version = max(o.version, version)
-            return
-    imports.append(onnx.helper.make_opsetid(domain, version))
 
 
 def uses_domain(model: onnx.ModelProto, domain: str) -> bool:

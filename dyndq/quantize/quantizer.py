@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from dyndq.build import ir_version_for
 from dyndq.converters.lowering_context import NameScope
-from dyndq.graphs import ai_onnx_version, all_names, is_constant_node, scopes
+from dyndq.graphs import ai_onnx_version, all_names, import_at_least, is_constant_node, scopes
 from dyndq.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.quantize import plan as planning
@@ -225,7 +225,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:
-            _import_our_domain(scope.top.imports)
+            import_at_least(scope.top.imports, DOMAIN, 2)  # (2: a superset of 1)
     _set_imports(out, int4=settings["bits"] == 4)
     report.seconds = time.perf_counter() - started
     return out, report
@@ -297,16 +297,7 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
             graph.input.remove(vi)
 
 
-def _import_our_domain(imports) -> None:
-    """Our domain at version 2 (a superset of 1) among a model's or a function's opset imports."""
-    for o in imports:
-        if o.domain == DOMAIN:
-            o.version = max(o.version, 2)
-            return
-    imports.append(onnx.helper.make_opsetid(DOMAIN, 2))
-
-
 def _set_imports(model: onnx.ModelProto, *, int4: bool) -> None:
     """Our domain at version 2, and the IR version what the model now holds needs."""
-    _import_our_domain(model.opset_import)
+    import_at_least(model.opset_import, DOMAIN, 2)
     model.ir_version = max(model.ir_version, ir_version_for(model.opset_import), INT4_IR if int4 else 0)
