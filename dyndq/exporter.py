@@ -248,12 +248,7 @@ def _write_contrib_ops(out, lowerings, accuracy_level, types, names, report) -> 
                                               f"{site.node.domain}::{site.node.op_type}", "kept",
                                               "already ONNX Runtime's form"))
 
-    ops = {}  # id(node) -> the op version it resolved to where it stood
-
     def convert(node, view):
-        ops[id(node)] = op_version(node, view.imports)
-        if ops[id(node)] is None:
-            return None
         reasons = []
         for module in lowerings:
             result = module.lower(node, view, accuracy_level=accuracy_level)
@@ -263,11 +258,10 @@ def _write_contrib_ops(out, lowerings, accuracy_level, types, names, report) -> 
         return "; ".join(reasons)
 
     why = {}
-    for o in rewrite_model(out, convert, types, names):
+    for o, op in _rewrite_ours(out, convert, types, names):
         if o.rewrite is None:
             why[o.name] = o.reason
             continue
-        op = ops[id(o.node)]
         report.foreign.append(ForeignNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", o.rewrite.form,
                                           "constant weights that op expresses exactly"))
     return why
@@ -278,20 +272,25 @@ def _join_short_blocks(out: onnx.ModelProto, types, names: NameScope, report: Ex
     off (how a blocked DequantizeLinear whose last block is short is lifted) become that
     DequantizeLinear again, for every target: ONNX Runtime fuses it with the MatMul it feeds
     (a Slice in between stops the fusion), and lift then export gives the model back."""
+    for o, op in _rewrite_ours(out, short_blocks.lower_padded_blocks, types, names):
+        if o.rewrite is not None:
+            report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", _attrs(op, o.node),
+                                              o.rewrite.form, len(o.rewrite.nodes)))
+
+
+def _rewrite_ours(out: onnx.ModelProto, convert, types, names: NameScope):
+    """`rewrite_model` asking `convert` about our nodes only: (outcome, the op version its node
+    resolved to where it stood) for each."""
     ops = {}
 
-    def convert(node, view):
+    def ours(node, view):
         op = op_version(node, view.imports)
         if op is None:
             return None
         ops[id(node)] = op
-        return short_blocks.lower_padded_blocks(node, view)
+        return convert(node, view)
 
-    for o in rewrite_model(out, convert, types, names):
-        if o.rewrite is not None:
-            op = ops[id(o.node)]
-            report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", _attrs(op, o.node),
-                                              o.rewrite.form, len(o.rewrite.nodes)))
+    return [(o, ops[id(o.node)]) for o in rewrite_model(out, ours, types, names)]
 
 
 # -- opsets -------------------------------------------------------------------------------------
