@@ -146,7 +146,7 @@ def matmulnbits_weights(model: onnx.ModelProto) -> dict:
 def dyndq_weights(model: onnx.ModelProto) -> dict:
     """float weight name -> a function giving the weight its DynamicDequantize node gives back
     (our kernel on the node's inputs)."""
-    from dyndq.converters.onnx_types import attribute_values
+    from dyndq.plumbing.types import attribute_values
 
     inits = {t.name: t for t in model.graph.initializer}
 

@@ -30,7 +30,7 @@ from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefus
 from . import foreign
 from .foreign import GraphView, Rewrite, context, inputs_of, slice_to, stand_in
 from .lowering_context import LoweringContext
-from .onnx_types import attribute_values
+from dyndq.plumbing.types import attribute_values
 
 # DequantizeLinear's per-axis form (1-D scale with `axis`) needs this ai.onnx opset.
 PER_CHANNEL_DQL_OPSET = 13

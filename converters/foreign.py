@@ -23,8 +23,9 @@ import onnx
 
 from dyndq.opdefs import DOMAIN, PER_GROUP, TensorSpec, dtypes
 
-from .lowering_context import LoweringContext, NameScope
-from .onnx_types import attribute_values
+from .lowering_context import LoweringContext
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.types import attribute_values
 
 MS_DOMAIN = "com.microsoft"
 MS_OPSET = 1  # the one version of com.microsoft's MatMulNBits and GatherBlockQuantized

@@ -34,7 +34,7 @@ from dyndq.opdefs import PER_GROUP, dtypes
 
 from . import foreign
 from .foreign import RUNTIME_FLOATS, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
-from .onnx_types import attribute_values
+from dyndq.plumbing.types import attribute_values
 
 OP = "GatherBlockQuantized"
 SOURCE = (MS_DOMAIN, OP)

@@ -15,21 +15,8 @@ import onnx
 from onnx import helper
 
 from dyndq.opdefs import TensorSpec
+from dyndq.plumbing.names import NameScope
 
-
-class NameScope:
-    """Every name already in use in a model (values and nodes); hands out fresh readable ones."""
-
-    def __init__(self, used: set[str] | None = None):
-        self.used = set(used or ())
-
-    def fresh(self, hint: str) -> str:
-        name, i = hint, 1
-        while name in self.used or not name:
-            name = f"{hint}_{i}"
-            i += 1
-        self.used.add(name)
-        return name
 
 
 @dataclass

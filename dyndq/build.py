@@ -6,7 +6,7 @@ import operator
 
 import onnx
 
-from dyndq.converters.onnx_types import make_attribute
+from dyndq.plumbing.types import make_attribute
 from dyndq.wording import a as article
 from dyndq.opdefs import DOMAIN, OpVersion, domains, Problem, TensorSpec, ValidationError, newest_domain_version, ops_of, resolve, versions_of
 
@@ -125,7 +125,7 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
     """A model of `graph` importing ai.onnx at `opset`, our domain and every other registered
     domain its nodes use (each at its newest version, or as `versions` says), at the lowest
     IR version they need."""
-    from dyndq.graphs import graphs  # graphs imports nothing of ours; kept local to keep build small
+    from dyndq.plumbing.walk import graphs
 
     newest = onnx.defs.onnx_opset_version()
     if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) or not 1 <= int(opset) <= newest:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, external_data_helper
 
-from dyndq.converters.onnx_types import (ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value,
-                                        repeated_attributes, spec_of_type)
-from dyndq.graphs import Site, walk
+from dyndq.plumbing.types import (ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, repeated_attributes, spec_of_type)
+from dyndq.files import model_of
+from dyndq.plumbing.walk import Site, walk
 from dyndq.opdefs import (
     OpVersion,
     Problem,
@@ -166,7 +166,7 @@ def _about_unloaded_external_data(model: onnx.ModelProto, message: str) -> bool:
 def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[Problem]:
     """What `onnx.checker.check_model(full_check=True)` finds (it stops at the first),
     leaving out what is about our ops when we have reported on them already."""
-    from dyndq.light import light_view
+    from dyndq.plumbing.light import light_view
 
     light = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's checker)
 
@@ -214,18 +214,6 @@ def duplicate_attributes(site: Site) -> list[Problem]:
 def _takes_references(site: Site) -> bool:
     return site.in_function and site.node.domain in domains() and any(a.ref_attr_name for a in site.node.attribute)
 
-
-def model_of(model, what: str) -> onnx.ModelProto:
-    """The model itself, or the model in a file when given a path (as run() takes one)."""
-    import os
-
-    if isinstance(model, (str, os.PathLike)):
-        from dyndq.files import load_model
-
-        return load_model(model)
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"{what}() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
-    return model
 
 
 def validate(model: onnx.ModelProto) -> None:

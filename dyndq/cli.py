@@ -324,7 +324,7 @@ def _runtime_parity(args) -> int:
 
 
 def _opset_and_ir(model) -> str:
-    from dyndq.graphs import ai_onnx_version
+    from dyndq.plumbing.opsets import ai_onnx_version
 
     opset = ai_onnx_version(model.opset_import)
     return f"ai.onnx opset {opset}, IR version {model.ir_version}"
@@ -750,7 +750,7 @@ def cmd_schema(args) -> int:
 
 def schema_text() -> str:
     """Every registered op version as readable tables."""
-    from dyndq.converters.onnx_types import attribute_type_name
+    from dyndq.plumbing.types import attribute_type_name
     from dyndq.opdefs import all_versions
 
     blocks = []

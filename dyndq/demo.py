@@ -143,7 +143,7 @@ def demo_input(seed: int = SEED, batch: int = BATCH) -> np.ndarray:
 
 def describe_node(node: onnx.NodeProto, types: dict[str, str] | None = None) -> str:
     """One line: op, inputs (with types when known) -> outputs, attributes."""
-    from dyndq.converters.onnx_types import attribute_values
+    from dyndq.plumbing.types import attribute_values
 
     types = types or {}
     op = node.op_type if not node.domain else f"{node.domain}::{node.op_type}"
@@ -154,7 +154,7 @@ def describe_node(node: onnx.NodeProto, types: dict[str, str] | None = None) -> 
 
 
 def _attribute_text(value) -> str:
-    from dyndq.converters.onnx_types import dtype_name
+    from dyndq.plumbing.types import dtype_name
 
     if isinstance(value, onnx.TensorProto):
         return f"{dtype_name(value.data_type)}{list(value.dims)}"
@@ -164,7 +164,7 @@ def _attribute_text(value) -> str:
 
 
 def initializer_types(model: onnx.ModelProto) -> dict[str, str]:
-    from dyndq.converters.onnx_types import dtype_name
+    from dyndq.plumbing.types import dtype_name
 
     return {
         t.name: f"{dtype_name(t.data_type)}[{','.join(map(str, t.dims))}]" for t in model.graph.initializer
@@ -172,7 +172,7 @@ def initializer_types(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def value_type(vi: onnx.ValueInfoProto) -> str:
-    from dyndq.converters.onnx_types import spec_of_type
+    from dyndq.plumbing.types import spec_of_type
 
     spec = spec_of_type(vi.type)
     return str(spec) if spec is not None else "?"

@@ -18,31 +18,21 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.build import ORT_MAX_OPSET, ir_version_for
-from dyndq.checker import check, input_specs, model_of, value_types
+from dyndq.checker import check, input_specs, value_types
+from dyndq.files import model_of
 from dyndq.converters import FOREIGN, TARGETS
 from dyndq.converters import dynamic_dequantize as short_blocks
-from dyndq.converters.lowering_context import LoweringContext, NameScope
-from dyndq.converters.onnx_types import attribute_values
+from dyndq.converters.lowering_context import LoweringContext
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.types import attribute_values
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
-from dyndq.graphs import (ai_onnx_version, all_names, function_path, graphs, op_version, scope_opsets, subgraph_path,
-                          subgraphs, walk, with_nested)
+from dyndq.plumbing.ir import model_ir
+from dyndq.plumbing.opsets import ORT_MAX_OPSET, ai_onnx_version, drop_opset, op_version, scope_opsets, set_opset
+from dyndq.plumbing.names import all_names
+from dyndq.plumbing.walk import function_path, graphs, subgraph_path, subgraphs, walk, with_nested
 from dyndq.opdefs import DOMAIN, Needs, OpVersion, ValidationError, domains
 from dyndq.rewrites import rewrite_model
 
-# Model-local functions need at least this IR version.
-_FUNCTIONS_IR = 8
-# Element types newer than the first IR versions: a model holding one (anywhere: an input, an
-# initializer, a value_info, a Constant) needs that IR version whatever its opsets are, and
-# onnx.helper.find_min_ir_version_for knows opsets only.  (IR 9 added float8, 10 int4/uint4,
-# 11 float4e2m1.)
-_TYPE_IR = {
-    onnx.TensorProto.FLOAT8E4M3FN: 9, onnx.TensorProto.FLOAT8E4M3FNUZ: 9,
-    onnx.TensorProto.FLOAT8E5M2: 9, onnx.TensorProto.FLOAT8E5M2FNUZ: 9,
-    onnx.TensorProto.INT4: 10, onnx.TensorProto.UINT4: 10,
-}
-if hasattr(onnx.TensorProto, "FLOAT4E2M1"):
-    _TYPE_IR[onnx.TensorProto.FLOAT4E2M1] = 11
 
 
 class ExportError(ValueError):
@@ -181,20 +171,17 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
         del f.node[:]
         f.node.extend(new)
         if len(report.lowered) > before:
-            _set_opset(f.opset_import, "", target)
+            set_opset(f.opset_import, "", target)
         for domain in domains():
             if not _uses_domain_nodes(f.node, {domain}):
-                report.domain_removed |= _drop_opset(f.opset_import, domain)
+                report.domain_removed |= drop_opset(f.opset_import, domain)
 
     if target is not None:
-        _set_opset(out.opset_import, "", target)
+        set_opset(out.opset_import, "", target)
     for domain in domains():
         if not _model_uses_domain(out, domain):
-            report.domain_removed |= _drop_opset(out.opset_import, domain)
-    ir = max([ir_version_for(out.opset_import)] + [n.ir_version for _, n in needs])
-    if len(out.functions):
-        ir = max(ir, _FUNCTIONS_IR)
-    ir = max(ir, _types_ir(out))
+            report.domain_removed |= drop_opset(out.opset_import, domain)
+    ir = max([model_ir(out)] + [n.ir_version for _, n in needs])
     out.ir_version = ir
     report.ir_version = ir
     return out, report
@@ -380,60 +367,10 @@ def _convert_function(f: onnx.FunctionProto, target: int) -> onnx.FunctionProto:
     g.CopyFrom(f)
     del g.node[:]
     g.node.extend(converted.graph.node)
-    _set_opset(g.opset_import, "", target)
+    set_opset(g.opset_import, "", target)
     return g
 
 
-def _set_opset(imports, domain: str, version: int) -> None:
-    for o in imports:
-        if o.domain == domain or (domain == "" and o.domain == "ai.onnx"):
-            o.version = version
-            return
-    imports.append(onnx.helper.make_opsetid(domain, version))
-
-
-def _drop_opset(imports, domain: str) -> bool:
-    drop = [o for o in imports if o.domain == domain]
-    for o in drop:
-        imports.remove(o)
-    return bool(drop)
-
-
-def _types_ir(model: onnx.ModelProto) -> int:
-    """The lowest IR version the element types the model holds need (0 when any will do)."""
-    found = set()
-
-    def visit_type(tp: onnx.TypeProto) -> None:
-        kind = tp.WhichOneof("value")
-        if kind == "tensor_type":
-            found.add(tp.tensor_type.elem_type)
-        elif kind == "sparse_tensor_type":
-            found.add(tp.sparse_tensor_type.elem_type)
-        elif kind in ("sequence_type", "optional_type"):
-            visit_type(getattr(tp, kind).elem_type)
-        elif kind == "map_type":
-            visit_type(tp.map_type.value_type)
-
-    for g in graphs(model.graph):
-        for vi in list(g.input) + list(g.output) + list(g.value_info):
-            visit_type(vi.type)
-        found.update(t.data_type for t in g.initializer)
-        found.update(_attribute_types(g.node))
-    for f in model.functions:
-        found.update(_attribute_types(f.node))
-    return max((_TYPE_IR.get(t, 0) for t in found), default=0)
-
-
-def _attribute_types(nodes) -> set[int]:
-    """The element types nodes make: of their tensor attributes (Constant) and Cast's `to`."""
-    found = set()
-    for node in nodes:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                found.add(a.t.data_type)
-            elif a.name == "to" and a.type == onnx.AttributeProto.INT:
-                found.add(a.i)
-    return found
 
 
 # -- walking ------------------------------------------------------------------------------------

@@ -126,6 +126,16 @@ def _reading_external_data(loaded: LoadedModel):
         raise ModelFileError(f"{loaded.path}: cannot read its external data ({e.strerror or e})") from None
 
 
+def model_of(model, what: str) -> onnx.ModelProto:
+    """The model itself, or the model in a file when given a path (every whole-model operation
+    takes either)."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"{what}() takes an onnx.ModelProto or a file path, not {type(model).__name__}")
+    return model
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """The model in a file, with its external data loaded."""
     return read_model(path).model
@@ -221,7 +231,7 @@ def _too_big_for_one_message(model: onnx.ModelProto) -> bool:
     """Whether the model's initializers near protobuf's 2 GiB limit (counted from dims and
     dtypes: ByteSize() would serialize the whole model to count it). 64 MiB are left for the
     rest of the model."""
-    from dyndq.light import nbytes
+    from dyndq.plumbing.light import nbytes
 
     return sum(nbytes(t) for t in model.graph.initializer) > _PROTOBUF_LIMIT - (64 << 20)
 
@@ -235,7 +245,7 @@ def _with_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> onn
     of the model (twice its size in memory, three times with the bytes it writes), and it
     refuses when a file named `location` exists relative to the *current* folder rather than
     the model's (so re-running an export from the model's own folder failed, onnx 1.23)."""
-    from dyndq.light import copy_fields
+    from dyndq.plumbing.light import copy_fields
 
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
@@ -257,7 +267,7 @@ class DataFile:
         self.file, self.location = f, location
 
     def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
-        from dyndq.light import copy_fields, nbytes
+        from dyndq.plumbing.light import copy_fields, nbytes
 
         if not (tensor.HasField("raw_data") and nbytes(tensor) >= 1024):
             graph.initializer.append(tensor)

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import onnx
 
-from dyndq.graphs import Site, function_sites, walk, with_nested
+from dyndq.plumbing.walk import Site, function_sites, walk, with_nested
 from dyndq.opdefs import domains
 
 FunctionKey = tuple[str, str]  # (domain, name), as a call names a function

@@ -35,17 +35,18 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.build import make_node
-from dyndq.checker import model_of, value_types
+from dyndq.files import model_of
+from dyndq.checker import value_types
 from dyndq.converters import FOREIGN
 from dyndq.converters.dynamic_dequantize import lift_padded_blocks
-from dyndq.converters.lowering_context import NameScope
-from dyndq.converters.onnx_types import repeated_attributes
-from dyndq.graphs import all_names, function_path, import_at_least, scopes, walk
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.types import repeated_attributes
+from dyndq.plumbing.names import all_names
+from dyndq.plumbing.walk import function_path, scopes, walk
+from dyndq.plumbing.opsets import import_at_least
 from dyndq.opdefs import LiftPlan, all_versions, lifters
+from dyndq.plumbing.ir import model_ir
 from dyndq.rewrites import rewrite_model, specs_at
-
-# int4/uint4 tensors (lifted codes and zero points) need this IR version.
-_INT4_IR = 10
 
 log = logging.getLogger("dyndq.lift")
 
@@ -171,4 +172,4 @@ def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:
         report.sources.append(o.node.op_type)
         report.notes.extend(o.rewrite.notes)
     if report.lifted:  # (the walker imported our domain where it wrote nodes of it)
-        out.ir_version = max(out.ir_version, _INT4_IR)
+        out.ir_version = max(out.ir_version, model_ir(out))  # (int4 codes need IR 10)

@@ -29,7 +29,7 @@ class OrtSession:
     def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None):
         import onnxruntime as ort
 
-        from dyndq.light import big_initializers, light_view
+        from dyndq.plumbing.light import big_initializers, light_view
 
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
@@ -83,7 +83,7 @@ class OrtBoundary:
     _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
 
     def __init__(self, exported: onnx.ModelProto):
-        from dyndq.converters.lowering_context import NameScope
+        from dyndq.plumbing.names import NameScope
 
         graph = exported.graph
         initializers = {t.name for t in graph.initializer}
@@ -99,7 +99,7 @@ class OrtBoundary:
             return
         model = onnx.ModelProto()
         model.CopyFrom(exported)
-        from dyndq.graphs import all_names
+        from dyndq.plumbing.names import all_names
 
         names = NameScope(all_names(model))
         casts = []

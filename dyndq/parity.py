@@ -109,7 +109,7 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, level: str = "
     bfloat16 included): one that does not fit raises `dyndq.runner.FeedError` naming the input."""
     import onnxruntime as ort
 
-    from dyndq.checker import model_of
+    from dyndq.files import model_of
     from dyndq.opdefs import domains
     from dyndq.ort_session import OrtSession
     from dyndq.runner import fitting_feeds, graph_inputs
@@ -182,7 +182,7 @@ def example_feeds(model: onnx.ModelProto, seed: int = 0, skip=()) -> dict[str, n
     """One array per graph input (not an initializer, nor named in `skip`): dims the model leaves open take OPEN_DIM;
     floats are drawn from N(0, 1); integers that index a Gather (or GatherBlockQuantized) lie in
     the range of the axis they index, other integers in 0..3; booleans are random."""
-    from dyndq.converters.onnx_types import spec_of_type
+    from dyndq.plumbing.types import spec_of_type
     from dyndq.scopes import value_types
 
     rng = np.random.default_rng(seed)

@@ -21,7 +21,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
-from dyndq.graphs import op_version, with_nested
+from dyndq.plumbing.opsets import op_version
+from dyndq.plumbing.walk import with_nested
 from dyndq.kernels import numpy_kernel
 from dyndq.kernels.geometry import view
 from dyndq.opdefs import PER_CHANNEL, PER_TENSOR, Problem, ValidationError, all_versions, newest_domain_version
@@ -224,7 +225,7 @@ def _loop_outputs_typed(model: onnx.ModelProto) -> onnx.ModelProto:
     when a Loop has scan outputs: a loop that runs zero times gives them the shape and element
     type its body would have, which ONNX Runtime reads off its own inference.  (Model-local
     functions have no types: a Loop there reads what its body declares.)"""
-    from dyndq.graphs import graphs
+    from dyndq.plumbing.walk import graphs
     from dyndq.scopes import inferred_model
 
     loops = [_body(n) for g in graphs(model.graph) for n in g.node if n.op_type == "Loop" and n.domain in ("", "ai.onnx")]
@@ -319,7 +320,7 @@ def runnable_model(model: onnx.ModelProto) -> onnx.ModelProto:
 
     NotRunnable names each node still of such a domain after the lift, with the lift's reason and
     the way out (the ONNX Runtime engine), and each graph output the lift removed or renamed."""
-    from dyndq.graphs import walk
+    from dyndq.plumbing.walk import walk
 
     if not any(_foreign(site.node, model) for site in walk(model)):
         return model

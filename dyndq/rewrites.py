@@ -37,9 +37,10 @@ import onnx
 from onnx import numpy_helper
 
 from dyndq.converters.foreign import GraphView, Rewrite
-from dyndq.converters.lowering_context import NameScope
-from dyndq.converters.onnx_types import dtype_name
-from dyndq.graphs import Scope, ai_onnx_version, import_at_least, is_constant_node, scope_opsets, scopes, scopes_under, with_nested
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.types import dtype_name
+from dyndq.plumbing.walk import Scope, is_constant_node, scopes, scopes_under, with_nested
+from dyndq.plumbing.opsets import ai_onnx_version, import_at_least, scope_opsets
 from dyndq.opdefs import TensorSpec
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import onnx
 
-from dyndq.graphs import graphs
+from dyndq.plumbing.walk import graphs
 from dyndq.opdefs import Problem, ValidationError
 
 _ALLOWED = "a value of the main graph: a graph input, an initializer or the output of one of its nodes"

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from dyndq.converters.onnx_types import spec_of_type
+from dyndq.plumbing.types import spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError, dtypes
 from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtBoundary, where it was first defined)
 from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
@@ -107,7 +107,7 @@ _lock = threading.Lock()
 
 def model_key(model: onnx.ModelProto) -> str:
     """A key that changes whenever the model does: the SHA-256 of its serialization."""
-    from dyndq.light import big_initializers, light_view
+    from dyndq.plumbing.light import big_initializers, light_view
 
     digest = hashlib.sha256(light_view(model).SerializeToString(deterministic=True))
     for t in big_initializers(model):  # their data, which the light view leaves out (a model over 2 GiB
@@ -187,7 +187,7 @@ def graph_inputs(model: onnx.ModelProto) -> list[tuple[str, TensorSpec | None, b
 
 def _declared(tp: onnx.TypeProto) -> TensorSpec | None:
     """The declared spec of a graph input or output: None for non-tensor types (and none)."""
-    from dyndq.scopes import untyped_tensor
+    from dyndq.plumbing.types import untyped_tensor
 
     return TensorSpec(None, None) if untyped_tensor(tp) else spec_of_type(tp)
 

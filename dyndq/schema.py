@@ -16,10 +16,10 @@ import onnx.defs
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
-from dyndq.converters.onnx_types import SCHEMA_ATTR_TYPE, attribute_value, make_attribute, onnx_type_string, spec_of_type, type_of_spec
+from dyndq.plumbing.types import (SCHEMA_ATTR_TYPE, attribute_value, make_attribute, onnx_type_string, spec_of_type, type_of_spec)
 from dyndq.opdefs import OpVersion, TensorSpec, ValidationError, all_versions
 from dyndq.opdefs import registry
-from dyndq.scopes import untyped_tensor
+from dyndq.plumbing.types import untyped_tensor
 
 MARK = "[dyndq]"  # starts every message our inference raises inside ONNX
 

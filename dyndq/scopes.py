@@ -15,9 +15,11 @@ from typing import Callable, Mapping
 
 import onnx
 
-from dyndq.converters.onnx_types import spec_of_type
-from dyndq.graphs import subgraph_path, subgraphs
+from dyndq.plumbing.types import spec_of_type, untyped_tensor
+from dyndq.plumbing.walk import subgraph_path, subgraphs
 from dyndq.opdefs import TensorSpec
+from dyndq.plumbing.light import light_view
+from dyndq.schema import lenient_inference
 
 _NO_TYPES: Mapping[str, onnx.TypeProto] = {}
 
@@ -53,10 +55,6 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model's light view with every type ONNX can infer written in (value_info, and the
     outputs of If/Loop/Scan bodies), our ops judged leniently; the view as it is when ONNX
     cannot infer the model at all."""
-    from dyndq.schema import lenient_inference  # (schema imports this module: imported here)
-
-    from dyndq.light import light_view
-
     model = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's inference)
     try:
         with lenient_inference():
@@ -77,10 +75,3 @@ def _collect(graph: onnx.GraphProto, path: str, outer: ChainMap, scopes: dict) -
     for i, node in enumerate(graph.node):
         for label, g in subgraphs(node):
             _collect(g, subgraph_path(path, node, i, label), scope, scopes)
-
-
-def untyped_tensor(tp: onnx.TypeProto | None) -> bool:
-    """A tensor type whose element type is UNDEFINED (0): what a model declares for a value
-    whose type nobody knows (e.g. one made by an op of an unknown domain).  Read as unknown;
-    ONNX's dtype tables raise ValueError on it."""
-    return tp is not None and tp.WhichOneof("value") == "tensor_type" and tp.tensor_type.elem_type == 0

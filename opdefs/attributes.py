@@ -2,7 +2,7 @@
 
 A kind is named as ONNX names its attribute types (`AttributeProto.INT`,
 `OpSchema.AttrType.INT`, ...), so the face maps a kind to ONNX's enums by
-name, in one place (`dyndq.converters.onnx_types`), without this module
+name, in one place (`dyndq.plumbing.types`), without this module
 importing onnx.
 """
 from __future__ import annotations

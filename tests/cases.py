@@ -16,7 +16,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 import dyndq
-from dyndq.converters.onnx_types import elem_type, make_attribute
+import dyndq.plumbing.ir
+from dyndq.plumbing.types import elem_type, make_attribute
 from dyndq.opdefs import dtypes
 
 
@@ -261,7 +262,7 @@ def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=Non
     out = helper.make_tensor_value_info("dst", elem_type(given), list(case.src[1]))
     graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
     imports = [helper.make_opsetid("", opset), dyndq.opset_import(case.version if domain_version is None else domain_version)]
-    return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.build.ir_version_for(imports))
+    return helper.make_model(graph, opset_imports=imports, ir_version=dyndq.plumbing.ir.ir_version_for(imports))
 
 
 # -- the independent oracle and how outputs are compared, for every engine's tests ----------------

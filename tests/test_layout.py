@@ -3,7 +3,9 @@
 opdefs/ needs nothing but the standard library, NumPy and ml_dtypes (the dtype
 table); kernels/ and shape_inference/ need nothing but those and dyndq.opdefs
 (no onnx, no onnxruntime), so the kernel and the shape rules run wherever NumPy
-does; converters/ may use onnx but nothing of the face (dyndq/).
+does; dyndq/plumbing/ (ONNX plumbing) may use onnx and dyndq.opdefs; converters/ may use
+onnx and the plumbing but nothing of the face (dyndq/).  And no module of the package
+imports, at any depth, a module that imports it back.
 """
 import ast
 import sys
@@ -16,23 +18,45 @@ ALLOWED = {
     "opdefs": {"numpy", "ml_dtypes"},
     "shape_inference": {"dyndq.opdefs"},
     "kernels": {"numpy", "ml_dtypes", "dyndq.opdefs"},
-    "converters": {"numpy", "onnx", "dyndq.opdefs"},
+    "converters": {"numpy", "onnx", "dyndq.opdefs", "dyndq.plumbing"},
+    "dyndq/plumbing": {"numpy", "onnx", "google.protobuf", "dyndq.opdefs"},
 }
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, package: str = "") -> set[str]:
+    """The modules a file imports, anywhere in it (relative imports resolved against `package`)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and package:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            if node.module:
+                found.add(f"{base}.{node.module}")
+            else:
+                found |= {f"{base}.{a.name}" for a in node.names}
     return found
+
+
+def package_modules() -> dict[str, Path]:
+    """dyndq.* module name -> its file, the part folders mapped as the install maps them."""
+    out = {}
+    for top in ("dyndq", "opdefs", "kernels", "shape_inference", "converters"):
+        for path in (ROOT / top).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[0] != "dyndq":
+                parts.insert(0, "dyndq")
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
 
 
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_folder_imports_only_what_it_may(folder):
-    files = sorted((ROOT / folder).glob("*.py"))
+    files = sorted((ROOT / folder).rglob("*.py"))
     assert files
     for path in files:
         for name in imports(path):
@@ -41,6 +65,44 @@ def test_folder_imports_only_what_it_may(folder):
                 continue
             assert any(name == a or name.startswith(a + ".") for a in ALLOWED[folder]), (
                 f"{path.relative_to(ROOT)} imports {name}; {folder}/ may import only {sorted(ALLOWED[folder]) or 'the standard library'}")
+
+
+def test_the_import_graph_has_no_circle():
+    """Follow every import between modules of the package (function-local ones too): no module
+    reaches itself.  (A package's __init__ importing its own submodules is not a circle.)"""
+    modules = package_modules()
+    edges = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for imported in imports(path, package):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not imported.startswith(name + "."):
+                targets.add(imported)
+        edges[name] = targets
+    # a submodule importing its package's __init__ only to reach a sibling: count the sibling
+    state, circle = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(edges[node]):
+            if name_is_parent(nxt, node):
+                continue
+            if state.get(nxt) == "open":
+                circle.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    assert not circle, "import circles: " + "; ".join(" -> ".join(c) for c in circle)
+
+
+def name_is_parent(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
 
 
 def test_kernels_and_shape_rules_import_and_run_without_onnx():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.converters.onnx_types import spec_of_type
+from dyndq.plumbing.types import spec_of_type
 from dyndq.onednn.kinds import KINDS, inverse_table
 from dyndq.onednn.metadata import op_entry
 from dyndq.opdefs import Problem, ValidationError, dtypes

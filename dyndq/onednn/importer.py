@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dyndq.converters.onnx_types import spec_of_type
+from dyndq.plumbing.types import spec_of_type
 from dyndq.onednn.emitter import NAME_BASE, OpEmitter, Refused
 from dyndq.onednn.kinds import KINDS, REFUSED
 from dyndq.onednn.reader import GRAPH, Graph, Op, Tensor, fits, read
@@ -169,7 +169,7 @@ def _disagreements(model: onnx.ModelProto, graph: Graph, names: dict[int, str]) 
     and the (op, output index) whose declared shape holds as many elements as the computed one
     (oneDNN lets an op's dst be another view of what it computes: [256] for numpy's [1, 256])."""
     from dyndq.checker import value_types
-    from dyndq.converters.onnx_types import spec_of_type
+    from dyndq.plumbing.types import spec_of_type
 
     bare = onnx.ModelProto()
     bare.CopyFrom(model)

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from dyndq.converters.onnx_types import attribute_values, spec_of_type
+from dyndq.plumbing.types import attribute_values, spec_of_type
 from dyndq.onednn.int4 import dense_strides
 from dyndq.onednn.kinds import inverse_table
 from dyndq.onednn.metadata import op_entry, tensor_hints

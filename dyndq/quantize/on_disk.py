@@ -19,7 +19,7 @@ import os
 
 import onnx
 
-from dyndq.light import nbytes
+from dyndq.plumbing.light import nbytes
 from dyndq.opdefs import Problem
 from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, OptionError, _quantize, _settings, _Tensors
 from dyndq.quantize.report import QuantizeReport

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.converters.onnx_types import attribute_values, dtype_name
-from dyndq.graphs import is_constant_node, scopes
+from dyndq.plumbing.types import attribute_values, dtype_name
+from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.opdefs import Problem
 from dyndq.wording import a as article
 

@@ -16,10 +16,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dyndq.build import ir_version_for
-from dyndq.converters.lowering_context import NameScope
-from dyndq.graphs import ai_onnx_version, all_names, import_at_least, is_constant_node, scopes
-from dyndq.light import copy_fields, nbytes
+from dyndq.plumbing.ir import ir_version_for
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
+from dyndq.plumbing.names import all_names
+from dyndq.plumbing.walk import is_constant_node, scopes
+from dyndq.plumbing.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.quantize import plan as planning
 from dyndq.quantize.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
@@ -71,7 +73,7 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     of the chosen ops cannot be quantized instead of leaving it alone.  progress: called
     with one line per weight quantized.
     """
-    from dyndq.checker import model_of
+    from dyndq.files import model_of
 
     model = model_of(model, "quantize")
     settings = _settings(model, bits=bits, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype, ops=ops,

@@ -22,8 +22,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.build import make_node
-from dyndq.converters.lowering_context import NameScope
-from dyndq.converters.onnx_types import elem_type
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.types import elem_type
 from dyndq.quantize.numerics import QuantizedWeight
 
 

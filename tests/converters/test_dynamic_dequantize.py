@@ -14,7 +14,8 @@ import dyndq
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize as lower
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_lifting as lift_node
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_needs
-from dyndq.converters.lowering_context import LoweringContext, NameScope
+from dyndq.converters.lowering_context import LoweringContext
+from dyndq.plumbing.names import NameScope
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, LiftPlan, LiftRefusal, TensorSpec
 
 def bits_equal(a, b):

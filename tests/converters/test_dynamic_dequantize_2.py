@@ -15,9 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from cases import oracle_2, same_bits, vi
 
 import dyndq
-from dyndq.build import ORT_MAX_OPSET
+from dyndq.plumbing.opsets import ORT_MAX_OPSET
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_2_needs
-from dyndq.graphs import walk
+from dyndq.plumbing.walk import walk
 from dyndq.opdefs import TensorSpec
 from dyndq.runner import OrtBoundary
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
-from dyndq.light import BIG, light_view, nbytes
+from dyndq.plumbing.light import BIG, light_view, nbytes
 
 # Over 2 GiB of memory (about 15 GiB at peak while protobuf copies): not in the default `make
 # test`, which fits a laptop; `make test-big` runs these, and .ci/run runs both.

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cases import oracle, run_ort, same_values as same, vi
 
 import dyndq
-from dyndq.build import ORT_MAX_OPSET
+from dyndq.plumbing.opsets import ORT_MAX_OPSET
 
 def ai_onnx(model):
     return next(o.version for o in model.opset_import if o.domain == "")

@@ -14,7 +14,7 @@ from cases import same_bits, vi
 import dyndq
 from dyndq.cli import main
 from dyndq.files import save_model
-from dyndq.graphs import walk
+from dyndq.plumbing.walk import walk
 
 ONNX = helper.make_opsetid("", 21)
 LOCAL = helper.make_opsetid("local", 1)
@@ -132,7 +132,7 @@ def test_the_version_is_the_one_the_function_imports():
     """per_group exists from version 2 on: inside a function importing org.dyndq 1 the node is
     judged at version 1 (and refused), importing 2 at version 2 (and run), whatever the model
     imports (here: nothing of org.dyndq)."""
-    from dyndq.graphs import op_version  # (the one lookup by scope that check, export, lift and run share)
+    from dyndq.plumbing.opsets import op_version  # (the one lookup by scope that check, export, lift and run share)
 
     node = dyndq.make_node(["w", "s"], ["y"], name="dq", version=2, qtype="per_group", group_shape=[1, 2])
     s = np.array([[0.5, 2], [-1, 0.25], [4, 1]], np.float32)

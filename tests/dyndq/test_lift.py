@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 from cases import backend_case, backend_case_names, run_ort, same_values as same, vi
 
 import dyndq
-from dyndq.build import ORT_MAX_OPSET
+from dyndq.plumbing.opsets import ORT_MAX_OPSET
 
 BACKEND = backend_case_names()
 # version 1 takes the first two; version 2 also int4/uint4 and blocked (exact division)

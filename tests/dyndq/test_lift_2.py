@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from cases import oracle_2, same_bits, vi
 
 import dyndq
-from dyndq.build import ORT_MAX_OPSET
+from dyndq.plumbing.opsets import ORT_MAX_OPSET
 
 NP = {"int8": np.int8, "uint8": np.uint8, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4,
       "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}

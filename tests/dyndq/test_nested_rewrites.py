@@ -20,7 +20,7 @@ from cases import run_ort
 
 import dyndq
 from dyndq.converters import foreign
-from dyndq.graphs import scopes
+from dyndq.plumbing.walk import scopes
 from dyndq.parity import TOLERANCE
 
 K = N = 48

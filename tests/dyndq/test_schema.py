@@ -6,7 +6,7 @@ import onnx
 import onnx.defs
 import pytest
 from cases import ALL_INVALID, ALL_VALID, case_model, ids
-from dyndq.converters.onnx_types import elem_type
+from dyndq.plumbing.types import elem_type
 from onnx import TensorProto, helper
 
 import dyndq

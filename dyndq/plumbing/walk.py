@@ -15,7 +15,9 @@ from typing import Any, Iterator
 import onnx
 from onnx import AttributeProto
 
-from dyndq.opdefs import OpVersion, domains, resolve
+from dyndq.opdefs import OpVersion
+
+from .opsets import op_version, scope_opsets
 
 
 @dataclass(frozen=True)
@@ -37,20 +39,8 @@ class Site:
         return op_version(self.node, self.opsets)
 
 
-def scope_opsets(imports) -> dict[str, int]:
-    """{domain: version} of a scope's opset imports (a model's or a function's)."""
-    return {o.domain: o.version for o in imports}
 
 
-def op_version(node: onnx.NodeProto, opsets: dict[str, int]) -> OpVersion | None:
-    """The op version of ours a node resolves to under the opset imports of its scope: the
-    largest not above the version its scope imports, as ONNX resolves schemas.  The one
-    lookup check, export, lift and run share (a scope without an import of the node's domain
-    resolves nothing: the node is judged or lowered where it stands, never by another
-    scope's imports)."""
-    if node.domain not in domains() or node.domain not in opsets:
-        return None
-    return resolve(node.domain, node.op_type, opsets[node.domain])
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
@@ -108,37 +98,9 @@ def _walk_nodes(nodes, path: str, opsets, in_function: bool, scope: str) -> Iter
             yield from _walk_nodes(g.node, subgraph_path(path, node, i, label), opsets, in_function, scope)
 
 
-def import_at_least(imports, domain: str, version: int) -> None:
-    """Import `domain` at `version` at least among a model's or a function's opset imports (an
-    import already there is kept when newer)."""
-    for o in imports:
-        if o.domain == domain:
-            o.version = max(o.version, version)
-            return
-    imports.append(onnx.helper.make_opsetid(domain, version))
 
 
-def ai_onnx_version(imports) -> int | None:
-    """The ai.onnx opset among opset imports (its domain written "" or "ai.onnx"), or None."""
-    return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
 
-
-def all_names(model: onnx.ModelProto) -> set[str]:
-    """Every value and node name used anywhere in the model (graphs, bodies, functions)."""
-    names = set()
-    for g in graphs(model.graph):
-        names.update(vi.name for vi in list(g.input) + list(g.output) + list(g.value_info))
-        names.update(t.name for t in g.initializer)
-        names.update(t.values.name for t in g.sparse_initializer)
-    for site in walk(model):
-        names.add(site.node.name)
-        names.update(site.node.input)
-        names.update(site.node.output)
-    for f in model.functions:
-        names.update(f.input)
-        names.update(f.output)
-    names.discard("")
-    return names
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Between ONNX's protos and our data: type protos <-> TensorSpec, attribute kinds <-> ONNX's enums.
 
-It sits below the face (in converters/) because the lowerings and liftings need
-it, and converters/ never imports the face.  Element types go through the one
+Part of the ONNX plumbing below converters/: the lowerings and liftings need it, and
+converters/ never imports the face.  Element types go through the one
 dtype table (`dyndq.opdefs.dtypes`); attribute kinds map to ONNX's enums here
 and nowhere else (schema registration, `check` and the CLI's schema table use it).
 """
@@ -109,3 +109,10 @@ def make_attribute(name: str, value, kind: AttrKind) -> AttributeProto:
     """An AttributeProto of our kind (so that an empty INTS list still gets its type)."""
     return onnx.helper.make_attribute(name, list(value) if kind is AttrKind.INTS else value,
                                       attr_type=ATTRIBUTE_PROTO_TYPE[kind])
+
+
+def untyped_tensor(tp: onnx.TypeProto | None) -> bool:
+    """A tensor type whose element type is UNDEFINED (0): what a model declares for a value
+    whose type nobody knows (e.g. one made by an op of an unknown domain).  Read as unknown;
+    ONNX's dtype tables raise ValueError on it."""
+    return tp is not None and tp.WhichOneof("value") == "tensor_type" and tp.tensor_type.elem_type == 0
