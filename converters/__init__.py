@@ -1,17 +1,17 @@
-"""Lowering to standard ONNX (and lifting from it), one module per op.
+"""Conversions between forms of the op: lowering to standard ONNX, lifting from it, and the
+forms other engines define, each one rule in one registry (`rules`).
 
-Importing this package attaches each op's lowering, its needs and its lifting
-to the op's handle in `opdefs`.  `lowering_context` is what every lowering gets;
-
-ONNX Runtime's quantized contrib ops are foreign forms of DynamicDequantize: one
-module each (`matmul_nbits`, `gather_block_quantized`) holds their lifting and
-their lowering, on what `foreign` shares.  `FOREIGN` maps each one's (domain, op
-type) to its module; `TARGETS` says which foreign lowerings an export target uses.
+Importing this package attaches each op's lowering, its needs and its lifting to the op's
+handle in `opdefs` (`dynamic_dequantize`) and registers every rule: the rules of
+`dynamic_dequantize` (a blocked DequantizeLinear with a short last block, both ways), those
+of ONNX Runtime's contrib ops (`contrib/`, one module per op), and those applying the op
+versions' own parts (`op_parts`), in that order: a node is offered to the rules in the order
+they were registered.  `rewrite` is what every rule works with, `walker` applies rewrites to
+a model, `lowering_context` is what every lowering gets.
 """
-from . import dynamic_dequantize, foreign, gather_block_quantized, lowering_context, matmul_nbits
+from . import dynamic_dequantize, lowering_context, rewrite, rules, walker
+from .contrib import gather_block_quantized, matmul_nbits  # (their order: contrib/__init__.py)
+from . import op_parts
 
-FOREIGN = {m.SOURCE: m for m in (matmul_nbits, gather_block_quantized)}
-TARGETS = {"onnx": (), "onnxruntime": (matmul_nbits, gather_block_quantized)}
-
-__all__ = ["FOREIGN", "TARGETS", "dynamic_dequantize", "foreign", "gather_block_quantized", "lowering_context",
-           "matmul_nbits"]
+__all__ = ["dynamic_dequantize", "gather_block_quantized", "lowering_context", "matmul_nbits", "op_parts", "rewrite",
+           "rules", "walker"]

@@ -1,4 +1,9 @@
-"""DynamicDequantize-1 to standard ONNX (lowering), and DequantizeLinear back to it (lifting).
+"""DynamicDequantize to standard ONNX (lowering), and DequantizeLinear back to it (lifting).
+
+The parts attached to the op versions (`def_lowering`, `def_lowering_needs`, `def_lifting`)
+convert one node; converters/op_parts.py applies them as rules.  Two rules of this module
+take more than one node: a blocked DequantizeLinear whose last block is short lifts to a
+padded DynamicDequantize + Slice, and export joins those two back.
 
 Lowering, per node form:
 
@@ -25,12 +30,14 @@ from onnx import TensorProto
 
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1 as OP
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
-from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, LiftRefusal, Needs, TensorSpec, dtypes
-
-from . import foreign
-from .foreign import GraphView, Rewrite, context, inputs_of, slice_to, stand_in
-from .lowering_context import LoweringContext
+from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, LiftPlan, Needs, Refusal, TensorSpec, dtypes
+from dyndq.plumbing.ir import INT4_IR
 from dyndq.plumbing.types import attribute_values
+
+from . import rewrite as rw
+from .lowering_context import LoweringContext
+from .rewrite import GraphView, Rewrite, context, inputs_of, slice_to, stand_in
+from .rules import LIFT, LOWER, rule
 
 # DequantizeLinear's per-axis form (1-D scale with `axis`) needs this ai.onnx opset.
 PER_CHANNEL_DQL_OPSET = 13
@@ -151,7 +158,7 @@ def dynamic_dequantize(
 # -- lifting: DequantizeLinear -> DynamicDequantize --------------------------------------------
 
 @OP.def_lifting(source=("", "DequantizeLinear"))
-def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
+def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | Refusal:
     """The plan to lift a DequantizeLinear node (`spec(name)` gives a value's TensorSpec
     or None) to version 1, or the reason it cannot be lifted.
 
@@ -160,7 +167,7 @@ def dynamic_dequantize_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRef
     block_size, float32 output.
     """
     plan = _plan_or_reason(node, spec, OP)
-    return LiftRefusal(plan) if isinstance(plan, str) else plan
+    return Refusal(plan) if isinstance(plan, str) else plan
 
 
 def _plan_or_reason(node, spec, op) -> LiftPlan | str:
@@ -268,7 +275,6 @@ INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked Dequan
 BFLOAT16_OPSET = 13  # Cast to and from bfloat16
 RANGE_OPSET = 11  # per_group broadcasting (Range)
 CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
-INT4_IR = 10
 _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
 _INT4 = ("int4", "uint4")
 _T2 = ("float32", "float16", "bfloat16")
@@ -469,39 +475,49 @@ def _broadcastable(ctx, src, wide, scale, zp, qtype, axis, group_shape):
 
 
 @OP2.def_lifting(source=("", "DequantizeLinear"))
-def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | LiftRefusal:
+def dynamic_dequantize_2_lifting(node: onnx.NodeProto, spec) -> LiftPlan | Refusal:
     """Version 2 takes what version 1 does and also: int4/uint4 x, float16/bfloat16 x_scale
     (with output_dtype absent or equal), and blocked DequantizeLinear-21 (block_size) as
     per_group when every dim of x is known and divides exactly."""
     plan = _plan_or_reason(node, spec, OP2)
-    return LiftRefusal(plan) if isinstance(plan, str) else plan
+    return Refusal(plan) if isinstance(plan, str) else plan
 
 
-def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str | None:
-    """A blocked DequantizeLinear-21 on constant x whose blocked axis is not a multiple of
-    block_size (ONNX rounds the block count up; per_group divides exactly), as
-    DynamicDequantize-2 per_group on x padded with zeros to whole blocks, then a Slice back to
-    x's length: what ONNX Runtime's quantizer writes (QDQ) for a K that is not a multiple of the
-    block.  None for every other node (the op versions' lifting judges those)."""
+def _padded_check(node: onnx.NodeProto, view: GraphView):
+    """(x's name, its codes, the blocked axis, the padded shape, the plan) of a blocked
+    DequantizeLinear-21 on constant x whose blocked axis is not a multiple of block_size; a
+    Refusal, not `mine`, for every other node (the op versions' lifting judges those)."""
     attrs = attribute_values(node)
     block = int(attrs.get("block_size", 0))
-    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or block <= 0:
-        return None
+    if block <= 0:
+        return Refusal("not blocked", mine=False)
     x = inputs_of(node, 1)[0]
     codes = view.constant(x) if x else None
     if codes is None or codes.ndim == 0:
-        return None
+        return Refusal("x is not a constant tensor", mine=False)
     axis = int(attrs.get("axis", 1))
     if not -codes.ndim <= axis < codes.ndim or codes.shape[axis] % block == 0:
-        return None
+        return Refusal("no short last block", mine=False)
     axis %= codes.ndim
     padded_shape = tuple(-(-d // block) * block if i == axis else d for i, d in enumerate(codes.shape))
     plan = _plan_or_reason(node, lambda name: TensorSpec(dtypes.name_of(codes.dtype), padded_shape) if name == x
                            else view.spec(name), OP2)
     if isinstance(plan, str):
-        return plan
+        return Refusal(plan, mine=False)
+    return x, codes, axis, padded_shape, plan
+
+
+@rule("DequantizeLinear (short last block) -> DynamicDequantize (padded) + Slice", kind=LIFT,
+      pattern=("", "DequantizeLinear"), check=_padded_check)
+def lift_padded_blocks(found, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """A blocked DequantizeLinear-21 on constant x whose blocked axis is not a multiple of
+    block_size (ONNX rounds the block count up; per_group divides exactly), as
+    DynamicDequantize-2 per_group on x padded with zeros to whole blocks, then a Slice back to
+    x's length: what ONNX Runtime's quantizer writes (QDQ) for a K that is not a multiple of the
+    block."""
+    x, codes, axis, padded_shape, plan = found
     padding = [(0, p - d) for p, d in zip(padded_shape, codes.shape)]
-    new = foreign.Constants(view.names)
+    new = rw.Constants(view.names)
     name = new.add(np.pad(codes.astype(np.int64), padding).astype(codes.dtype), x)  # (int4 has no np.pad of its own)
     ctx = context(view, node.name or node.output[0])
     group = plan.attrs["group_shape"]
@@ -510,7 +526,7 @@ def lift_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str |
     out = slice_to(ctx, dst, axis, codes.shape[axis])
     ctx.output_as(out, node.output[0])
     stand_in(ctx.nodes[-1], node)
-    return foreign.lifted(node, ctx, new, f"DynamicDequantize per_group {list(group)} (padded) + Slice", padded=True)
+    return rw.lifted(node, ctx, new, f"DynamicDequantize per_group {list(group)} (padded) + Slice", padded=True)
 
 
 def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t) -> str:
@@ -522,41 +538,50 @@ def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t) -> str:
     return _narrow(ctx, y, t) if t in ("float16", "bfloat16") else y
 
 
-def lower_padded_blocks(node: onnx.NodeProto, view: GraphView) -> Rewrite | str | None:
-    """The way back of `lift_padded_blocks`: a DynamicDequantize-2 per_group on constant codes
-    grouped along one axis, whose one reader is a Slice cutting the padding of the last group
-    off that axis, as one blocked DequantizeLinear-21 on the codes without their padding (ONNX
-    allows a short last block; per_group does not).  DequantizeLinear takes that form where
-    ONNX Runtime fuses it with a MatMul reading it, and a Slice in between stops that fusion.
-    None for every other node; a string says why a node of that shape is not taken."""
-    if node.domain != OP2.domain or node.op_type != OP2.name:
-        return None
-    qtype, group = foreign.ddq_attrs(node)
+def _short_block_check(node: onnx.NodeProto, view: GraphView):
+    """(codes, axis, block, the Slice, the length it keeps) of a DynamicDequantize-2 per_group on
+    constant codes grouped along one axis whose one reader is a Slice cutting the padding of the
+    last group off that axis; a Refusal (not `mine` when the node is not of that shape)."""
+    if node.op_type != OP2.name:
+        return Refusal("not DynamicDequantize", mine=False)
+    qtype, group = rw.ddq_attrs(node)
     src, scales, zps = inputs_of(node, 3)
     codes = view.constant(src) if src else None
     grouped = [i for i, g in enumerate(group or ()) if g > 1]
     if qtype != PER_GROUP or codes is None or codes.ndim != len(group) or len(grouped) != 1:
-        return None
+        return Refusal("not per_group on constant codes along one axis", mine=False)
     axis, block = grouped[0], int(group[grouped[0]])
     readers = view.consumers(node.output[0])
     if len(readers) != 1 or view.is_output(node.output[0]) or list(readers[0].input[:1]) != [node.output[0]]:
-        return None
+        return Refusal("not read by one Slice", mine=False)
     cut = readers[0]
-    prefix = foreign.sliced_prefix(view, cut, codes.ndim)
+    prefix = rw.sliced_prefix(view, cut, codes.ndim)
     if prefix is None or prefix[0] != axis or not codes.shape[axis] - block < prefix[1] < codes.shape[axis]:
-        return None
-    length = prefix[1]
+        return Refusal("its Slice does not cut the last group's padding", mine=False)
     s_spec, z_spec = view.spec(scales), view.spec(zps) if zps else None
     src_type = dtypes.name_of(codes.dtype)
     if s_spec is None or s_spec.dtype not in _T2 or (zps and (z_spec is None or z_spec.dtype != src_type)):
-        return "the scales' dtype is unknown, or the zero points' dtype is not the codes' (DequantizeLinear needs both)"
-    new = foreign.Constants(view.names)
+        return Refusal("the scales' dtype is unknown, or the zero points' dtype is not the codes' "
+                       "(DequantizeLinear needs both)")
+    return codes, axis, block, cut, prefix[1], s_spec.dtype
+
+
+@rule("DynamicDequantize (padded) + Slice -> DequantizeLinear (short last block)", kind=LOWER,
+      pattern=(OP2.domain, OP2.name), check=_short_block_check, order=0)
+def lower_padded_blocks(found, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """The way back of `lift_padded_blocks`: the DynamicDequantize-2 and its Slice as one blocked
+    DequantizeLinear-21 on the codes without their padding (ONNX allows a short last block;
+    per_group does not).  DequantizeLinear takes that form where ONNX Runtime fuses it with a
+    MatMul reading it, and a Slice in between stops that fusion."""
+    codes, axis, block, cut, length, t = found
+    src, scales, zps = inputs_of(node, 3)
+    new = rw.Constants(view.names)
     keep = tuple(slice(0, length) if i == axis else slice(None) for i in range(codes.ndim))
     short = new.add(codes[keep], src)
     ctx = context(view, cut.name or cut.output[0])
-    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, s_spec.dtype)
+    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, t)
     ctx.output_as(y, cut.output[0])
     stand_in(ctx.nodes[-1], cut)
-    return Rewrite(foreign.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,
+    return Rewrite(rw.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,
                    "DequantizeLinear (blocked, the last block short)", domains={"": INT4_OPSET},
                    derived=new.derived, needs_why="blocked DequantizeLinear")

@@ -11,6 +11,7 @@ import onnx
 from onnx import AttributeProto, external_data_helper
 
 from dyndq.plumbing.types import (ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, repeated_attributes, spec_of_type)
+from dyndq.converters.op_parts import input_specs
 from dyndq.files import model_of
 from dyndq.plumbing.walk import Site, walk
 from dyndq.opdefs import (
@@ -65,16 +66,6 @@ def _declared_outputs(op: OpVersion, node, inferred, types) -> list[Problem]:
             problems.append(Problem(param.name, f"declared dtype {declared.dtype}",
                                     f"{spec.dtype}, the dtype the op gives it ({param.type_var})"))
     return problems
-
-
-def input_specs(op: OpVersion, node: onnx.NodeProto, spec_of) -> list[TensorSpec | None]:
-    """The spec of each of the op's inputs as its parts take them: None for an absent
-    input, TensorSpec(None, None) for one whose type is not known."""
-    names = list(node.input)
-    return [
-        (spec_of(names[i]) or TensorSpec(None, None)) if i < len(names) and names[i] else None
-        for i in range(len(op.inputs))
-    ]
 
 
 def _resolve(site: Site) -> tuple[OpVersion | None, list[Problem]]:

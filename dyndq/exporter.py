@@ -1,5 +1,10 @@
 """`export(model)`: a copy of the model in standard ONNX, every DynamicDequantize lowered.
 
+Every conversion is a rule of the one registry (converters/rules.py), applied through the
+one walker: first what the target does (WRITE rules for a target with its own ops, LIFT
+rules of the other engines' forms for "onnx"), then the opset is chosen, then the LOWER
+rules in their passes.  This module chooses the opset and IR version and reports.
+
 The whole model: the main graph, every If/Loop/Scan body (at any depth) and
 every model-local function.  Each node of a registered domain is lowered by its
 op version's `lowering` part; its `lowering_needs` part says which ai.onnx
@@ -18,22 +23,16 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.checker import check, input_specs, value_types
+from dyndq.checker import check, value_types
+from dyndq.converters.op_parts import attrs_of, input_specs
+from dyndq.converters.rules import LIFT, LOWER, TARGETS, WRITE, apply, foreign_forms, option_problems, passes, rules
 from dyndq.files import model_of
-from dyndq.converters import FOREIGN, TARGETS
-from dyndq.converters import dynamic_dequantize as short_blocks
-from dyndq.converters.lowering_context import LoweringContext
-from dyndq.plumbing.names import NameScope
-from dyndq.plumbing.types import attribute_values
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
+from dyndq.opdefs import DOMAIN, Needs, ValidationError, domains
 from dyndq.plumbing.ir import model_ir
-from dyndq.plumbing.opsets import ORT_MAX_OPSET, ai_onnx_version, drop_opset, op_version, scope_opsets, set_opset
-from dyndq.plumbing.names import all_names
-from dyndq.plumbing.walk import function_path, graphs, subgraph_path, subgraphs, walk, with_nested
-from dyndq.opdefs import DOMAIN, Needs, OpVersion, ValidationError, domains
-from dyndq.rewrites import rewrite_model
-
-
+from dyndq.plumbing.names import NameScope, all_names
+from dyndq.plumbing.opsets import ORT_MAX_OPSET, ai_onnx_version, drop_opset, set_opset
+from dyndq.plumbing.walk import graphs, walk, with_nested
 
 class ExportError(ValueError):
     """The model cannot be exported as asked (e.g. `opset=` below what the graph needs)."""
@@ -122,10 +121,10 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
                        accuracy_level: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
-    if accuracy_level is not None and (isinstance(accuracy_level, bool) or not isinstance(accuracy_level, numbers.Integral)
-                                       or not 0 <= int(accuracy_level) <= 4):
-        raise ExportError(f"accuracy_level {accuracy_level!r}: MatMulNBits takes 0 (unset), 1 (fp32), 2 (fp16), "
-                          "3 (bf16) or 4 (int8)")
+    options = {"accuracy_level": accuracy_level}  # (each taken by the rules that declare it: converters/rules.py)
+    problems = option_problems(options)
+    if problems:
+        raise ExportError("; ".join(problems))
     model = model_of(model, "export")
     problems = check(model)
     if problems:
@@ -138,7 +137,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     current = ai_onnx_version(out.opset_import)
     report.opset_before = current
     types = value_types(out)
-    why_standard, lifted = _for_target(out, target, accuracy_level, types, report)
+    why_standard, lifted = _for_target(out, target, options, types, report)
     if lifted:  # (new nodes of ours to type; after a fusion the types before it still hold for what is left)
         types = value_types(out)
     needs = [(site, _needs(site, types)) for site in _our_sites(out)]
@@ -153,31 +152,28 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if report.converted:
         types = value_types(out)
 
-    _join_short_blocks(out, types, names, report)
-    _lower_graph(out.graph, "main", scope_opsets(out.opset_import), target, names, types.specs_at, report)
+    if target is not None:
+        set_opset(out.opset_import, "", target)
+    for k, f in enumerate(out.functions):
+        if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
+            out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
+    for chosen in passes(LOWER, report.target):  # (a padded DynamicDequantize + Slice joined first, then each node)
+        for o in apply(out, chosen, types, names, {"opset": target}):
+            if o.rewrite is not None:
+                op = o.rewrite.op
+                report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}",
+                                                  attrs_of(op, o.node), o.rewrite.form, len(o.rewrite.nodes)))
     for k, n in enumerate(report.lowered):
         if n.node in why_standard:
             report.lowered[k] = dataclasses.replace(n, why=why_standard[n.node])
         if n.node in lifted:  # a contrib node of the input: its form is what its DynamicDequantize became
             i, rest = lifted[n.node]
             report.foreign[i] = dataclasses.replace(report.foreign[i], form=" + ".join([n.form] + rest))
-    for k, f in enumerate(out.functions):
-        if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
-            out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
-            f = out.functions[k]
-        path = function_path(f)
-        before = len(report.lowered)
-        new = _lower_nodes(list(f.node), path, scope_opsets(f.opset_import), target, names, types.specs_at, report)
-        del f.node[:]
-        f.node.extend(new)
-        if len(report.lowered) > before:
-            set_opset(f.opset_import, "", target)
+    for f in out.functions:
         for domain in domains():
             if not _uses_domain_nodes(f.node, {domain}):
                 report.domain_removed |= drop_opset(f.opset_import, domain)
 
-    if target is not None:
-        set_opset(out.opset_import, "", target)
     for domain in domains():
         if not _model_uses_domain(out, domain):
             report.domain_removed |= drop_opset(out.opset_import, domain)
@@ -201,22 +197,18 @@ def _inlined(model: onnx.ModelProto) -> onnx.ModelProto:
 
 # -- targets ------------------------------------------------------------------------------------
 
-def _for_target(out: onnx.ModelProto, target: str, accuracy_level, types, report: ExportReport):
-    """What the target does before the standard lowering, in place: "onnxruntime" writes contrib
-    ops for the DynamicDequantize nodes they express; "onnx" lifts the contrib ops of the input
-    (which then lower as ours do).  Returns why each node "onnxruntime" left standard stays so
-    (by node name), and for "onnx" each lifted contrib node's DynamicDequantize (by name) ->
-    (its entry in report.foreign, the standard ops after it)."""
+def _for_target(out: onnx.ModelProto, target: str, options: dict, types, report: ExportReport):
+    """What the target does before the standard lowering, in place, by the rules that name it:
+    a target with its own ops ("onnxruntime") writes them for the DynamicDequantize nodes they
+    express (WRITE rules); "onnx" lifts the other engines' forms of the input (LIFT rules),
+    which then lower as ours do.  Returns why each node a target with its own ops left
+    standard stays so (by node name), and for "onnx" each lifted node's DynamicDequantize (by
+    name) -> (its entry in report.foreign, the standard ops after it)."""
     names = NameScope(all_names(out))
-    if TARGETS[target]:
-        return _write_contrib_ops(out, TARGETS[target], accuracy_level, types, names, report), {}
+    if rules(WRITE, target):
+        return _write_target_ops(out, target, options, types, names, report), {}
     lifted: dict[str, tuple[int, list[str]]] = {}
-
-    def lift(node, view):
-        module = FOREIGN.get((node.domain, node.op_type))
-        return None if module is None else module.lift(node, view)
-
-    for o in rewrite_model(out, lift, types, names):  # (the walker imports our domain where it writes it)
+    for o in apply(out, rules(LIFT, target), types, names, options):  # (the walker imports our domain where it writes it)
         op = f"{o.node.domain}::{o.node.op_type}"
         if o.rewrite is None:
             report.foreign.append(ForeignNode(o.graph, o.name, op, "kept", f"no standard form: {o.reason}"))
@@ -228,72 +220,31 @@ def _for_target(out: onnx.ModelProto, target: str, accuracy_level, types, report
     return {}, lifted
 
 
-def _write_contrib_ops(out, lowerings, accuracy_level, types, names, report) -> dict[str, str]:
+def _write_target_ops(out, target: str, options: dict, types, names, report) -> dict[str, str]:
+    forms = foreign_forms()
     for site in walk(out):
-        if (site.node.domain, site.node.op_type) in FOREIGN:
+        if (site.node.domain, site.node.op_type) in forms:
             report.foreign.append(ForeignNode(site.graph, site.node.name or site.node.output[0],
                                               f"{site.node.domain}::{site.node.op_type}", "kept",
                                               "already ONNX Runtime's form"))
-
-    def convert(node, view):
-        reasons = []
-        for module in lowerings:
-            result = module.lower(node, view, accuracy_level=accuracy_level)
-            if not isinstance(result, str):
-                return result
-            reasons.append(f"not {module.OP}: {result}")
-        return "; ".join(reasons)
-
     why = {}
-    for o, op in _rewrite_ours(out, convert, types, names):
+    for o in apply(out, rules(WRITE, target), types, names, options):
         if o.rewrite is None:
             why[o.name] = o.reason
             continue
+        op = o.rewrite.op
         report.foreign.append(ForeignNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", o.rewrite.form,
                                           "constant weights that op expresses exactly"))
     return why
 
 
-def _join_short_blocks(out: onnx.ModelProto, types, names: NameScope, report: ExportReport) -> None:
-    """A DynamicDequantize per_group on padded constant codes and the Slice cutting the padding
-    off (how a blocked DequantizeLinear whose last block is short is lifted) become that
-    DequantizeLinear again, for every target: ONNX Runtime fuses it with the MatMul it feeds
-    (a Slice in between stops the fusion), and lift then export gives the model back."""
-    for o, op in _rewrite_ours(out, short_blocks.lower_padded_blocks, types, names):
-        if o.rewrite is not None:
-            report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}", _attrs(op, o.node),
-                                              o.rewrite.form, len(o.rewrite.nodes)))
-
-
-def _rewrite_ours(out: onnx.ModelProto, convert, types, names: NameScope):
-    """`rewrite_model` asking `convert` about our nodes only: (outcome, the op version its node
-    resolved to where it stood) for each."""
-    ops = {}
-
-    def ours(node, view):
-        op = op_version(node, view.imports)
-        if op is None:
-            return None
-        ops[id(node)] = op
-        return convert(node, view)
-
-    return [(o, ops[id(o.node)]) for o in rewrite_model(out, ours, types, names)]
-
-
 # -- opsets -------------------------------------------------------------------------------------
-
-def _attrs(op: OpVersion, node: onnx.NodeProto) -> dict:
-    """The node's attributes as the op's parts take them: the version's defaults, then the node's own."""
-    attrs = op.defaults()
-    attrs.update({k: v for k, v in attribute_values(node).items() if k in attrs or op.attribute(k)})
-    return attrs
-
 
 def _needs(site, types) -> Needs:
     """What the node's lowering needs, asked of its op version, with the types its graph
     sees (inside a function none: TensorSpec(None, None) for every present input)."""
     op = site.op
-    return op.lowering_needs(*input_specs(op, site.node, types.specs_at(site.graph)), **_attrs(op, site.node))
+    return op.lowering_needs(*input_specs(op, site.node, types.specs_at(site.graph)), **attrs_of(op, site.node))
 
 
 def _who(site) -> str:
@@ -387,46 +338,3 @@ def _uses_domain_nodes(nodes, ours) -> bool:
 
 def _model_uses_domain(model: onnx.ModelProto, domain: str) -> bool:
     return any(site.node.domain == domain for site in walk(model)) or any(f.domain == domain for f in model.functions)
-
-
-
-
-# -- lowering -----------------------------------------------------------------------------------
-
-def _lower_graph(graph, path, opsets, target, names, specs, report) -> None:
-    new = _lower_nodes(list(graph.node), path, opsets, target, names, specs, report)
-    del graph.node[:]
-    graph.node.extend(new)
-
-
-def _lower_nodes(nodes, path, opsets, target, names, specs, report) -> list[onnx.NodeProto]:
-    out = []
-    for i, node in enumerate(nodes):
-        for label, g in subgraphs(node):
-            _lower_graph(g, subgraph_path(path, node, i, label), opsets, target, names, specs, report)
-        op = op_version(node, opsets)
-        if op is None:
-            out.append(node)
-            continue
-        out.extend(_lower_node(op, node, path, target, names, specs(path), report))
-    return out
-
-
-def _lower_node(op, node, path, target, names, specs, report) -> list[onnx.NodeProto]:
-    attrs = _attrs(op, node)
-    inputs = [name or None for name in list(node.input) + [""] * (len(op.inputs) - len(node.input))]
-    base = node.name or node.output[0]
-    ctx = LoweringContext(opset=target, base=base, names=names, specs=specs)
-    result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs)
-    ctx.output_as(result, node.output[0])
-    new = list(ctx.nodes)
-    if new:  # the last node stands where the original stood: it keeps its name and doc string
-        names.used.discard(new[-1].name)
-        if node.name:
-            new[-1].name = node.name
-        if node.HasField("doc_string"):  # (an empty one set would be written out: not the node given)
-            new[-1].doc_string = node.doc_string
-        new[-1].metadata_props.extend(node.metadata_props)
-    form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
-    report.lowered.append(LoweredNode(path, base, f"{op.qualname}-{op.since_version}", attrs, form, len(new)))
-    return new

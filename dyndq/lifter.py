@@ -20,8 +20,11 @@ model importing version 2 keeps it, and its version-1 forms mean the same
 there).  Every node left alone is listed in the report (and logged by `lift`).
 `export(lift(m))` computes what `m` computes, bit for bit.
 
+Every lift is a rule of kind LIFT in the one registry (converters/rules.py), applied in one
+pass of the walker over every scope of the model; this module only reports what they did.
+
 ONNX Runtime's contrib ops `com.microsoft::MatMulNBits` and `GatherBlockQuantized`
-are lifted first, each by its module in converters/ (docs/int4-bridge.md): into
+are lifted too, each by the rules of its module in converters/contrib/ (docs/int4-bridge.md): into
 DynamicDequantize-2 per_group + MatMul (+ Slice, Add) and DynamicDequantize-2 +
 Gather, their codes, scales and zero points carried over value for value; the
 forms ours cannot express exactly (2-bit codes, a g_idx that is not the identity,
@@ -34,19 +37,13 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.build import make_node
-from dyndq.files import model_of
 from dyndq.checker import value_types
-from dyndq.converters import FOREIGN
-from dyndq.converters.dynamic_dequantize import lift_padded_blocks
-from dyndq.plumbing.names import NameScope
-from dyndq.plumbing.types import repeated_attributes
-from dyndq.plumbing.names import all_names
-from dyndq.plumbing.walk import function_path, scopes, walk
-from dyndq.plumbing.opsets import import_at_least
-from dyndq.opdefs import LiftPlan, all_versions, lifters
+from dyndq.converters.rules import LIFT, apply, rules
+from dyndq.files import model_of
+from dyndq.opdefs import all_versions
 from dyndq.plumbing.ir import model_ir
-from dyndq.rewrites import rewrite_model, specs_at
+from dyndq.plumbing.names import NameScope, all_names
+from dyndq.plumbing.opsets import import_at_least
 
 log = logging.getLogger("dyndq.lift")
 
@@ -95,81 +92,19 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = LiftReport()
-    _lift_foreign(out, report)
-    types = value_types(out)
-
-    in_scope = {scope.path: scope for scope in scopes(out)}
-    imports: dict[tuple[str, str], int] = {}  # (domain, "main" or function) -> lowest version covering its nodes
-    for site in walk(out):
-        node = site.node
-        candidates = lifters(node.domain, node.op_type)
-        if not candidates:
-            continue
-        who = node.name or node.output[0]
-        twice = sorted(repeated_attributes(node))
-        if twice:  # which value would the lifted node take? (ONNX refuses such a node)
-            report.skipped.append(SkippedNode(site.graph, who, f"attribute {', '.join(twice)} given more than once", node.op_type))
-            continue
-        spec = specs_at(types, in_scope[site.graph])  # its own graph's scope (in a function: its constants')
-        reasons = []
-        for op in candidates:  # oldest first: the lowest version that expresses the node
-            plan = op.lifting(node, spec)
-            if isinstance(plan, LiftPlan):
-                break
-            reasons.append(str(plan))
-        else:
-            reason = reasons[-1] if len(set(reasons)) == 1 else "; ".join(
-                f"{op.qualname}-{op.since_version}: {r}" for op, r in zip(candidates, reasons))
-            report.skipped.append(SkippedNode(site.graph, who, reason, node.op_type))
-            continue
-        new = make_node(list(plan.inputs), list(node.output), name=node.name or None, op_type=op.name,
-                        domain=op.domain, version=op.since_version, **plan.attrs)
-        if node.HasField("doc_string"):
-            new.doc_string = node.doc_string
-        new.metadata_props.extend(node.metadata_props)
-        report.sources.append(node.op_type)
-        node.CopyFrom(new)  # in place: the walk hands out the model's own protos
-        report.lifted.append((site.graph, who, plan.attrs.get("qtype", op.name)))
-        for key in ((op.domain, "main"), (op.domain, site.scope)):
-            imports[key] = max(imports.get(key, 0), op.since_version)
-    for (domain, scope), version in imports.items():
-        if scope == "main":
-            import_at_least(out.opset_import, domain, version)
-    # a function whose nodes (at any depth) were lifted imports the domain itself
-    for f in out.functions:
-        for (domain, scope), version in imports.items():
-            if scope == function_path(f):
-                import_at_least(f.opset_import, domain, version)
-    return out, report
-
-
-def _lift_foreign(out: onnx.ModelProto, report: LiftReport) -> None:
-    """Lift in place what takes more than renaming one node: ONNX Runtime's contrib ops
-    (converters.FOREIGN), and blocked DequantizeLinear whose blocked axis is padded (x constant);
-    recording each in the report."""
-
-    def candidate(node) -> bool:
-        return (node.domain, node.op_type) in FOREIGN or (
-            node.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in node.attribute))
-
-    if not any(candidate(site.node) for site in walk(out)):
-        return
-
-    def convert(node, view):
-        module = FOREIGN.get((node.domain, node.op_type))
-        if module is None:
-            padded = lift_padded_blocks(node, view)
-            return padded if not isinstance(padded, str) else None  # (the op versions' lifting tells why)
-        return module.lift(node, view)
-
-    outcomes = rewrite_model(out, convert, value_types(out), NameScope(all_names(out)))
+    outcomes = apply(out, rules(LIFT), value_types(out), NameScope(all_names(out)))
     for o in outcomes:
+        op = f"{o.node.domain}::{o.node.op_type}" if o.node.domain not in ("", "ai.onnx") else o.node.op_type
         if o.rewrite is None:
-            op = f"{o.node.domain}::{o.node.op_type}" if o.node.domain else o.node.op_type
             report.skipped.append(SkippedNode(o.graph, o.name, o.reason, op))
             continue
         report.lifted.append((o.graph, o.name, o.rewrite.form))
         report.sources.append(o.node.op_type)
         report.notes.extend(o.rewrite.notes)
-    if report.lifted:  # (the walker imported our domain where it wrote nodes of it)
+        if o.graph.startswith("function "):  # (the walker imported our domain into the function: the model too)
+            for domain, version in o.rewrite.domains.items():
+                if domain not in ("", "ai.onnx"):
+                    import_at_least(out.opset_import, domain, version)
+    if report.lifted:
         out.ir_version = max(out.ir_version, model_ir(out))  # (int4 codes need IR 10)
+    return out, report

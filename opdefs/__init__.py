@@ -5,7 +5,7 @@ from .problems import Problem, ValidationError
 from .spec import TensorSpec
 from .registry import (
     LiftPlan,
-    LiftRefusal,
+    Refusal,
     MissingPartError,
     Needs,
     OpVersion,
@@ -38,7 +38,7 @@ __all__ = [
     "AttrKind",
     "Attribute",
     "LiftPlan",
-    "LiftRefusal",
+    "Refusal",
     "MissingPartError",
     "Needs",
     "OpVersion",

@@ -10,7 +10,7 @@ to a primitive, each from a module with the op's base name
   kernel           @OP.def_kernel           kernels/          fn(*arrays, **attrs) -> array
   lowering         @OP.def_lowering         converters/       fn(ctx, *input_names, **attrs) -> output name
   lowering_needs   @OP.def_lowering_needs   converters/       fn(*input_specs, **attrs) -> Needs
-  lifting          @OP.def_lifting(source)  converters/       fn(node, spec_of) -> LiftPlan | LiftRefusal
+  lifting          @OP.def_lifting(source)  converters/       fn(node, spec_of) -> LiftPlan | Refusal
 
 All but lifting take the op's inputs positionally and its attributes as
 keyword-only arguments, so one signature describes them (a test checks it).
@@ -86,10 +86,13 @@ class LiftPlan:
 
 
 @dataclass(frozen=True)
-class LiftRefusal:
-    """Why a standard node cannot be lifted to this op version."""
+class Refusal:
+    """Why a conversion does not take a node: the one answer every lifting part and every
+    rewrite rule's check gives when it says no.  `mine` is False when the node is not of the
+    rule's form at all (another rule of the same pattern then gives the reason the user reads)."""
 
     reason: str
+    mine: bool = True
 
     def __str__(self) -> str:
         return self.reason

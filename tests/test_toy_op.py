@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import dyndq
 from dyndq.cli import main
 from dyndq.files import save_model
-from dyndq.opdefs import (AttrKind, Attribute, LiftPlan, LiftRefusal, Needs, OpVersion, Param, Problem,
+from dyndq.opdefs import (AttrKind, Attribute, LiftPlan, Refusal, Needs, OpVersion, Param, Problem,
                           TensorSpec, TypeConstraint, ValidationError, register, registry)
 
 DOMAIN = "test.toy"
@@ -58,7 +58,7 @@ def _attach(op: OpVersion) -> None:
     def lifting(node, spec):
         s = spec(node.input[0])
         if s is None or s.dtype != "float32":
-            return LiftRefusal("x is not known to be float32")
+            return Refusal("x is not known to be float32")
         return LiftPlan((node.input[0],), {})
 
     # each part with the signature of its version (inputs positional, attributes keyword-only)

@@ -13,7 +13,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import dyndq
 from dyndq.cli import main
-from dyndq.converters import foreign
+from dyndq.converters.contrib import shared as foreign
 from dyndq.files import save_model
 
 MS = "com.microsoft"

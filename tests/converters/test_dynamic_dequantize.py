@@ -16,7 +16,7 @@ from dyndq.converters.dynamic_dequantize import dynamic_dequantize_lifting as li
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_needs
 from dyndq.converters.lowering_context import LoweringContext
 from dyndq.plumbing.names import NameScope
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, LiftPlan, LiftRefusal, TensorSpec
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, LiftPlan, Refusal, TensorSpec
 
 def bits_equal(a, b):
     return same_values(a, b)
@@ -217,4 +217,4 @@ def test_lift_refusals_say_why(x, s, z, attrs, reason):
     if z:
         specs["z"] = TensorSpec(*z)
     plan = lift_node(_dql_node(**attrs), specs.get)
-    assert isinstance(plan, LiftRefusal) and reason in plan.reason
+    assert isinstance(plan, Refusal) and reason in plan.reason

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
-from dyndq.converters import foreign
+from dyndq.converters.contrib import shared as foreign
 from dyndq.parity import TOLERANCE
 
 FLOAT = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cases import run_ort
 
 import dyndq
-from dyndq.converters import foreign
+from dyndq.converters.contrib import shared as foreign
 from dyndq.plumbing.walk import scopes
 from dyndq.parity import TOLERANCE
 

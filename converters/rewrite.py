@@ -1,57 +1,45 @@
-"""What the converters of ONNX Runtime's quantized contrib ops share.
+"""What every rewrite rule works with: a view of the graph around a node, and the Rewrite it returns.
 
-`com.microsoft::MatMulNBits` and `com.microsoft::GatherBlockQuantized` are foreign
-forms of DynamicDequantize: each has a module beside this one holding its lifting
-(the foreign node -> DynamicDequantize-2 and standard nodes) and its lowering (a
-DynamicDequantize-2 on constant weights and the node it feeds -> the foreign node).
-Unlike an op version's lifting, which renames one node, these rewrite several nodes
-and their weights (MatMulNBits stores its codes transposed and bit-packed), so each
-returns a `Rewrite`, or a sentence saying why it cannot, and the face applies it.
-
-What a converter may read of the graph a node stands in is a `GraphView` the face
-builds: constant values, the nodes reading a value, which values leave the graph,
-value specs, and a name scope for new names.
+A rule (converters/rules.py) is asked about one node through a `GraphView`, a read-only
+view of the graph the node stands in that the walker (converters/walker.py) builds:
+constant values as ONNX scopes names, the nodes reading a value, which values leave the
+graph, value specs, the opset imports in force, a name scope for new names and the
+options the command was given.  It answers with a `Rewrite` (nodes that replace nodes,
+and the constants they read, each `derived` from a constant of the model) or a
+`Refusal`; the walker applies the rewrites.  The helpers below build the nodes and
+follow the chains (DynamicDequantize -> Slice -> MatMul) rules share.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, PER_GROUP, TensorSpec, dtypes
-
-from .lowering_context import LoweringContext
+from dyndq.opdefs import DOMAIN, TensorSpec
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.types import attribute_values
 
-MS_DOMAIN = "com.microsoft"
-MS_OPSET = 1  # the one version of com.microsoft's MatMulNBits and GatherBlockQuantized
-# Metadata on a lifted DynamicDequantize: the foreign form it came from (JSON), so that the
-# way back writes the same bytes.  Only the form is kept there; every value comes from the graph.
-LIFTED_FROM = "dyndq.lifted_from"
-# Metadata on a lifted MatMul: MatMulNBits' accuracy_level, which a MatMul has no attribute for.
-ACCURACY_LEVEL = "dyndq.accuracy_level"
-# The scales (and A) types ONNX Runtime 1.32's CPU kernels of both contrib ops take.
-RUNTIME_FLOATS = ("float32", "float16")
+from .lowering_context import LoweringContext
+
 # Slice with its bounds as inputs (the lifted form of a padded weight) needs this ai.onnx opset;
 # Add broadcasting a bias [N] over [..., N] (NumPy's rules) needs this one.
 SLICE_OPSET = 10
 BROADCAST_OPSET = 7
 
-
 @dataclass
 class GraphView:
-    """What a foreign converter may read of one graph (the face builds it).
+    """What a rule may read of the graph a node stands in (the walker builds it).
 
     `constant(name)`: the value of a constant as the graph sees it (an initializer or a
     Constant node's output of this graph or of a graph enclosing it; None when the value is not
     a constant); `consumers(name)`: every node of this graph reading the value (a node holding a
     body that reads it stands for that body's readers); `is_output(name)`: whether it leaves the
     graph; `spec(name)`: its known dtype and shape (None when unknown, always in a function);
-    `names`: every name in use in the model; `imports`: the opset imports in force there.
+    `names`: every name in use in the model; `imports`: the opset imports in force there;
+    `options`: what the command was given for the rules that take it (e.g. export's
+    accuracy_level, for the rule writing MatMulNBits).
     """
 
     constant: Callable[[str], np.ndarray | None]
@@ -62,6 +50,7 @@ class GraphView:
     producer: Callable[[str], onnx.NodeProto | None] = lambda name: None
     imports: dict[str, int] = field(default_factory=dict)  # {domain: version} of the scope's opset imports
     in_function: bool = False
+    options: dict = field(default_factory=dict)
 
     @property
     def opset(self) -> int:
@@ -77,7 +66,8 @@ class Rewrite:
     itself in another form, which takes the source's name once nothing else reads it; e.g.
     "zero_points" for a value made beside it), `form` says in a few words what came out,
     `notes` what the reader should know of it, `domains` the opset imports the new nodes need
-    (for ai.onnx, "", the lowest version that has them, `needs_why` says why)."""
+    (for ai.onnx, "", the lowest version that has them, `needs_why` says why); `rule` is the
+    rule that made it and `op` the op version of ours it started from (set when a rule is applied)."""
 
     replaces: list[onnx.NodeProto]
     nodes: list[onnx.NodeProto]
@@ -87,6 +77,8 @@ class Rewrite:
     domains: dict[str, int] = field(default_factory=dict)
     derived: dict[str, tuple[str, str]] = field(default_factory=dict)
     needs_why: str = ""
+    rule: object = None
+    op: object = None  # the op version of ours the node the rule started from resolved to (None: not ours)
 
 
 @dataclass
@@ -107,32 +99,10 @@ class Constants:
         return name
 
 
-# -- reading nodes ------------------------------------------------------------------------------
-
 def inputs_of(node: onnx.NodeProto, count: int) -> list[str | None]:
     """The node's first `count` input names, None for each absent one."""
     names = list(node.input) + [""] * count
     return [n or None for n in names[:count]]
-
-
-def int_attributes(node: onnx.NodeProto, wanted: dict[str, int | None]) -> dict[str, int] | str:
-    """The node's integer attributes among `wanted` (name -> default; None: required), or why not:
-    one missing, given twice, or of another kind than INT (ONNX Runtime refuses such a node too)."""
-    out, seen = {}, set()
-    for a in node.attribute:
-        if a.name not in wanted:
-            continue
-        if a.name in seen:
-            return f"attribute {a.name} given more than once"
-        seen.add(a.name)
-        if a.type != onnx.AttributeProto.INT:
-            kind = onnx.AttributeProto.AttributeType.Name(a.type)
-            return f"attribute {a.name} is {kind}, not INT"
-        out[a.name] = int(a.i)
-    missing = [k for k, default in wanted.items() if default is None and k not in out]
-    if missing:
-        return f"attribute {', '.join(missing)} missing"
-    return {k: out.get(k, default) for k, default in wanted.items()}
 
 
 def ddq_attrs(node: onnx.NodeProto) -> tuple[str, tuple[int, ...] | None]:
@@ -142,105 +112,13 @@ def ddq_attrs(node: onnx.NodeProto) -> tuple[str, tuple[int, ...] | None]:
     return attrs.get("qtype", "per_tensor"), tuple(group) if group is not None else None
 
 
-def power_of_two_block(block: int) -> bool:
-    """What both contrib ops take as block_size: a power of two, 16 or more."""
-    return block >= 16 and block & (block - 1) == 0
-
-
-def lifted_from(node: onnx.NodeProto, op: str) -> dict:
-    """The foreign form a lifted DynamicDequantize remembers (empty when it has none or another op's)."""
-    for p in node.metadata_props:
-        if p.key == LIFTED_FROM:
-            try:
-                form = json.loads(p.value)
-            except ValueError:
-                return {}
-            return form if isinstance(form, dict) and form.get("op") == op else {}
-    return {}
-
-
-def remember(node: onnx.NodeProto, key: str, value) -> None:
-    """Set a metadata entry (JSON for anything but a string)."""
-    entry = node.metadata_props.add()
-    entry.key, entry.value = key, value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def float_scales(view: GraphView, name: str | None, allowed=("float32", "float16", "bfloat16"), refusal: str = ""):
-    """(the constant scales, their dtype name), or why not: not a constant, or a dtype not `allowed`
-    (`refusal` says whose rule that is)."""
-    scales = view.constant(name) if name else None
-    if scales is None:
-        return "scales is not a constant"
-    t = dtypes.name_of(scales.dtype)
-    if t not in allowed:
-        return f"scales is {t}" + (f": {refusal}" if refusal else f", not {'/'.join(allowed)}")
-    return scales, t
-
-
-def integer_values(array: np.ndarray) -> np.ndarray | None:
-    """The values of a zero-point tensor as int64, when every one is a finite integer (None otherwise)."""
-    a = np.asarray(array)
-    if a.dtype.kind in "iu" or a.dtype.name in ("int4", "uint4"):
-        return a.astype(np.int64)
-    wide = a.astype(np.float64)
-    if not np.all(np.isfinite(wide)) or not np.array_equal(wide, np.round(wide)):
-        return None
-    if wide.size and np.abs(wide).max() >= 2**31:
-        return None
-    return wide.astype(np.int64)
-
-
-# -- bits ---------------------------------------------------------------------------------------
-# ONNX Runtime packs codes of `bits` bits into bytes along the last axis, low bits first: the
-# layout onnx.numpy_helper gives int4 tensors, but over rows of a uint8 tensor (MatMulNBits'
-# blobs, GatherBlockQuantized's uint8 data), which numpy_helper has no call for; so by hand.
-
-def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 bytes holding `bits`-bit codes, low bits first -> one uint8 per code (last axis x 8/bits)."""
-    packed = np.asarray(packed, np.uint8)
-    if bits == 8:
-        return packed
-    per, mask = 8 // bits, (1 << bits) - 1
-    parts = [(packed >> (bits * i)) & mask for i in range(per)]
-    return np.stack(parts, axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """The inverse of `unpack`: codes in [0, 2^bits) along the last axis (a multiple of 8/bits) -> uint8."""
-    codes = np.asarray(codes).astype(np.uint8)
-    if bits == 8:
-        return codes
-    per = 8 // bits
-    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
-    out = np.zeros(grouped.shape[:-1], np.uint8)
-    for i in range(per):
-        out |= (grouped[..., i] << (bits * i)).astype(np.uint8)
-    return out
-
-
-def as_codes(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Integer values as an array of our dtype name (uint4 codes in ml_dtypes' uint4, ...)."""
-    return np.asarray(values).astype(np.int64).astype(dtypes.by_name(dtype).numpy)
-
-
 def tensor(array: np.ndarray, name: str) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(np.asarray(array), name)
 
 
-# -- building -----------------------------------------------------------------------------------
-
 def context(view: GraphView, base: str) -> LoweringContext:
     """A lowering context for new nodes named after `base` (the replaced node's name)."""
     return LoweringContext(opset=SLICE_OPSET, base=base, names=view.names, specs=view.spec)
-
-
-def dynamic_dequantize(ctx: LoweringContext, src: str, scales: str, zps: str | None, group_shape, form: dict) -> str:
-    """A DynamicDequantize-2 per_group node remembering `form` (the foreign form); returns dst."""
-    inputs = [src, scales] + ([zps] if zps else [])
-    dst = ctx.op("DynamicDequantize", *inputs, domain=DOMAIN, hint="weight", qtype=PER_GROUP,
-                 group_shape=[int(g) for g in group_shape])
-    remember(ctx.nodes[-1], LIFTED_FROM, form)
-    return dst
 
 
 def lifted(node: onnx.NodeProto, ctx: LoweringContext, new: Constants, form: str, *, padded: bool,
@@ -320,13 +198,12 @@ def chain_nodes(view: GraphView, nodes: list[onnx.NodeProto]) -> list[onnx.NodeP
     return out
 
 
-def stand_in(new: onnx.NodeProto, old: onnx.NodeProto) -> None:
+def stand_in(new: onnx.NodeProto, old: onnx.NodeProto, drop=()) -> None:
     """The node that now makes the original's output takes its name, doc string and metadata
-    (but for what a lifting noted for the way back)."""
+    (but for the metadata keys in `drop`).  (An empty doc string set would be written out: not
+    the node given.)"""
     if old.name:
         new.name = old.name
     if old.HasField("doc_string"):
         new.doc_string = old.doc_string
-    new.metadata_props.extend(p for p in old.metadata_props if p.key != ACCURACY_LEVEL)
-
-
+    new.metadata_props.extend(p for p in old.metadata_props if p.key not in drop)

@@ -34,16 +34,21 @@ so MatMulNBits -> lift -> export gives back the same initializers.
 """
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
-from dyndq.opdefs import PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, PER_GROUP, Refusal, dtypes
 
-from . import foreign
-from .foreign import RUNTIME_FLOATS, ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
+from .. import rewrite as rw
+from ..rewrite import GraphView, Rewrite
+from ..rules import LIFT, WRITE, rule
+from . import shared
+from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
 OP = "MatMulNBits"
-SOURCE = (MS_DOMAIN, OP)
 QUALNAME = f"{MS_DOMAIN}::{OP}"
 
 
@@ -54,18 +59,35 @@ def absent_zero_point(bits: int) -> int:
 
 # == lifting ===================================================================================
 
-def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
-    """The rewrite of one MatMulNBits into DynamicDequantize-2 + MatMul (+ Slice, Add), or why not."""
-    attrs = foreign.int_attributes(node, {"K": None, "N": None, "block_size": None, "bits": 4, "accuracy_level": 0,
+@dataclass(frozen=True)
+class _Weights:
+    """What the lift of one MatMulNBits found: its attributes, inputs, and weights decoded."""
+
+    attrs: dict
+    inputs: tuple
+    q: np.ndarray  # codes [K_pad, N]
+    scales: np.ndarray
+    zero: np.ndarray  # int64 [N, n_blocks]
+    form: dict
+
+
+def _lift_check(node: onnx.NodeProto, view: GraphView) -> _Weights | Refusal:
+    found = _lift_found(node, view)
+    return Refusal(found) if isinstance(found, str) else found
+
+
+def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
+    """What a MatMulNBits holds, decoded, or why it has no exact DynamicDequantize form."""
+    attrs = shared.int_attributes(node, {"K": None, "N": None, "block_size": None, "bits": 4, "accuracy_level": 0,
                                           "weight_prepacked": 0})
     if isinstance(attrs, str):
         return attrs
-    a, b, s, z, g, bias = foreign.inputs_of(node, 6)
+    a, b, s, z, g, bias = rw.inputs_of(node, 6)
     K, N, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     if bits not in (4, 8):
         return (f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes (int4/uint4, int8/uint8); "
                 f"{bits}-bit codes have no type of its own")
-    if not foreign.power_of_two_block(block):
+    if not shared.power_of_two_block(block):
         return f"block_size {block}: MatMulNBits takes powers of two from 16"
     if attrs["weight_prepacked"]:
         return f"weight_prepacked={attrs['weight_prepacked']}: B is in an execution provider's own layout"
@@ -77,7 +99,7 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         return "B is not a constant (an initializer or a Constant of this graph): its codes are repacked offline"
     if codes.dtype != np.uint8 or codes.shape != (N, blocks, blob):
         return f"B is {codes.dtype}{list(codes.shape)}, not uint8[N, n_blocks, blob] = uint8{[N, blocks, blob]}"
-    found = foreign.float_scales(view, s)
+    found = shared.float_scales(view, s)
     if isinstance(found, str):
         return found
     scales, t = found
@@ -102,7 +124,7 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         form["g_idx"] = [g, list(index.shape), dtypes.name_of(index.dtype)]
     if zero is None:
         zero = np.full((N, blocks), absent_zero_point(bits), np.int64)
-    q = foreign.unpack(codes.reshape(N, blocks * blob), bits).T  # [K_pad, N]
+    q = shared.unpack(codes.reshape(N, blocks * blob), bits).T  # [K_pad, N]
     if form["zero_points"] == "float" or g:
         # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
         # (q - zp)*scale: lifted only where the two agree on every weight
@@ -110,29 +132,39 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         if differ:
             return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
                     f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
+    return _Weights(attrs, (a, b, s, z, g, bias), q, scales, zero, form)
 
+
+@rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP), check=_lift_check,
+      targets=("onnx",))
+def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """One MatMulNBits as DynamicDequantize-2 + MatMul (+ Slice, Add)."""
+    attrs, (a, b, s, z, _, bias), q, scales, zero, form = \
+        found.attrs, found.inputs, found.q, found.scales, found.zero, found.form
+    K, N, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    blocks = -(-K // block)
     code_type = "uint4" if bits == 4 else "uint8"
     zps_type = code_type if zero.min() >= 0 and zero.max() < (1 << bits) else "int32"
-    new = foreign.Constants(view.names)
-    codes_name = new.add(foreign.as_codes(q, code_type), b)
+    new = rw.Constants(view.names)
+    codes_name = new.add(shared.as_codes(q, code_type), b)
     scales_name = new.add(np.ascontiguousarray(scales.reshape(N, blocks).T), s)
-    zps_name = new.add(foreign.as_codes(zero.T, zps_type), z) if z else new.add(
-        foreign.as_codes(zero.T, zps_type), b, "zero_points")
+    zps_name = new.add(shared.as_codes(zero.T, zps_type), z) if z else new.add(
+        shared.as_codes(zero.T, zps_type), b, "zero_points")
 
     base = node.name or node.output[0]
-    ctx = foreign.context(view, base)
-    w = foreign.dynamic_dequantize(ctx, codes_name, scales_name, zps_name, (block, 1), form)
+    ctx = rw.context(view, base)
+    w = shared.dynamic_dequantize(ctx, codes_name, scales_name, zps_name, (block, 1), form)
     padded = blocks * block != K
     if padded:
-        w = foreign.slice_to(ctx, w, 0, K)
+        w = rw.slice_to(ctx, w, 0, K)
     y = ctx.op("MatMul", a, w, hint="matmul")
-    foreign.remember(ctx.nodes[-1], ACCURACY_LEVEL, str(attrs["accuracy_level"]))
+    shared.remember(ctx.nodes[-1], ACCURACY_LEVEL, str(attrs["accuracy_level"]))
     if bias:
         y = ctx.op("Add", y, bias, hint="biased")
     ctx.output_as(y, node.output[0])
-    foreign.stand_in(ctx.nodes[-1], node)
+    shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group [{block}, 1] + {'Slice + ' if padded else ''}MatMul" + (" + Add" if bias else "")
-    return foreign.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias))
+    return rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias))
 
 
 def _float_zero_point_differences(q, scales, zero, block: int, K: int) -> int:
@@ -145,7 +177,7 @@ def _float_zero_point_differences(q, scales, zero, block: int, K: int) -> int:
 
     s32 = np.repeat(scales.astype(np.float32), block, axis=0)[:K]
     theirs = (q[:K].astype(np.float32) * s32 - np.repeat(zero.astype(np.float32), block, axis=0)[:K] * s32)
-    ours = DYNAMIC_DEQUANTIZE_2.kernel(foreign.as_codes(q, "uint8"), scales, zero.astype(np.int32), qtype=PER_GROUP,
+    ours = DYNAMIC_DEQUANTIZE_2.kernel(shared.as_codes(q, "uint8"), scales, zero.astype(np.int32), qtype=PER_GROUP,
                                        group_shape=(block, 1))[:K]
     theirs = theirs.astype(scales.dtype).astype(np.float32)
     ours = ours.astype(np.float32)
@@ -165,7 +197,7 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
         per_row = -(-blocks * bits // 8)
         if packed.size != N * per_row:
             return None, f"zero_points (uint8) has {packed.size} elements, not N * ceil(n_blocks*bits/8) = {N * per_row}"
-        every = foreign.unpack(packed.reshape(N, per_row), bits)
+        every = shared.unpack(packed.reshape(N, per_row), bits)
         padding = every[:, blocks:]
         if padding.size and np.all(padding == padding.flat[0]) and int(padding.flat[0]) != absent_zero_point(bits):
             form["zero_points_padding"] = int(padding.flat[0])
@@ -175,19 +207,42 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
         return None, f"zero_points is {dtypes.name_of(packed.dtype)}, not uint8 or the scales' {t}"
     if packed.size != N * blocks:
         return None, f"zero_points has {packed.size} elements, not N * n_blocks = {N * blocks}"
-    values = foreign.integer_values(packed)
+    values = shared.integer_values(packed)
     if values is None:
         return None, f"zero_points ({t}) hold values that are not integers: DynamicDequantize's zero points are integers"
     form["zero_points"] = "float"
     return values.reshape(N, blocks), None
 
 
-# == lowering ==================================================================================
+# == writing for ONNX Runtime ==================================================================================
 
-def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None = None) -> Rewrite | str:
-    """The rewrite of a DynamicDequantize-2 (and the MatMul it feeds) into one MatMulNBits, or why not."""
-    qtype, group = foreign.ddq_attrs(node)
-    src, s, z = foreign.inputs_of(node, 3)
+@dataclass(frozen=True)
+class _Chain:
+    """What the write of one MatMulNBits found: the codes, scales and zero points (unsigned),
+    and the nodes from the DynamicDequantize to the MatMul."""
+
+    inputs: tuple
+    codes: np.ndarray
+    scales: np.ndarray
+    zero: np.ndarray
+    bits: int
+    shift: int
+    block: int
+    nodes: list
+    matmul: onnx.NodeProto
+    K: int
+    t: str
+
+
+def _write_check(node: onnx.NodeProto, view: GraphView) -> _Chain | Refusal:
+    found = _write_found(node, view)
+    return Refusal(found) if isinstance(found, str) else found
+
+
+def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
+    """The chain a DynamicDequantize-2 starts that one MatMulNBits expresses, or why not."""
+    qtype, group = rw.ddq_attrs(node)
+    src, s, z = rw.inputs_of(node, 3)
     if qtype != PER_GROUP:
         return f"{qtype}: MatMulNBits takes blocks along K (per_group)"
     codes = view.constant(src)
@@ -196,14 +251,14 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
     src_type = dtypes.name_of(codes.dtype)
     if src_type not in ("int4", "uint4", "int8", "uint8"):
         return f"src is {src_type}"
-    if len(group) != 2 or group[1] != 1 or not foreign.power_of_two_block(group[0]):
+    if len(group) != 2 or group[1] != 1 or not shared.power_of_two_block(group[0]):
         return f"group_shape {list(group)}: MatMulNBits takes [block, 1] with block a power of two from 16"
     block = int(group[0])
-    found = foreign.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
+    found = shared.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
     if isinstance(found, str):
         return found
     scales, t = found
-    chain = foreign.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
+    chain = rw.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
     if isinstance(chain, str):
         return chain
     nodes, matmul, K = chain
@@ -223,14 +278,33 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
     zero = zero.astype(np.int64) + shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
-    form = foreign.lifted_from(node, QUALNAME)
+    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t)
+
+
+def _accuracy_level_problem(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 4:
+        return f"accuracy_level {value!r}: MatMulNBits takes 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)"
+    return None
+
+
+@rule("DynamicDequantize + MatMul -> MatMulNBits", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
+      check=_write_check, targets=("onnxruntime",), makes=OP, options={"accuracy_level": _accuracy_level_problem})
+def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """A DynamicDequantize-2 (and the MatMul it feeds) as one MatMulNBits."""
+    (src, s, z), codes, scales, zero, bits, shift, block = \
+        found.inputs, found.codes, found.scales, found.zero, found.bits, found.shift, found.block
+    nodes, matmul, K, t = found.nodes, found.matmul, found.K, found.t
+    k_pad, N = codes.shape
+    blocks = k_pad // block
+    a = matmul.input[0]
+    form = shared.lifted_from(node, QUALNAME)
 
     bias, last = _bias(view, matmul, N, t)
-    replaced = foreign.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
+    replaced = rw.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
     q = (codes.astype(np.int64) + shift).T  # [N, K_pad]
-    new = foreign.Constants(view.names)
+    new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
-    inputs = [a, new.add(foreign.pack(q, bits).reshape(N, blocks, block * bits // 8), src),
+    inputs = [a, new.add(shared.pack(q, bits).reshape(N, blocks, block * bits // 8), src),
               new.add(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]), s)]
     zp_form = form.get("zero_points", "packed" if np.any(zero != absent_zero_point(bits)) else "absent")
     if zp_form == "absent" and np.any(zero != absent_zero_point(bits)):
@@ -246,11 +320,11 @@ def lower(node: onnx.NodeProto, view: GraphView, *, accuracy_level: int | None =
                                   hint=name if name not in view.names.used else None))
     if bias:
         inputs += [""] * (5 - len(inputs)) + [bias]
-    level, why = _accuracy_level(accuracy_level, matmul)
+    level, why = _accuracy_level(view.options.get("accuracy_level"), matmul)
     out = (last if bias else matmul).output[0]
     fused = onnx.helper.make_node(OP, inputs, [out], domain=MS_DOMAIN, K=K, N=N, accuracy_level=level, bits=bits,
                                   block_size=block)
-    foreign.stand_in(fused, last if bias else matmul)
+    shared.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
 
@@ -284,7 +358,7 @@ def _zero_points(zero: np.ndarray, bits: int, form_name: str, form: dict, t: str
     pad = (-blocks) % per
     fill = form.get("zero_points_padding", absent_zero_point(bits))
     rows = np.concatenate([zero, np.full((N, pad), fill, np.int64)], axis=1) if pad else zero
-    packed = foreign.pack(rows, bits)
+    packed = shared.pack(rows, bits)
     return packed.reshape(shape) if shape and int(np.prod(shape)) == packed.size else packed
 
 

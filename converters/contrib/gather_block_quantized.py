@@ -27,29 +27,55 @@ where ONNX Runtime's kernel takes it (gather_axis 0, quantize_axis last).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
-from dyndq.opdefs import PER_GROUP, dtypes
-
-from . import foreign
-from .foreign import RUNTIME_FLOATS, MS_DOMAIN, MS_OPSET, GraphView, Rewrite
+from dyndq.opdefs import DOMAIN, PER_GROUP, Refusal, dtypes
 from dyndq.plumbing.types import attribute_values
 
+from .. import rewrite as rw
+from ..rewrite import GraphView, Rewrite
+from ..rules import LIFT, WRITE, rule
+from . import shared
+from .shared import MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
+
 OP = "GatherBlockQuantized"
-SOURCE = (MS_DOMAIN, OP)
 QUALNAME = f"{MS_DOMAIN}::{OP}"
 DEFAULTS = {"bits": 4, "block_size": 128, "quantize_axis": 1, "gather_axis": 0}
 
 
 # == lifting ===================================================================================
 
-def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
-    """The rewrite of one GatherBlockQuantized into DynamicDequantize-2 (+ Slice) + Gather, or why not."""
-    attrs = foreign.int_attributes(node, DEFAULTS)
+@dataclass(frozen=True)
+class _Table:
+    """What the lift of one GatherBlockQuantized found: the table's codes (unpacked), its zero
+    points as codes (None: absent), where its axes are, and the form to remember."""
+
+    inputs: tuple
+    kind: str
+    codes: np.ndarray
+    zero: np.ndarray | None
+    bits: int
+    block: int
+    qa: int
+    ga: int
+    want: tuple
+    form: dict
+
+
+def _lift_check(node: onnx.NodeProto, view: GraphView) -> _Table | Refusal:
+    found = _lift_found(node, view)
+    return Refusal(found) if isinstance(found, str) else found
+
+
+def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
+    """What a GatherBlockQuantized holds, decoded, or why it has no exact DynamicDequantize form."""
+    attrs = shared.int_attributes(node, DEFAULTS)
     if isinstance(attrs, str):
         return attrs
-    data_name, indices, s, z = foreign.inputs_of(node, 4)
+    data_name, indices, s, z = rw.inputs_of(node, 4)
     bits, block = attrs["bits"], attrs["block_size"]
     data = view.constant(data_name) if data_name else None
     if data is None:
@@ -63,9 +89,9 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         return f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes; {bits}-bit codes have no type of its own"
     if kind != "uint8" and bits != 4:
         return f"bits={bits} with {kind} data"
-    if not foreign.power_of_two_block(block):
+    if not shared.power_of_two_block(block):
         return f"block_size {block}: GatherBlockQuantized takes powers of two from 16 for integer codes"
-    codes = foreign.unpack(data, bits) if kind == "uint8" else data
+    codes = shared.unpack(data, bits) if kind == "uint8" else data
     rank = codes.ndim
     qa, ga = int(attrs["quantize_axis"]), int(attrs["gather_axis"])
     if rank == 0 or not (-rank <= qa < rank and -rank <= ga < rank):
@@ -74,7 +100,7 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
     length = codes.shape[qa]
     blocks = -(-length // block)
     want = tuple(blocks if i == qa else d for i, d in enumerate(codes.shape))
-    found = foreign.float_scales(view, s)
+    found = shared.float_scales(view, s)
     if isinstance(found, str):
         return found
     scales, t = found
@@ -82,53 +108,93 @@ def lift(node: onnx.NodeProto, view: GraphView) -> Rewrite | str:
         return f"scales has shape {list(scales.shape)}, not {list(want)}"
     form = {"op": QUALNAME, "data": kind, "bits": bits,
             "attributes": {a.name: int(a.i) for a in node.attribute if a.name in DEFAULTS}}
-    new = foreign.Constants(view.names)
-    code_type = "uint4" if kind == "uint8" and bits == 4 else kind
-    zero_name = None
+    zero = None
     if z:
         zero = view.constant(z)
         if zero is None:
             return "zero_points is not a constant"
         if zero.ndim != rank:
             return f"zero_points has rank {zero.ndim}, not data's {rank}"
-        zero = foreign.unpack(zero, bits) if kind == "uint8" else zero
+        zero = shared.unpack(zero, bits) if kind == "uint8" else zero
         if dtypes.name_of(zero.dtype) != kind or zero.shape[:-1] != want[:-1] or zero.shape[-1] < want[-1] \
                 or (kind != "uint8" and zero.shape != want):
             return f"zero_points (as codes) have shape {list(zero.shape)}, not {list(want)}"
         form["zero_points"] = "given"
         zero = zero[..., :want[-1]]
+    return _Table((data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form)
+
+
+@rule("GatherBlockQuantized -> DynamicDequantize + Gather", kind=LIFT, pattern=(MS_DOMAIN, OP), check=_lift_check,
+      targets=("onnx",))
+def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """One GatherBlockQuantized as DynamicDequantize-2 (+ Slice) + Gather."""
+    (data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form = (
+        found.inputs, found.kind, found.codes, found.zero, found.bits, found.block, found.qa, found.ga, found.want,
+        dict(found.form))
+    rank, length = codes.ndim, codes.shape[qa]
+    blocks = -(-length // block)
+    new = rw.Constants(view.names)
+    code_type = "uint4" if kind == "uint8" and bits == 4 else kind
+    zero_name = None
     padded = blocks * block != length
     if kind == "uint8" or padded:
         padding = [(0, blocks * block - length) if i == qa else (0, 0) for i in range(rank)]
         full = np.pad(codes.astype(np.int64), padding) if padded else codes
-        code_name = new.add(foreign.as_codes(full, code_type), data_name)
+        code_name = new.add(shared.as_codes(full, code_type), data_name)
     else:
         code_name = data_name
     if z:
-        zero_name = new.add(foreign.as_codes(zero, code_type), z) if kind == "uint8" else z
+        zero_name = new.add(shared.as_codes(zero, code_type), z) if kind == "uint8" else z
     elif kind == "uint8":
         form["zero_points"] = "absent"
-        zero_name = new.add(foreign.as_codes(np.full(want, 1 << (bits - 1)), code_type), data_name, "zero_points")
+        zero_name = new.add(shared.as_codes(np.full(want, 1 << (bits - 1)), code_type), data_name, "zero_points")
 
     base = node.name or node.output[0]
-    ctx = foreign.context(view, base)
+    ctx = rw.context(view, base)
     group = [block if i == qa else 1 for i in range(rank)]
-    table = foreign.dynamic_dequantize(ctx, code_name, s, zero_name, group, form)
+    table = shared.dynamic_dequantize(ctx, code_name, s, zero_name, group, form)
     if padded:
-        table = foreign.slice_to(ctx, table, qa, length)
+        table = rw.slice_to(ctx, table, qa, length)
     out = ctx.op("Gather", table, indices, axis=ga, hint="gathered")
     ctx.output_as(out, node.output[0])
-    foreign.stand_in(ctx.nodes[-1], node)
+    shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    return foreign.lifted(node, ctx, new, shown, padded=padded)
+    return rw.lifted(node, ctx, new, shown, padded=padded)
 
 
-# == lowering ==================================================================================
+# == writing for ONNX Runtime ==================================================================================
 
-def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
-    """The rewrite of a DynamicDequantize-2 (and the Gather reading it) into one GatherBlockQuantized, or why not."""
-    qtype, group = foreign.ddq_attrs(node)
-    src, s, z = foreign.inputs_of(node, 3)
+@dataclass(frozen=True)
+class _Chain:
+    """What the write of one GatherBlockQuantized found: the codes kept, the zero points as the
+    contrib op's codes, the data type and bits it takes, the nodes from the DynamicDequantize to
+    the Gather."""
+
+    inputs: tuple
+    codes: np.ndarray
+    values: np.ndarray
+    zero: np.ndarray | None
+    zero_values: np.ndarray
+    data_type: str
+    bits: int
+    shift: int
+    block: int
+    qa: int
+    ga: int
+    length: int
+    nodes: list
+    gather: onnx.NodeProto
+
+
+def _write_check(node: onnx.NodeProto, view: GraphView) -> _Chain | Refusal:
+    found = _write_found(node, view)
+    return Refusal(found) if isinstance(found, str) else found
+
+
+def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
+    """The chain a DynamicDequantize-2 starts that one GatherBlockQuantized expresses, or why not."""
+    qtype, group = rw.ddq_attrs(node)
+    src, s, z = rw.inputs_of(node, 3)
     if qtype != PER_GROUP:
         return f"{qtype}: GatherBlockQuantized takes blocks along one axis (per_group)"
     codes = view.constant(src)
@@ -138,21 +204,20 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
     if kind not in ("int4", "uint4", "int8", "uint8"):
         return f"src is {kind}"
     grouped = [i for i, g in enumerate(group) if g > 1]
-    if len(grouped) != 1 or not foreign.power_of_two_block(group[grouped[0]]):
+    if len(grouped) != 1 or not shared.power_of_two_block(group[grouped[0]]):
         return f"group_shape {list(group)}: GatherBlockQuantized takes one blocked axis, by a power of two from 16"
     qa, block, rank = grouped[0], int(group[grouped[0]]), codes.ndim
-    found = foreign.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
+    found = shared.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
     if isinstance(found, str):
         return found
     scales, t = found
-    chain = foreign.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
+    chain = rw.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
     if isinstance(chain, str):
         return chain
     nodes, gather, length = chain
     if not codes.shape[qa] - block < length <= codes.shape[qa]:
         return f"Slice keeps {length} of {codes.shape[qa]}: more than the last block's padding"
     ga = int(attribute_values(gather).get("axis", 0)) % rank
-    form = foreign.lifted_from(node, QUALNAME)
     keep = tuple(slice(0, length) if i == qa else slice(None) for i in range(rank))
     zero = view.constant(z) if z else None
     if z and zero is None:
@@ -170,16 +235,28 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
     zero_values = (np.zeros(scales.shape, np.int64) if zero is None else zero.astype(np.int64)) + shift
     if zero_values.min(initial=lo) < lo or zero_values.max(initial=hi) > hi:
         return f"zero points outside {data_type}'s range"
+    return _Chain((src, s, z), codes, values, zero, zero_values, data_type, bits, shift, block, qa, ga, length, nodes,
+                  gather)
 
+
+@rule("DynamicDequantize + Gather -> GatherBlockQuantized", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
+      check=_write_check, targets=("onnxruntime",), makes=OP)
+def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
+    """A DynamicDequantize-2 (and the Gather reading it) as one GatherBlockQuantized."""
+    (src, s, z), codes, values, zero, zero_values = found.inputs, found.codes, found.values, found.zero, found.zero_values
+    data_type, bits, shift, block, qa, ga = found.data_type, found.bits, found.shift, found.block, found.qa, found.ga
+    length, nodes, gather, rank = found.length, found.nodes, found.gather, found.codes.ndim
+    kind = dtypes.name_of(codes.dtype)
+    form = shared.lifted_from(node, QUALNAME)
     packed4 = form.get("data") == "uint8" and form.get("bits") == 4 and kind == "uint4" and ga == 0 \
         and qa == rank - 1 and values.shape[-1] % 2 == 0
     if packed4:
         data_type, bits = "uint8", 4
     default = 1 << (bits - 1) if data_type == "uint8" else 0
-    replaced = foreign.chain_nodes(view, [node] + nodes + [gather])
-    new = foreign.Constants(view.names)
+    replaced = rw.chain_nodes(view, [node] + nodes + [gather])
+    new = rw.Constants(view.names)
     rewritten = packed4 or shift or length != codes.shape[qa]
-    data_name = new.add(foreign.pack(values, 4) if packed4 else foreign.as_codes(values, data_type), src) \
+    data_name = new.add(shared.pack(values, 4) if packed4 else shared.as_codes(values, data_type), src) \
         if rewritten else src
     inputs = [data_name, gather.input[1], s]
     if form.get("zero_points") == "given" or np.any(zero_values != default):
@@ -189,9 +266,9 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
             if packed4:
                 odd = zero_values.shape[-1] % 2
                 rows = np.concatenate([zero_values, np.zeros(zero_values.shape[:-1] + (odd,), np.int64)], axis=-1)
-                zero_data = foreign.pack(rows, 4)
+                zero_data = shared.pack(rows, 4)
             else:
-                zero_data = foreign.as_codes(zero_values, data_type)
+                zero_data = shared.as_codes(zero_values, data_type)
             inputs.append(new.add(zero_data, z) if z else new.add(zero_data, src, "zero_points"))
     attrs = {"block_size": block, "gather_axis": ga, "quantize_axis": qa, "bits": bits}
     # the attributes the lifted node had, as it wrote them (a negative axis stays negative), else the
@@ -207,6 +284,6 @@ def lower(node: onnx.NodeProto, view: GraphView, **_options) -> Rewrite | str:
         elif old is not None or v != DEFAULTS[k]:
             kept[k] = v
     fused = onnx.helper.make_node(OP, inputs, [gather.output[0]], domain=MS_DOMAIN, **kept)
-    foreign.stand_in(fused, gather)
+    shared.stand_in(fused, gather)
     shown = f"{QUALNAME} ({data_type} data, block_size {block}, quantize_axis {qa}, gather_axis {ga})"
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)

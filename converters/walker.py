@@ -1,5 +1,8 @@
 """The one walker every rewrite of a model goes through: lift, export (each target) and quantize.
 
+The rules (converters/rules.py) say what to rewrite; this module says how a rewrite is
+applied to a model, once for all of them.
+
 A rewrite replaces some nodes of one graph by others and adds the constants they read (a
 MatMulNBits into DynamicDequantize + MatMul and back; a DynamicDequantize and the Slice after
 it into one DequantizeLinear).  `rewrite_model` asks `convert(node, view)` about every node of
@@ -36,12 +39,13 @@ from typing import Callable
 import onnx
 from onnx import numpy_helper
 
-from dyndq.converters.foreign import GraphView, Rewrite
+from dyndq.opdefs import Refusal, TensorSpec
 from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.opsets import ai_onnx_version, import_at_least, scope_opsets
 from dyndq.plumbing.types import dtype_name
 from dyndq.plumbing.walk import Scope, is_constant_node, scopes, scopes_under, with_nested
-from dyndq.plumbing.opsets import ai_onnx_version, import_at_least, scope_opsets
-from dyndq.opdefs import TensorSpec
+
+from .rewrite import GraphView, Rewrite
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,16 @@ class Outcome:
         return self.node.name or self.node.output[0]
 
 
-Convert = Callable[[onnx.NodeProto, GraphView], "Rewrite | str | None"]
+Convert = Callable[[onnx.NodeProto, GraphView], "Rewrite | Refusal | None"]
 
 
-def rewrite_model(model: onnx.ModelProto, convert: Convert, types, names: NameScope) -> list[Outcome]:
+def rewrite_model(model: onnx.ModelProto, convert: Convert, types, names: NameScope,
+                  options: dict | None = None) -> list[Outcome]:
     """Ask `convert(node, view)` about every node of every scope of `model` (children first;
-    None: not a node it takes; a string: why it does not) and apply its rewrites to `model`,
-    in place.  Returns what it said of each node it took, in the model's order."""
-    walk = _Walk(model, types, names)
+    None: not a node it takes; a Refusal: why it does not) and apply its rewrites to `model`,
+    in place.  Returns what it said of each node it took, in the model's order.  `options`
+    reach the rules through `view.options`."""
+    walk = _Walk(model, types, names, dict(options or {}))
     said = {}
     for scope in reversed(walk.scopes):  # (pre-order reversed: every body before the graph holding it)
         said[id(scope)] = walk.rewrite(scope, convert)
@@ -74,8 +80,8 @@ def rewrite_model(model: onnx.ModelProto, convert: Convert, types, names: NameSc
 
 
 class _Walk:
-    def __init__(self, model, types, names):
-        self.model, self.types, self.names = model, types, names
+    def __init__(self, model, types, names, options):
+        self.model, self.types, self.names, self.options = model, types, names, options
         self.scopes = scopes(model)
         self.derived: dict[tuple, str] = {}  # (holder path, source, role, tensor bytes) -> the tensor's name
         self.made: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (holder path, source) -> [(name, role)]
@@ -101,7 +107,8 @@ class _Walk:
 
         view = GraphView(constant=constant, consumers=index.readers,
                          is_output=lambda name: name in index.outputs, spec=specs_at(self.types, scope),
-                         names=self.names, producer=index.makers.get, imports=imports, in_function=scope.in_function)
+                         names=self.names, producer=index.makers.get, imports=imports, in_function=scope.in_function,
+                         options=self.options)
         outcomes, applied, taken = [], [], set()
         for node in snapshot:
             if id(node) in taken:

@@ -1,0 +1,148 @@
+"""The one registry of rewrite rules: every conversion between forms of the op.
+
+A rule is a pattern (the domain and op type of the node it starts from), a check and a
+rewrite, registered by decorating the rewrite, as onnx2torch's `add_converter` and
+onnxscript's rewrite rules are:
+
+    @rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, "MatMulNBits"),
+          check=_lift_check, targets=("onnx",))
+    def _lift(found, node, view) -> Rewrite: ...
+
+`check(node, view)` returns what the rewrite needs (any object) or a `Refusal` saying why
+the node is not taken; `rewrite(found, node, view)` returns the `Rewrite` and refuses
+nothing.  The kind says which command applies the rule:
+
+- LIFT: a standard or contrib form -> ours (`lift`; export target "onnx" also applies the
+  lifts whose `targets` hold it, to bring contrib ops back to standard ONNX through ours);
+- WRITE: ours -> the own op of an export target (e.g. MatMulNBits for "onnxruntime"),
+  applied by `export` for the targets the rule names, before the opset is chosen;
+- LOWER: ours -> standard ONNX, applied by `export` for every target, in passes of
+  increasing `order` (rules of one order are tried in one pass, in registration order).
+
+Every command applies its rules through `apply`, which walks every scope of the model
+(converters/walker.py).  A module of rules is imported by converters/__init__.py; adding a
+form is adding one module (docs/house.md shows the smallest real one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import onnx
+
+from dyndq.opdefs import Refusal, domains
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.opsets import op_version
+
+from .rewrite import GraphView, Rewrite
+from .walker import Outcome, rewrite_model
+
+LIFT, WRITE, LOWER = "lift", "write", "lower"
+KINDS = (LIFT, WRITE, LOWER)
+TARGETS = ("onnx", "onnxruntime")
+OURS = object()  # a pattern's domain: any domain of the op registry (ours, or a test's toy op's)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # what it does, in a few words: "MatMulNBits -> DynamicDequantize + MatMul"
+    kind: str  # LIFT, WRITE or LOWER
+    pattern: tuple  # (domain or OURS or None, op type or None): the node it starts from (None: any)
+    check: Callable[[onnx.NodeProto, GraphView], object]
+    rewrite: Callable[[object, onnx.NodeProto, GraphView], Rewrite]
+    targets: tuple[str, ...] = ()  # the export targets that apply it (LOWER: every target)
+    makes: str = ""  # what a refusal is named after when several rules refuse one node: "not <makes>: ..."
+    options: dict | None = None  # option name -> check(value) -> None or why the value is refused
+    order: int = 0
+    module: str = ""
+
+    def takes(self, node: onnx.NodeProto) -> bool:
+        domain, op_type = self.pattern
+        node_domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain is OURS:
+            domain_ok = node_domain in domains()
+        else:
+            domain_ok = domain is None or node_domain == domain
+        return domain_ok and (op_type is None or node.op_type == op_type)
+
+
+_RULES: list[Rule] = []
+
+
+def rule(name: str, *, kind: str, pattern: tuple, check: Callable, targets=(), makes: str = "", options=None,
+         order: int = 0) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the rewrite of a rule (see the module doc)."""
+    if kind not in KINDS:
+        raise ValueError(f"rule {name!r}: kind {kind!r}, not one of {', '.join(KINDS)}")
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        raise ValueError(f"rule {name!r}: unknown targets {sorted(unknown)}; the targets are {', '.join(TARGETS)}")
+
+    def attach(rewrite: Callable) -> Callable:
+        _RULES.append(Rule(name, kind, tuple(pattern), check, rewrite, tuple(targets) if kind != LOWER else TARGETS,
+                           makes or name, dict(options or {}), order, rewrite.__module__))
+        return rewrite
+
+    return attach
+
+
+def rules(kind: str | None = None, target: str | None = None) -> list[Rule]:
+    """The registered rules of `kind` that `target` applies (every one when None), in registration order."""
+    return [r for r in _RULES if (kind is None or r.kind == kind) and (target is None or target in r.targets)]
+
+
+def passes(kind: str, target: str | None = None) -> list[list[Rule]]:
+    """The rules of `kind` for `target`, grouped in passes of increasing order."""
+    found = rules(kind, target)
+    return [[r for r in found if r.order == order] for order in sorted({r.order for r in found})]
+
+
+def option_problems(options: dict) -> list[str]:
+    """Why the options given (None: not given) are refused by the rules that take them (whatever
+    the target: a target none of whose rules takes an option ignores it), or that no rule does."""
+    problems = []
+    for name, value in options.items():
+        if value is None:
+            continue
+        takers = [r for r in _RULES if name in r.options]
+        if not takers:
+            problems.append(f"{name}: no rewrite rule takes this option")
+        for r in takers:
+            why = r.options[name](value)
+            if why:
+                problems.append(why)
+    return list(dict.fromkeys(problems))
+
+
+def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope, options: dict | None = None) -> list[Outcome]:
+    """Apply `chosen` rules to `model` in place through the walker: each node is offered to the
+    rules whose pattern takes it, in order; the first whose check passes rewrites it.  A node every
+    rule refused comes back with the reasons (several rules: each named "not <makes>"); a node no
+    rule's form fits (every refusal not `mine`) is not reported."""
+
+    def convert(node, view):
+        refused = []
+        for r in chosen:
+            if not r.takes(node):
+                continue
+            found = r.check(node, view)
+            if isinstance(found, Refusal):
+                refused.append((r, found))
+                continue
+            result = r.rewrite(found, node, view)
+            result.rule, result.op = r, op_version(node, view.imports)
+            return result
+        mine = [(r, f) for r, f in refused if f.mine]
+        if not mine:
+            return None
+        if len(mine) == 1:
+            return mine[0][1]
+        return Refusal("; ".join(f"not {r.makes}: {f.reason}" for r, f in mine))
+
+    return rewrite_model(model, convert, types, names, options)
+
+
+def foreign_forms() -> set[tuple[str, str]]:
+    """(domain, op type) of every form another engine defines that a rule lifts into ours for
+    export target "onnx" (ONNX Runtime's contrib ops): what that target cannot keep."""
+    return {r.pattern for r in rules(LIFT, "onnx")}
