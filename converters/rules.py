@@ -25,8 +25,9 @@ form is adding one module (docs/house.md shows the smallest real one).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import onnx
 
@@ -84,6 +85,16 @@ def rule(name: str, *, kind: str, pattern: tuple, check: Callable, targets=(), m
         return rewrite
 
     return attach
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """Rules registered inside the block are removed when it ends (for tests)."""
+    before = list(_RULES)
+    try:
+        yield
+    finally:
+        _RULES[:] = before
 
 
 def rules(kind: str | None = None, target: str | None = None) -> list[Rule]:
