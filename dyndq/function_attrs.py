@@ -17,6 +17,7 @@ from typing import Iterator
 
 import onnx
 
+from dyndq.plumbing.opsets import import_if_absent, scope_opsets
 from dyndq.plumbing.walk import Site, function_sites, walk, with_nested
 from dyndq.opdefs import domains
 
@@ -140,7 +141,7 @@ def _imports_for_inlining(model: onnx.ModelProto, ids: list[FunctionKey]) -> onn
     def callees(nodes) -> set[FunctionKey]:
         return {(n.domain, n.op_type) for node in nodes for n in with_nested(node)} & inlined
 
-    needs = {key: {o.domain: o.version for o in functions[key].opset_import} for key in ids}
+    needs = {key: scope_opsets(functions[key].opset_import) for key in ids}
     grown = True
     while grown:  # what a function inlines in turn lands with it
         grown = False
@@ -151,10 +152,7 @@ def _imports_for_inlining(model: onnx.ModelProto, ids: list[FunctionKey]) -> onn
                         needs[key][domain] = version
                         grown = True
     for imports, nodes in [(out.opset_import, out.graph.node)] + [(f.opset_import, f.node) for f in out.functions]:
-        have = {o.domain for o in imports}
         for callee in callees(nodes):
             for domain, version in needs[callee].items():
-                if domain not in have:
-                    imports.append(onnx.helper.make_opsetid(domain, version))
-                    have.add(domain)
+                import_if_absent(imports, domain, version)
     return out

@@ -39,6 +39,12 @@ def import_at_least(imports, domain: str, version: int) -> None:
     imports.append(onnx.helper.make_opsetid(domain, version))
 
 
+def import_if_absent(imports, domain: str, version: int) -> None:
+    """Import `domain` at `version` unless the imports already hold it (at whatever version)."""
+    if all(o.domain != domain for o in imports):
+        imports.append(onnx.helper.make_opsetid(domain, version))
+
+
 def ai_onnx_version(imports) -> int | None:
     """The ai.onnx opset among opset imports (its domain written "" or "ai.onnx"), or None."""
     return next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
