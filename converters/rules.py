@@ -87,6 +87,18 @@ def rule(name: str, *, kind: str, pattern: tuple, check: Callable, targets=(), m
     return attach
 
 
+def says_why(found: Callable[[onnx.NodeProto, GraphView], object]) -> Callable[[onnx.NodeProto, GraphView], object]:
+    """A check written to return a sentence where it refuses (the contrib rules' long chains of
+    tests read best so): the sentence becomes the Refusal."""
+
+    def check(node, view):
+        result = found(node, view)
+        return Refusal(result) if isinstance(result, str) else result
+
+    check.__doc__ = found.__doc__
+    return check
+
+
 @contextlib.contextmanager
 def scope() -> Iterator[None]:
     """Rules registered inside the block are removed when it ends (for tests)."""

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, PER_GROUP, Refusal, dtypes
+from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
 from ..rewrite import GraphView, Rewrite
-from ..rules import LIFT, WRITE, rule
+from ..rules import LIFT, WRITE, rule, says_why
 from . import shared
 from .shared import MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
@@ -64,10 +64,6 @@ class _Table:
     want: tuple
     form: dict
 
-
-def _lift_check(node: onnx.NodeProto, view: GraphView) -> _Table | Refusal:
-    found = _lift_found(node, view)
-    return Refusal(found) if isinstance(found, str) else found
 
 
 def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
@@ -124,8 +120,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
     return _Table((data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form)
 
 
-@rule("GatherBlockQuantized -> DynamicDequantize + Gather", kind=LIFT, pattern=(MS_DOMAIN, OP), check=_lift_check,
-      targets=("onnx",))
+@rule("GatherBlockQuantized -> DynamicDequantize + Gather", kind=LIFT, pattern=(MS_DOMAIN, OP),
+      check=says_why(_lift_found), targets=("onnx",))
 def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """One GatherBlockQuantized as DynamicDequantize-2 (+ Slice) + Gather."""
     (data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form = (
@@ -186,10 +182,6 @@ class _Chain:
     gather: onnx.NodeProto
 
 
-def _write_check(node: onnx.NodeProto, view: GraphView) -> _Chain | Refusal:
-    found = _write_found(node, view)
-    return Refusal(found) if isinstance(found, str) else found
-
 
 def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     """The chain a DynamicDequantize-2 starts that one GatherBlockQuantized expresses, or why not."""
@@ -240,7 +232,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
 
 
 @rule("DynamicDequantize + Gather -> GatherBlockQuantized", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
-      check=_write_check, targets=("onnxruntime",), makes=OP)
+      check=says_why(_write_found), targets=("onnxruntime",), makes=OP)
 def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the Gather reading it) as one GatherBlockQuantized."""
     (src, s, z), codes, values, zero, zero_values = found.inputs, found.codes, found.values, found.zero, found.zero_values

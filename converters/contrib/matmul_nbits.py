@@ -40,11 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, PER_GROUP, Refusal, dtypes
+from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
 
 from .. import rewrite as rw
 from ..rewrite import GraphView, Rewrite
-from ..rules import LIFT, WRITE, rule
+from ..rules import LIFT, WRITE, rule, says_why
 from . import shared
 from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
@@ -70,10 +70,6 @@ class _Weights:
     zero: np.ndarray  # int64 [N, n_blocks]
     form: dict
 
-
-def _lift_check(node: onnx.NodeProto, view: GraphView) -> _Weights | Refusal:
-    found = _lift_found(node, view)
-    return Refusal(found) if isinstance(found, str) else found
 
 
 def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
@@ -135,8 +131,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     return _Weights(attrs, (a, b, s, z, g, bias), q, scales, zero, form)
 
 
-@rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP), check=_lift_check,
-      targets=("onnx",))
+@rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP),
+      check=says_why(_lift_found), targets=("onnx",))
 def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """One MatMulNBits as DynamicDequantize-2 + MatMul (+ Slice, Add)."""
     attrs, (a, b, s, z, _, bias), q, scales, zero, form = \
@@ -234,10 +230,6 @@ class _Chain:
     t: str
 
 
-def _write_check(node: onnx.NodeProto, view: GraphView) -> _Chain | Refusal:
-    found = _write_found(node, view)
-    return Refusal(found) if isinstance(found, str) else found
-
 
 def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     """The chain a DynamicDequantize-2 starts that one MatMulNBits expresses, or why not."""
@@ -288,7 +280,7 @@ def _accuracy_level_problem(value) -> str | None:
 
 
 @rule("DynamicDequantize + MatMul -> MatMulNBits", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
-      check=_write_check, targets=("onnxruntime",), makes=OP, options={"accuracy_level": _accuracy_level_problem})
+      check=says_why(_write_found), targets=("onnxruntime",), makes=OP, options={"accuracy_level": _accuracy_level_problem})
 def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the MatMul it feeds) as one MatMulNBits."""
     (src, s, z), codes, scales, zero, bits, shift, block = \
