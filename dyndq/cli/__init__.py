@@ -23,11 +23,10 @@ import json
 import os
 import re
 import sys
-import textwrap
 
 import numpy as np
 
-from dyndq.wording import first_line, os_error, plural, problem_list, table as _table
+from dyndq.wording import first_line, os_error, problem_list
 
 OK, PROBLEMS, USAGE = 0, 1, 2
 INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
@@ -260,20 +259,13 @@ def cmd_demo(args) -> int:
 
 def _check_writable(folder: str) -> list[str]:
     """Create `folder` if needed and make sure a file can be written in it (UsageError if not);
-    returns the folders it created, outermost first (see files.make_folders)."""
-    import tempfile
+    returns the folders it created, outermost first."""
+    from dyndq.files import ModelFileError, check_writable
 
-    from dyndq.files import make_folders, remove_empty_folders
-
-    created = []
     try:
-        created = make_folders(folder)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        remove_empty_folders(created)
-        raise UsageError(f"{folder}: cannot write there ({e.strerror or e})") from None
-    return created
+        return check_writable(folder)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_check(args) -> int:
@@ -372,9 +364,6 @@ def cmd_lift(args) -> int:
     return OK
 
 
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
-
-
 def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     from dyndq.files import ModelFileError, read_array
 
@@ -393,58 +382,28 @@ def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def _inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np.ndarray]:
-    """Each graph input not in `given`, from the file `_output_files` names for it (NAME.npy, as
-    import-onednn --inputs-dir and run --output-dir write them) in the first of `folders` that
-    holds one.  Every input missing from all of them is named at once; files for no input are
-    said and left alone."""
-    from dyndq.files import ModelFileError, read_array
+    """Each graph input not in `given`, from its file (NAME.npy, as import-onednn --inputs-dir and
+    run --output-dir write them) in the first of `folders` that holds one.  Every input missing
+    from all of them is named at once; files for no input are said and left alone."""
+    from dyndq.files import ModelFileError, NpyNameClash, npy_inputs, read_array
 
-    for folder in folders:
-        if not os.path.isdir(folder):
-            raise UsageError(f"--inputs-dir {folder}: no such folder")
     initializers = {t.name for t in model.graph.initializer}
     names = [vi.name for vi in model.graph.input if vi.name not in initializers and vi.name not in given]
-    found, known = {}, set()
-    for folder in folders:
-        files = {label: path for label, path, _ in _output_files(folder, {n: np.empty(0) for n in names})}
-        known |= {os.path.abspath(p) for p in files.values()}
-        found.update({n: files[n] for n in names if n not in found and os.path.isfile(files[n])})
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise UsageError(f"--inputs-dir {', '.join(folders)}: no file for {plural(len(missing), 'input')}: " +
-                         ", ".join(f"{n} ({_output_files('', {n: np.empty(0)})[0][1]})" for n in missing))
-    for folder in folders:
-        for extra in sorted(f for f in os.listdir(folder) if f.endswith(".npy")):
-            if os.path.abspath(os.path.join(folder, extra)) not in known:
-                print(f"note: --inputs-dir {folder}: {extra} is for no input of the model (left alone)", file=sys.stderr)
+    try:
+        found, unused = npy_inputs(folders, names)
+    except NpyNameClash as e:
+        raise UsageError(f"--output-dir {e}") from None
+    except ModelFileError as e:
+        raise UsageError(f"--inputs-dir {e}") from None
+    for folder, extra in unused:
+        print(f"note: --inputs-dir {folder}: {extra} is for no input of the model (left alone)", file=sys.stderr)
     feeds = {}
-    for name in names:
+    for name, path in found.items():
         try:
-            feeds[name] = read_array(found[name])
+            feeds[name] = read_array(path)
         except ModelFileError as e:
             raise UsageError(f"--inputs-dir: {e}") from None
     return feeds
-
-
-def _summary(name: str, a: np.ndarray) -> str:
-    head = f"{name}: {a.dtype.name}{list(a.shape)}"
-    if a.size == 0:
-        return f"{head}  (empty)"
-    # (ml_dtypes' bfloat16, float8, int4 and uint4 are of NumPy kind "V": judged by name)
-    floating = a.dtype.kind == "f" or a.dtype.name == "bfloat16" or a.dtype.name.startswith("float8")
-    if a.dtype.kind in "fiub" or floating or a.dtype.name in ("int4", "uint4"):
-        numeric = a.astype(np.float64) if a.dtype.kind != "b" else a.astype(np.int8)
-        finite = numeric[np.isfinite(numeric)] if floating else numeric.ravel()
-        stats = "no finite values" if finite.size == 0 else (
-            f"min {finite.min():.6g}  max {finite.max():.6g}  mean {finite.mean():.6g}"
-        )
-        if finite.size < a.size:  # said, not skipped: an overflow in the run is what one wants to know
-            inf, nan = int(np.isinf(numeric).sum()), int(np.isnan(numeric).sum())
-            stats += "  (" + ", ".join(w for w in (f"{inf} infinite" if inf else "", f"{nan} NaN" if nan else "") if w) + ")"
-        first = np.array2string(a.ravel()[:6], precision=6, separator=", ")
-        more = ", ...]" if a.size > 6 else ""
-        return f"{head}  {stats}  first {first[:-1] + more if more else first}"
-    return head
 
 
 def _feed_error(model: str, e) -> UsageError:
@@ -515,15 +474,10 @@ def _run(args, loaded, feeds) -> int:
     if args.output_dir:
         _save_arrays(args.output_dir, outputs, "--output-dir")
     else:
+        from dyndq.arrays import describe
+
         for name, value in outputs.items():
-            if isinstance(value, list):
-                print(f"{name}: a sequence of {plural(len(value), 'tensor')}")
-                for i, item in enumerate(value):
-                    print("  " + _summary(f"{name}[{i}]", item))
-            elif value is None:
-                print(f"{name}: (no value)")
-            else:
-                print(_summary(name, value))
+            print("\n".join(describe(name, value)))
     return OK
 
 
@@ -678,11 +632,6 @@ def _stem(path: str) -> str:
     return os.path.basename(path)[: -len(".npy")]
 
 
-def _clean(name: str) -> str:
-    safe = _SAFE_NAME.sub("_", name)
-    return "_" + safe[1:] if safe.startswith(".") else safe  # no hidden files, no "." or ".."
-
-
 def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool = False) -> None:
     """Write each array (or each item of a list of arrays) as a .npy file in `folder`, named
     by `_output_files`, saying what was written (and, with raw_bytes_note, how to read back
@@ -711,77 +660,21 @@ def _say_saved(path: str, value: np.ndarray, label: str | None = None, *, raw_by
               f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
 
 
-def _output_files(folder: str, outputs: dict) -> list[tuple[str, str, np.ndarray]]:
-    """(what, path, array) for each array to save: NAME.npy for a tensor output, NAME.I.npy for
-    item I of a sequence output, NAME cleaned of characters unsafe in a file name. A cleaned
-    name that meets another output's file name gets a short hash of the whole name added
-    ('a/b' and 'a_b', two non-ASCII names of one length), so each output keeps a file of its
-    own. Two that still meet (names equal but for case, which some file systems do not tell
-    apart) are refused before anything is written."""
-    items = []
-    for name, value in outputs.items():
-        if isinstance(value, list):
-            items += [(f"{name}[{i}]", f"{name}.{i}", v) for i, v in enumerate(value)]
-        elif value is not None:
-            items.append((name, name, value))
-    stems = [_clean(raw) for _, raw, _ in items]
-    counts: dict[str, int] = {}
-    for stem in stems:
-        counts[stem.casefold()] = counts.get(stem.casefold(), 0) + 1
-    files, taken = [], {}
-    for (label, raw, array), stem in zip(items, stems):
-        if stem != raw and counts[stem.casefold()] > 1:
-            import hashlib
+def _output_files(folder: str, arrays: dict) -> list[tuple[str, str, np.ndarray]]:
+    """(what, path, array) for each array to save in `folder` (files.npy_files names them)."""
+    from dyndq.files import NpyNameClash, npy_files
 
-            stem = f"{stem}-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-        key = stem.casefold()
-        if key in taken:
-            raise UsageError(f"--output-dir {folder}: outputs {taken[key]!r} and {label!r} would both be "
-                             f"saved as {stem}.npy; rename one of them in the model")
-        taken[key] = label
-        files.append((label, os.path.join(folder, stem + ".npy"), array))
-    return files
+    try:
+        return npy_files(folder, arrays)
+    except NpyNameClash as e:
+        raise UsageError(f"--output-dir {e}") from None
 
 
 def cmd_schema(args) -> int:
+    from dyndq.schema import schema_text
+
     print(schema_text())
     return OK
-
-
-def schema_text() -> str:
-    """Every registered op version as readable tables."""
-    from dyndq.converters.onnx_types import attribute_type_name
-    from dyndq.opdefs import all_versions
-
-    blocks = []
-    for op in all_versions():
-        lines = [f"{op.qualname}, version {op.since_version}"]
-        lines += textwrap.wrap(op.doc, width=88, initial_indent="  ", subsequent_indent="  ")
-        lines += ["", "inputs"]
-        lines += _table(
-            ["name", "type", "use", "description"],
-            [[p.name, p.type_var, "optional" if p.optional else "required", p.doc] for p in op.inputs],
-        )
-        lines += ["", "outputs"]
-        lines += _table(["name", "type", "description"], [[p.name, p.type_var, p.doc] for p in op.outputs])
-        lines += ["", "attributes"]
-        lines += _table(
-            ["name", "type", "default", "allowed", "description"],
-            [
-                [
-                    a.name,
-                    attribute_type_name(a.kind),
-                    "(required)" if a.required else ("(none)" if a.default is None else json.dumps(a.default)),
-                    " | ".join(json.dumps(v) for v in a.allowed) if a.allowed else "",
-                    a.doc,
-                ]
-                for a in op.attributes
-            ],
-        )
-        lines += ["", "type constraints"]
-        lines += _table(["name", "types", "description"], [[c.name, ", ".join(c.dtypes), c.doc] for c in op.type_constraints])
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
 
 
 def _engine_message(e: BaseException) -> str:
