@@ -28,13 +28,7 @@ import numpy as np
 
 from dyndq.wording import first_line, os_error, problem_list
 
-OK, PROBLEMS, USAGE = 0, 1, 2
-INTERNAL = 70  # sysexits.h EX_SOFTWARE: a bug in dyndq, not in the model or the command line
-
-
-class UsageError(Exception):
-    """A mistake in how the command was called, or a file it cannot use (exit 2)."""
-
+from dyndq.cli.exits import INTERNAL, OK, PROBLEMS, USAGE, ProblemsFound, UsageError, tell  # noqa: F401
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with usage errors told in two lines instead of the whole usage text."""
@@ -139,21 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = _UntilClosed(stdout)  # `dyndq ... | head -1`: the work goes on, the printing stops
     try:
         return _COMMANDS[args.command](args)
-    except UsageError as e:
-        _err(str(e))
-        return USAGE
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
-    except Exception as e:  # a bug of ours: its own exit code, never 1 ("problems found")
-        import traceback
-
-        if os.environ.get("DYNDQ_TRACEBACK"):
-            traceback.print_exc()
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        _err(f"internal error: {type(e).__name__}: {first_line(e)} (at {os.path.basename(where.filename)}:{where.lineno}; "
-             f"set DYNDQ_TRACEBACK=1 for the traceback, and please report it)")
-        return INTERNAL
+    except (Exception, KeyboardInterrupt) as e:  # every error, through the one mapping
+        subject = _SUBJECTS.get(args.command)
+        return tell(e, getattr(args, subject) if subject else None)
     finally:
         sys.stdout = stdout
 
@@ -196,27 +178,17 @@ class _UntilClosed:
         return getattr(self._inner, name)
 
 
-def _err(message: str) -> None:
-    print(f"dyndq: {message}", file=sys.stderr)
-
-
 def _load(path: str):
-    from dyndq.files import ModelFileError, read_model
+    from dyndq.files import read_model
 
-    try:
-        return read_model(path)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
+    return read_model(path)
 
 
 def _save(model, path: str, loaded) -> list[str]:
     """Save `model` as the input was saved (with external data or not); returns notes to print."""
-    from dyndq.files import ModelFileError, save_model
+    from dyndq.files import save_model
 
-    try:
-        location = save_model(model, path, external_data=loaded.external_data)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
+    location = save_model(model, path, external_data=loaded.external_data)
     same = os.path.realpath(path) == os.path.realpath(loaded.path)
     return _data_notes(location, [loc for loc in loaded.locations if loc != location] if same else [])
 
@@ -234,38 +206,28 @@ def _data_notes(location: str | None, kept: list[str]) -> list[str]:
     return notes
 
 
-def _print_problems(path: str, problems, stream) -> None:
-    print(problem_list(path, problems), file=stream)
-
-
 # -- commands ---------------------------------------------------------------------------------
 
 
 def cmd_demo(args) -> int:
     from dyndq.demo import run_demo
-    from dyndq.files import ModelFileError
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a folder")
     _check_writable(args.out)  # before the work, not after it
     try:
         result = run_demo(args.out)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(os_error(e)) from None
     return OK if result.agree else PROBLEMS
 
 
 def _check_writable(folder: str) -> list[str]:
-    """Create `folder` if needed and make sure a file can be written in it (UsageError if not);
-    returns the folders it created, outermost first."""
-    from dyndq.files import ModelFileError, check_writable
+    """Create `folder` if needed and make sure a file can be written in it (ModelFileError if
+    not); returns the folders it created, outermost first."""
+    from dyndq.files import check_writable
 
-    try:
-        return check_writable(folder)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
+    return check_writable(folder)
 
 
 def cmd_check(args) -> int:
@@ -280,7 +242,7 @@ def cmd_check(args) -> int:
     if args.json:
         print(json.dumps({"model": args.model, "valid": not problems, "problems": [p.as_dict() for p in problems]}, indent=2))
     elif problems:
-        _print_problems(args.model, problems, sys.stdout)
+        print(problem_list(args.model, problems))
     else:
         print(f"{args.model}: valid (no problems found)")
     return PROBLEMS if problems else OK
@@ -289,7 +251,6 @@ def cmd_check(args) -> int:
 def _runtime_parity(args) -> int:
     import dyndq
     from dyndq.parity import ExamplesDoNotFit, runtime_parity
-    from dyndq.runner import FeedError
 
     if args.json:
         raise UsageError("--json does not go with --runtime-parity")
@@ -297,18 +258,14 @@ def _runtime_parity(args) -> int:
     feeds = _parse_inputs(args.input)
     try:
         report = runtime_parity(loaded.model, level=args.level, feeds=feeds)
-    except FeedError as e:  # the feeds given do not fit the graph's inputs
-        raise _feed_error(args.model, e) from None
+    except dyndq.ValidationError:  # problems in the model, feeds that do not fit its inputs: told by the one mapping
+        raise
     except ExamplesDoNotFit as e:  # inputs made up for the check that do not fit the model: give them
         raise UsageError(f"{args.model}: {e}: {_engine_message(e.__cause__)}") from None
-    except dyndq.ValidationError as e:
-        _print_problems(args.model, e.problems, sys.stderr)
-        return PROBLEMS
     except ValueError as e:  # an input no example can be made for
         raise UsageError(f"{args.model}: {first_line(e)}") from None
     except Exception as e:  # ONNX Runtime cannot load or run the model
-        _err(f"{args.model}: ONNX Runtime cannot run this model: {_engine_message(e)}")
-        return PROBLEMS
+        raise ProblemsFound(f"{args.model}: ONNX Runtime cannot run this model: {_engine_message(e)}") from None
     print(f"{args.model}: {report.summary()}")
     for line in report.lines():
         print(f"  {line}")
@@ -333,9 +290,8 @@ def cmd_export(args) -> int:
         out, report = export_with_report(loaded.model, opset=args.opset, target=args.target,
                                          accuracy_level=args.accuracy_level)
         loaded.model = None  # (the input's memory is free before the output is written: peak 2x, not 3x)
-    except dyndq.ValidationError as e:
-        _print_problems(args.input, e.problems, sys.stderr)
-        return PROBLEMS
+    except dyndq.ValidationError:  # problems in the model: told by the one mapping
+        raise
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
         raise UsageError(f"{args.input}: {first_line(e)}") from None
     notes = _save(out, args.output, loaded)
@@ -406,13 +362,6 @@ def _inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, n
     return feeds
 
 
-def _feed_error(model: str, e) -> UsageError:
-    """Feeds that do not fit the graph's inputs (a FeedError): a usage error naming each input."""
-    if len(e.problems) == 1:
-        return UsageError(f"{model}: input {e.problems[0]}")
-    return UsageError(problem_list(f"{model}: the inputs", e.problems, item="input "))
-
-
 def cmd_run(args) -> int:
     from dyndq.files import remove_empty_folders
 
@@ -447,30 +396,25 @@ def _run(args, loaded, feeds) -> int:
         raise UsageError(problem_list(f"{args.model}: the outputs asked for", e.problems, item="--output ")) from None
     except NotRunnable as e:  # nodes the reference engine has no way to run: each named, with the way out
         head = f"{args.model}: the {args.engine} engine cannot run this model"
-        _err(f"{head}: {e.problems[0]}" if len(e.problems) == 1 else problem_list(head, e.problems))
-        return PROBLEMS
-    except dyndq.ValidationError as e:
-        _print_problems(args.model, e.problems, sys.stderr)
-        return PROBLEMS
+        raise ProblemsFound(f"{head}: {e.problems[0]}" if len(e.problems) == 1 else problem_list(head, e.problems)) from None
+    except dyndq.ValidationError:  # problems in the model: told by the one mapping
+        raise
     except Exception as e:  # the engine cannot be built for this model (an op it lacks, a model it refuses)
-        _err(f"{args.model}: the {args.engine} engine cannot run this model: {_engine_message(e)}")
-        return PROBLEMS
+        raise ProblemsFound(f"{args.model}: the {args.engine} engine cannot run this model: {_engine_message(e)}") from None
     try:
         outputs = r(feeds)
-    except FeedError as e:  # the feeds do not fit the graph's inputs
-        raise _feed_error(args.model, e) from None
+    except FeedError:  # the feeds do not fit the graph's inputs: told by the one mapping
+        raise
     except OutputError as e:  # what the engine gave does not fit the declared outputs: no result is shown
-        _err(problem_list(f"{args.model}: the {args.engine} engine gave outputs that do not fit their declared types",
-                          e.problems, item="output "))
-        return PROBLEMS
+        raise ProblemsFound(problem_list(
+            f"{args.model}: the {args.engine} engine gave outputs that do not fit their declared types",
+            e.problems, item="output ")) from None
     except dyndq.ValidationError as e:  # a node refused what it was given while running
         where = [f"node {p.node!r} ({p.op}): " if p.node else f"({p.op}): " if p.op else "" for p in e.problems]
         lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]
-        _err(f"{args.model}: the {args.engine} engine failed: " + "; ".join(lines))
-        return PROBLEMS
+        raise ProblemsFound(f"{args.model}: the {args.engine} engine failed: " + "; ".join(lines)) from None
     except Exception as e:  # the engine failed on this model
-        _err(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}")
-        return PROBLEMS
+        raise ProblemsFound(f"{args.model}: the {args.engine} engine failed: {_engine_message(e)}") from None
     if args.output_dir:
         _save_arrays(args.output_dir, outputs, "--output-dir")
     else:
@@ -503,21 +447,16 @@ def _onednn_parsers(sub) -> None:
 
 
 def cmd_import_onednn(args) -> int:
-    import dyndq
     from dyndq import onednn
-    from dyndq.files import ModelFileError, save_model, write_together
+    from dyndq.files import save_model, write_together
 
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
-    try:
-        model, report = onednn.load(args.graph)
-        arrays = None
-        if args.inputs_dir:  # made before anything is written: OUT and DIR only when every step succeeded
-            budget = {} if args.max_input_bytes is None else {"max_bytes": args.max_input_bytes}
-            arrays = onednn.example_inputs(model, args.seed, **budget)
-    except dyndq.ValidationError as e:
-        _print_problems(args.graph, e.problems, sys.stderr)
-        return PROBLEMS
+    model, report = onednn.load(args.graph)  # an op that cannot be mapped: a ValidationError
+    arrays = None
+    if args.inputs_dir:  # made before anything is written: OUT and DIR only when every step succeeded
+        budget = {} if args.max_input_bytes is None else {"max_bytes": args.max_input_bytes}
+        arrays = onednn.example_inputs(model, args.seed, **budget)
     files = _output_files(args.inputs_dir, arrays) if arrays is not None else []
     try:
         if arrays is None:
@@ -526,7 +465,7 @@ def cmd_import_onednn(args) -> int:
             write_together(args.output, lambda f: f.write(model.SerializeToString()), args.inputs_dir,
                            {os.path.basename(path): (lambda f, v=value: np.save(f, v, allow_pickle=False))
                             for _, path, value in files})
-    except (ModelFileError, OSError) as e:
+    except OSError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {args.output}: {report.summary()}")
     for note in report.notes:
@@ -537,21 +476,12 @@ def cmd_import_onednn(args) -> int:
 
 
 def cmd_export_onednn(args) -> int:
-    import dyndq
     from dyndq import onednn
-    from dyndq.files import ModelFileError
 
     loaded = _load(args.model)
     weights: dict = {}
-    try:
-        doc = onednn.dump(loaded.model, weights_as_inputs=args.weights_as_inputs, weights=weights)
-    except dyndq.ValidationError as e:
-        _print_problems(args.model, e.problems, sys.stderr)
-        return PROBLEMS
-    try:  # the JSON and its weights (OUT-weights/NAME.npy) all or nothing
-        written = onednn.save_json(doc, args.output, weights)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
+    doc = onednn.dump(loaded.model, weights_as_inputs=args.weights_as_inputs, weights=weights)
+    written = onednn.save_json(doc, args.output, weights)  # the JSON and its weights (OUT-weights/NAME.npy) all or nothing
     print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "
           f"{len(doc['input_ports'])} input ports, {len(doc['output_ports'])} output ports")
     for path, value in written.items():
@@ -588,34 +518,19 @@ def _quantize_parser(sub) -> None:
 
 
 def cmd_quantize(args) -> int:
-    import dyndq
-    from dyndq.files import ModelFileError
-    from dyndq.quantize import NothingToQuantize, OptionError, quantize_file
+    from dyndq.quantize import quantize_file
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
 
-    try:
-        report = quantize_file(
-            args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
-            strict=args.strict, progress=progress if sys.stderr.isatty() else None,
-            save_weights=lambda written: [_say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
-            bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
-            ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
-    except OptionError as e:  # a bad option value: a usage error, each named by its flag
-        for p in e.problems:
-            _err(f"--{p.argument.replace('_', '-')}: found {p.found}; allowed: {p.allowed}")
-        return USAGE
-    except NothingToQuantize as e:
-        print(f"{args.input}: nothing to quantize (nothing written): {e.reason}", file=sys.stderr)
-        for p in e.problems:
-            print(f"  - {p}", file=sys.stderr)
-        return PROBLEMS
-    except dyndq.ValidationError as e:  # --strict, and a weight left alone
-        _print_problems(args.input, e.problems, sys.stderr)
-        return PROBLEMS
+    # a bad option value (OptionError), nothing to quantize (NothingToQuantize), and --strict with a weight
+    # left alone (ValidationError) are told by the one mapping
+    report = quantize_file(
+        args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
+        strict=args.strict, progress=progress if sys.stderr.isatty() else None,
+        save_weights=lambda written: [_say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
+        bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
+        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
     if args.json:
@@ -636,16 +551,14 @@ def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool =
     """Write each array (or each item of a list of arrays) as a .npy file in `folder`, named
     by `_output_files`, saying what was written (and, with raw_bytes_note, how to read back
     the dtypes NumPy stores as raw bytes)."""
-    from dyndq.files import ModelFileError, save_array
+    from dyndq.files import save_array
 
     files = _output_files(folder, arrays)
     try:
         os.makedirs(folder, exist_ok=True)
         for label, path, value in files:
-            save_array(path, value)
+            save_array(path, value)  # a file it cannot write: a ModelFileError
             _say_saved(path, value, label, raw_bytes_note=raw_bytes_note)
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{flag} {os_error(e)}") from None
 
@@ -681,6 +594,10 @@ def _engine_message(e: BaseException) -> str:
     """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
     return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line(e))
 
+
+# the file each command's problems are about (a ValidationError names it)
+_SUBJECTS = {"check": "model", "export": "input", "lift": "input", "run": "model", "import-onednn": "graph",
+             "export-onednn": "model", "quantize": "input"}
 
 _COMMANDS = {
     "demo": cmd_demo,
