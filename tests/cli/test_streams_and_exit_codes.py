@@ -1,7 +1,5 @@
 """The command line at its edges: stdout closed early, exit codes (internal errors have their own),
-wording of OS errors, the demo checking its folder first, the README's promises about all of it.
-
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+wording of OS errors, the demo checking its folder first, the README's promises about all of it."""
 from __future__ import annotations
 
 import os
