@@ -67,6 +67,9 @@ class UntilClosed:
 
 
 def load(path: str):
+    """The model file at `path` with its external data (dyndq.files.LoadedModel); one that cannot
+    be read raises ModelFileError, a usage error. (dyndq.files, which imports onnx, is imported
+    when a command runs, not when the parser is built.)"""
     from dyndq.files import read_model
 
     return read_model(path)
@@ -92,14 +95,6 @@ def data_notes(location: str | None, kept: list[str]) -> list[str]:
         notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
                      "model may point into it; delete it when none does")
     return notes
-
-
-def check_writable(folder: str) -> list[str]:
-    """Create `folder` if needed and make sure a file can be written in it (ModelFileError if
-    not); returns the folders it created, outermost first."""
-    from dyndq.files import check_writable
-
-    return check_writable(folder)
 
 
 def parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from dyndq.cli.common import Command, check_writable
+from dyndq.cli.common import Command
 from dyndq.cli.exits import OK, PROBLEMS, UsageError
 from dyndq.wording import os_error
 
@@ -17,6 +17,7 @@ def _add_parser(sub) -> None:
 
 def cmd_demo(args) -> int:
     from dyndq.demo import run_demo
+    from dyndq.files import check_writable
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a folder")

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from dyndq.cli.common import Command, check_writable, engine_message, load, output_files, parse_inputs, say_saved
+from dyndq.cli.common import Command, engine_message, load, output_files, parse_inputs, say_saved
 from dyndq.cli.exits import OK, ProblemsFound, UsageError
 from dyndq.wording import os_error, problem_list
 
@@ -37,7 +37,7 @@ def _add_parser(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from dyndq.files import remove_empty_folders
+    from dyndq.files import check_writable, remove_empty_folders
 
     loaded = load(args.model)
     feeds = parse_inputs(args.input)
