@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 import dyndq
 from cases import call
 from dyndq.cli import COMMANDS, exits
@@ -52,26 +50,27 @@ def test_every_error_class_the_commands_raise_is_told_with_a_users_exit_code(cap
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("raised, code, told", [
-    (exits.UsageError("--x: bad"), 2, "dyndq: --x: bad\n"),
-    (dyndq.ValidationError([dyndq.Problem(argument="axis", found="0", allowed="1")]), 1, "F: 1 problem\n"),
-    (RuntimeError("a bug"), 70, "dyndq: internal error: RuntimeError: a bug"),
-    (KeyboardInterrupt(), 130, "dyndq: interrupted\n"),
-])
-def test_every_command_tells_its_errors_through_the_mapping(capsys, monkeypatch, raised, code, told):
+def test_every_command_tells_its_errors_through_the_mapping(capsys, monkeypatch):
     """Each command's errors reach exits.tell, about the file the command reads."""
     argv = {"demo": [], "check": ["F"], "export": ["F", "O"], "lift": ["F", "O"], "run": ["F"],
             "import-onednn": ["F", "O"], "export-onednn": ["F", "O"], "quantize": ["F", "O"], "schema": []}
     assert set(argv) == set(COMMANDS)
+    cases = [
+        (exits.UsageError("--x: bad"), 2, "dyndq: --x: bad\n"),
+        (dyndq.ValidationError([dyndq.Problem(argument="axis", found="0", allowed="1")]), 1, "F: 1 problem\n"),
+        (RuntimeError("a bug"), 70, "dyndq: internal error: RuntimeError: a bug"),
+        (KeyboardInterrupt(), 130, "dyndq: interrupted\n"),
+    ]
+    for raised, code, told in cases:
+        def fail(args, raised=raised):
+            raise raised
 
-    def fail(args):
-        raise raised
-
-    for name, command in COMMANDS.items():
-        monkeypatch.setitem(COMMANDS, name, dataclasses.replace(command, run=fail))
-        got, out, err = call(capsys, name, *argv[name])
-        if isinstance(raised, dyndq.ValidationError) and command.subject is None:
-            assert got == 70, name  # a command that reads no model: a ValidationError is a bug of ours
-            continue
-        assert (got, out) == (code, ""), (name, got, out)
-        assert err.startswith(told), (name, err)
+        for name, command in COMMANDS.items():
+            monkeypatch.setitem(COMMANDS, name, dataclasses.replace(command, run=fail))
+            got, out, err = call(capsys, name, *argv[name])
+            if isinstance(raised, dyndq.ValidationError) and command.subject is None:
+                assert got == 70, name  # a command that reads no model: a ValidationError is a bug of ours
+                continue
+            assert (got, out) == (code, ""), (name, raised, got, out)
+            assert err.startswith(told), (name, err)
+            monkeypatch.setitem(COMMANDS, name, command)
