@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import external_data_helper
 
-from dyndq.wording import a as article, first_line
+from dyndq.wording import a as article, first_line, plural
 
 # A protobuf message cannot be serialized past 2 GiB; bigger models must keep
 # their tensors in an external data file.
@@ -412,6 +413,90 @@ def save_array(path: str | os.PathLike, array) -> None:
     import numpy as np
 
     write_atomically(path, lambda f: np.save(f, np.asarray(array), allow_pickle=False))
+
+
+class NpyNameClash(ModelFileError):
+    """Two arrays whose .npy files would have one name (names equal but for case)."""
+
+
+_UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _file_stem(name: str) -> str:
+    safe = _UNSAFE_IN_FILE_NAME.sub("_", name)
+    return "_" + safe[1:] if safe.startswith(".") else safe  # no hidden files, no "." or ".."
+
+
+def npy_files(folder: str, arrays: dict) -> list[tuple[str, str, object]]:
+    """(what, path, array) for each array to save in `folder`: NAME.npy for an array, NAME.I.npy
+    for item I of a list of arrays (a sequence output), nothing for None; NAME cleaned of
+    characters unsafe in a file name. A cleaned name that meets another array's file name gets
+    a short hash of the whole name added ('a/b' and 'a_b', two non-ASCII names of one length), so
+    each array keeps a file of its own. Two that still meet (names equal but for case, which some
+    file systems do not tell apart) are refused (NpyNameClash) before anything is written."""
+    items = []
+    for name, value in arrays.items():
+        if isinstance(value, list):
+            items += [(f"{name}[{i}]", f"{name}.{i}", v) for i, v in enumerate(value)]
+        elif value is not None:
+            items.append((name, name, value))
+    stems = [_file_stem(raw) for _, raw, _ in items]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem.casefold()] = counts.get(stem.casefold(), 0) + 1
+    files, taken = [], {}
+    for (label, raw, array), stem in zip(items, stems):
+        if stem != raw and counts[stem.casefold()] > 1:
+            import hashlib
+
+            stem = f"{stem}-{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+        key = stem.casefold()
+        if key in taken:
+            raise NpyNameClash(f"{folder}: outputs {taken[key]!r} and {label!r} would both be "
+                               f"saved as {stem}.npy; rename one of them in the model")
+        taken[key] = label
+        files.append((label, os.path.join(folder, stem + ".npy"), array))
+    return files
+
+
+def npy_inputs(folders: list[str], names: list[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The .npy file of each input in `names`, as `npy_files` names it (NAME.npy, as `dyndq run
+    --output-dir` and `import-onednn --inputs-dir` write them), from the first of `folders` that
+    holds one; and the (folder, file) of each .npy file there that is for no input. A folder that
+    does not exist, or inputs with no file in any of them (every one named at once), raise
+    ModelFileError. Read the files with `read_array`."""
+    import numpy as np
+
+    for folder in folders:
+        if not os.path.isdir(folder):
+            raise ModelFileError(f"{folder}: no such folder")
+    found, known = {}, set()
+    for folder in folders:
+        files = {label: path for label, path, _ in npy_files(folder, {n: np.empty(0) for n in names})}
+        known |= {os.path.abspath(p) for p in files.values()}
+        found.update({n: files[n] for n in names if n not in found and os.path.isfile(files[n])})
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ModelFileError(f"{', '.join(folders)}: no file for {plural(len(missing), 'input')}: " +
+                             ", ".join(f"{n} ({npy_files('', {n: np.empty(0)})[0][1]})" for n in missing))
+    unused = [(folder, extra) for folder in folders
+              for extra in sorted(f for f in os.listdir(folder) if f.endswith(".npy"))
+              if os.path.abspath(os.path.join(folder, extra)) not in known]
+    return {n: found[n] for n in names}, unused
+
+
+def check_writable(folder: str) -> list[str]:
+    """Create `folder` if needed and make sure a file can be written in it (ModelFileError if
+    not); returns the folders it created, outermost first (see `make_folders`)."""
+    created = []
+    try:
+        created = make_folders(folder)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        remove_empty_folders(created)
+        raise ModelFileError(f"{folder}: cannot write there ({e.strerror or e})") from None
+    return created
 
 
 def write_atomically(path: str | os.PathLike, write) -> None:

@@ -4,11 +4,14 @@ Registration is what makes `onnx.checker.check_model(full_check=True)` and
 `onnx.shape_inference.infer_shapes(strict_mode=True)` understand our ops: ONNX
 checks the type constraints itself and calls our Python shape function.
 `sync()` keeps ONNX's registry in step with ours; it runs whenever ours changes.
+`schema_text()` is the same schemas written for a reader (what `dyndq schema` prints).
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
+import textwrap
 import threading
 
 import onnx
@@ -16,10 +19,11 @@ import onnx.defs
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
-from dyndq.plumbing.types import (SCHEMA_ATTR_TYPE, attribute_value, make_attribute, onnx_type_string, spec_of_type, type_of_spec)
 from dyndq.opdefs import OpVersion, TensorSpec, ValidationError, all_versions
 from dyndq.opdefs import registry
-from dyndq.plumbing.types import untyped_tensor
+from dyndq.plumbing.types import (SCHEMA_ATTR_TYPE, attribute_type_name, attribute_value, make_attribute,
+                                  onnx_type_string, spec_of_type, type_of_spec, untyped_tensor)
+from dyndq.wording import table
 
 MARK = "[dyndq]"  # starts every message our inference raises inside ONNX
 
@@ -150,3 +154,37 @@ def _registered_version(op: OpVersion) -> int | None:
         return onnx.defs.get_schema(op.name, op.since_version, op.domain).since_version
     except onnx.defs.SchemaError:
         return None
+
+
+def schema_text() -> str:
+    """Every registered op version as readable tables: inputs, outputs, attributes with their
+    defaults and allowed values, type constraints."""
+    blocks = []
+    for op in all_versions():
+        lines = [f"{op.qualname}, version {op.since_version}"]
+        lines += textwrap.wrap(op.doc, width=88, initial_indent="  ", subsequent_indent="  ")
+        lines += ["", "inputs"]
+        lines += table(
+            ["name", "type", "use", "description"],
+            [[p.name, p.type_var, "optional" if p.optional else "required", p.doc] for p in op.inputs],
+        )
+        lines += ["", "outputs"]
+        lines += table(["name", "type", "description"], [[p.name, p.type_var, p.doc] for p in op.outputs])
+        lines += ["", "attributes"]
+        lines += table(
+            ["name", "type", "default", "allowed", "description"],
+            [
+                [
+                    a.name,
+                    attribute_type_name(a.kind),
+                    "(required)" if a.required else ("(none)" if a.default is None else json.dumps(a.default)),
+                    " | ".join(json.dumps(v) for v in a.allowed) if a.allowed else "",
+                    a.doc,
+                ]
+                for a in op.attributes
+            ],
+        )
+        lines += ["", "type constraints"]
+        lines += table(["name", "types", "description"], [[c.name, ", ".join(c.dtypes), c.doc] for c in op.type_constraints])
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -129,7 +129,7 @@ def _subcommands() -> set[str]:
 
     from dyndq import cli
 
-    parser = cli._parser()
+    parser = cli.build_parser()
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return set(sub.choices)
 

@@ -1,7 +1,5 @@
 """The command line at its edges: stdout closed early, exit codes (internal errors have their own),
-wording of OS errors, the demo checking its folder first, the README's promises about all of it.
-
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+wording of OS errors, the demo checking its folder first, the README's promises about all of it."""
 from __future__ import annotations
 
 import os
@@ -47,14 +45,17 @@ def test_demo_writes_its_files_when_stdout_closes(tmp_path):
 # -- internal errors have their own exit code -------------------------------------------------------
 
 def test_internal_error_exit_code(capsys, monkeypatch):
+    import dataclasses
+
     from dyndq import cli
+    from dyndq.cli import exits
 
     def broken(args):
         raise RuntimeError("something we did not foresee")
 
-    monkeypatch.setitem(cli._COMMANDS, "schema", broken)
+    monkeypatch.setitem(cli.COMMANDS, "schema", dataclasses.replace(cli.COMMANDS["schema"], run=broken))
     code, out, err = call(capsys, "schema")
-    assert code == cli.INTERNAL == 70
+    assert code == exits.INTERNAL == 70
     assert "internal error: RuntimeError: something we did not foresee" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
@@ -122,8 +123,8 @@ def test_readme_and_cli_page_tell_how_to_get_dyndq_on_the_path():
 
 
 def test_the_cli_page_gives_the_clis_exit_codes():
-    from dyndq import cli
+    from dyndq.cli import exits
 
     text = open(CLI_PAGE).read()
-    for code in (cli.OK, cli.PROBLEMS, cli.USAGE, cli.INTERNAL, 130):
+    for code in (exits.OK, exits.PROBLEMS, exits.USAGE, exits.INTERNAL, exits.INTERRUPTED):
         assert f"| {code} |" in text

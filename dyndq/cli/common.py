@@ -1,0 +1,143 @@
+"""What the commands share: the Command record, the stdout that survives a closed pipe, loading
+and saving models as they came, the .npy files they write and read, and an engine's error in
+one line. The helpers that are not about the command line (naming .npy files, reading them,
+summaries, the schema as text) live in the API: dyndq.files, dyndq.arrays, dyndq.schema."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from dyndq.cli.exits import UsageError
+from dyndq.wording import first_line
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command: its name, what adds its parser to the subparsers, what runs it (parsed
+    arguments -> exit code; a failure is raised, for `exits.tell`), and the argument naming the
+    file whose problems a ValidationError tells (None: the command reads no model)."""
+
+    name: str
+    add_parser: Callable[[argparse._SubParsersAction], None]
+    run: Callable[[argparse.Namespace], int]
+    subject: str | None = None
+
+
+class UntilClosed:
+    """A text stream that writes to `inner` until its reader goes away (EPIPE), then drops
+    what is printed, so a closed pipe stops the printing but never the work (the outputs and
+    files a command writes). The file descriptor is pointed at os.devnull then, so the
+    interpreter's last flush at exit does not fail either."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._inner.write(text)
+            except BrokenPipeError:
+                self._close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._inner.flush()
+            except BrokenPipeError:
+                self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._inner.fileno())
+            os.close(devnull)
+        except (OSError, AttributeError, ValueError):  # not a real file (a test's capture)
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def load(path: str):
+    """The model file at `path` with its external data (dyndq.files.LoadedModel); one that cannot
+    be read raises ModelFileError, a usage error. (dyndq.files, which imports onnx, is imported
+    when a command runs, not when the parser is built.)"""
+    from dyndq.files import read_model
+
+    return read_model(path)
+
+
+def save(model, path: str, loaded) -> list[str]:
+    """Save `model` as the input was saved (with external data or not); returns notes to print."""
+    from dyndq.files import save_model
+
+    location = save_model(model, path, external_data=loaded.external_data)
+    same = os.path.realpath(path) == os.path.realpath(loaded.path)
+    return data_notes(location, [loc for loc in loaded.locations if loc != location] if same else [])
+
+
+def data_notes(location: str | None, kept: list[str]) -> list[str]:
+    """What became of the external data: the file written (if any), and the data files of the
+    model a write replaced, which are kept (a copy of the model made before may point into them:
+    never ours to delete)."""
+    notes = []
+    if location is not None:
+        notes.append(f"  its tensors are in {location}, beside it")
+    if kept:
+        notes.append(f"  kept {', '.join(kept)}, the data of the model it replaced: other copies of that "
+                     "model may point into it; delete it when none does")
+    return notes
+
+
+def parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    from dyndq.files import ModelFileError, read_array
+
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--input {spec!r}: expected NAME=FILE.npy")
+        if name in feeds:
+            raise UsageError(f"--input {spec!r}: input {name!r} given twice")
+        try:
+            feeds[name] = read_array(path)
+        except ModelFileError as e:
+            raise UsageError(f"--input {spec!r}: {e}") from None
+    return feeds
+
+
+def _stem(path: str) -> str:
+    return os.path.basename(path)[: -len(".npy")]
+
+
+def say_saved(path: str, value: np.ndarray, label: str | None = None, *, raw_bytes_note: bool = False) -> None:
+    """"wrote PATH: DTYPE[SHAPE]" (with the output's name when the file's differs), and, with
+    raw_bytes_note, how to read back the dtypes NumPy stores as raw bytes."""
+    print(f"wrote {path}: {value.dtype.name}{list(value.shape)}  ({label})" if label and label != _stem(path)
+          else f"wrote {path}: {value.dtype.name}{list(value.shape)}")
+    if raw_bytes_note and value.dtype.kind == "V":  # ml_dtypes' int4, uint4, bfloat16: bytes only
+        print(f"  note: NumPy stores {value.dtype.name} as raw bytes: dyndq run reads it back as "
+              f"the input's dtype; in Python, numpy.load(path).view(ml_dtypes.{value.dtype.name})")
+
+
+def output_files(folder: str, arrays: dict) -> list[tuple[str, str, np.ndarray]]:
+    """(what, path, array) for each array to save in `folder` (files.npy_files names them)."""
+    from dyndq.files import NpyNameClash, npy_files
+
+    try:
+        return npy_files(folder, arrays)
+    except NpyNameClash as e:
+        raise UsageError(f"--output-dir {e}") from None
+
+
+def engine_message(e: BaseException) -> str:
+    """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line(e))
