@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from cases import same_bits
+from cases import run_onnxruntime, same_bits
 from onnx import TensorProto, helper
 
 import dyndq
@@ -20,20 +20,6 @@ from dyndq.cli import main
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
 
 
-def _anchors_module():
-    """test_onednn_anchors (beside this file, which is not on sys.path), for its ONNX Runtime helper."""
-    import importlib.util
-    import sys
-
-    name = "test_onednn_anchors"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(name + ".py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-run_onnxruntime = _anchors_module().run_onnxruntime
 KIND_FILES = sorted((DATA / "kinds").glob("*.json"))
 GOOD = sorted(p for p in DATA.rglob("*.json")  # anchors and kinds (upstream/ has its own test)
               if not {"bad", "upstream"} & set(p.relative_to(DATA).parts))
