@@ -18,16 +18,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cases import oracle, oracle_2, random_array, run_onnxruntime, run_ort, same_bits
 from onnx import TensorProto, helper
 
 import dyndq
+from cases import oracle, oracle_2, random_array, run_onnxruntime, run_ort, same_bits
 from dyndq import onednn
 from dyndq.opdefs import dtypes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+
 ANCHORS = sorted(p for p in DATA.rglob("*.json") if not {"kinds", "bad", "upstream"} & set(p.parts))
+
 MLP = DATA / "complex_fusion" / "mlp" / "gated-mlp-int4.json"
+
 ROLES = ("src", "scales", "zps")
 
 
