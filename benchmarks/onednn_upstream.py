@@ -1,8 +1,8 @@
 """How many of oneDNN's upstream benchdnn graphs import, check, run on both engines and agree.
 
-    .venv/bin/python benchmarks/onednn_upstream.py [FOLDER ...]
+    .venv/bin/python benchmarks/onednn_upstream.py [FOLDER or FILE ...]
 
-For each oneDNN graph JSON below the FOLDERs (by default tests/data/onednn/upstream and the
+For each oneDNN graph JSON below the FOLDERs, and each FILE, (by default tests/data/onednn/upstream and the
 12 anchors of tests/data/onednn, the gated MLP's run taking about 3 GB): `dyndq.onednn.load`, `dyndq.check`, example inputs
 (`onednn.example_inputs`, seed 0), a run on the reference engine and on ONNX Runtime, and a
 comparison of every output: integer and bool outputs to the bit, float outputs within
@@ -88,7 +88,8 @@ def judge(path: Path) -> tuple[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    paths = sorted(p for folder in ([Path(a) for a in argv] or FOLDERS) for p in folder.rglob("*.json"))
+    paths = sorted(p for where in ([Path(a) for a in argv] or FOLDERS)
+                   for p in ([where] if where.is_file() else where.rglob("*.json")))
     passed = 0
     for path in paths:
         start = time.perf_counter()

@@ -193,6 +193,22 @@ CASES_2 = [
          version=2),
     Case("onednn-gated-mlp-weights", ("uint4", (256, 64)), ("float16", (2, 64)), ("uint8", (2, 64)), PG(128, 1),
          version=2),
+    # -- forms of the converter's routes: a one-element zero point, 4-bit zero points under 8-bit src,
+    # groups along axis 0, one scale for the whole tensor, a parameter per element ----------------------
+    Case("v2-pt-int4-int4-f32", ("int4", (3, 4)), ("float32", (1,)), ("int4", (1,)), PT, version=2),
+    Case("v2-pt-uint4-scalar-f16", ("uint4", (5,)), ("float16", ()), ("uint4", ()), PT, version=2),
+    Case("v2-pt-int8-int32-bf16", ("int8", (2, 3)), ("bfloat16", (1,)), ("int32", (1,)), PT, version=2),
+    Case("v2-pc-uint4-uint4-f16", ("uint4", (2, 6)), ("float16", (6,)), ("uint4", (6,)), PC(1), version=2),
+    Case("v2-pc-int4-one-zp-bf16", ("int4", (4, 3)), ("bfloat16", (4,)), ("int4", (1,)), PC(0), version=2),
+    Case("v2-pc-uint8-int4-f32", ("uint8", (2, 3, 4)), ("float32", (3,)), ("int4", (3,)), PC(-2), version=2),
+    Case("v2-pg-uint4-uint4-f32", ("uint4", (4, 64)), ("float32", (4, 2)), ("uint4", (4, 2)), PG(1, 32), version=2),
+    Case("v2-pg-uint4-uint8-f16", ("uint4", (64, 16)), ("float16", (2, 16)), ("uint8", (2, 16)), PG(32, 1),
+         version=2),
+    Case("v2-pg-int4-nozp-bf16", ("int4", (8, 4)), ("bfloat16", (2, 4)), None, PG(4, 1), version=2),
+    Case("v2-pg-int8-2d-groups-f16", ("int8", (4, 6)), ("float16", (2, 3)), ("int8", (2, 3)), PG(2, 2), version=2),
+    Case("v2-pg-one-scale", ("uint4", (2, 8)), ("float32", (1, 1)), ("uint4", (1, 1)), PG(2, 8), version=2),
+    Case("v2-pg-per-element", ("int4", (3, 2)), ("float16", (3, 2)), ("int4", (3, 2)), PG(1, 1), version=2),
+    Case("v2-pg-empty", ("uint8", (0, 4)), ("float32", (0, 2)), ("uint8", (0, 2)), PG(1, 2), version=2),
     # -- invalid forms --------------------------------------------------------------------------------
     Case("v2-pg-no-group-shape", ("uint4", (4, 64)), ("float16", (4, 2)), None, {"qtype": "per_group"},
          bad("group_shape"), version=2),
@@ -337,6 +353,56 @@ def run_ort(model, feeds: dict, *, level=None, outputs=None) -> list:
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(outputs, feeds)
 
 
+# -- ONNX Runtime with int4 / bfloat16 at the boundary ---------------------------------------
+
+WIDE = {"int4": "int8", "uint4": "uint8", "bfloat16": "float32"}
+
+
+def _widened(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """The exported model with int4/uint4/bfloat16 graph inputs and outputs widened by exact Casts
+    (int8/uint8/float32 outside): ONNX Runtime's Python API refuses such NumPy feeds and cannot
+    return such outputs.  (A path to ONNX Runtime of the tests' own, beside dyndq.run's.)"""
+    x = dyndq.export(model)
+    g = x.graph
+    narrow_outputs = {}
+    before, after = [], []
+    for vi, side in [(vi, "in") for vi in g.input] + [(vi, "out") for vi in g.output]:
+        name = dtypes.by_onnx(vi.type.tensor_type.elem_type).name
+        if name not in WIDE:
+            continue
+        inner = vi.name + "/narrow"
+        for n in g.node:
+            seq = n.input if side == "in" else n.output
+            for i, v in enumerate(seq):
+                if v == vi.name:
+                    seq[i] = inner
+        wide = dtypes.by_name(WIDE[name]).onnx
+        if side == "in":
+            before.append(helper.make_node("Cast", [vi.name], [inner], to=vi.type.tensor_type.elem_type))
+        else:
+            after.append(helper.make_node("Cast", [inner], [vi.name], to=wide))
+            narrow_outputs[vi.name] = name
+        vi.type.tensor_type.elem_type = wide
+    nodes = before + list(g.node) + after
+    del g.node[:]
+    g.node.extend(nodes)
+    return x, narrow_outputs
+
+
+def run_onnxruntime(model, feeds) -> dict:
+    import onnxruntime as ort
+
+    x, narrow = _widened(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as dyndq.run does
+    session = ort.InferenceSession(x.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wide = {k: v.astype(WIDE[v.dtype.name]) if v.dtype.name in WIDE else v for k, v in feeds.items()}
+    results = session.run(None, wide)
+    return {vi.name: r.astype(dtypes.by_name(narrow[vi.name]).numpy) if vi.name in narrow else r
+            for vi, r in zip(x.graph.output, results)}
+
+
 def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:
     """A tensor value info; dtype is an ONNX element type or anything NumPy names."""
     return helper.make_tensor_value_info(name, dtype if isinstance(dtype, int) else elem_type(dtype), shape)
@@ -349,51 +415,129 @@ _NOT_FEEDABLE = ("int4", "uint4", "bfloat16")
 
 
 def opcheck(case, *, seed: int = 0, onnxruntime: bool = True) -> None:
-    """Check one row of the table with its own op version (case.op), for any version:
+    """Check one valid row of the table with its own op version (case.op), for any version, in
+    every layer (the one runner of the table's valid rows; invalid ones: `opcheck_invalid`):
 
-    valid rows: the kernel equals the independent oracle bit for bit; the shape function's
-    spec equals the kernel's output spec; `check` finds nothing; the reference evaluator and,
-    after export, ONNX Runtime give the kernel's bits.  Invalid rows: `check` and the kernel
-    both name exactly the row's bad arguments, each problem naming the node.
+    - the kernel: equal to the independent oracle (`oracle_2`) bit for bit;
+    - the shape function: its spec is the kernel's output spec;
+    - the model (`case_model`): onnx.checker's full check, ONNX's strict shape inference
+      (dst's dtype and shape inferred, the declared ones cleared), and `dyndq.check` finding
+      nothing, with scales/zps as graph inputs and as initializers;
+    - `dyndq.run` on both engines (the reference evaluator through our kernel; ONNX Runtime after
+      export, at its basic level, int4 and bfloat16 fed through the runner's exact boundary):
+      one output "dst", the kernel's bits;
+    - `dyndq.export` with scales/zps as graph inputs and as initializers (another seed): fully
+      checked, no node of our domain left, and (initializers) ONNX Runtime at its default level
+      gives the kernel's bits; a version-1 row lowers to one DequantizeLinear when its zero point
+      is absent or of src's dtype, else to integer arithmetic (Cast, Sub, Mul).
     """
-    import pytest
+    from onnx.shape_inference import infer_shapes
 
-    from dyndq.reference import reference_evaluator
-
+    assert case.valid, f"{case.id} is an invalid row: opcheck_invalid judges it"
     op = case.op
     src, scales, zps = case.arrays(seed)
-    if not case.valid:
-        problems = dyndq.check(case_model(case, node_name="row"))
-        ours = [p for p in problems if p.op is not None]
-        assert {p.argument for p in ours} == set(case.bad), problems
-        assert all(p.node == "row" and p.found and p.allowed for p in ours)
-        if "dst" not in case.bad:  # a declared type is a graph's; the kernel has none
-            with pytest.raises(dyndq.ValidationError) as e:
-                op.kernel(src, scales, zps, **case.attrs)
-            assert {p.argument for p in e.value.problems} == set(case.bad), str(e.value)
+    got = _kernel_agrees(case, src, scales, zps)
+    specs = [dyndq.TensorSpec.of(a) if a is not None else None for a in (src, scales, zps)]
+    assert op.shape_inference(*specs, **case.attrs) == dyndq.TensorSpec.of(got)
+
+    model = case_model(case)
+    onnx.checker.check_model(model, full_check=True)
+    loose = onnx.ModelProto()
+    loose.CopyFrom(model)
+    loose.graph.output[0].type.tensor_type.ClearField("shape")  # let inference fill it in
+    loose.graph.output[0].type.tensor_type.elem_type = 0
+    [inferred] = infer_shapes(loose, strict_mode=True).graph.output
+    assert inferred.type.tensor_type.elem_type == elem_type(got.dtype.name), case.id
+    assert [d.dim_value for d in inferred.type.tensor_type.shape.dim] == list(got.shape), case.id
+    assert dyndq.check(model) == []
+    assert dyndq.check(case_model(case, inputs_as="initializers", arrays=(src, scales, zps))) == []
+
+    feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
+    engines = ("reference", "onnxruntime") if onnxruntime else ("reference",)
+    for engine in engines:
+        out = dyndq.run(model, feeds, engine=engine)
+        assert list(out) == ["dst"] and same_bits(out["dst"], got), (case.id, engine)
+    _exports_right(case, dyndq.export(model))
+    if not onnxruntime:
         return
-    got = op.kernel(src, scales, zps, **case.attrs)
+
+    src, scales, zps = case.arrays(seed + 1)
+    got = _kernel_agrees(case, src, scales, zps)
+    feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
+    fixed = {"scales", "zps"} | ({"src"} if src.dtype.name in _NOT_FEEDABLE else set())
+    exported = dyndq.export(case_model(case, initializers=fixed, arrays=(src, scales, zps)))
+    _exports_right(case, exported)
+    if got.dtype.name == "bfloat16":  # ONNX Runtime returns no bfloat16: an exact Cast to float32 at the boundary
+        exported = _bfloat16_output_as_float32(exported)
+    [ort] = run_ort(exported, {k: v for k, v in feeds.items() if k not in fixed})
+    if got.dtype.name == "bfloat16":
+        ort = ort.astype(got.dtype)  # exact: every bfloat16 is a float32
+    assert same_bits(ort, got), case.id
+
+
+def _kernel_agrees(case, src, scales, zps) -> np.ndarray:
+    got = case.op.kernel(src, scales, zps, **case.attrs)
     attrs = {"qtype": "per_tensor", "axis": 1, **case.attrs}
     axis = attrs["axis"] % max(1, src.ndim)
     assert same_bits(got, oracle_2(src, scales, zps, attrs["qtype"], axis, attrs.get("group_shape"))), case.id
-    specs = [dyndq.TensorSpec.of(a) if a is not None else None for a in (src, scales, zps)]
-    assert op.shape_inference(*specs, **case.attrs) == dyndq.TensorSpec.of(got)
-    model = case_model(case)
-    assert dyndq.check(model) == []
-    feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
-    [ref] = reference_evaluator(model).run(None, feeds)
-    assert same_bits(ref, got), case.id
-    if not onnxruntime:
+    return got
+
+
+def _exports_right(case, exported: onnx.ModelProto) -> None:
+    """Standard ONNX that the checker fully checks; version 1's forms as its converter promises."""
+    onnx.checker.check_model(exported, full_check=True)
+    ops = [n.op_type for n in exported.graph.node]
+    assert not any(n.domain == dyndq.DOMAIN for n in exported.graph.node), ops
+    if case.version != 1:
         return
-    fixed = {name for name, a in feeds.items() if a.dtype.name in _NOT_FEEDABLE}
-    exported = dyndq.export(case_model(case, initializers=fixed, arrays=(src, scales, zps)))
-    out = got.dtype.name
-    if out == "bfloat16":  # ONNX Runtime returns no bfloat16: an exact Cast to float32 at the boundary
-        exported = _bfloat16_output_as_float32(exported)
-    [ort] = run_ort(exported, {k: v for k, v in feeds.items() if k not in fixed})
-    if out == "bfloat16":
-        ort = ort.astype(got.dtype)  # exact: every bfloat16 is a float32
-    assert same_bits(ort, got), case.id
+    same = case.zps is None or case.zps[0] == case.src[0]
+    if same:
+        assert ops.count("DequantizeLinear") == 1, (case.id, ops)
+        assert set(ops) <= {"DequantizeLinear", "Reshape", "Constant", "Expand", "Shape"}, (case.id, ops)
+    else:
+        assert set(ops) <= {"Cast", "Sub", "Mul", "Reshape", "Constant"}, (case.id, ops)
+
+
+def opcheck_invalid(case, *, seed: int = 0) -> None:
+    """Check one invalid row: `dyndq.check` names exactly the row's bad arguments, each problem
+    naming the node (its index, graph and op), what was found and what is allowed; the shape
+    function and the kernel (with and without `out`) name the same (a declared dst is a graph's:
+    neither has one); onnx.checker's full check refuses the model naming the node, and, where
+    the refusal is our inference's, every bad argument."""
+    import pytest
+
+    from dyndq.schema import MARK
+
+    assert not case.valid, f"{case.id} is a valid row: opcheck judges it"
+    op = case.op
+    src, scales, zps = case.arrays(seed)
+    problems = dyndq.check(case_model(case, node_name="weights_dq"))
+    assert {p.argument for p in problems} == set(case.bad), (case.id, problems)
+    for p in problems:
+        assert (p.node, p.node_index, p.graph) == ("weights_dq", 0, "main"), case.id
+        assert p.op == f"{dyndq.DOMAIN}::DynamicDequantize" and p.found and p.allowed, case.id
+        assert "weights_dq" in str(p) and p.argument in str(p) and p.allowed in str(p), case.id
+    want = set(case.bad) - {"dst"}
+    specs = [dyndq.TensorSpec(*a) if a is not None else None for a in (case.src, case.scales, case.zps)]
+    try:
+        op.shape_inference(*specs, **case.attrs)
+        found = set()
+    except dyndq.ValidationError as e:
+        found = {p.argument for p in e.problems}
+    assert found == want, case.id
+    if want:
+        with pytest.raises(dyndq.ValidationError) as e:
+            op.kernel(src, scales, zps, **case.attrs)
+        assert {p.argument for p in e.value.problems} == want, str(e.value)
+        assert all(p.found and p.allowed for p in e.value.problems), case.id
+        t2 = scales.dtype if scales.dtype.name in op.allowed_dtypes("dst") else np.dtype(np.float32)
+        with pytest.raises(dyndq.ValidationError):
+            op.kernel(src, scales, zps, out=np.empty(src.shape, t2), **case.attrs)
+    with pytest.raises((onnx.shape_inference.InferenceError, onnx.checker.ValidationError)) as e:
+        onnx.checker.check_model(case_model(case, node_name="bad_dq"), full_check=True)
+    assert "bad_dq" in str(e.value), case.id
+    if MARK in str(e.value):  # our own rules, not ONNX's type-constraint check
+        assert all(arg in str(e.value) for arg in case.bad), (case.id, str(e.value))
 
 
 def _bfloat16_output_as_float32(model: onnx.ModelProto) -> onnx.ModelProto:

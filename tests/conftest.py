@@ -1,21 +1,16 @@
-import importlib.util
-import os
 import sys
 
-_TESTS = os.path.dirname(os.path.abspath(__file__))
+import dyndq
 
-# tests/dyndq/ mirrors the dyndq/ folder; were tests/ on sys.path (as it is when
-# pytest is started from inside tests/), it would shadow the real dyndq package
-# as a namespace package. So tests/ never stays on sys.path...
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TESTS]
-
-# ...and the shared table of cases (tests/cases.py) is loaded by file, as `cases` (and the
-# LLM-shaped model of the int4 bridge's tests, tests/decoder.py, as `decoder`).
-for _name in ("cases", "decoder"):
-    if _name not in sys.modules:
-        _spec = importlib.util.spec_from_file_location(_name, os.path.join(_TESTS, f"{_name}.py"))
-        sys.modules[_name] = importlib.util.module_from_spec(_spec)
-        _spec.loader.exec_module(sys.modules[_name])
+# tests/ is on sys.path (pyproject.toml's pythonpath), so that the shared table of cases and helpers
+# (tests/cases.py) imports as `cases`, and the LLM-shaped model of the int4 bridge's tests
+# (tests/decoder.py) as `decoder`.  tests/dyndq/ mirrors the package: having no __init__.py it is a
+# namespace portion, which Python's import takes only where no regular package dyndq is found; an
+# install that leaves dyndq to an import hook after that search (setuptools' default editable mode)
+# would get the empty folder, so the run stops here saying so.
+if getattr(dyndq, "__file__", None) is None:
+    sys.exit(f"dyndq imports as {list(dyndq.__path__)}, a folder of tests, not the package: install it "
+             "with `make install` (pip's compat editable mode) or as a regular package")
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

@@ -6,6 +6,10 @@ table); kernels/ and shape_inference/ need nothing but those and dyndq.opdefs
 does; dyndq/plumbing/ (ONNX plumbing) may use onnx and dyndq.opdefs; converters/ may use
 onnx and the plumbing but nothing of the face (dyndq/).  And no module of the package
 imports, at any depth, a module that imports it back.
+
+And the tests' own layout: helpers are shared through tests/cases.py (and conftest.py), never by
+importing or loading another test module or a benchmark; names and docstrings say what is
+tested, never which issue asked.
 """
 import ast
 import sys
@@ -81,7 +85,6 @@ def test_the_import_graph_has_no_circle():
             if imported and imported != name and not imported.startswith(name + "."):
                 targets.add(imported)
         edges[name] = targets
-    # a submodule importing its package's __init__ only to reach a sibling: count the sibling
     state, circle = {}, []
 
     def visit(node, stack):
@@ -125,3 +128,46 @@ def test_kernels_and_shape_rules_import_and_run_without_onnx():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[1.5]", "float32[2]"]
+
+
+# -- the tests' own layout ------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+HELPERS = {"cases", "decoder"}  # the shared helpers (tests/cases.py, tests/decoder.py), importable by name
+# Files on their way elsewhere (the quantization tests to tests/quantization/, the command line's to
+# tests/cli/), each to meet these rules there: by exact path, so that a file moved is judged.
+MOVING = {"tests/dyndq/quantize/conftest.py", "tests/dyndq/quantize/test_bench_smoke.py",
+          "tests/dyndq/quantize/test_numerics.py", "tests/dyndq/test_cli_streams_and_exits.py"}
+
+
+def _test_files():
+    return sorted(p for p in TESTS.rglob("*.py") if "data" not in p.relative_to(TESTS).parts)
+
+
+def test_tests_share_helpers_only_through_the_helpers_modules():
+    """No test imports another test module, nor loads one (or a benchmark script) by file: what tests
+    share lives in tests/cases.py (or tests/conftest.py); benchmarks run as scripts."""
+    test_modules = {p.stem for p in _test_files() if p.name.startswith("test_")}
+    for path in _test_files():
+        rel = str(path.relative_to(ROOT))
+        for name in imports(path):
+            top = name.split(".")[0]
+            assert top not in test_modules and not top.startswith("test_"), f"{rel} imports the test module {name}"
+            assert top not in {"benchmarks"} and not top.startswith("bench_"), f"{rel} imports a benchmark ({name})"
+        if rel not in MOVING and path != Path(__file__).resolve():
+            assert "spec_from_file_location" not in path.read_text(), f"{rel} loads a module by file"
+
+
+def test_test_names_and_docstrings_say_what_is_tested_not_which_issue_asked():
+    import re
+
+    ticket = re.compile(r"(?i)\bissues?\s*#?\d+|(?<![\w/])#\d+\b")
+    for path in _test_files():
+        if str(path.relative_to(ROOT)) in MOVING:
+            continue
+        tree = ast.parse(path.read_text())
+        named = [(path.name, ast.get_docstring(tree) or "")]
+        named += [(n.name, ast.get_docstring(n) or "") for n in ast.walk(tree)
+                  if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        for name, doc in named:
+            assert not ticket.search(name) and not ticket.search(doc), f"{path.relative_to(ROOT)}: {name} cites an issue"

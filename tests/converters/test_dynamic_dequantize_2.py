@@ -314,48 +314,8 @@ def test_export_error_names_every_node_and_what_each_needs():
     assert "'half'" not in text  # float16 scales go through float32 and a Cast: opset 10 is enough
 
 
-# -- the shared table's version-2 rows, and this file's own ---------------------------------------
-
-from cases import VALID_2, Case, case_model  # noqa: E402
-
-PG = {"qtype": "per_group"}
-OWN_V2_ROWS = [
-    Case("v2-pt-int4-int4-f32", ("int4", (3, 4)), ("float32", (1,)), ("int4", (1,)), {"qtype": "per_tensor"}, version=2),
-    Case("v2-pt-uint4-scalar-f16", ("uint4", (5,)), ("float16", ()), ("uint4", ()), {"qtype": "per_tensor"}, version=2),
-    Case("v2-pt-int8-int32-bf16", ("int8", (2, 3)), ("bfloat16", (1,)), ("int32", (1,)), {"qtype": "per_tensor"}, version=2),
-    Case("v2-pc-uint4-uint4-f16", ("uint4", (2, 6)), ("float16", (6,)), ("uint4", (6,)), {"qtype": "per_channel", "axis": 1}, version=2),
-    Case("v2-pc-int4-one-zp-bf16", ("int4", (4, 3)), ("bfloat16", (4,)), ("int4", (1,)), {"qtype": "per_channel", "axis": 0}, version=2),
-    Case("v2-pc-uint8-int4-f32", ("uint8", (2, 3, 4)), ("float32", (3,)), ("int4", (3,)), {"qtype": "per_channel", "axis": -2}, version=2),
-    Case("v2-pg-uint4-uint4-f32", ("uint4", (4, 64)), ("float32", (4, 2)), ("uint4", (4, 2)), {**PG, "group_shape": [1, 32]}, version=2),
-    Case("v2-pg-uint4-uint8-f16", ("uint4", (64, 16)), ("float16", (2, 16)), ("uint8", (2, 16)), {**PG, "group_shape": [32, 1]}, version=2),
-    Case("v2-pg-int4-nozp-bf16", ("int4", (8, 4)), ("bfloat16", (2, 4)), None, {**PG, "group_shape": [4, 1]}, version=2),
-    Case("v2-pg-int8-2d-groups-f16", ("int8", (4, 6)), ("float16", (2, 3)), ("int8", (2, 3)), {**PG, "group_shape": [2, 2]}, version=2),
-    Case("v2-pg-one-scale", ("uint4", (2, 8)), ("float32", (1, 1)), ("uint4", (1, 1)), {**PG, "group_shape": [2, 8]}, version=2),
-    Case("v2-pg-per-element", ("int4", (3, 2)), ("float16", (3, 2)), ("int4", (3, 2)), {**PG, "group_shape": [1, 1]}, version=2),
-    Case("v2-pg-empty", ("uint8", (0, 4)), ("float32", (0, 2)), ("uint8", (0, 2)), {**PG, "group_shape": [1, 2]}, version=2),
-]
-V2_ROWS = OWN_V2_ROWS + VALID_2
-
-
-@pytest.mark.parametrize("inputs_as", ["inputs", "initializers"])
-@pytest.mark.parametrize("case", V2_ROWS, ids=[c.id for c in V2_ROWS])
-def test_every_version_2_row_exports_and_runs_bit_exactly(case, inputs_as):
-    """The shared table's version-2 rows (tests/cases.py VALID_2) and this file's own: fully
-    checked, and ONNX Runtime's bits are the kernel's, scales/zps as initializers and as graph
-    inputs (int4 and bfloat16 ones fed through the runner's exact boundary conversions)."""
-    src, scales, zps = case.arrays(seed=len(case.id))
-    arrays = [src, scales] + ([] if zps is None else [zps])
-    model = case_model(case, inputs_as=inputs_as, arrays=arrays)
-    assert dyndq.check(model) == []
-    exported = dyndq.export(model)
-    onnx.checker.check_model(exported, full_check=True)
-    names = ["src", "scales", "zps"][: len(arrays)]
-    feeds = dict(zip(names, arrays)) if inputs_as == "inputs" else {"src": src}
-    [got] = ort_run(exported, feeds)
-    attrs = {"qtype": "per_tensor", "axis": 1, "group_shape": None, **case.attrs}
-    want = dyndq.dynamic_dequantize(src, scales, zps, **attrs)
-    assert same_bits(got, want)
-    assert same_bits(got, oracle_2(src, scales, zps, attrs["qtype"], attrs["axis"], attrs["group_shape"]))
+# (the shared table's version-2 rows, exported with scales/zps as inputs and as initializers and run
+# in ONNX Runtime: tests/test_opcheck.py)
 
 
 @pytest.mark.parametrize("x_type, axis, with_zp", [("int4", 1, True), ("uint4", 0, False), ("uint8", -1, True),

@@ -1,4 +1,4 @@
-"""Models over 2 GiB (issue 11, point 15): check, export, lift and run them, in memory and on disk.
+"""Models over 2 GiB: check, export, lift and run them, in memory and on disk.
 
 One model of 2 GiB + 64 MiB of int8 weights is built once for the module (about 2.1 GiB of
 memory, twice that while numpy's bytes are copied into the proto); the weights feed Gather ->

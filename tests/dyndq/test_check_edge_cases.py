@@ -2,7 +2,7 @@
 reference in a model-local function, an attribute given twice, node metadata through export
 and lift, paths for models, opset versions as NumPy integers.
 
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+Each of these failed on the code before its fix."""
 from __future__ import annotations
 
 

@@ -2,7 +2,7 @@
 staging files, output paths that are links, FIFOs, sockets or devices, output names that clean
 up to one file name, .npy headers checked against the file, files written with the modes models get.
 
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+Each of these failed on the code before its fix."""
 from __future__ import annotations
 
 import os

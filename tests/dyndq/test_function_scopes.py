@@ -51,7 +51,7 @@ def model_of(nodes, functions, *, imports=(ONNX, LOCAL), inputs=None) -> onnx.Mo
 
 
 def only_a_function_imports_our_domain(axis=0) -> onnx.ModelProto:
-    """The model of issue 22: its own opset_import lacks org.dyndq; Deq imports it."""
+    """A model whose own opset_import lacks org.dyndq, while its function Deq imports it."""
     return model_of([helper.make_node("Deq", ["w", "s"], ["y"], domain="local", name="call", axis=axis)], [deq()])
 
 

@@ -160,9 +160,9 @@ def test_random_loops_agree_with_onnxruntime(p):
         assert same_values(a, ort[name]), name
 
 
-# -- fixed cases: the issue's own, zero trips, and a scan output that changes shape ------------------
+# -- fixed cases: a Loop stacking its scan output, zero trips, and a scan output that changes shape ------------------
 
-def issue_model(scan_shape=(3, 2), body_shape=(3, 2), declared=(2, 3, 2)):
+def two_trip_loop(scan_shape=(3, 2), body_shape=(3, 2), declared=(2, 3, 2)):
     """A Loop with M = 2 trips whose body emits x (of `body_shape`) as a scan output."""
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x"], ["scan"])], "body",
@@ -174,17 +174,17 @@ def issue_model(scan_shape=(3, 2), body_shape=(3, 2), declared=(2, 3, 2)):
     return helper.make_model(graph, opset_imports=OPSETS, ir_version=10)
 
 
-def test_the_issue_loop_stacks_on_both_engines():
+def test_a_loop_stacks_its_scan_output_on_both_engines():
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     for engine in ("reference", "onnxruntime"):
-        out = dyndq.run(issue_model(), {"M": np.array(2, np.int64), "x": x}, engine=engine)["out"]
+        out = dyndq.run(two_trip_loop(), {"M": np.array(2, np.int64), "x": x}, engine=engine)["out"]
         assert out.shape == (2, 3, 2) and same_values(out, np.stack([x, x])), engine
 
 
 @pytest.mark.parametrize("scan_shape, want", [((3, 2), (0, 3, 2)), (None, (0, 3, 2)), ((None, 2), (0, 3, 2))])
 def test_zero_trips_give_an_empty_scan_output_of_the_body_type(scan_shape, want):
     """The body's own declared shape, or the one ONNX infers for it when it declares less."""
-    model = issue_model(scan_shape, declared=["trips", 3, 2])
+    model = two_trip_loop(scan_shape, declared=["trips", 3, 2])
     feeds = {"M": np.array(0, np.int64), "x": np.ones((3, 2), np.float32)}
     for engine in ("reference", "onnxruntime"):
         out = dyndq.run(model, feeds, engine=engine)["out"]

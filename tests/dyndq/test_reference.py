@@ -51,31 +51,8 @@ def _alone(qtype, axis, src_dtype, zp_dtype, shape, scale_shape):
     return model_of([node], inputs, [vi("dst", f32, shape)])
 
 
-@pytest.mark.parametrize("src_dtype", [u8, i8])
-@pytest.mark.parametrize("zp_dtype", [None, u8, i8, i32])
-@pytest.mark.parametrize("qtype,axis", [("per_tensor", 1), ("per_channel", 0), ("per_channel", 1), ("per_channel", -1)])
-def test_op_alone_matches_kernel(src_dtype, zp_dtype, qtype, axis):
-    rng = np.random.default_rng(0)
-    shape = (3, 4, 5)
-    C = shape[axis] if qtype == "per_channel" else 1
-    src = rng.integers(0, 128, shape).astype(src_dtype)
-    scales = rng.standard_normal(C).astype(f32)
-    feeds = {"src": src, "scales": scales}
-    zps = None
-    if zp_dtype is not None:
-        zps = rng.integers(0, 100, C).astype(zp_dtype)
-        feeds["zps"] = zps
-    m = _alone(qtype, axis, src_dtype, zp_dtype, list(shape), [C])
-    onnx.checker.check_model(m, full_check=True)
-    (got,) = reference_evaluator(m).run(None, feeds)
-    expect = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis)
-    assert np.array_equal(bits(got), bits(expect))
-    assert np.array_equal(
-        bits(got),
-        bits((src.astype(np.int64) - (0 if zps is None else zps.reshape([-1 if i == axis % 3 else 1 for i in range(3)]
-                                                                          if qtype == "per_channel" else ()).astype(np.int64))).astype(f32)
-             * (scales.reshape([-1 if i == axis % 3 else 1 for i in range(3)]) if qtype == "per_channel" else scales[0])),
-    )
+# (the op alone in a graph, every dtype, qtype and axis of the shared table, on the reference
+# evaluator: tests/test_opcheck.py)
 
 
 def test_onednn_golden_in_a_graph():

@@ -1,7 +1,7 @@
 """The reference engine across graph scopes: sibling If branches with their own types, bodies
 seeing outer values, Loop with its cond omitted, functions calling functions listed after them.
 
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+Each of these failed on the code before its fix."""
 from __future__ import annotations
 
 

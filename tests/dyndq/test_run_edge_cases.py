@@ -2,7 +2,7 @@
 cannot be built (one line), a bad feed found while running named with its node, ONNX Runtime
 logging nothing to stderr.
 
-From the adversarial trial of issue 11: each failed on the code before its fix."""
+Each of these failed on the code before its fix."""
 from __future__ import annotations
 
 

@@ -48,11 +48,12 @@ i32 = np.int32
 # -- the golden values of oneDNN's own tests (test_dequantize.cpp) ---------------------------
 
 
-@pytest.mark.parametrize("zp_dtype", [np.int32, np.int8, np.uint8])
-def test_onednn_golden_with_zps(zp_dtype):
+def test_onednn_golden_with_zps():
+    """Zero points of each dtype: int32, int8, uint8."""
     src = np.array([0, 10, 20, 30], u8)
-    got = dynamic_dequantize(src, np.array([0.1], f32), np.array([10], zp_dtype))
-    assert same_bits(got, np.array([-1, 0, 1, 2], f32))
+    for zp_dtype in (np.int32, np.int8, np.uint8):
+        got = dynamic_dequantize(src, np.array([0.1], f32), np.array([10], zp_dtype))
+        assert same_bits(got, np.array([-1, 0, 1, 2], f32)), zp_dtype
 
 
 def test_onednn_golden_without_zps():
@@ -91,16 +92,17 @@ EDGE_ZPS = [-(2**31), -(2**31) + 1, -(2**24) - 1, -(2**23) - 1, -(2**23), -128, 
 
 
 @pytest.mark.parametrize("src_dtype", [i8, u8])
-@pytest.mark.parametrize("zp", EDGE_ZPS)
-def test_int32_zero_points_at_the_edges_per_tensor(src_dtype, zp):
+def test_int32_zero_points_at_the_edges_per_tensor(src_dtype):
+    """Every src value against each of EDGE_ZPS (int32's ends, float32's exact-integer bound 2**24)."""
     info = np.iinfo(src_dtype)
     src = np.arange(info.min, info.max + 1, dtype=np.int64).astype(src_dtype)
     scales = np.array([1.0], f32)
-    got = dynamic_dequantize(src, scales, np.array([zp], i32))
-    expect = oracle(src, scales, np.array([zp], i32))
-    assert same_bits(got, expect)
-    # with scale 1 the result is the int64 difference rounded once to float32
-    assert same_bits(got, (src.astype(np.int64) - zp).astype(f32))
+    for zp in EDGE_ZPS:
+        got = dynamic_dequantize(src, scales, np.array([zp], i32))
+        expect = oracle(src, scales, np.array([zp], i32))
+        assert same_bits(got, expect), zp
+        # with scale 1 the result is the int64 difference rounded once to float32
+        assert same_bits(got, (src.astype(np.int64) - zp).astype(f32)), zp
 
 
 @pytest.mark.parametrize("src_dtype", [i8, u8])
@@ -123,20 +125,22 @@ SPECIAL = np.array(
 PAYLOAD_NAN = np.array([0x7FC12345, 0xFFA00001, 0x7F800001], np.uint32).view(f32)  # quiet/signalling payloads
 
 
-@pytest.mark.parametrize("zps", [None, np.array([0], u8), np.array([7], i8), np.array([-5], i32), np.array([2**31 - 1], i32)])
 @pytest.mark.parametrize("src_dtype", [i8, u8])
-def test_special_scales_bitwise(zps, src_dtype):
+def test_special_scales_bitwise(src_dtype):
+    """Every src value times each special scale, per tensor and per channel, with no zero point
+    and with zero points 0 (uint8), 7 (int8), -5 and 2**31 - 1 (int32)."""
     info = np.iinfo(src_dtype)
     src = np.arange(info.min, info.max + 1, dtype=np.int64).astype(src_dtype)
-    for s in list(SPECIAL) + list(PAYLOAD_NAN):
-        scale = np.array([s], f32)
-        assert same_bits(dynamic_dequantize(src, scale, zps), oracle(src, scale, zps)), s
-    # per channel, every special value on its own channel
-    scales = np.concatenate([SPECIAL, PAYLOAD_NAN])
-    srcc = np.tile(src[:, None], (1, scales.size))
-    z = None if zps is None else np.full(scales.size, zps[0], zps.dtype)
-    assert same_bits(dynamic_dequantize(srcc, scales, z, qtype="per_channel", axis=1),
-                     oracle(srcc, scales, z, "per_channel", 1))
+    for zps in (None, np.array([0], u8), np.array([7], i8), np.array([-5], i32), np.array([2**31 - 1], i32)):
+        for s in list(SPECIAL) + list(PAYLOAD_NAN):
+            scale = np.array([s], f32)
+            assert same_bits(dynamic_dequantize(src, scale, zps), oracle(src, scale, zps)), (s, zps)
+        # per channel, every special value on its own channel
+        scales = np.concatenate([SPECIAL, PAYLOAD_NAN])
+        srcc = np.tile(src[:, None], (1, scales.size))
+        z = None if zps is None else np.full(scales.size, zps[0], zps.dtype)
+        assert same_bits(dynamic_dequantize(srcc, scales, z, qtype="per_channel", axis=1),
+                         oracle(srcc, scales, z, "per_channel", 1)), zps
 
 
 def test_negative_zero_and_subnormal_results():
@@ -162,8 +166,13 @@ def _layouts(a):
 
 
 @pytest.mark.parametrize("qtype,axis", [("per_tensor", 1), ("per_channel", 0), ("per_channel", 1), ("per_channel", -1)])
-@pytest.mark.parametrize("zp_dtype", [None, i8, u8, i32])
-def test_views_and_layouts(qtype, axis, zp_dtype):
+def test_views_and_layouts(qtype, axis):
+    """Each layout of src and of the parameters, with no zero point and zero points of each dtype."""
+    for zp_dtype in (None, i8, u8, i32):
+        _views_and_layouts(qtype, axis, zp_dtype)
+
+
+def _views_and_layouts(qtype, axis, zp_dtype):
     rng = np.random.default_rng(6)
     src = rng.integers(-128, 128, (5, 6, 7), dtype=i8)
     C = src.shape[axis] if qtype == "per_channel" else 1
@@ -198,20 +207,17 @@ def test_inputs_never_modified_and_out_filled():
         assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("make_out", [
-    lambda shape: np.empty(shape, f32),
-    lambda shape: np.empty(shape[::-1], f32).T,
-    lambda shape: np.empty(shape, ">f4"),
-    lambda shape: np.empty((shape[0] * 2,) + shape[1:], f32)[::-2],
-])
-def test_out_any_layout(make_out):
+def test_out_any_layout():
+    """out contiguous, transposed, big-endian, and strided backwards."""
     rng = np.random.default_rng(8)
     src = rng.integers(-128, 128, (9, 11), dtype=i8)
     scales = rng.random(11, dtype=f32)
-    out = make_out(src.shape)
-    ret = dynamic_dequantize(src, scales, np.array([4], i8), qtype="per_channel", axis=-1, out=out)
-    assert ret is out
-    assert np.array_equal(out, oracle(src, scales, np.array([4], i8), "per_channel", -1))
+    for make_out in (lambda shape: np.empty(shape, f32), lambda shape: np.empty(shape[::-1], f32).T,
+                     lambda shape: np.empty(shape, ">f4"), lambda shape: np.empty((shape[0] * 2,) + shape[1:], f32)[::-2]):
+        out = make_out(src.shape)
+        ret = dynamic_dequantize(src, scales, np.array([4], i8), qtype="per_channel", axis=-1, out=out)
+        assert ret is out
+        assert np.array_equal(out, oracle(src, scales, np.array([4], i8), "per_channel", -1))
 
 
 # -- blocks and threads: every fast path at its boundaries --------------------------------------------
@@ -229,34 +235,27 @@ def test_out_any_layout(make_out):
     ((7, 3, 5462), "per_channel", 1), ((7, 3, 5461), "per_channel", 1),
     ((33, 130, 3, 3), "per_channel", 1),
 ])
-@pytest.mark.parametrize("zp_dtype", [None, u8, i32])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_block_and_thread_boundaries(shape, qtype, axis, zp_dtype, threads):
-    rng = np.random.default_rng(sum(shape))
-    src = rng.integers(0, 256, shape, dtype=u8)
-    C = shape[axis] if qtype == "per_channel" else 1
-    scales = rng.standard_normal(C).astype(f32)
-    zps = None
-    if zp_dtype is not None:
-        zps = rng.integers(0, 256, C).astype(zp_dtype)
-        if zp_dtype is i32:
-            zps[0] = 2**31 - 1  # the exact-through-float64 path
-    expect = oracle(src, scales, zps, qtype, axis)
-    with tuned(cores=2, small=0):
-        got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, threads=threads)
-        assert same_bits(got, expect)
-        out = np.empty_like(got)
-        assert same_bits(dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads), expect)
-
-
-def test_threads_env_variable_caps(monkeypatch):
-    monkeypatch.setenv(parallel.THREADS_ENV, "1")
-    assert parallel.threads_for(10**8, 100, None) == 1
-    monkeypatch.setenv(parallel.THREADS_ENV, "64")
-    with tuned(cores=2):
-        assert parallel.threads_for(10**8, 100, None) == 2
-        assert parallel.threads_for(10**8, 100, 1) == 1
-        assert parallel.threads_for(100, 100, 2) == 1  # small tensors: no pool
+def test_block_and_thread_boundaries(shape, qtype, axis):
+    """Each shape on one thread and on two, with no zero point, uint8 ones and int32 ones (one of
+    them 2**31 - 1: the exact-through-float64 path), into a new array and into out."""
+    for zp_dtype in (None, u8, i32):
+        rng = np.random.default_rng(sum(shape))
+        src = rng.integers(0, 256, shape, dtype=u8)
+        C = shape[axis] if qtype == "per_channel" else 1
+        scales = rng.standard_normal(C).astype(f32)
+        zps = None
+        if zp_dtype is not None:
+            zps = rng.integers(0, 256, C).astype(zp_dtype)
+            if zp_dtype is i32:
+                zps[0] = 2**31 - 1  # the exact-through-float64 path
+        expect = oracle(src, scales, zps, qtype, axis)
+        for threads in (1, 2):
+            with tuned(cores=2, small=0):
+                got = dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, threads=threads)
+                assert same_bits(got, expect), (zp_dtype, threads)
+                out = np.empty_like(got)
+                assert same_bits(dynamic_dequantize(src, scales, zps, qtype=qtype, axis=axis, out=out, threads=threads),
+                                 expect), (zp_dtype, threads)
 
 
 def test_small_tensors_never_touch_the_pool(monkeypatch):
@@ -358,18 +357,19 @@ def test_property_matches_oracle_bitwise(kernel_path):
     check()
 
 
-@pytest.mark.parametrize("rank", range(0, 9))
-def test_ranks_zero_to_eight(rank):
-    rng = np.random.default_rng(rank)
-    shape = tuple(int(d) for d in rng.integers(1, 4, rank))
-    src = rng.integers(-128, 128, shape, dtype=i8)
-    zps = np.array([-3], i32)
-    assert same_bits(dynamic_dequantize(src, np.array([0.25], f32), zps), oracle(src, np.array([0.25], f32), zps))
-    for axis in range(-rank, rank):
-        scales = rng.standard_normal(shape[axis]).astype(f32)
-        z = rng.integers(-128, 128, shape[axis]).astype(i8)
-        assert same_bits(dynamic_dequantize(src, scales, z, qtype="per_channel", axis=axis),
-                         oracle(src, scales, z, "per_channel", axis))
+def test_ranks_zero_to_eight():
+    """Per tensor at each rank from 0 to 8, and per channel along each of its axes."""
+    for rank in range(0, 9):
+        rng = np.random.default_rng(rank)
+        shape = tuple(int(d) for d in rng.integers(1, 4, rank))
+        src = rng.integers(-128, 128, shape, dtype=i8)
+        zps = np.array([-3], i32)
+        assert same_bits(dynamic_dequantize(src, np.array([0.25], f32), zps), oracle(src, np.array([0.25], f32), zps))
+        for axis in range(-rank, rank):
+            scales = rng.standard_normal(shape[axis]).astype(f32)
+            z = rng.integers(-128, 128, shape[axis]).astype(i8)
+            assert same_bits(dynamic_dequantize(src, scales, z, qtype="per_channel", axis=axis),
+                             oracle(src, scales, z, "per_channel", axis)), (rank, axis)
 
 
 def test_empty_tensors():

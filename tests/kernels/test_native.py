@@ -95,24 +95,26 @@ def cut_run(src, scales, zps, shape, qtype, axis, group_shape, out, cuts, stream
 
 
 @pytest.mark.parametrize("shape,qtype,axis,group_shape", FORMS)
-@pytest.mark.parametrize("t2", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("zp", [None, "uint8", "wide"])
-@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("level", LEVELS)
-def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape, t2, zp, stream, level):
-    """The C loop starts and stops anywhere: mid-row, mid-group (as threads cut it)."""
-    rng = np.random.default_rng(len(shape))
-    src = rng.integers(-8, 8, shape).astype(ml_dtypes.int4)
-    pshape = ([1] if qtype == "per_tensor" else [shape[axis]] if qtype == "per_channel"
-              else [d // g for d, g in zip(shape, group_shape)])
-    scales = rng.standard_normal(pshape).astype(t2)
-    zps = None if zp is None else (rng.integers(0, 256, pshape).astype(np.uint8) if zp == "uint8"
-                                   else np.full(pshape, 2**31 - 1, np.int32))  # src - zp overflows int32
-    expect = oracle_2(src, scales, zps, qtype, axis, group_shape)
-    cuts = sorted({0, src.size, *rng.integers(0, src.size, 7).tolist()})
-    with at(level):
-        got = cut_run(src, scales, zps, shape, qtype, axis, group_shape, np.zeros(shape, t2), cuts, stream)
-    assert same_bits(got, expect)
+def test_any_cut_of_the_elements_gives_the_whole(shape, qtype, axis, group_shape, level):
+    """The C loop starts and stops anywhere: mid-row, mid-group (as threads cut it); for each T2,
+    with no zero point, uint8 ones and int32 ones that make src - zp overflow int32, streamed
+    (non-temporal stores) or not."""
+    for t2 in ("float32", "float16", "bfloat16"):
+        for zp in (None, "uint8", "wide"):
+            for stream in (False, True):
+                rng = np.random.default_rng(len(shape))
+                src = rng.integers(-8, 8, shape).astype(ml_dtypes.int4)
+                pshape = ([1] if qtype == "per_tensor" else [shape[axis]] if qtype == "per_channel"
+                          else [d // g for d, g in zip(shape, group_shape)])
+                scales = rng.standard_normal(pshape).astype(t2)
+                zps = None if zp is None else (rng.integers(0, 256, pshape).astype(np.uint8) if zp == "uint8"
+                                               else np.full(pshape, 2**31 - 1, np.int32))  # src - zp overflows int32
+                expect = oracle_2(src, scales, zps, qtype, axis, group_shape)
+                cuts = sorted({0, src.size, *rng.integers(0, src.size, 7).tolist()})
+                with at(level):
+                    got = cut_run(src, scales, zps, shape, qtype, axis, group_shape, np.zeros(shape, t2), cuts, stream)
+                assert same_bits(got, expect), (t2, zp, stream)
 
 
 def test_threads_cut_at_odd_places():

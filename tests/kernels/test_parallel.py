@@ -44,6 +44,16 @@ def test_run_covers_every_block_once_and_propagates_errors():
         parallel.run(bad, 8, 4)
 
 
+def test_threads_env_variable_caps(monkeypatch):
+    monkeypatch.setenv(parallel.THREADS_ENV, "1")
+    assert parallel.threads_for(10**8, 100, None) == 1
+    monkeypatch.setenv(parallel.THREADS_ENV, "64")
+    with tuned(cores=2):
+        assert parallel.threads_for(10**8, 100, None) == 2
+        assert parallel.threads_for(10**8, 100, 1) == 1
+        assert parallel.threads_for(100, 100, 2) == 1  # small tensors: no pool
+
+
 def test_blocks_cover_the_array():
     for shape, chunk in [((10,), 3), ((4, 5, 6), 7), ((3, 1, 2), 100), ((2, 9), 1)]:
         seen = np.zeros(shape, int)

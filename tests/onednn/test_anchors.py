@@ -18,16 +18,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cases import oracle, oracle_2, random_array, run_ort, same_bits
 from onnx import TensorProto, helper
 
 import dyndq
+from cases import oracle, oracle_2, random_array, run_onnxruntime, run_ort, same_bits
 from dyndq import onednn
 from dyndq.opdefs import dtypes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+
 ANCHORS = sorted(p for p in DATA.rglob("*.json") if not {"kinds", "bad", "upstream"} & set(p.parts))
+
 MLP = DATA / "complex_fusion" / "mlp" / "gated-mlp-int4.json"
+
 ROLES = ("src", "scales", "zps")
 
 
@@ -65,56 +68,6 @@ def as_model(op, *, retype=None, attrs=None, shapes=None, version=None):
 
 def feeds_of(model, arrays):
     return dict(zip([i.name for i in model.graph.input], arrays))
-
-
-# -- ONNX Runtime with int4 / bfloat16 at the boundary ---------------------------------------
-
-WIDE = {"int4": "int8", "uint4": "uint8", "bfloat16": "float32"}
-
-
-def _widened(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
-    """The exported model with int4/uint4/bfloat16 graph inputs and outputs widened by exact Casts
-    (int8/uint8/float32 outside): ONNX Runtime's Python API refuses such NumPy feeds and cannot
-    return such outputs.  (Until `run(engine="onnxruntime")` takes them itself, on branch export.)"""
-    x = dyndq.export(model)
-    g = x.graph
-    narrow_outputs = {}
-    before, after = [], []
-    for vi, side in [(vi, "in") for vi in g.input] + [(vi, "out") for vi in g.output]:
-        name = dtypes.by_onnx(vi.type.tensor_type.elem_type).name
-        if name not in WIDE:
-            continue
-        inner = vi.name + "/narrow"
-        for n in g.node:
-            seq = n.input if side == "in" else n.output
-            for i, v in enumerate(seq):
-                if v == vi.name:
-                    seq[i] = inner
-        wide = dtypes.by_name(WIDE[name]).onnx
-        if side == "in":
-            before.append(helper.make_node("Cast", [vi.name], [inner], to=vi.type.tensor_type.elem_type))
-        else:
-            after.append(helper.make_node("Cast", [inner], [vi.name], to=wide))
-            narrow_outputs[vi.name] = name
-        vi.type.tensor_type.elem_type = wide
-    nodes = before + list(g.node) + after
-    del g.node[:]
-    g.node.extend(nodes)
-    return x, narrow_outputs
-
-
-def run_onnxruntime(model, feeds) -> dict:
-    import onnxruntime as ort
-
-    x, narrow = _widened(model)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as dyndq.run does
-    session = ort.InferenceSession(x.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    wide = {k: v.astype(WIDE[v.dtype.name]) if v.dtype.name in WIDE else v for k, v in feeds.items()}
-    results = session.run(None, wide)
-    return {vi.name: r.astype(dtypes.by_name(narrow[vi.name]).numpy) if vi.name in narrow else r
-            for vi, r in zip(x.graph.output, results)}
 
 
 def with_dequantized_outputs(model) -> tuple[onnx.ModelProto, list[str]]:

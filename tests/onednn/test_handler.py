@@ -92,4 +92,3 @@ def test_a_new_kind_is_one_handler(monkeypatch):
     assert doc["graph"][0]["kind"] == "Negate" and doc["graph"][0]["attrs"] == {
         "flavour": {"type": "string", "value": "plain"}}
     assert json.dumps(doc)
-

@@ -1,6 +1,8 @@
-"""dump, the writer of oneDNN graph JSON: what it writes, load reads (or it refuses, saying why);
-a node without a kind is named alone; a loaded graph is written back in its file's order, with
-its strides and layouts."""
+"""dump, the writer of oneDNN graph JSON (dyndq/onednn/writer.py): what it writes, load reads (or it
+refuses, saying why), dump of load keeps kinds, attributes, dtypes, shapes and names, load of dump
+computes the same; the inverses of Reshape, the reductions and QuantizeLinear; a node without a
+kind is named alone; a loaded graph is written back in its file's order, with its strides and
+layouts."""
 import json
 import os
 from pathlib import Path
@@ -8,16 +10,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
+from cases import same_bits
 from dyndq import onednn
 from dyndq.cli import main
 from dyndq.onednn.kinds import inverse_table
 from dyndq.opdefs import dtypes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+
 ONEDNN_DTYPES = [d for d in dtypes.DTYPES if d.onednn]
+
 BOOL, F32, U8 = dtypes.by_name("bool"), dtypes.by_name("float32"), dtypes.by_name("uint8")
 
 
@@ -301,3 +306,125 @@ def test_metadata_not_as_load_writes_it_is_named_by_dump_and_ignored_by_example_
         onednn.dump(model)
     assert [p.argument for p in e.value.problems] == [f"metadata {'onednn.op' if key == 'onednn.id' else key}"]
     assert set(onednn.example_inputs(model)) == {i.name for i in model.graph.input}
+
+
+GOOD = sorted(p for p in DATA.rglob("*.json")  # anchors and kinds (upstream/ has its own test)
+              if not {"bad", "upstream"} & set(p.relative_to(DATA).parts))
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: str(p.relative_to(DATA)))
+def test_dump_of_load_keeps_kinds_attributes_dtypes_shapes_and_names(path):
+    doc = json.loads(path.read_text())
+    model = onednn.load(doc)[0]
+    back = onednn.dump(model)
+    again = onednn.load(back)[0]  # and the trip back gives the very same ONNX graph
+    for field in ("node", "input", "output", "initializer", "value_info"):
+        assert list(getattr(again.graph, field)) == list(getattr(model.graph, field)), field
+    key = lambda op: op["id"]  # noqa: E731
+    for a, b in zip(sorted(doc["graph"], key=key), sorted(back["graph"], key=key)):
+        assert (a["id"], a["name"], a["kind"], a["attrs"]) == (b["id"], b["name"], b["kind"], b["attrs"])
+        for side in ("inputs", "outputs"):
+            assert [(t["id"], t["dtype"], t["shape"]) for t in a[side]] == [(t["id"], t["dtype"], t["shape"]) for t in b[side]]
+    assert back["fpmath_mode"] == doc["fpmath_mode"] and back["version"] == doc["version"]
+    assert back["output_ports"] == list(dict.fromkeys(doc.get("output_ports", back["output_ports"])))
+
+
+def _hand_model():
+    """DynamicDequantize feeding a MatMul and an Add, in plain ONNX (no oneDNN metadata)."""
+    vi = helper.make_tensor_value_info
+    nodes = [dyndq.make_node(["w", "s", "z"], ["wd"], name="deq", qtype="per_channel", axis=1),
+             helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm"),
+             helper.make_node("Add", ["y", "b"], ["out"], name="bias")]
+    g = helper.make_graph(nodes, "hand", [vi("x", TensorProto.FLOAT, [2, 4]), vi("w", TensorProto.INT8, [4, 3]),
+                                          vi("s", TensorProto.FLOAT, [3]), vi("z", TensorProto.INT8, [3]),
+                                          vi("b", TensorProto.FLOAT, [3])],
+                          [vi("out", TensorProto.FLOAT, [2, 3])])
+    return dyndq.make_model(g)
+
+
+def test_load_of_dump_gives_back_the_computation():
+    model = _hand_model()
+    doc = onednn.dump(model)
+    assert [op["kind"] for op in doc["graph"]] == ["DynamicDequantize", "MatMul", "Add"]
+    assert doc["graph"][0]["attrs"]["qtype"] == {"type": "string", "value": "per_channel"}
+    again, _ = onednn.load(json.loads(json.dumps(doc)))
+    feeds = onednn.example_inputs(model, 3)
+    renamed = dict(zip([i.name for i in again.graph.input], feeds.values()))
+    [want] = dyndq.run(model, feeds).values()
+    [got] = dyndq.run(again, renamed).values()
+    assert same_bits(got, want)
+
+
+def test_load_of_dump_of_a_float16_model_computes_the_same():
+    """Native float16 Add and Mul in the model; float32 between exact Casts after the trip: the same
+    bits, as each is one IEEE operation rounded once.  (Not so for Sigmoid: the reference evaluator
+    computes a float16 Sigmoid with float16 intermediates, the imported graph in float32.)"""
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"], name="add"),
+                           helper.make_node("Mul", ["c", "a"], ["d"], name="mul")], "f16",
+                          [vi("a", TensorProto.FLOAT16, [3, 4]), vi("b", TensorProto.FLOAT16, [4])],
+                          [vi("d", TensorProto.FLOAT16, [3, 4])])
+    model = dyndq.make_model(g)
+    again, _ = onednn.load(onednn.dump(model))
+    feeds = onednn.example_inputs(model, 1)
+    [want] = dyndq.run(model, feeds).values()
+    [got] = dyndq.run(again, dict(zip([i.name for i in again.graph.input], feeds.values()))).values()
+    assert same_bits(got, want)
+
+
+def test_dump_refuses_what_onednn_cannot_express_naming_each():
+    model = _hand_model()
+    model.graph.node.append(helper.make_node("LpNormalization", ["out"], ["n"], name="norm"))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(3, np.float32), "b"))
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    found = {(p.node, p.argument) for p in e.value.problems}
+    assert ("norm", "op_type") in found and ("bias", "b") in found
+
+
+vi = helper.make_tensor_value_info
+
+
+def _weighted_model():
+    """MatMul with weights, Reshape, ReduceSum, ReduceMax and QuantizeLinear, all with constants."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc"),
+             helper.make_node("Reshape", ["y", "shape"], ["r"], name="flat"),
+             helper.make_node("ReduceMax", ["r", "axes"], ["m"], name="top", keepdims=1),
+             helper.make_node("Sub", ["r", "m"], ["d"], name="shift"),
+             helper.make_node("ReduceSum", ["d", "axes"], ["s"], name="total", keepdims=0),
+             helper.make_node("QuantizeLinear", ["s", "scale", "zp"], ["q"], name="quant")]
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([3, 2], np.int64), "shape"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
+             numpy_helper.from_array(np.array(-3, np.int8), "zp")]
+    g = helper.make_graph(nodes, "weighted", [vi("x", TensorProto.FLOAT, [2, 4])], [vi("q", TensorProto.INT8, [3])],
+                          inits)
+    return dyndq.make_model(g)
+
+
+def test_dump_maps_reshape_the_reductions_and_quantize_linear_back():
+    model = _weighted_model()
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    [p] = e.value.problems  # the weights only: shape, axes, scale and zp are read as attributes
+    assert (p.node, p.argument) == ("fc", "w") and "--weights-as-inputs" in p.allowed
+    weights = {}
+    doc = onednn.dump(model, weights_as_inputs=True, weights=weights)
+    ops = {op["name"]: op for op in doc["graph"]}
+    assert [op["kind"] for op in doc["graph"]] == ["MatMul", "StaticReshape", "ReduceMax", "Subtract", "ReduceSum",
+                                                   "Quantize"]
+    assert ops["flat"]["attrs"]["shape"] == {"type": "s64[]", "value": [3, 2]}
+    assert ops["total"]["attrs"] == {"axes": {"type": "s64[]", "value": [1]}, "keep_dims": {"type": "bool", "value": False}}
+    assert ops["quant"]["attrs"]["zps"] == {"type": "s64[]", "value": [-3]}
+    [(name, w)] = weights.items()
+    port = ops["fc"]["inputs"][1]
+    assert port["property_type"] == "constant" and port["id"] in doc["input_ports"] and name == "fc_weights_%d" % port["id"]
+    again, _ = onednn.load(json.loads(json.dumps(doc)))
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    [want] = dyndq.run(model, {"x": x}).values()
+    feeds = {again.graph.input[0].name: x, **weights}
+    for engine in ("reference", "onnxruntime"):
+        [got] = dyndq.run(again, feeds, engine=engine).values()
+        assert np.array_equal(got, want)

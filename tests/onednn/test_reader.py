@@ -1,7 +1,9 @@
-"""Hostile oneDNN graph JSON: every malformed, oversized or unencodable input gets named problems
-(ValidationError; exit 1 from the CLI, nothing written), never a traceback or a huge allocation.
-The reader is fuzzed: hypothesis builds JSON of any structure and mutates the anchors; the only
-outcomes allowed are a model or a ValidationError."""
+"""Reading oneDNN graph JSON (dyndq/onednn/reader.py): every malformed, oversized or unencodable
+input, and every bad graph (unknown kinds, a tensor produced twice, cycles, missing ids, duplicate
+op ids, ...) gets named problems (ValidationError; exit 1 from the CLI, nothing written), never a
+traceback or a huge allocation; a long chain loads in either file order.  The reader is fuzzed:
+hypothesis builds JSON of any structure and mutates the anchors; the only outcomes allowed are a
+model or a ValidationError."""
 import copy
 import json
 import os
@@ -9,15 +11,16 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dyndq
 from dyndq import onednn
 from dyndq.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
+
 ADD = json.loads((DATA / "kinds" / "Add.json").read_text())
+
 ANCHORS = sorted(p for p in DATA.rglob("*.json") if not {"kinds", "bad", "upstream"} & set(p.parts))
 
 
@@ -129,6 +132,7 @@ def test_import_onednn_over_the_input_budget_writes_neither_model_nor_inputs(tmp
 
 # -- numbers and names beyond what a message or a dtype holds -----------------------------------
 
+
 KIND = {p.stem: json.loads(p.read_text()) for p in (DATA / "kinds").glob("*.json")}
 
 
@@ -237,6 +241,7 @@ def test_a_huge_op_name_is_cut_in_messages_and_kept_in_the_model(tmp_path, capsy
 
 # -- fuzzing ---------------------------------------------------------------------------------------
 
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.floats(allow_nan=False) |
     st.text(max_size=8),
@@ -276,6 +281,7 @@ def _paths(value, prefix=()):
 
 
 BEYOND = [2**63, -2**63 - 1, 2**62, 10**5000, 1e300, -1e39, float("inf"), float("nan")]
+
 ANCHOR_DOCS = [json.loads(p.read_text()) for p in ANCHORS if p.stat().st_size < 20000] + list(KIND.values())
 
 
@@ -304,3 +310,132 @@ def test_mutated_anchors_are_models_or_named_problems(data):
         else:
             parent[last] = data.draw(json_values)
     _outcome(doc)
+
+
+MHA = DATA / "complex_fusion/mha/sdpa-compressed-kv-implicit-causal-mask-int8-gs128.json"
+
+
+def _doc(path=MHA):
+    return json.loads(Path(path).read_text())
+
+
+def test_unknown_kinds_and_unhonoured_attributes_are_all_named_at_once():
+    doc = _doc()
+    doc["graph"][3]["kind"] = "Frobnicate"  # genindex_row
+    doc["graph"][7]["attrs"]["mode"]["value"] = "sideways"  # softmax
+    doc["graph"][1]["attrs"]["fancy"] = {"type": "bool", "value": True}  # matmul
+    problems = _problems(doc)
+    found = {(p.op_id, p.node, p.op, p.argument) for p in problems}
+    assert found == {(3, "genindex_row", "Frobnicate", "kind"), (7, "softmax", "SoftMax", "mode"),
+                     (1, "matmul", "MatMul", "fancy")}
+
+
+def test_a_tensor_produced_twice_is_named():
+    doc = _doc()
+    doc["graph"][4]["outputs"][0]["id"] = 17  # genindex_col now writes genindex_row's tensor
+    problems = _problems(doc)
+    assert any(p.op_id == 4 and "17" in p.found and "produces too" in p.found for p in problems)
+
+
+def test_a_consumer_that_disagrees_with_the_producer_is_named():
+    doc = _doc()
+    doc["graph"][2]["inputs"][0]["dtype"] = "f32"  # div takes matmul's f16 output as f32
+    doc["graph"][5]["inputs"][0]["shape"] = [1, 32, 32, 16]  # mask_greater_equal, wrong shape
+    problems = _problems(doc)
+    assert {(p.op_id, p.argument) for p in problems} == {(2, "inputs[0]"), (5, "inputs[0]")}
+    assert all("as op" in p.allowed for p in problems)
+
+
+def test_a_declared_output_the_op_does_not_compute_is_named():
+    doc = _doc(DATA / "kinds/MatMul.json")
+    doc["graph"][0]["outputs"][0]["shape"] = [2, 3, 6]  # [2,3,4] @ [5,4]^T is [2,3,5]
+    [p] = _problems(doc)
+    assert (p.op_id, p.node, p.op) == (0, "matmul", "MatMul") and "declared shape [2, 3, 6]" in p.found
+    assert "[2, 3, 5]" in p.allowed
+
+
+def test_a_cycle_is_named():
+    doc = _doc()
+    doc["graph"][1]["inputs"][0] = copy.deepcopy(doc["graph"][2]["outputs"][0])  # matmul takes div's output
+    doc["graph"][1]["inputs"][0]["shape"] = [1, 32, 32, 128]
+    doc["graph"][2]["outputs"][0]["shape"] = [1, 32, 32, 128]
+    problems = _problems(doc)
+    assert any("cycle" in p.found for p in problems)
+
+
+def test_missing_ids_are_named():
+    doc = _doc()
+    del doc["graph"][0]["inputs"][1]["id"]
+    doc["output_ports"] = [50, 999]
+    problems = _problems(doc)
+    assert any(p.op_id == 0 and p.argument == "inputs[1].id" for p in problems)
+    assert not any(p.argument == "output_ports" for p in problems)  # a port naming nothing is a note
+
+
+def test_malformed_json_is_named(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"graph": [')
+    [p] = _problems(str(bad))
+    assert p.argument == "json" and "malformed" in p.found
+    [p] = _problems({"version": "3.7.0"})
+    assert p.argument == "graph"
+
+
+def test_an_unknown_dtype_is_named():
+    doc = _doc()
+    doc["graph"][0]["inputs"][2]["dtype"] = "s3"
+    problems = _problems(doc)
+    assert any(p.op_id == 0 and p.argument == "inputs[2].dtype" and "'s3'" in p.found for p in problems)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lt(i, dtype, shape, prop="variable"):
+    return {"id": i, "dtype": dtype, "shape": list(shape), "stride": [], "layout_type": "strided", "property_type": prop}
+
+
+def graph(*ops, inputs=None, outputs=None):
+    doc = {"version": "3.9.0", "graph": list(ops)}
+    if inputs is not None:
+        doc["input_ports"] = inputs
+    if outputs is not None:
+        doc["output_ports"] = outputs
+    return doc
+
+
+def op(i, kind, ins, outs, **attrs):
+    types = {bool: "bool", int: "s64", float: "f32", str: "string"}
+    typed = {k: {"type": (("f32[]" if isinstance(v[0], float) else "s64[]") if isinstance(v, list) else types[type(v)]),
+                 "value": v} for k, v in attrs.items()}
+    return {"id": i, "name": f"{kind.lower()}_{i}", "kind": kind, "attrs": typed, "inputs": ins, "outputs": outs}
+
+
+def _chain(n: int, reverse: bool = False) -> dict:
+    """A oneDNN graph of n ReLU ops in a row, in file order or reversed (every consumer first)."""
+    def tensor(i):
+        return {"id": i, "dtype": "f32", "shape": [2, 8], "stride": [8, 1], "layout_type": "strided",
+                "property_type": "undef"}
+    ops = [{"id": i, "name": f"relu_{i}", "kind": "ReLU", "attrs": {}, "inputs": [tensor(i)], "outputs": [tensor(i + 1)]}
+           for i in range(n)]
+    return {"version": "3.7.0", "engine_kind": "cpu", "fpmath_mode": "strict", "input_ports": [0],
+            "output_ports": [n], "graph": ops[::-1] if reverse else ops}
+
+
+def test_a_chain_of_20000_ops_loads_in_either_file_order_alike():
+    """The reader sorts with a ready queue (a rescan of every op per round once took over a minute
+    here); how long it takes is the benchmark's to measure (benchmarks/bench_onednn_import.py)."""
+    models = []
+    for reverse in (False, True):
+        model, report = onednn.load(_chain(20000, reverse))
+        models.append(model)
+    assert report.ops == 20000 and len(models[0].graph.node) == 20000
+    assert [n.name for n in models[0].graph.node] == [n.name for n in models[1].graph.node]
+
+
+def test_duplicate_op_ids_are_each_named_once():
+    doc = graph(op(0, "ReLU", [lt(0, "f32", [2])], [lt(1, "f32", [2])]), op(0, "Exp", [lt(1, "f32", [2])], [lt(2, "f32", [2])]),
+                op(0, "Exp", [lt(2, "f32", [2])], [lt(3, "f32", [2])]))
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.load(doc)
+    assert [p.argument for p in e.value.problems] == ["id", "id"]
