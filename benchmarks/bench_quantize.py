@@ -33,9 +33,9 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
 from dyndq.files import save_model
-from dyndq.quantize.numerics import ErrorStats
-from dyndq.quantize.rtn import rtn
-from dyndq.quantize.search import exhaustive, search, squared_error
+from dyndq.quantization.numerics import ErrorStats
+from dyndq.quantization.rtn import rtn
+from dyndq.quantization.search import exhaustive, search, squared_error
 
 GROUP = 128
 
@@ -392,7 +392,7 @@ def main(argv=None) -> int:
             save_model(model, src, external_data=True)
             largest = max(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
             del model, inits
-            base_s, base_rss = in_child("import dyndq.quantize, onnxruntime.quantization.matmul_nbits_quantizer")
+            base_s, base_rss = in_child("import dyndq.quantization, onnxruntime.quantization.matmul_nbits_quantizer")
             t_ours, rss_ours = in_child(f"from dyndq.cli import main; assert main(['quantize', {src!r}, "
                                         f"{os.path.join(d, 'q.onnx')!r}, '--no-evaluate']) == 0")
             t_theirs, rss_theirs = in_child(

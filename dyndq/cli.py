@@ -606,7 +606,7 @@ def cmd_export_onednn(args) -> int:
 
 
 def _quantize_parser(sub) -> None:
-    from dyndq.quantize import EMITS, METHODS, OPS, SCALE_DTYPES
+    from dyndq.quantization import EMITS, METHODS, OPS, SCALE_DTYPES
 
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int4/int8, per group)",
                        description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int4/int8 "
@@ -636,7 +636,7 @@ def _quantize_parser(sub) -> None:
 def cmd_quantize(args) -> int:
     import dyndq
     from dyndq.files import ModelFileError
-    from dyndq.quantize import NothingToQuantize, OptionError, quantize_file
+    from dyndq.quantization import NothingToQuantize, OptionError, quantize_file
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)

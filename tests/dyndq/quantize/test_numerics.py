@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dyndq
-from dyndq.quantize.numerics import ErrorStats, code_dtype, dequantize, quantize_weight
-from dyndq.quantize.rtn import rtn
-from dyndq.quantize.search import exhaustive, search, squared_error
+from dyndq.quantization.numerics import ErrorStats, code_dtype, dequantize, quantize_weight
+from dyndq.quantization.rtn import rtn
+from dyndq.quantization.search import exhaustive, search, squared_error
 
 from quantize_models import heavy
 

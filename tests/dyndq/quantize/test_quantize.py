@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
-from dyndq.quantize.numerics import dequantize, quantize_weight
+from dyndq.quantization.numerics import dequantize, quantize_weight
 
 from quantize_models import heavy, mlp
 
@@ -192,7 +192,7 @@ def problems_of(excinfo):
     (dict(ops=("Conv",)), "ops"), (dict(exclude=("nope",)), "exclude"), (dict(ops=()), "ops"), (dict(seed=-1), "seed"),
 ])
 def test_bad_options_are_named(model, kwargs, argument):
-    from dyndq.quantize import OptionError
+    from dyndq.quantization import OptionError
 
     with pytest.raises(OptionError) as e:  # (a ValidationError: about the call, not the model)
         dyndq.quantize(model, **kwargs)
@@ -244,7 +244,7 @@ def test_nan_weights_are_left_alone_and_said():
 
 
 def test_nothing_to_quantize_is_a_problem():
-    from dyndq.quantize import NothingToQuantize
+    from dyndq.quantization import NothingToQuantize
 
     model = one_node("MatMul", np.ones((64, 8), np.int8), a_shape=[2, 64], out_shape=[2, 8])
     with pytest.raises(NothingToQuantize) as e:
@@ -271,9 +271,10 @@ def test_bfloat16_model_runs_on_the_reference_engine():
     assert y.dtype == ml_dtypes.bfloat16 and y.shape == (2, 256)
 
 
-def test_quantize_is_the_package_and_the_function():
-    import dyndq.quantize.rtn  # noqa: F401  (binds dyndq.quantize to the package)
+def test_dyndq_quantize_stays_the_function_once_the_package_is_imported():
+    import dyndq.quantization.rtn  # noqa: F401  (binds dyndq.quantization, never dyndq.quantize)
 
+    assert dyndq.quantize is dyndq.quantization.quantize
     out, report = dyndq.quantize(mlp(), evaluate=False)
     assert len(report.layers) == 3
 

@@ -21,10 +21,10 @@ from dyndq.converters.lowering_context import NameScope
 from dyndq.graphs import ai_onnx_version, all_names, import_at_least, is_constant_node, scopes
 from dyndq.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
-from dyndq.quantize import plan as planning
-from dyndq.quantize.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
-from dyndq.quantize.report import LayerReport, QuantizeReport
-from dyndq.quantize.rewrite import placed
+from dyndq.quantization import plan as planning
+from dyndq.quantization.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
+from dyndq.quantization.report import LayerReport, QuantizeReport
+from dyndq.quantization.rewrite import placed
 from dyndq.wording import plural
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
@@ -78,7 +78,7 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
                          exclude=exclude, method=method, seed=seed)
     out, report = _quantize(model, settings, _Tensors(), strict, progress)
     if evaluate:
-        from dyndq.quantize.evaluate import output_error
+        from dyndq.quantization.evaluate import output_error
 
         report.outputs, report.outputs_note = output_error(model, out, seed=seed)
     else:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from dyndq.quantize.numerics import ErrorStats
-from dyndq.quantize.report import OutputError
+from dyndq.quantization.numerics import ErrorStats
+from dyndq.quantization.report import OutputError
 from dyndq.wording import first_line
 
 ENGINE = "onnxruntime"

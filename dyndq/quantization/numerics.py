@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from dyndq.quantize.rtn import Levels, half_of, rtn
-from dyndq.quantize.search import search
+from dyndq.quantization.rtn import Levels, half_of, rtn
+from dyndq.quantization.search import search
 
 METHODS = {"rtn": rtn, "search": search}
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)

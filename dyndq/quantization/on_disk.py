@@ -21,8 +21,8 @@ import onnx
 
 from dyndq.light import nbytes
 from dyndq.opdefs import Problem
-from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, OptionError, _quantize, _settings, _Tensors
-from dyndq.quantize.report import QuantizeReport
+from dyndq.quantization.quantizer import EMITS, EVALUATE_BELOW, OptionError, _quantize, _settings, _Tensors
+from dyndq.quantization.report import QuantizeReport
 
 
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
@@ -68,7 +68,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
         report.kept_files = [location for location in loaded.locations if location != written]
     if measure:
         from dyndq.files import load_model
-        from dyndq.quantize.evaluate import output_error
+        from dyndq.quantization.evaluate import output_error
 
         report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=seed)
     else:
