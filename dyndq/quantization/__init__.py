@@ -10,12 +10,13 @@ The numerics are pure NumPy functions of one weight (`rtn`, `search`, `numerics`
 graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), and
 `quantizer` ties them together; docs/quantize.md tells the whole story.
 """
-from dyndq.quantization.quantizer import EMITS, SCALE_DTYPES, NothingToQuantize, OptionError, quantize
-from dyndq.quantization.on_disk import onednn_graph, quantize_file
+from dyndq.quantization.options import SCALE_DTYPES, OptionError, QuantizeOptions
+from dyndq.quantization.quantizer import NothingToQuantize, quantize
+from dyndq.quantization.on_disk import EMITS, onednn_graph, quantize_file
 from dyndq.quantization.numerics import METHODS
 from dyndq.quantization.plan import OPS
 from dyndq.quantization.report import LayerReport, OutputError, QuantizeReport
 
-__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputError", "QuantizeReport",
-           "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]
+__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputError", "QuantizeOptions",
+           "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]
 
