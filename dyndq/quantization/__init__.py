@@ -15,8 +15,7 @@ from dyndq.quantization.quantizer import NothingToQuantize, quantize
 from dyndq.quantization.on_disk import EMITS, onednn_graph, quantize_file
 from dyndq.quantization.numerics import METHODS
 from dyndq.quantization.plan import OPS
-from dyndq.quantization.report import LayerReport, OutputError, QuantizeReport
+from dyndq.quantization.report import LayerReport, OutputDifference, QuantizeReport
 
-__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputError", "QuantizeOptions",
-           "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]
-
+__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputDifference",
+           "QuantizeOptions", "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]

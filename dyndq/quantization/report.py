@@ -33,8 +33,8 @@ class LayerReport:
 
 
 @dataclass
-class OutputError:
-    """One graph output of the quantized model against the float model's, same inputs."""
+class OutputDifference:
+    """How far one graph output of the quantized model is from the float model's, same inputs."""
 
     name: str
     relative_error: float
@@ -47,7 +47,7 @@ class QuantizeReport:
     options: QuantizeOptions  # as `quantize` judged them; `as_dict` writes them as "settings"
     layers: list[LayerReport] = field(default_factory=list)
     left_alone: list[Problem] = field(default_factory=list)  # weights of the chosen ops not quantized, and why
-    outputs: list[OutputError] = field(default_factory=list)
+    outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
     seconds: float = 0.0
     # the export to the form asked for (quantize_file's emit "onnx", "onnxruntime"): "written for
