@@ -10,10 +10,11 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TESTS]
 
 # ...and the shared table of cases (tests/cases.py) is loaded by file, as `cases` (and the
-# LLM-shaped model of the int4 bridge's tests, tests/decoder.py, as `decoder`).
-for _name in ("cases", "decoder"):
+# LLM-shaped model of the int4 bridge's tests, tests/decoder.py, as `decoder`; the quantizer's
+# float models, tests/quantization/models.py, as `quantize_models`).
+for _name, _file in (("cases", "cases.py"), ("decoder", "decoder.py"), ("quantize_models", "quantization/models.py")):
     if _name not in sys.modules:
-        _spec = importlib.util.spec_from_file_location(_name, os.path.join(_TESTS, f"{_name}.py"))
+        _spec = importlib.util.spec_from_file_location(_name, os.path.join(_TESTS, _file))
         sys.modules[_name] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(sys.modules[_name])
 

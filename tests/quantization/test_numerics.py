@@ -103,7 +103,7 @@ def test_search_never_worse_than_rtn_group_by_group(bits, symmetric, df):
         assert (squared_error(groups, search(groups, **kw)) <= squared_error(groups, rtn(groups, **kw))).all()
 
 
-# The limit (issue 25, point 3): on Student-t weights with 3 to 5 degrees of freedom, 4 bits,
+# The limit: on Student-t weights with 3 to 5 degrees of freedom, 4 bits,
 # groups of 128, the exhaustive search reaches about 0.955x RTN's relative Frobenius error.
 # Measured here on 256 groups per case; the benchmark measures it on more (docs/quantize.md).
 @pytest.mark.parametrize("df", [3, 4, 5])
@@ -114,7 +114,7 @@ def test_search_reaches_within_one_percent_of_the_exhaustive_bound(df):
     e_search = squared_error(groups, search(groups, **kw)).sum()
     e_bound = exhaustive(groups, bits=4, symmetric=False, scales=300).sum()
     ratio_search, ratio_bound = np.sqrt(e_search / e_rtn), np.sqrt(e_bound / e_rtn)
-    assert 0.93 < ratio_bound < 0.97  # the limit is where the issue says it is
+    assert 0.93 < ratio_bound < 0.97  # the limit is where docs/quantize.md says it is
     assert ratio_search <= 0.97
     assert ratio_search <= ratio_bound * 1.01  # within 1% of the limit
     assert e_bound <= e_search * (1 + 1e-9)  # and the limit is a limit (no better than it)

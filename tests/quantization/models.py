@@ -1,5 +1,5 @@
-"""Small float models for the quantizer's tests, with seeded heavy-tailed weights (loaded by
-conftest.py as the module `quantize_models`)."""
+"""Small float models for the quantizer's tests, with seeded heavy-tailed weights, and the weight
+the graph gives back for a quantized one (loaded by tests/conftest.py as the module `quantize_models`)."""
 from __future__ import annotations
 
 import ml_dtypes
