@@ -33,9 +33,9 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
 from dyndq.files import save_model
-from dyndq.quantize.numerics import ErrorStats
-from dyndq.quantize.rtn import rtn
-from dyndq.quantize.search import exhaustive, search, squared_error
+from dyndq.quantization.numerics import ErrorStats
+from dyndq.quantization.rtn import rtn
+from dyndq.quantization.search import exhaustive, search, squared_error
 
 GROUP = 128
 
@@ -121,7 +121,9 @@ def ort_quantize(model: onnx.ModelProto, algorithm: str) -> onnx.ModelProto:
 
 def matmulnbits_weights(model: onnx.ModelProto) -> dict:
     """float weight name -> a function giving the weight its MatMulNBits node dequantizes to,
-    (q - zp) * scale, [K, N] (one weight in memory at a time)."""
+    (q - zp) * scale, [K, N] (one weight in memory at a time): our kernel on its codes, scales
+    and integer zero points (RTN's); HQQ's float zero points, which our op has no form for, by
+    MatMulNBits' own arithmetic."""
     inits = {t.name: t for t in model.graph.initializer}
 
     def weight(n):
@@ -129,15 +131,19 @@ def matmulnbits_weights(model: onnx.ModelProto) -> dict:
         k, cols, bs = attrs["K"], attrs["N"], attrs["block_size"]
         packed = nh.to_array(inits[n.input[1]])
         blocks = packed.shape[1]
-        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(cols, blocks * bs).astype(np.float32)
+        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(cols, blocks * bs)
         scales = nh.to_array(inits[n.input[2]]).astype(np.float32).reshape(cols, blocks)
         if len(n.input) > 3 and n.input[3]:
             zp = nh.to_array(inits[n.input[3]])
-            zp = (np.stack([zp & 15, zp >> 4], axis=-1).reshape(cols, -1)[:, :blocks] if zp.dtype == np.uint8
-                  else zp.reshape(cols, blocks)).astype(np.float32)
+            if zp.dtype == np.uint8:  # (packed two to a byte, each row to whole bytes)
+                zp = np.ascontiguousarray(np.stack([zp & 15, zp >> 4], axis=-1).reshape(cols, -1)[:, :blocks])
         else:
-            zp = np.full((cols, blocks), 8, np.float32)
-        w = (codes - np.repeat(zp, bs, axis=1)) * np.repeat(scales, bs, axis=1)
+            zp = np.full((cols, blocks), 8, np.uint8)
+        if zp.dtype == np.uint8:
+            w = dyndq.dynamic_dequantize(codes, scales, zp, qtype="per_group", group_shape=[1, bs])
+        else:
+            zp = zp.reshape(cols, blocks).astype(np.float32)
+            w = (codes.astype(np.float32) - np.repeat(zp, bs, axis=1)) * np.repeat(scales, bs, axis=1)
         return np.ascontiguousarray(w[:, :k].T)
 
     return {n.input[1].rsplit("_Q4", 1)[0]: (lambda n=n: weight(n)) for n in model.graph.node if n.op_type == "MatMulNBits"}
@@ -392,7 +398,7 @@ def main(argv=None) -> int:
             save_model(model, src, external_data=True)
             largest = max(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
             del model, inits
-            base_s, base_rss = in_child("import dyndq.quantize, onnxruntime.quantization.matmul_nbits_quantizer")
+            base_s, base_rss = in_child("import dyndq.quantization, onnxruntime.quantization.matmul_nbits_quantizer")
             t_ours, rss_ours = in_child(f"from dyndq.cli import main; assert main(['quantize', {src!r}, "
                                         f"{os.path.join(d, 'q.onnx')!r}, '--no-evaluate']) == 0")
             t_theirs, rss_theirs = in_child(

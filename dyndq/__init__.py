@@ -54,8 +54,8 @@ _LAZY = {
     "ModelFileError": "dyndq.files",
     "load_model": "dyndq.files",
     "save_model": "dyndq.files",
-    "quantize": "dyndq.quantize",
-    "QuantizeReport": "dyndq.quantize",
+    "quantize": "dyndq.quantization",
+    "QuantizeReport": "dyndq.quantization",
 }
 
 

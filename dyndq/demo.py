@@ -1,23 +1,24 @@
-"""The demo: a small weight-only-quantized MLP with int4 weights, checked, inferred, run on
-both engines, exported to standard ONNX, and written to a folder.
+"""The demo: a small float MLP quantized by `dyndq.quantize` into a weight-only int4 one,
+checked, inferred, run on both engines, exported to standard ONNX, and written to a folder.
 
     x[batch,64] float32
-      -> MatMul with DynamicDequantize(int8 W1[64,128], per_channel scales[128], int32 zps[128])
-         (a form version 1 expresses: the first layer kept in int8, as int4 recipes often do)
+      -> MatMul with DynamicDequantize(uint8 W1[64,128], per_channel scales[128], uint8 zps[128])
+         (the first layer kept in 8 bits, as int4 recipes often do: a form version 1 expresses)
       -> Add b1 -> Relu
       -> MatMul with DynamicDequantize(uint4 W2[128,64], per_group groups of 32 along the input dim,
          float32 scales[4,64], uint4 zps[4,64])
       -> Add b2 -> Relu
       -> MatMul with Cast(DynamicDequantize(uint4 W3[64,16], per_group groups of 32,
-         float16 scales[2,16], uint8 zps[2,16])) to float32
+         float16 scales[2,16], uint4 zps[2,16])) to float32
       -> Add b3 -> y[batch,16]
 
-The weights are float weights drawn from a seeded generator and quantized the usual
-asymmetric way, so every run builds the same model and the same input.  Both engines must
-agree to the bit on every dequantized weight (checked on a copy of the model whose graph
-outputs include w1, w2 and w3); the MLP's output y goes through float32 MatMuls, which NumPy
-and ONNX Runtime may sum in different orders on some CPUs, so y is compared within a stated
-tolerance (Y_RTOL, Y_ATOL), not to the bit.
+The float weights are drawn from a seeded generator and quantized by `dyndq.quantize` (ONNX
+Runtime's round to nearest, one call per layer for its options), so every run builds the same
+model and the same input.  Both engines must agree to the bit on every dequantized weight
+(checked on a copy of the model whose graph outputs include every DynamicDequantize output);
+the MLP's output y goes through float32 MatMuls, which NumPy and ONNX Runtime may sum in
+different orders on some CPUs, so y is compared within a stated tolerance (Y_RTOL, Y_ATOL),
+not to the bit.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -36,35 +36,17 @@ IN, HIDDEN, HIDDEN2, OUT = 64, 128, 64, 16
 GROUP = 32  # int4 weights: one scale and zero point per 32 input rows of each output column
 BATCH = 4
 Y_RTOL, Y_ATOL = 1e-5, 1e-6  # y: float32 MatMuls summed in an engine's own order
-WEIGHTS = ("w1", "w2", "w3")
+# each layer's weight, the MatMul reading it, and dyndq.quantize's options for it
+LAYERS = (
+    ("w1", "fc1_matmul", dict(bits=8, group_size=-1)),  # uint8, one scale per output column
+    ("w2", "fc2_matmul", dict(bits=4, group_size=GROUP)),
+    ("w3", "fc3_matmul", dict(bits=4, group_size=GROUP, scale_dtype="float16")),
+)
 
 
-def _quantize_per_channel_int8(w: np.ndarray):
-    """Asymmetric int8 quantization along axis 1, with int32 zero points (as oneDNN keeps them)."""
-    lo = np.minimum(w.min(axis=0), 0.0)
-    hi = np.maximum(w.max(axis=0), 0.0)
-    scales = ((hi - lo) / 255.0).astype(np.float32)
-    zps = np.round(-128.0 - lo / scales).astype(np.int32)
-    q = np.clip(np.round(w / scales) + zps, -128, 127).astype(np.int8)
-    return q, scales, zps
-
-
-def _quantize_per_group_uint4(w: np.ndarray, scale_dtype, zp_dtype):
-    """Asymmetric uint4 quantization of W[in, out] in groups of GROUP input rows: scales and
-    zero points of shape [in / GROUP, out] (zero points in [0, 15], stored as zp_dtype)."""
-    groups = w.reshape(w.shape[0] // GROUP, GROUP, w.shape[1])
-    lo = np.minimum(groups.min(axis=1), 0.0)
-    hi = np.maximum(groups.max(axis=1), 0.0)
-    scales = ((hi - lo) / 15.0).astype(scale_dtype)
-    zps = np.clip(np.round(-lo / scales.astype(np.float32)), 0, 15)
-    expanded_scales = np.repeat(scales.astype(np.float32), GROUP, axis=0)
-    q = np.clip(np.round(w / expanded_scales) + np.repeat(zps, GROUP, axis=0), 0, 15)
-    return q.astype(ml_dtypes.uint4), scales, zps.astype(zp_dtype)
-
-
-def build_model(seed: int = SEED) -> onnx.ModelProto:
-    """The demo MLP, holding three DynamicDequantize nodes (one int8, two uint4)."""
-    from dyndq.build import make_model, make_node
+def float_model(seed: int = SEED) -> onnx.ModelProto:
+    """The float MLP the demo quantizes: x -> (MatMul w, Add b, Relu) x 2 -> MatMul w3, Add b3 -> y."""
+    from dyndq.build import make_model
 
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((IN, HIDDEN)) * 0.1).astype(np.float32)
@@ -73,32 +55,16 @@ def build_model(seed: int = SEED) -> onnx.ModelProto:
     b1 = (rng.standard_normal(HIDDEN) * 0.01).astype(np.float32)
     b2 = (rng.standard_normal(HIDDEN2) * 0.01).astype(np.float32)
     b3 = (rng.standard_normal(OUT) * 0.01).astype(np.float32)
-    w1_q, w1_scales, w1_zps = _quantize_per_channel_int8(w1)
-    w2_q, w2_scales, w2_zps = _quantize_per_group_uint4(w2, np.float32, ml_dtypes.uint4)
-    w3_q, w3_scales, w3_zps = _quantize_per_group_uint4(w3, np.float16, np.uint8)
-    initializers = [
-        numpy_helper.from_array(a, name)
-        for name, a in [
-            ("w1_q", w1_q), ("w1_scales", w1_scales), ("w1_zps", w1_zps), ("b1", b1),
-            ("w2_q", w2_q), ("w2_scales", w2_scales), ("w2_zps", w2_zps), ("b2", b2),
-            ("w3_q", w3_q), ("w3_scales", w3_scales), ("w3_zps", w3_zps), ("b3", b3),
-        ]
-    ]
-    groups = [GROUP, 1]  # along the input dim (rows of W[in, out])
+    initializers = [numpy_helper.from_array(a, name)
+                    for name, a in [("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2), ("w3", w3), ("b3", b3)]]
     nodes = [
-        make_node(["w1_q", "w1_scales", "w1_zps"], ["w1"], qtype="per_channel", axis=1, name="fc1_dequantize"),
         helper.make_node("MatMul", ["x", "w1"], ["fc1_mm"], name="fc1_matmul"),
         helper.make_node("Add", ["fc1_mm", "b1"], ["fc1"], name="fc1_bias"),
         helper.make_node("Relu", ["fc1"], ["h1"], name="relu1"),
-        make_node(["w2_q", "w2_scales", "w2_zps"], ["w2"], qtype="per_group", group_shape=groups,
-                  name="fc2_dequantize"),
         helper.make_node("MatMul", ["h1", "w2"], ["fc2_mm"], name="fc2_matmul"),
         helper.make_node("Add", ["fc2_mm", "b2"], ["fc2"], name="fc2_bias"),
         helper.make_node("Relu", ["fc2"], ["h2"], name="relu2"),
-        make_node(["w3_q", "w3_scales", "w3_zps"], ["w3"], qtype="per_group", group_shape=groups,
-                  name="fc3_dequantize"),
-        helper.make_node("Cast", ["w3"], ["w3_float"], to=TensorProto.FLOAT, name="fc3_weights_to_float"),
-        helper.make_node("MatMul", ["h2", "w3_float"], ["fc3_mm"], name="fc3_matmul"),
+        helper.make_node("MatMul", ["h2", "w3"], ["fc3_mm"], name="fc3_matmul"),
         helper.make_node("Add", ["fc3_mm", "b3"], ["y"], name="fc3_bias"),
     ]
     graph = helper.make_graph(
@@ -108,10 +74,35 @@ def build_model(seed: int = SEED) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", OUT])],
         initializers,
     )
-    model = make_model(graph, opset=21, producer_name="dyndq demo")
-    model.doc_string = ("A weight-only-quantized MLP: int8 per-channel weights, then uint4 weights in groups of 32 "
-                        "with float32 and float16 scales and uint4 and uint8 zero points, dequantized at run time.")
-    return model
+    return make_model(graph, opset=21, producer_name="dyndq demo")
+
+
+def quantized_model(seed: int = SEED):
+    """(the demo MLP quantized, one QuantizeReport per layer): `dyndq.quantize` once per layer,
+    with that layer's options and the other MatMuls excluded.  Each call puts its nodes ahead of
+    the graph's, so the last layer goes first and the nodes read in the layers' order."""
+    import dyndq
+
+    model, reports = float_model(seed), []
+    for weight, node, options in reversed(LAYERS):
+        others = [n for _, n, _ in LAYERS if n != node]
+        model, report = dyndq.quantize(model, exclude=others, evaluate=False, **options)
+        reports.insert(0, report)
+    model.doc_string = ("A weight-only-quantized MLP made by dyndq.quantize: uint8 per-channel weights, then uint4 "
+                        "weights in groups of 32 with float32 and float16 scales, dequantized at run time.")
+    return model, reports
+
+
+def build_model(seed: int = SEED) -> onnx.ModelProto:
+    """The demo MLP, holding three DynamicDequantize nodes (one uint8, two uint4)."""
+    return quantized_model(seed)[0]
+
+
+def dequantized_names(model: onnx.ModelProto) -> list[str]:
+    """The outputs of the model's DynamicDequantize nodes, in graph order: the dequantized weights."""
+    from dyndq.opdefs import DOMAIN
+
+    return [n.output[0] for n in model.graph.node if n.domain == DOMAIN and n.op_type == "DynamicDequantize"]
 
 
 def with_weights_as_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -121,16 +112,17 @@ def with_weights_as_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     infos = {vi.name: vi for vi in inferred.graph.value_info}
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    out.graph.output.extend(infos[name] for name in WEIGHTS)
+    out.graph.output.extend(infos[name] for name in dequantized_names(model))
     return out
 
 
 def weight_bytes(model: onnx.ModelProto) -> tuple[int, int]:
-    """(bytes the quantized weights take as stored: packed int4/int8 values, scales and zero
+    """(bytes the quantized weights take as stored: packed uint4 and uint8 values, scales and zero
     points; bytes the same weights would take as float32)."""
     inits = {t.name: t for t in model.graph.initializer}
-    stored = sum(len(inits[f"{w}_{part}"].raw_data) for w in WEIGHTS for part in ("q", "scales", "zps"))
-    as_float = sum(4 * int(np.prod(inits[f"{w}_q"].dims)) for w in WEIGHTS)
+    nodes = [n for n in model.graph.node if n.output[0] in dequantized_names(model)]
+    stored = sum(len(inits[name].raw_data) for n in nodes for name in n.input if name)
+    as_float = sum(4 * int(np.prod(inits[n.input[0]].dims)) for n in nodes)
     return stored, as_float
 
 
@@ -234,7 +226,8 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     def say(line: str = "") -> None:
         print(line, file=out)
 
-    model = build_model()
+    model, quantized = quantized_model()
+    weights = dequantized_names(model)
     x = demo_input()
     feeds = {"x": x}
     types = initializer_types(model)
@@ -242,6 +235,12 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
 
     say(f"dyndq demo: a weight-only int4 MLP, x[batch,{IN}] -> {HIDDEN} -> {HIDDEN2} -> {OUT} (seed {SEED})")
     say(native.summary())  # which kernel runs, and why (kernels/native.py)
+    say()
+    say("quantized by dyndq.quantize, one call per layer (rtn: ONNX Runtime's rounding):")
+    for (weight, node, options), report in zip(LAYERS, quantized):
+        layer, = report.layers
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        say(f"  {weight} ({node}; {shown}): {layer.form}, rel. error {layer.relative_error:.5f}")
     say()
     say(f"graph {model.graph.name!r}: {len(model.graph.node)} nodes (opsets: {opsets}; IR {model.ir_version})")
     for node in model.graph.node:
@@ -258,10 +257,10 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
 
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     shapes = {vi.name: value_type(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    say("shape inference: " + ", ".join(f"{w} {shapes.get(w, '?')}" for w in WEIGHTS)
+    say("shape inference: " + ", ".join(f"{w} {shapes.get(w, '?')}" for w in weights)
         + f", output y {shapes.get('y', '?')}")
     stored, as_float = weight_bytes(model)
-    say(f"weights: {stored} bytes as stored (int8 and packed uint4 values, scales, zero points) "
+    say(f"weights: {stored} bytes as stored (uint8 and packed uint4 values, scales, zero points) "
         f"against {as_float} bytes as float32: {as_float / stored:.2f}x smaller")
 
     exported, report = dyndq.export_with_report(model)
@@ -278,13 +277,13 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     for engine in ("reference", "onnxruntime"):
         _, first, best = _timed(lambda: dyndq.run(model, feeds, engine=engine))
         timings[engine] = (first, best)
-    # every dequantized weight, from both engines: the same model with w1, w2, w3 as outputs too
+    # every dequantized weight, from both engines: the same model with them as outputs too
     probe = with_weights_as_outputs(model)
     outputs = {engine: dyndq.run(probe, feeds, engine=engine) for engine in ("reference", "onnxruntime")}
     ref, ort_out = outputs["reference"], outputs["onnxruntime"]
-    same = {w: bits_equal(ref[w], ort_out[w]) for w in WEIGHTS}
+    same = {w: bits_equal(ref[w], ort_out[w]) for w in weights}
     identical = int(sum(s.sum() for s in same.values()))
-    total = int(sum(ref[w].size for w in WEIGHTS))
+    total = int(sum(ref[w].size for w in weights))
     agree = identical == total
     y, y_ort = ref["y"], ort_out["y"]
     y_close = y.dtype == y_ort.dtype and y.shape == y_ort.shape and bool(
@@ -298,7 +297,7 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     for engine, (first, best) in timings.items():
         say(f"  {names[engine]:<40} first {_ms(first):>10}   then {_ms(best):>9}")
     say("  dequantized weights, both engines: " + ", ".join(
-        f"{w} {ref[w].dtype.name}{list(ref[w].shape)} {int(same[w].sum())} of {ref[w].size} identical" for w in WEIGHTS))
+        f"{w} {ref[w].dtype.name}{list(ref[w].shape)} {int(same[w].sum())} of {ref[w].size} identical" for w in weights))
     say(f"  both engines agree bit for bit on every dequantized weight: {'yes' if agree else 'NO'} "
         f"({identical} of {total} values identical)")
     say(f"  output y: float32{list(y.shape)}, y[0,:4] = {np.array2string(y[0, :4], precision=6)}")

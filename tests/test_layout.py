@@ -133,11 +133,7 @@ def test_kernels_and_shape_rules_import_and_run_without_onnx():
 # -- the tests' own layout ------------------------------------------------------------------------
 
 TESTS = ROOT / "tests"
-HELPERS = {"cases", "decoder"}  # the shared helpers (tests/cases.py, tests/decoder.py), importable by name
-# Files on their way elsewhere (the quantization tests to tests/quantization/, the command line's to
-# tests/cli/), each to meet these rules there: by exact path, so that a file moved is judged.
-MOVING = {"tests/dyndq/quantize/conftest.py", "tests/dyndq/quantize/test_bench_smoke.py",
-          "tests/dyndq/quantize/test_numerics.py", "tests/dyndq/test_cli_streams_and_exits.py"}
+HELPERS = {"cases", "decoder", "quantize_models"}  # the shared helpers (tests/<name>.py), importable by name
 
 
 def _test_files():
@@ -154,7 +150,7 @@ def test_tests_share_helpers_only_through_the_helpers_modules():
             top = name.split(".")[0]
             assert top not in test_modules and not top.startswith("test_"), f"{rel} imports the test module {name}"
             assert top not in {"benchmarks"} and not top.startswith("bench_"), f"{rel} imports a benchmark ({name})"
-        if rel not in MOVING and path != Path(__file__).resolve():
+        if path != Path(__file__).resolve():
             assert "spec_from_file_location" not in path.read_text(), f"{rel} loads a module by file"
 
 
@@ -163,8 +159,6 @@ def test_test_names_and_docstrings_say_what_is_tested_not_which_issue_asked():
 
     ticket = re.compile(r"(?i)\bissues?\s*#?\d+|(?<![\w/])#\d+\b")
     for path in _test_files():
-        if str(path.relative_to(ROOT)) in MOVING:
-            continue
         tree = ast.parse(path.read_text())
         named = [(path.name, ast.get_docstring(tree) or "")]
         named += [(n.name, ast.get_docstring(n) or "") for n in ast.walk(tree)

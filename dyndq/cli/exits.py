@@ -71,7 +71,7 @@ def table() -> tuple:
     error (70)."""
     from dyndq import ValidationError
     from dyndq.files import ModelFileError
-    from dyndq.quantize import NothingToQuantize, OptionError
+    from dyndq.quantization import NothingToQuantize, OptionError
     from dyndq.runner import FeedError
 
     return (

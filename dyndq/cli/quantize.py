@@ -12,7 +12,7 @@ from dyndq.cli.exits import OK
 
 
 def _add_parser(sub) -> None:
-    from dyndq.quantize import EMITS, METHODS, OPS, SCALE_DTYPES
+    from dyndq.quantization import EMITS, METHODS, OPS, SCALE_DTYPES
 
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int4/int8, per group)",
                        description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int4/int8 "
@@ -40,7 +40,7 @@ def _add_parser(sub) -> None:
 
 
 def cmd_quantize(args) -> int:
-    from dyndq.quantize import quantize_file
+    from dyndq.quantization import quantize_file
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)

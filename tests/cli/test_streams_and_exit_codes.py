@@ -103,7 +103,7 @@ def test_demo_checks_its_folder_before_the_work(capsys, tmp_path, monkeypatch):
     def work(*args, **kwargs):
         raise AssertionError("the demo's work started")
 
-    monkeypatch.setattr(demo, "build_model", work)
+    monkeypatch.setattr(demo, "quantized_model", work)  # (where its work starts)
     code, out, err = call(capsys, "demo", "--out", "/proc/dyndq-demo-out")  # no one can create a folder there
     assert code == 2 and "cannot write there" in err, err
 

@@ -13,7 +13,9 @@ import pytest
 
 import dyndq
 from dyndq.cli import main
-from dyndq.demo import build_model, demo_input
+from dyndq.demo import LAYERS, build_model, demo_input, float_model
+
+W1, W2, W3 = "w1_dequantized", "w2_dequantized", "w3_DynamicDequantize_out"  # the dequantized weights (w3's float16)
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +48,9 @@ def test_the_model_holds_the_op_and_the_export_does_not(demo):
     model = onnx.load(out / "model.onnx")
     exported = onnx.load(out / "model.exported.onnx")
     ours = [n for n in model.graph.node if n.domain == dyndq.DOMAIN]
-    assert [(n.name, n.op_type) for n in ours] == [("fc1_dequantize", "DynamicDequantize"),
-                                                   ("fc2_dequantize", "DynamicDequantize"),
-                                                   ("fc3_dequantize", "DynamicDequantize")]
+    assert [(n.name, n.op_type) for n in ours] == [("w1_DynamicDequantize", "DynamicDequantize"),
+                                                   ("w2_DynamicDequantize", "DynamicDequantize"),
+                                                   ("w3_DynamicDequantize", "DynamicDequantize")]
     assert not any(n.domain == dyndq.DOMAIN for n in exported.graph.node)
     assert {o.domain for o in exported.opset_import} == {""}
     assert exported.ir_version >= 10  # int4 tensors
@@ -57,39 +59,46 @@ def test_the_model_holds_the_op_and_the_export_does_not(demo):
 
 
 def test_the_weight_only_int4_mlp(demo):
-    """uint4 weights per_group (groups of 32 along the input dim) with float32 and float16 scales
-    and uint4 and uint8 zero points feeding MatMuls, beside a version-1 form (int8, int32 zps)."""
+    """dyndq.quantize's forms: uint8 per_channel (a version-1 form), then uint4 per_group (groups of
+    32 along the input dim) with float32 and float16 scales and uint4 zero points, each feeding a
+    MatMul, in place of the float MLP's weights."""
     model = onnx.load(demo[3] / "model.onnx")
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    assert inits["w1_q"].dtype == np.int8 and inits["w1_zps"].dtype == np.int32
-    assert inits["w1_scales"].shape == (128,) and inits["w1_zps"].shape == (128,)
-    assert (inits["w2_q"].dtype.name, inits["w2_q"].shape) == ("uint4", (128, 64))
+    assert sorted(inits) == sorted(["b1", "b2", "b3"] + [f"w{i}_{part}" for i in (1, 2, 3)
+                                                         for part in ("quantized", "scales", "zero_points")])
+    assert inits["w1_quantized"].dtype == np.uint8 and inits["w1_zero_points"].dtype == np.uint8
+    assert inits["w1_scales"].shape == (128,) and inits["w1_zero_points"].shape == (128,)
+    assert (inits["w2_quantized"].dtype.name, inits["w2_quantized"].shape) == ("uint4", (128, 64))
     assert (inits["w2_scales"].dtype, inits["w2_scales"].shape) == (np.float32, (4, 64))
-    assert (inits["w2_zps"].dtype.name, inits["w2_zps"].shape) == ("uint4", (4, 64))
-    assert (inits["w3_q"].dtype.name, inits["w3_q"].shape) == ("uint4", (64, 16))
+    assert (inits["w2_zero_points"].dtype.name, inits["w2_zero_points"].shape) == ("uint4", (4, 64))
+    assert (inits["w3_quantized"].dtype.name, inits["w3_quantized"].shape) == ("uint4", (64, 16))
     assert (inits["w3_scales"].dtype, inits["w3_scales"].shape) == (np.float16, (2, 16))
-    assert (inits["w3_zps"].dtype, inits["w3_zps"].shape) == (np.uint8, (2, 16))
+    assert (inits["w3_zero_points"].dtype.name, inits["w3_zero_points"].shape) == ("uint4", (2, 16))
     assert [n.op_type for n in model.graph.node] == [
-        "DynamicDequantize", "MatMul", "Add", "Relu", "DynamicDequantize", "MatMul", "Add", "Relu",
-        "DynamicDequantize", "Cast", "MatMul", "Add"]
+        "DynamicDequantize", "DynamicDequantize", "DynamicDequantize", "Cast",
+        "MatMul", "Add", "Relu", "MatMul", "Add", "Relu", "MatMul", "Add"]
     attrs = {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in model.graph.node}
-    assert attrs["fc1_dequantize"] == {"qtype": b"per_channel", "axis": 1}
-    assert attrs["fc2_dequantize"] == attrs["fc3_dequantize"] == {"qtype": b"per_group", "group_shape": [32, 1]}
-    # version 1 expresses the first node (it is lowered as version 1 lowers it), not the others
-    from dyndq.converters.dynamic_dequantize import _route
-    from dyndq.opdefs import TensorSpec
-
-    def spec(name):
-        return TensorSpec(inits[name].dtype.name, inits[name].shape)
-
-    routes = [_route(spec(f"{w}_q"), spec(f"{w}_scales"), spec(f"{w}_zps"), a["qtype"].decode(), a.get("group_shape"))
-              for w, a in (("w1", attrs["fc1_dequantize"]), ("w2", attrs["fc2_dequantize"]),
-                           ("w3", attrs["fc3_dequantize"]))]
-    assert routes == ["v1", "block", "integer"]
+    assert attrs["w1_DynamicDequantize"] == {"qtype": b"per_channel", "axis": 1}
+    assert attrs["w2_DynamicDequantize"] == attrs["w3_DynamicDequantize"] == {"qtype": b"per_group",
+                                                                              "group_shape": [32, 1]}
+    # each is what dyndq.quantize makes of the float weight with that layer's options
+    floats = float_model()
+    for weight, node, options in LAYERS:
+        others = [n for _, n, _ in LAYERS if n != node]
+        alone, _ = dyndq.quantize(floats, exclude=others, evaluate=False, **options)
+        made = {t.name: onnx.numpy_helper.to_array(t) for t in alone.graph.initializer}
+        for part in ("quantized", "scales", "zero_points"):
+            assert made[f"{weight}_{part}"].tobytes() == inits[f"{weight}_{part}"].tobytes(), (weight, part)
+    # exported, the first is a per-axis DequantizeLinear, the others blocked ones
+    report = dyndq.export_with_report(model)[1]
+    assert [(x.node, x.form) for x in report.lowered] == [("w1_DynamicDequantize", "DequantizeLinear"),
+                                                          ("w2_DynamicDequantize", "DequantizeLinear (blocked)"),
+                                                          ("w3_DynamicDequantize", "DequantizeLinear (blocked)")]
     # the quantization is close to the float weights it came from (the scales are sensible)
-    w2 = dyndq.dynamic_dequantize(inits["w2_q"], inits["w2_scales"], inits["w2_zps"], qtype="per_group",
-                                  group_shape=[32, 1])
-    assert np.abs(w2).max() < 1
+    w2 = dyndq.dynamic_dequantize(inits["w2_quantized"], inits["w2_scales"], inits["w2_zero_points"],
+                                  qtype="per_group", group_shape=[32, 1])
+    w2_float = next(onnx.numpy_helper.to_array(t) for t in floats.graph.initializer if t.name == "w2")
+    assert np.abs(w2 - w2_float).max() < 0.02
 
 
 def test_weights_size_is_printed_and_true(demo):
@@ -97,16 +106,16 @@ def test_weights_size_is_printed_and_true(demo):
     model = onnx.load(demo[3] / "model.onnx")
     inits = {t.name: t for t in model.graph.initializer}
     stored = sum(len(inits[n].raw_data) for n in inits if n.startswith("w"))
-    # int8 64x128 + uint4 128x64 packed + uint4 64x16 packed, float32/float16 scales, int32/uint4/uint8 zps
-    assert stored == 8192 + 128 * 4 + 128 * 4 + 4096 + 4 * 64 * 4 + 4 * 64 // 2 + 512 + 2 * 16 * 2 + 2 * 16
+    # uint8 64x128 + uint4 128x64 packed + uint4 64x16 packed, float32/float32/float16 scales, uint8/uint4/uint4 zps
+    assert stored == 8192 + 128 * 4 + 128 + 4096 + 4 * 64 * 4 + 4 * 64 // 2 + 512 + 2 * 16 * 2 + 2 * 16 // 2
     as_float = 4 * (64 * 128 + 128 * 64 + 64 * 16)
-    assert (f"weights: {stored} bytes as stored (int8 and packed uint4 values, scales, zero points) "
+    assert (f"weights: {stored} bytes as stored (uint8 and packed uint4 values, scales, zero points) "
             f"against {as_float} bytes as float32: {as_float / stored:.2f}x smaller") in text
 
 
 def test_every_dequantized_weight_agrees_to_the_bit_as_printed(demo):
     """Both engines' dequantized weights, compared here independently of the demo: ORT on the
-    exported file (with w1, w2, w3 as extra outputs), and our kernel."""
+    exported file (with the dequantized weights as extra outputs), and our kernel."""
     from dyndq.demo import with_weights_as_outputs
     from dyndq.runner import OrtBoundary
 
@@ -119,18 +128,20 @@ def test_every_dequantized_weight_agrees_to_the_bit_as_printed(demo):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(boundary.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    got = dict(zip(["y", "w1", "w2", "w3"], boundary.run(session, ["y", "w1", "w2", "w3"], {"x": x})))
+    got = dict(zip(["y", W1, W2, W3], boundary.run(session, ["y", W1, W2, W3], {"x": x})))
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+    def parts(w):
+        return inits[f"{w}_quantized"], inits[f"{w}_scales"], inits[f"{w}_zero_points"]
+
     want = {
-        "w1": dyndq.dynamic_dequantize(inits["w1_q"], inits["w1_scales"], inits["w1_zps"], qtype="per_channel", axis=1),
-        "w2": dyndq.dynamic_dequantize(inits["w2_q"], inits["w2_scales"], inits["w2_zps"], qtype="per_group",
-                                       group_shape=[32, 1]),
-        "w3": dyndq.dynamic_dequantize(inits["w3_q"], inits["w3_scales"], inits["w3_zps"], qtype="per_group",
-                                       group_shape=[32, 1]),
+        W1: dyndq.dynamic_dequantize(*parts("w1"), qtype="per_channel", axis=1),
+        W2: dyndq.dynamic_dequantize(*parts("w2"), qtype="per_group", group_shape=[32, 1]),
+        W3: dyndq.dynamic_dequantize(*parts("w3"), qtype="per_group", group_shape=[32, 1]),
     }
     for name, w in want.items():
         assert got[name].dtype == w.dtype and got[name].tobytes() == w.tobytes(), name
-    assert want["w3"].dtype == np.float16
+    assert want[W3].dtype == np.float16
     printed = re.search(r"agree bit for bit on every dequantized weight: (\w+) \((\d+) of (\d+) values identical", text)
     assert printed and printed.groups() == ("yes", "17408", "17408"), text
     # y: within the stated tolerance (not promised to the bit), and the printed values are the reference's
@@ -144,17 +155,24 @@ def test_what_it_prints(demo):
     code, text, _, out = demo
     assert text.startswith("dyndq demo: a weight-only int4 MLP, x[batch,64] -> 128 -> 64 -> 16")
     # the graph before export, and after
+    # how dyndq.quantize made it, layer by layer
+    assert "quantized by dyndq.quantize, one call per layer (rtn: ONNX Runtime's rounding):" in text
+    assert re.search(r"  w1 \(fc1_matmul; bits=8, group_size=-1\): uint8 per_channel \(axis 1\), rel. error 0\.0\d+\n", text)
+    assert re.search(r"  w3 \(fc3_matmul; bits=4, group_size=32, scale_dtype='float16'\): uint4 per_group \[32, 1\] "
+                     r"\+ Cast to float32, rel. error 0\.\d+\n", text)
     assert "graph 'weight_only_int4_mlp': 12 nodes (opsets: ai.onnx 21, org.dyndq 2; IR 10)" in text
-    assert ("org.dyndq::DynamicDequantize(w1_q int8[64,128], w1_scales float32[128], w1_zps int32[128]) -> w1"
-            "  axis=1 qtype=per_channel") in text
-    assert ("org.dyndq::DynamicDequantize(w2_q uint4[128,64], w2_scales float32[4,64], w2_zps uint4[4,64]) -> w2"
-            "  group_shape=(32, 1) qtype=per_group") in text
+    assert ("org.dyndq::DynamicDequantize(w1_quantized uint8[64,128], w1_scales float32[128], w1_zero_points uint8[128])"
+            " -> w1_dequantized  axis=1 qtype=per_channel") in text
+    assert ("org.dyndq::DynamicDequantize(w2_quantized uint4[128,64], w2_scales float32[4,64], w2_zero_points uint4[4,64])"
+            " -> w2_dequantized  group_shape=(32, 1) qtype=per_group") in text
     assert re.search(r"exported to standard ONNX: 3 DynamicDequantize lowered; \d+ nodes \(opset 21, IR 10\)", text)
-    assert "fc2_dequantize: DequantizeLinear (blocked), 1 node\n" in text
-    assert "DequantizeLinear(w2_q uint4[128,64], w2_scales float32[4,64], w2_zps uint4[4,64]) -> w2  axis=0 block_size=32" in text
+    assert "w2_DynamicDequantize: DequantizeLinear (blocked), 1 node\n" in text
+    assert ("DequantizeLinear(w2_quantized uint4[128,64], w2_scales float32[4,64], w2_zero_points uint4[4,64]) "
+            "-> w2_dequantized  axis=0 block_size=32") in text
     # checked, and shapes inferred
     assert "check: valid" in text
-    assert "shape inference: w1 float32[64,128], w2 float32[128,64], w3 float16[64,16], output y float32[batch,16]" in text
+    assert (f"shape inference: {W1} float32[64,128], {W2} float32[128,64], {W3} float16[64,16], "
+            "output y float32[batch,16]") in text
     # timings of both engines
     assert re.search(r"reference evaluator .* first +[\d.]+ ms +then +[\d.]+ ms", text)
     assert re.search(r"ONNX Runtime .* first +[\d.]+ ms +then +[\d.]+ ms", text)
@@ -198,9 +216,9 @@ def test_a_weight_that_differs_is_reported_as_such(monkeypatch, tmp_path):
 
     def tampered(model, feeds, *, engine="reference"):
         out = real_run(model, feeds, engine=engine)
-        if engine == "onnxruntime" and "w2" in out:
-            out["w2"] = out["w2"].copy()
-            out["w2"].view(np.uint32)[0, 0] ^= 1
+        if engine == "onnxruntime" and W2 in out:
+            out[W2] = out[W2].copy()
+            out[W2].view(np.uint32)[0, 0] ^= 1
         return out
 
     monkeypatch.setattr(dyndq, "run", tampered)

@@ -113,7 +113,7 @@ def test_every_value_of_the_main_graph_on_both_engines(demo):
     names = main_graph_values(model)
     ours = [o for n in model.graph.node if n.domain == dyndq.DOMAIN for o in n.output]
     ref, ort = (dyndq.run(model, {"x": x}, engine=e, outputs=names) for e in ENGINES)
-    assert list(ref) == list(ort) == names and set(ours) == {"w1", "w2", "w3"}
+    assert list(ref) == list(ort) == names and set(ours) == {"w1_dequantized", "w2_dequantized", "w3_DynamicDequantize_out"}
     for name in names:
         a, b = ref[name], ort[name]
         assert a.dtype == b.dtype and a.shape == b.shape, name
@@ -121,15 +121,15 @@ def test_every_value_of_the_main_graph_on_both_engines(demo):
             assert a.tobytes() == b.tobytes(), name  # our op, and values no engine computes: to the bit
         else:
             np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=RTOL, atol=ATOL, err_msg=name)
-    assert ref["w2_q"].dtype == ml_dtypes.uint4 and ref["w3"].dtype == np.float16
+    assert ref["w2_quantized"].dtype == ml_dtypes.uint4 and ref["w3_DynamicDequantize_out"].dtype == np.float16
 
 
 def test_outputs_are_exactly_those_asked_for_in_their_order(demo):
     model, x = demo
     before = model.SerializeToString()
     for engine in ENGINES:
-        out = dyndq.run(model, {"x": x}, engine=engine, outputs=["w3", "h1"])
-        assert list(out) == ["w3", "h1"]
+        out = dyndq.run(model, {"x": x}, engine=engine, outputs=["w3_DynamicDequantize_out", "h1"])
+        assert list(out) == ["w3_DynamicDequantize_out", "h1"]
         assert list(dyndq.run(model, {"x": x}, engine=engine)) == ["y"]  # the graph's own, from their own runner
     assert model.SerializeToString() == before
 
@@ -210,13 +210,14 @@ def test_cli_run_output(tmp_path, capsys, demo):
     np.save(tmp_path / "x.npy", x)
     run = ("run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}")
     for engine in ENGINES:
-        code, out, err = call(capsys, *run, "--engine", engine, "--output", "w2", "--output", "h2")
+        code, out, err = call(capsys, *run, "--engine", engine, "--output", "w2_dequantized", "--output", "h2")
         assert code == 0, err
-        assert [line.split(":")[0] for line in out.splitlines()] == ["w2", "h2"]
-        assert out.startswith("w2: float32[128, 64]")
-    code, out, err = call(capsys, *run, "--output", "w3", "--output-dir", tmp_path / "out", "--engine", "onnxruntime")
+        assert [line.split(":")[0] for line in out.splitlines()] == ["w2_dequantized", "h2"]
+        assert out.startswith("w2_dequantized: float32[128, 64]")
+    w3 = "w3_DynamicDequantize_out"  # (float16: the Cast after it gives the MatMul float32)
+    code, out, err = call(capsys, *run, "--output", w3, "--output-dir", tmp_path / "out", "--engine", "onnxruntime")
     assert code == 0, err
-    assert np.load(tmp_path / "out" / "w3.npy").tobytes() == dyndq.run(model, {"x": x}, outputs=["w3"])["w3"].tobytes()
+    assert np.load(tmp_path / "out" / f"{w3}.npy").tobytes() == dyndq.run(model, {"x": x}, outputs=[w3])[w3].tobytes()
     code, out, err = call(capsys, *run, "--output", "nosuch", "--output-dir", tmp_path / "new")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "--output nosuch: found no value of that name in the model" in err

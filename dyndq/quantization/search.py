@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dyndq.quantize.rtn import Levels, half_of, qmax_of, rtn
+from dyndq.quantization.rtn import Levels, half_of, qmax_of, rtn
 
 SHRINK = np.linspace(0.5, 1.0, 8)  # fractions of the min-max scale tried
 SLIDE = (0.0, 1 / 3, 2 / 3, 1.0)  # where the window sits between the group's low and high ends

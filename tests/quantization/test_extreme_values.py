@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dyndq
-from dyndq.quantize.numerics import ScaleOutOfRange, quantize_weight
+from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
 
 from quantize_models import extreme_weights, heavy
 

@@ -12,7 +12,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
 from dyndq.files import save_model
-from dyndq.quantize import quantize_file
+from dyndq.quantization import quantize_file
 
 from quantize_models import heavy, mlp
 

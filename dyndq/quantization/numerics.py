@@ -20,7 +20,7 @@ weight's (float16 weights near 65504, whose scale rounded up) steps toward its g
 level until it is finite (`_within_range`): the value just inside the range, where ONNX
 Runtime's would be infinite.
 
-Pure NumPy and ml_dtypes: no onnx here.
+Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back: no onnx here.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from dyndq.quantize.rtn import Levels, half_of, rtn
-from dyndq.quantize.search import search
+from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
+from dyndq.quantization.rtn import Levels, half_of, rtn
+from dyndq.quantization.search import search
 
 METHODS = {"rtn": rtn, "search": search}
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
@@ -148,18 +149,6 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
 
 
-def dequantize(q: QuantizedWeight, dtype=None) -> np.ndarray:
-    """The weight DynamicDequantize-2 (then a Slice, then a Cast to `dtype`) gives back:
-    dtype(scale_dtype(float32(code - zero) * float32(scale)))."""
-    codes = q.codes.astype(np.int64)
-    zeros = 0 if q.zero_points is None else q.zero_points.astype(np.int64)
-    expand = [np.repeat(a, q.group, axis=q.axis) if np.ndim(a) else a for a in (q.scales, zeros)]
-    values = (codes - expand[1]).astype(np.float32) * expand[0].astype(np.float32)
-    values = values.astype(q.scales.dtype)
-    values = np.take(values, np.arange(q.length), axis=q.axis)
-    return values.astype(dtype or q.scales.dtype)
-
-
 def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> Levels:
     """Rows of the whole axis: full groups, then the short last one (if any) on its own."""
     n_rows, length = rows.shape
@@ -181,13 +170,12 @@ def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> L
 
 
 def _values(levels, zeros, scales, dtype) -> np.ndarray:
-    """Rows of levels as the graph gives them back: dtype(scale_dtype(float32(level - zero) *
-    float32(scale))), padding included (an overflow is infinite, as the kernel's)."""
+    """Rows of levels as the graph gives them back, padding included: our kernel's values (an
+    overflow infinite), cast to the weight's `dtype`."""
     group = levels.shape[1] // scales.shape[1]
-    diff = levels.astype(np.int16) - np.repeat(zeros, group, axis=1)
+    values = dynamic_dequantize(levels, scales, zeros, qtype="per_group", group_shape=[1, group])
     with np.errstate(over="ignore"):
-        values = diff.astype(np.float32) * np.repeat(scales, group, axis=1).astype(np.float32)
-        return values.astype(scales.dtype).astype(dtype)
+        return values.astype(dtype)
 
 
 def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels, np.ndarray]:

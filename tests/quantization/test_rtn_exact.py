@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from onnx import numpy_helper as nh
 
 import dyndq
-from dyndq.quantize.numerics import quantize_weight
+from dyndq.quantization.numerics import quantize_weight
 
 ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: in the test extra)
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits  # noqa: E402

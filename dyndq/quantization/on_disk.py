@@ -21,8 +21,12 @@ import onnx
 
 from dyndq.plumbing.light import nbytes
 from dyndq.opdefs import Problem
-from dyndq.quantize.quantizer import EMITS, EVALUATE_BELOW, OptionError, _quantize, _settings, _Tensors
-from dyndq.quantize.report import QuantizeReport
+from dyndq.quantization.options import OptionError, QuantizeOptions
+from dyndq.quantization.quantizer import Tensors, quantize_model
+from dyndq.quantization.report import QuantizeReport
+
+EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
+EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
 
 
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
@@ -34,7 +38,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     if emit not in EMITS:
         raise OptionError([Problem("emit", repr(emit), ", ".join(EMITS))])
     loaded = read_model(src, load_data=False)
-    settings = _settings(loaded.model, seed=seed, **options)
+    checked = QuantizeOptions.checked(loaded.model, seed=seed, **options)
     too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
     measure = not too_big if evaluate is None else evaluate
     out = None
@@ -43,12 +47,12 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
         with staged_write(dst, external_data=True) as stage:
             written = stage.location
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
-                quantized, report = _quantize(loaded.model, settings, _Tensors(loaded, DataFile(f, stage.location)),
-                                              strict, progress)
+                quantized, report = quantize_model(loaded.model, checked, Tensors(loaded, DataFile(f, stage.location)),
+                                                   strict=strict, progress=progress)
             onnx.save_model(quantized, stage.model)
             del quantized
     else:
-        out, report = _quantize(loaded.model, settings, _Tensors(loaded), strict, progress)
+        out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress)
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 
@@ -68,9 +72,9 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
         report.kept_files = [location for location in loaded.locations if location != written]
     if measure:
         from dyndq.files import load_model
-        from dyndq.quantize.evaluate import output_error
+        from dyndq.quantization.evaluate import output_error
 
-        report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=seed)
+        report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=checked.seed)
     else:
         report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
                                else "not measured (evaluate=False)")

@@ -8,9 +8,9 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
-from dyndq.quantize.numerics import dequantize, quantize_weight
+from dyndq.quantization.numerics import quantize_weight
 
-from quantize_models import heavy, mlp
+from quantize_models import dequantized, heavy, mlp
 
 
 def one_node(op, weight, *, a_shape=None, out_shape=None, opset=21, ir=10, **attrs):
@@ -44,8 +44,8 @@ def test_gather_tables_come_back_exactly_on_both_engines(dtype, scale_dtype, hid
     model = one_node("Gather", table, out_shape=["n", hidden])
     out, report = dyndq.quantize(model, bits=bits, group_size=group, symmetric=symmetric, scale_dtype=scale_dtype, evaluate=False)
     assert dyndq.check(out) == []
-    want = dequantize(quantize_weight(table, axis=1, group_size=group, bits=bits, symmetric=symmetric,
-                                      scale_dtype=scale_dtype, rule="gather"), dtype)
+    want = dequantized(quantize_weight(table, axis=1, group_size=group, bits=bits, symmetric=symmetric,
+                                       scale_dtype=scale_dtype, rule="gather"), dtype)
     for got in table_through_gather(out, 40):
         assert got.dtype == dtype
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -76,7 +76,7 @@ def test_every_op_form(op, shape, attrs, axis):
     layer, = report.layers
     assert layer.ops == [op] and layer.shape == list(shape) and layer.nodes == ["node"]
     q = quantize_weight(w, axis=axis, group_size=64)
-    dq = dequantize(q, w.dtype)
+    dq = dequantized(q, w.dtype)
     x = np.random.default_rng(0).standard_normal(a_shape).astype(np.float32)
     want = x @ (dq.T if attrs.get("transB") else dq)
     for engine in ("reference", "onnxruntime"):
@@ -163,7 +163,7 @@ def test_weights_of_subgraph_nodes_from_an_outer_graph():
     assert sorted(layer.nodes) == ["else_mm", "then_mm"] and layer.graph == "main"
     assert dyndq.check(out) == []
     x = np.ones((2, 128), np.float32)
-    dq = dequantize(quantize_weight(w, axis=0, group_size=128))
+    dq = dequantized(quantize_weight(w, axis=0, group_size=128))
     for engine in ("reference", "onnxruntime"):
         got = dyndq.run(out, {"c": np.array(True), "x": x}, engine=engine)["y"]
         np.testing.assert_allclose(got, x @ dq, rtol=1e-5, atol=1e-5)
@@ -192,7 +192,7 @@ def problems_of(excinfo):
     (dict(ops=("Conv",)), "ops"), (dict(exclude=("nope",)), "exclude"), (dict(ops=()), "ops"), (dict(seed=-1), "seed"),
 ])
 def test_bad_options_are_named(model, kwargs, argument):
-    from dyndq.quantize import OptionError
+    from dyndq.quantization import OptionError
 
     with pytest.raises(OptionError) as e:  # (a ValidationError: about the call, not the model)
         dyndq.quantize(model, **kwargs)
@@ -244,7 +244,7 @@ def test_nan_weights_are_left_alone_and_said():
 
 
 def test_nothing_to_quantize_is_a_problem():
-    from dyndq.quantize import NothingToQuantize
+    from dyndq.quantization import NothingToQuantize
 
     model = one_node("MatMul", np.ones((64, 8), np.int8), a_shape=[2, 64], out_shape=[2, 8])
     with pytest.raises(NothingToQuantize) as e:
@@ -271,9 +271,10 @@ def test_bfloat16_model_runs_on_the_reference_engine():
     assert y.dtype == ml_dtypes.bfloat16 and y.shape == (2, 256)
 
 
-def test_quantize_is_the_package_and_the_function():
-    import dyndq.quantize.rtn  # noqa: F401  (binds dyndq.quantize to the package)
+def test_dyndq_quantize_stays_the_function_once_the_package_is_imported():
+    import dyndq.quantization.rtn  # noqa: F401  (binds dyndq.quantization, never dyndq.quantize)
 
+    assert dyndq.quantize is dyndq.quantization.quantize
     out, report = dyndq.quantize(mlp(), evaluate=False)
     assert len(report.layers) == 3
 

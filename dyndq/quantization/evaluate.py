@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from dyndq.quantize.numerics import ErrorStats
-from dyndq.quantize.report import OutputError
+from dyndq.quantization.numerics import ErrorStats
+from dyndq.quantization.report import OutputDifference
 from dyndq.wording import first_line
 
 ENGINE = "onnxruntime"
 
 
-def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, seed: int = 0) -> tuple[list[OutputError], str]:
+def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *,
+                 seed: int = 0) -> tuple[list[OutputDifference], str]:
     """(per output errors, how they were measured) or ([], why they were not)."""
     from dyndq.parity import example_feeds
     from dyndq.runner import Runner  # (not runner(): its cache would keep both sessions, weights and all)
@@ -39,7 +40,7 @@ def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, se
             continue
         stats = ErrorStats()
         stats.add(w.ravel(), g.ravel())
-        errors.append(OutputError(name, stats.relative, stats.max_abs, stats.cosine))
+        errors.append(OutputDifference(name, stats.relative, stats.max_abs, stats.cosine))
     note = f"seeded random inputs, seed {seed}, {ENGINE}"
     if unbounded:
         note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"

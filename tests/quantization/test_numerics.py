@@ -1,5 +1,5 @@
 """One weight quantized: the layout (axes, ranks, groups that do not divide the axis, per
-channel), the dequantized values (equal to our kernel's, bit for bit), the error statistics,
+channel), the dequantized values (our kernel's equal to the tests' oracle's, bit for bit), the error statistics,
 and the methods' error ordering: exhaustive <= search <= rtn."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dyndq
-from dyndq.quantize.numerics import ErrorStats, code_dtype, dequantize, quantize_weight
-from dyndq.quantize.rtn import rtn
-from dyndq.quantize.search import exhaustive, search, squared_error
+from dyndq.quantization.numerics import ErrorStats, code_dtype, quantize_weight
+from dyndq.quantization.rtn import rtn
+from dyndq.quantization.search import exhaustive, search, squared_error
 
-from quantize_models import heavy
+from quantize_models import dequantized, heavy
 
 
 def kernel_dequantize(q):
@@ -50,15 +50,15 @@ def test_layout_and_values_on_any_axis_and_group(shape, axis_pick, group_pick, b
     assert q.scales.dtype == np.dtype(dtypes[1] or dtypes[0])
     assert (q.zero_points is None) == symmetric
     assert q.padded_to == (None if length % g == 0 else groups * g)
-    # the values the graph gives back are our kernel's, bit for bit
-    got = dequantize(q)
+    # our kernel takes the codes as they are laid out, and gives the oracle's values, bit for bit
+    got = dequantized(q)
     np.testing.assert_array_equal(got.view(np.uint8), kernel_dequantize(q).view(np.uint8))
     # and the statistics are those of that weight
     stats = ErrorStats()
-    stats.add(w, dequantize(q, w.dtype))
+    stats.add(w, dequantized(q, w.dtype))
     assert q.stats.sq_error == pytest.approx(stats.sq_error, rel=1e-9, abs=1e-30)
     assert q.stats.max_abs == stats.max_abs
-    assert q.stats.relative == pytest.approx(np.linalg.norm((w.astype(np.float64) - dequantize(q, w.dtype).astype(np.float64)).ravel())
+    assert q.stats.relative == pytest.approx(np.linalg.norm((w.astype(np.float64) - dequantized(q, w.dtype).astype(np.float64)).ravel())
                                              / np.linalg.norm(w.astype(np.float64).ravel()) if np.any(w) else q.stats.relative)
 
 
@@ -78,7 +78,7 @@ def test_padding_holds_level_zero_and_is_sliced_away():
     q = quantize_weight(w, axis=0, group_size=128, bits=4)
     assert q.padded_to == 256 and q.length == 200
     assert (q.codes[200:].astype(np.int8) == 0).all()  # (level 0: the bytes MatMulNBits holds there)
-    assert dequantize(q).shape == (200, 8)
+    assert kernel_dequantize(q).shape == (200, 8)
 
 
 def test_a_group_per_whole_axis():
@@ -103,7 +103,7 @@ def test_search_never_worse_than_rtn_group_by_group(bits, symmetric, df):
         assert (squared_error(groups, search(groups, **kw)) <= squared_error(groups, rtn(groups, **kw))).all()
 
 
-# The limit (issue 25, point 3): on Student-t weights with 3 to 5 degrees of freedom, 4 bits,
+# The limit: on Student-t weights with 3 to 5 degrees of freedom, 4 bits,
 # groups of 128, the exhaustive search reaches about 0.955x RTN's relative Frobenius error.
 # Measured here on 256 groups per case; the benchmark measures it on more (docs/quantize.md).
 @pytest.mark.parametrize("df", [3, 4, 5])
@@ -114,7 +114,7 @@ def test_search_reaches_within_one_percent_of_the_exhaustive_bound(df):
     e_search = squared_error(groups, search(groups, **kw)).sum()
     e_bound = exhaustive(groups, bits=4, symmetric=False, scales=300).sum()
     ratio_search, ratio_bound = np.sqrt(e_search / e_rtn), np.sqrt(e_bound / e_rtn)
-    assert 0.93 < ratio_bound < 0.97  # the limit is where the issue says it is
+    assert 0.93 < ratio_bound < 0.97  # the limit is where docs/quantize.md says it is
     assert ratio_search <= 0.97
     assert ratio_search <= ratio_bound * 1.01  # within 1% of the limit
     assert e_bound <= e_search * (1 + 1e-9)  # and the limit is a limit (no better than it)

@@ -1,5 +1,5 @@
-"""Small float models for the quantizer's tests, with seeded heavy-tailed weights (loaded by
-conftest.py as the module `quantize_models`)."""
+"""Small float models for the quantizer's tests, with seeded heavy-tailed weights, and the weight
+the graph gives back for a quantized one (loaded by tests/conftest.py as the module `quantize_models`)."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -9,6 +9,16 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def dequantized(q, dtype=None) -> np.ndarray:
+    """The weight the graph gives back for a QuantizedWeight `q`, by the tests' oracle (independent
+    of our kernel): DynamicDequantize-2 on its codes, then the Slice to the weight's length, then
+    a Cast to `dtype` (default: the scales' dtype)."""
+    from cases import oracle_2
+
+    values = oracle_2(q.codes, q.scales, q.zero_points, "per_group", group_shape=q.group_shape)
+    return np.take(values, np.arange(q.length), axis=q.axis).astype(dtype or q.scales.dtype)
 
 
 def heavy(shape, seed=0, df=4, scale=0.02, dtype=np.float32) -> np.ndarray:

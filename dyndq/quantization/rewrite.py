@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from dyndq.build import make_node
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.types import elem_type
-from dyndq.quantize.numerics import QuantizedWeight
+from dyndq.quantization.numerics import QuantizedWeight
 
 
 @dataclass

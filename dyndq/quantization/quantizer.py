@@ -9,35 +9,26 @@ made, so the memory it takes is about the largest weight twice plus the model's 
 """
 from __future__ import annotations
 
-import numbers
 import time
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dyndq.plumbing.ir import ir_version_for
+from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
 from dyndq.plumbing.names import all_names
 from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.plumbing.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
-from dyndq.quantize import plan as planning
-from dyndq.quantize.numerics import METHODS, QuantizedWeight, ScaleOutOfRange, quantize_weight
-from dyndq.quantize.report import LayerReport, QuantizeReport
-from dyndq.quantize.rewrite import placed
+from dyndq.quantization import plan as planning
+from dyndq.quantization.numerics import QuantizedWeight, ScaleOutOfRange, quantize_weight
+from dyndq.quantization.options import QuantizeOptions
+from dyndq.quantization.report import LayerReport, QuantizeReport
+from dyndq.quantization.rewrite import placed
 from dyndq.wording import plural
 
-SCALE_DTYPES = ("float32", "float16", "bfloat16")
-EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
-INT4_IR = 10  # int4/uint4 tensors need IR version 10
-EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
-
-
-class OptionError(ValidationError):
-    """Options `quantize` cannot work with (a group size of 0, an op it does not quantize, a
-    name the model does not hold): a mistake in the call, not in the model (the CLI: exit 2)."""
 
 
 class NothingToQuantize(ValidationError):
@@ -76,63 +67,19 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     from dyndq.files import model_of
 
     model = model_of(model, "quantize")
-    settings = _settings(model, bits=bits, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype, ops=ops,
-                         exclude=exclude, method=method, seed=seed)
-    out, report = _quantize(model, settings, _Tensors(), strict, progress)
+    options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
+                                      scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed)
+    out, report = quantize_model(model, options, strict=strict, progress=progress)
     if evaluate:
-        from dyndq.quantize.evaluate import output_error
+        from dyndq.quantization.evaluate import output_error
 
-        report.outputs, report.outputs_note = output_error(model, out, seed=seed)
+        report.outputs, report.outputs_note = output_error(model, out, seed=options.seed)
     else:
         report.outputs_note = "not measured (evaluate=False)"
     return out, report
 
 
-def _settings(model, *, bits=4, group_size=128, symmetric=False, scale_dtype=None, ops=planning.OPS, exclude=(),
-              method="rtn", seed=0) -> dict:
-    """The options checked (OptionError naming every bad one) and written out (the seed, which
-    only the output error uses, is checked and left out)."""
-    problems = []
-
-    def bad(argument, found, allowed):
-        problems.append(Problem(argument, found, allowed))
-
-    if isinstance(bits, bool) or bits not in (4, 8):
-        bad("bits", repr(bits), "4 or 8")
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or not (group_size >= 1 or group_size == -1):
-        bad("group_size", repr(group_size), "a whole number >= 1, or -1 for one group per whole axis (per channel)")
-    if not isinstance(symmetric, (bool, np.bool_)):
-        bad("symmetric", repr(symmetric), "True or False")
-    name = None
-    if scale_dtype is not None:
-        try:
-            name = np.dtype(scale_dtype).name
-        except TypeError:
-            name = repr(scale_dtype)
-        if name not in SCALE_DTYPES:
-            bad("scale_dtype", repr(scale_dtype), ", ".join(SCALE_DTYPES) + " (or None: each weight's own dtype)")
-    if method not in METHODS:
-        bad("method", repr(method), ", ".join(METHODS))
-    ops = (ops,) if isinstance(ops, str) else tuple(ops)
-    for op in ops:
-        if op not in planning.OPS:
-            bad("ops", repr(op), ", ".join(planning.OPS))
-    if not ops:
-        bad("ops", "no op", "one or more of " + ", ".join(planning.OPS))
-    exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
-    nodes, weights = planning.names_of(model)
-    for x in exclude:
-        if x not in nodes and x not in weights:
-            bad("exclude", repr(x), "the name of a node or a weight (initializer) of the model")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        bad("seed", repr(seed), "a whole number >= 0")
-    if problems:
-        raise OptionError(problems)
-    return dict(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name,
-                ops=list(ops), exclude=list(exclude), method=method)
-
-
-class _Tensors:
+class Tensors:
     """Where weights are read from and the new model's tensors go: kept in the model (the
     default), or, for a model read without its external data, read one at a time and written
     one at a time to `data` (a files.DataFile) as they come."""
@@ -157,14 +104,19 @@ class _Tensors:
         return tensor if self.loaded is None else tensor_with_data(tensor, self.loaded)
 
 
-def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onnx.ModelProto, QuantizeReport]:
+def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Tensors | None = None, *,
+                   strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+    """`quantize`'s work on a model and its options judged (`QuantizeOptions.checked`), the
+    weights read from and the new tensors written to `tensors` (default: the models themselves),
+    the output error not measured."""
     started = time.perf_counter()
-    found = planning.plan(model, ops=settings["ops"], exclude=settings["exclude"], group_size=settings["group_size"])
-    report = QuantizeReport(settings, left_alone=list(found.problems))
+    tensors = Tensors() if tensors is None else tensors
+    found = planning.plan(model, ops=options.ops, exclude=options.exclude, group_size=options.group_size)
+    report = QuantizeReport(options, left_alone=list(found.problems))
     if strict and found.problems:
         raise ValidationError(found.problems)
     if not found.targets:
-        raise NothingToQuantize(found.problems, settings["ops"])
+        raise NothingToQuantize(found.problems, options.ops)
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
@@ -178,7 +130,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
     def quantize_one(target, weight, scope, add) -> bool:
         nonlocal done
         opset = ai_onnx_version(scope.imports) or 1
-        layer, nodes = _one_weight(target, weight, settings, names, opset, every, add)
+        layer, nodes = _one_weight(target, weight, options, names, opset, every, add)
         done += 1
         if layer is None:
             report.left_alone.append(nodes)
@@ -219,7 +171,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
-        raise NothingToQuantize(report.left_alone, settings["ops"])
+        raise NothingToQuantize(report.left_alone, options.ops)
     for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
         scope = every[path]
         for node in gone.get(path, ()):
@@ -228,7 +180,7 @@ def _quantize(model, settings, tensors: _Tensors, strict, progress) -> tuple[onn
             scope.nodes.insert(0, node)
         if scope.in_function:
             import_at_least(scope.top.imports, DOMAIN, 2)  # (2: a superset of 1)
-    _set_imports(out, int4=settings["bits"] == 4)
+    _set_imports(out)
     report.seconds = time.perf_counter() - started
     return out, report
 
@@ -239,7 +191,7 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return t
 
 
-def _one_weight(target, weight, settings, names, opset, scopes_by_path, add):
+def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_by_path, add):
     """(LayerReport, nodes), having added the weight's tensors (`add(tensor)`) and pointed its
     readers at the dequantized value; or (None, Problem) for a weight that cannot be."""
     started = time.perf_counter()
@@ -249,9 +201,9 @@ def _one_weight(target, weight, settings, names, opset, scopes_by_path, add):
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     try:
         q: QuantizedWeight = quantize_weight(
-            weight, axis=target.axis, group_size=settings["group_size"], bits=settings["bits"],
-            symmetric=settings["symmetric"], scale_dtype=settings["scale_dtype"] or target.dtype,
-            method=settings["method"], rule=target.rule)
+            weight, axis=target.axis, group_size=options.group_size, bits=options.bits,
+            symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
+            method=options.method, rule=target.rule)
     except ScaleOutOfRange as e:
         u = target.uses[0]
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", e.found, e.allowed,
@@ -299,7 +251,7 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
             graph.input.remove(vi)
 
 
-def _set_imports(model: onnx.ModelProto, *, int4: bool) -> None:
-    """Our domain at version 2, and the IR version what the model now holds needs."""
+def _set_imports(model: onnx.ModelProto) -> None:
+    """Our domain at version 2, and the IR version what the model now holds needs (int4 codes: 10)."""
     import_at_least(model.opset_import, DOMAIN, 2)
-    model.ir_version = max(model.ir_version, ir_version_for(model.opset_import), INT4_IR if int4 else 0)
+    model.ir_version = max(model.ir_version, model_ir(model))

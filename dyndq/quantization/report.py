@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dyndq.opdefs import Problem
 from dyndq.wording import plural, table
+
+if TYPE_CHECKING:
+    from dyndq.quantization.options import QuantizeOptions
 
 
 @dataclass
@@ -29,8 +33,8 @@ class LayerReport:
 
 
 @dataclass
-class OutputError:
-    """One graph output of the quantized model against the float model's, same inputs."""
+class OutputDifference:
+    """How far one graph output of the quantized model is from the float model's, same inputs."""
 
     name: str
     relative_error: float
@@ -40,10 +44,10 @@ class OutputError:
 
 @dataclass
 class QuantizeReport:
-    settings: dict
+    options: QuantizeOptions  # as `quantize` judged them; `as_dict` writes them as "settings"
     layers: list[LayerReport] = field(default_factory=list)
     left_alone: list[Problem] = field(default_factory=list)  # weights of the chosen ops not quantized, and why
-    outputs: list[OutputError] = field(default_factory=list)
+    outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
     seconds: float = 0.0
     # the export to the form asked for (quantize_file's emit "onnx", "onnxruntime"): "written for
@@ -67,15 +71,15 @@ class QuantizeReport:
         return self.bytes_after / self.bytes_before if self.bytes_before else 1.0
 
     def summary(self) -> str:
-        s = self.settings
-        kind = f"{'int' if s['symmetric'] else 'uint'}{s['bits']}"
-        group = "per channel" if s["group_size"] == -1 else f"groups of {s['group_size']}"
+        o = self.options
+        kind = f"{'int' if o.symmetric else 'uint'}{o.bits}"
+        group = "per channel" if o.group_size == -1 else f"groups of {o.group_size}"
         alone = f"; {len(self.left_alone)} left alone" if self.left_alone else ""
         return (f"quantized {plural(len(self.layers), 'weight')} to {kind} ({group}, "
-                f"{'symmetric' if s['symmetric'] else 'asymmetric'}, {s['method']}){alone}")
+                f"{'symmetric' if o.symmetric else 'asymmetric'}, {o.method}){alone}")
 
     def size_line(self) -> str:
-        bits = self.settings["bits"]
+        bits = self.options.bits
         return (f"weights: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
                 f"the codes alone would be {bits}/32 = {bits / 32:.3f}x of float32)")
 
@@ -101,7 +105,7 @@ class QuantizeReport:
 
     def as_dict(self) -> dict:
         return {
-            "settings": self.settings,
+            "settings": self.options.settings(),
             "layers": [dataclasses.asdict(layer) for layer in self.layers],
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,

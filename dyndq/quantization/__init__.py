@@ -1,0 +1,21 @@
+"""Weight-only quantization of float ONNX models into DynamicDequantize-2 graphs.
+
+    import dyndq
+    out, report = dyndq.quantize(model, bits=4, group_size=128, method="search")
+
+The function is `dyndq.quantize` (also `dyndq.quantization.quantize`); this package, named
+otherwise so that the name `dyndq.quantize` means the function only, holds its parts.
+
+The numerics are pure NumPy functions of one weight (`rtn`, `search`, `numerics`), the
+graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), and
+`quantizer` ties them together; docs/quantize.md tells the whole story.
+"""
+from dyndq.quantization.options import SCALE_DTYPES, OptionError, QuantizeOptions
+from dyndq.quantization.quantizer import NothingToQuantize, quantize
+from dyndq.quantization.on_disk import EMITS, onednn_graph, quantize_file
+from dyndq.quantization.numerics import METHODS
+from dyndq.quantization.plan import OPS
+from dyndq.quantization.report import LayerReport, OutputDifference, QuantizeReport
+
+__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputDifference",
+           "QuantizeOptions", "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]

@@ -1,0 +1,20 @@
+"""benchmarks/bench_quantize.py runs end to end on a small model, as a script (its exactness check
+included); its timings are never asserted."""
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_quantize.py"
+SMALL = ["--hidden", "128", "--layers", "1", "--intermediate", "256", "--vocab", "300", "--heads", "2",
+         "--sample-groups", "16", "--scales", "20", "--no-hqq"]
+
+
+def test_bench_quantize_runs_small(tmp_path):
+    p = subprocess.run([sys.executable, str(BENCH), *SMALL], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = p.stdout
+    assert "machine: " in text and "load average" in text
+    assert "quantize time (4 bits, groups of 128, asymmetric" in text and "ORT RTN (MatMulNBits, GatherBlockQuantized)" in text
+    assert "dyndq rtn gives ONNX Runtime's RTN weights, value for value: yes" in text
+    assert "dyndq search" in text and "the bound on 16 sampled groups" in text
+    assert "on the reference engine" in text and "dyndq quantize (rtn)" in text
