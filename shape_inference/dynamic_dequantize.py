@@ -145,7 +145,7 @@ def _check_per_group(src, scales, zps, group_shape, problems) -> None:
         if rank is not None and len(scales.shape) != rank:
             problems.append(Problem("scales", f"shape {_fmt(scales.shape)} (rank {len(scales.shape)})",
                                     f"src's rank {rank} (qtype='per_group')"))
-        elif groups is not None and len(scales.shape) == len(groups):
+        elif groups is not None and src.shape is not None and len(scales.shape) == len(groups):
             bad_dims = []
             for i, (d, n, g) in enumerate(zip(src.shape, scales.shape, groups)):
                 if isinstance(d, int) and d % g:

@@ -133,7 +133,6 @@ def test_kernels_and_shape_rules_import_and_run_without_onnx():
 # -- the tests' own layout ------------------------------------------------------------------------
 
 TESTS = ROOT / "tests"
-HELPERS = {"cases", "decoder", "quantize_models"}  # the shared helpers (tests/<name>.py), importable by name
 
 
 def _test_files():

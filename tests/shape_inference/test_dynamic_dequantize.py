@@ -106,3 +106,13 @@ def test_group_shape_of_the_wrong_kind(group_shape):
 def test_version_1_knows_no_group_shape():
     with pytest.raises(TypeError):
         OP.shape_inference(TensorSpec("int8", (4,)), TensorSpec("float32", (1,)), group_shape=[4])
+
+
+def test_per_group_with_src_of_unknown_shape_infers_what_it_can():
+    """A src whose shape nothing tells (a value no node makes, in `check`) is no crash: the
+    output's dtype is known, its shape not."""
+    from dyndq import DYNAMIC_DEQUANTIZE_2, TensorSpec
+
+    out = DYNAMIC_DEQUANTIZE_2.shape_inference(TensorSpec("int4", None), TensorSpec("float32", (2, 3)), None,
+                                               qtype="per_group", group_shape=(2, 1))
+    assert (out.dtype, out.shape) == ("float32", None)
