@@ -29,7 +29,7 @@ def test_mlp_engines_agree_and_inputs_untouched():
     x0 = feeds["x"].copy()
     ref = dyndq.run(model, feeds)
     ort = dyndq.run(model, feeds, engine="onnxruntime")
-    assert close_after_matmul(ref["y"], ort["y"])  # (the MatMuls' sums; our op's outputs: test_run_2)
+    assert close_after_matmul(ref["y"], ort["y"])  # (the MatMuls' sums; our op's outputs: test_run_version_2_on_onnxruntime.py)
     assert model.SerializeToString() == before_model
     assert np.array_equal(feeds["x"], x0)
 
