@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 import dyndq
 from cases import oracle, oracle_2, random_array, run_onnxruntime, run_ort, same_bits
 from dyndq import onednn
-from dyndq.opdefs import dtypes
+
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
 

@@ -7,11 +7,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import dyndq
+from cases import hand_model, weighted_model
 from dyndq import onednn
 from dyndq.cli import main
+
+vi = helper.make_tensor_value_info
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
 
@@ -26,19 +29,6 @@ def _problems(source):
     with pytest.raises(dyndq.ValidationError) as e:
         onednn.load(source)
     return e.value.problems
-
-
-def _hand_model():
-    """DynamicDequantize feeding a MatMul and an Add, in plain ONNX (no oneDNN metadata)."""
-    vi = helper.make_tensor_value_info
-    nodes = [dyndq.make_node(["w", "s", "z"], ["wd"], name="deq", qtype="per_channel", axis=1),
-             helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm"),
-             helper.make_node("Add", ["y", "b"], ["out"], name="bias")]
-    g = helper.make_graph(nodes, "hand", [vi("x", TensorProto.FLOAT, [2, 4]), vi("w", TensorProto.INT8, [4, 3]),
-                                          vi("s", TensorProto.FLOAT, [3]), vi("z", TensorProto.INT8, [3]),
-                                          vi("b", TensorProto.FLOAT, [3])],
-                          [vi("out", TensorProto.FLOAT, [2, 3])])
-    return dyndq.make_model(g)
 
 
 def test_cli_imports_runs_and_exports(tmp_path, capsys):
@@ -60,7 +50,7 @@ def test_the_bad_example_of_the_readme_is_refused_whole():
 
 
 def test_cli_export_onednn_refuses_with_every_problem(tmp_path, capsys):
-    model = _hand_model()
+    model = hand_model()
     model.graph.node.append(helper.make_node("LpNormalization", ["out"], ["n"], name="norm"))
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
@@ -79,9 +69,6 @@ def test_cli_names_every_problem_and_writes_nothing(tmp_path, capsys):
     assert "2 problems" in err and "genindex_row" in err and "genindex_col" in err
     assert not (tmp_path / "m.onnx").exists()
     assert main(["import-onednn", str(tmp_path / "missing.json"), str(tmp_path / "m.onnx")]) == 2
-
-
-vi = helper.make_tensor_value_info
 
 
 def test_run_takes_every_input_from_a_folder_and_names_the_missing(tmp_path, capsys):
@@ -103,28 +90,9 @@ def test_run_takes_every_input_from_a_folder_and_names_the_missing(tmp_path, cap
     assert out == by_folder and "stray.npy is for no input" in err
 
 
-def _weighted_model():
-    """MatMul with weights, Reshape, ReduceSum, ReduceMax and QuantizeLinear, all with constants."""
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc"),
-             helper.make_node("Reshape", ["y", "shape"], ["r"], name="flat"),
-             helper.make_node("ReduceMax", ["r", "axes"], ["m"], name="top", keepdims=1),
-             helper.make_node("Sub", ["r", "m"], ["d"], name="shift"),
-             helper.make_node("ReduceSum", ["d", "axes"], ["s"], name="total", keepdims=0),
-             helper.make_node("QuantizeLinear", ["s", "scale", "zp"], ["q"], name="quant")]
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([3, 2], np.int64), "shape"),
-             numpy_helper.from_array(np.array([1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
-             numpy_helper.from_array(np.array(-3, np.int8), "zp")]
-    g = helper.make_graph(nodes, "weighted", [vi("x", TensorProto.FLOAT, [2, 4])], [vi("q", TensorProto.INT8, [3])],
-                          inits)
-    return dyndq.make_model(g)
-
-
 def test_export_onednn_weights_as_inputs_writes_them_beside_the_json_and_run_takes_them(tmp_path, capsys):
     src, out = tmp_path / "m.onnx", tmp_path / "m.json"
-    onnx.save(_weighted_model(), src)
+    onnx.save(weighted_model(), src)
     assert main(["export-onednn", str(src), str(out)]) == 1
     assert "--weights-as-inputs" in capsys.readouterr().err and not out.exists()
     assert main(["export-onednn", str(src), str(out), "--weights-as-inputs"]) == 0

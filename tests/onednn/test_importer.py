@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import dyndq
+from cases import both, graph, lt, op
 from dyndq import onednn
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onednn"
@@ -50,30 +51,6 @@ def test_ports_left_out_are_found_and_ports_naming_nothing_are_noted():
 
 
 UNKNOWN = -9223372036854775808  # DNNL_GRAPH_UNKNOWN_DIM
-
-
-def lt(i, dtype, shape, prop="variable"):
-    return {"id": i, "dtype": dtype, "shape": list(shape), "stride": [], "layout_type": "strided", "property_type": prop}
-
-
-def graph(*ops, inputs=None, outputs=None):
-    doc = {"version": "3.9.0", "graph": list(ops)}
-    if inputs is not None:
-        doc["input_ports"] = inputs
-    if outputs is not None:
-        doc["output_ports"] = outputs
-    return doc
-
-
-def op(i, kind, ins, outs, **attrs):
-    types = {bool: "bool", int: "s64", float: "f32", str: "string"}
-    typed = {k: {"type": (("f32[]" if isinstance(v[0], float) else "s64[]") if isinstance(v, list) else types[type(v)]),
-                 "value": v} for k, v in attrs.items()}
-    return {"id": i, "name": f"{kind.lower()}_{i}", "kind": kind, "attrs": typed, "inputs": ins, "outputs": outs}
-
-
-def both(model, feeds):
-    return dyndq.run(model, feeds), dyndq.run(model, feeds, engine="onnxruntime")
 
 
 def test_an_unknown_dim_is_taken_from_the_producer():

@@ -16,17 +16,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
-from cases import run_onnxruntime, same_bits
+from cases import both, graph, lt, op, run_onnxruntime, same_bits
 from dyndq import onednn
 from dyndq.onednn.handler import inverse_table
 
 ENGINES = ("reference", "onnxruntime")
 
 FLOATS = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
-
-
-def lt(i, dtype, shape, prop="variable"):
-    return {"id": i, "dtype": dtype, "shape": list(shape), "stride": [], "layout_type": "strided", "property_type": prop}
 
 
 def one_op(kind, attrs, inputs, outputs):
@@ -432,26 +428,6 @@ def _problems(source):
     with pytest.raises(dyndq.ValidationError) as e:
         onednn.load(source)
     return e.value.problems
-
-
-def graph(*ops, inputs=None, outputs=None):
-    doc = {"version": "3.9.0", "graph": list(ops)}
-    if inputs is not None:
-        doc["input_ports"] = inputs
-    if outputs is not None:
-        doc["output_ports"] = outputs
-    return doc
-
-
-def op(i, kind, ins, outs, **attrs):
-    types = {bool: "bool", int: "s64", float: "f32", str: "string"}
-    typed = {k: {"type": (("f32[]" if isinstance(v[0], float) else "s64[]") if isinstance(v, list) else types[type(v)]),
-                 "value": v} for k, v in attrs.items()}
-    return {"id": i, "name": f"{kind.lower()}_{i}", "kind": kind, "attrs": typed, "inputs": ins, "outputs": outs}
-
-
-def both(model, feeds):
-    return dyndq.run(model, feeds), dyndq.run(model, feeds, engine="onnxruntime")
 
 
 F8 = [("f8_e4m3", ml_dtypes.float8_e4m3fn), ("f8_e5m2", ml_dtypes.float8_e5m2)]

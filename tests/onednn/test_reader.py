@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dyndq
+from cases import graph, lt, op
 from dyndq import onednn
 from dyndq.cli import main
 
@@ -389,26 +390,6 @@ def test_an_unknown_dtype_is_named():
 
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def lt(i, dtype, shape, prop="variable"):
-    return {"id": i, "dtype": dtype, "shape": list(shape), "stride": [], "layout_type": "strided", "property_type": prop}
-
-
-def graph(*ops, inputs=None, outputs=None):
-    doc = {"version": "3.9.0", "graph": list(ops)}
-    if inputs is not None:
-        doc["input_ports"] = inputs
-    if outputs is not None:
-        doc["output_ports"] = outputs
-    return doc
-
-
-def op(i, kind, ins, outs, **attrs):
-    types = {bool: "bool", int: "s64", float: "f32", str: "string"}
-    typed = {k: {"type": (("f32[]" if isinstance(v[0], float) else "s64[]") if isinstance(v, list) else types[type(v)]),
-                 "value": v} for k, v in attrs.items()}
-    return {"id": i, "name": f"{kind.lower()}_{i}", "kind": kind, "attrs": typed, "inputs": ins, "outputs": outs}
 
 
 def _chain(n: int, reverse: bool = False) -> dict:

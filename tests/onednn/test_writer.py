@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
-from cases import same_bits
+from cases import hand_model, same_bits, weighted_model
 from dyndq import onednn
 from dyndq.cli import main
 from dyndq.onednn.kinds import inverse_table
@@ -329,21 +329,8 @@ def test_dump_of_load_keeps_kinds_attributes_dtypes_shapes_and_names(path):
     assert back["output_ports"] == list(dict.fromkeys(doc.get("output_ports", back["output_ports"])))
 
 
-def _hand_model():
-    """DynamicDequantize feeding a MatMul and an Add, in plain ONNX (no oneDNN metadata)."""
-    vi = helper.make_tensor_value_info
-    nodes = [dyndq.make_node(["w", "s", "z"], ["wd"], name="deq", qtype="per_channel", axis=1),
-             helper.make_node("MatMul", ["x", "wd"], ["y"], name="mm"),
-             helper.make_node("Add", ["y", "b"], ["out"], name="bias")]
-    g = helper.make_graph(nodes, "hand", [vi("x", TensorProto.FLOAT, [2, 4]), vi("w", TensorProto.INT8, [4, 3]),
-                                          vi("s", TensorProto.FLOAT, [3]), vi("z", TensorProto.INT8, [3]),
-                                          vi("b", TensorProto.FLOAT, [3])],
-                          [vi("out", TensorProto.FLOAT, [2, 3])])
-    return dyndq.make_model(g)
-
-
 def test_load_of_dump_gives_back_the_computation():
-    model = _hand_model()
+    model = hand_model()
     doc = onednn.dump(model)
     assert [op["kind"] for op in doc["graph"]] == ["DynamicDequantize", "MatMul", "Add"]
     assert doc["graph"][0]["attrs"]["qtype"] == {"type": "string", "value": "per_channel"}
@@ -373,7 +360,7 @@ def test_load_of_dump_of_a_float16_model_computes_the_same():
 
 
 def test_dump_refuses_what_onednn_cannot_express_naming_each():
-    model = _hand_model()
+    model = hand_model()
     model.graph.node.append(helper.make_node("LpNormalization", ["out"], ["n"], name="norm"))
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(3, np.float32), "b"))
     with pytest.raises(dyndq.ValidationError) as e:
@@ -382,30 +369,8 @@ def test_dump_refuses_what_onednn_cannot_express_naming_each():
     assert ("norm", "op_type") in found and ("bias", "b") in found
 
 
-vi = helper.make_tensor_value_info
-
-
-def _weighted_model():
-    """MatMul with weights, Reshape, ReduceSum, ReduceMax and QuantizeLinear, all with constants."""
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc"),
-             helper.make_node("Reshape", ["y", "shape"], ["r"], name="flat"),
-             helper.make_node("ReduceMax", ["r", "axes"], ["m"], name="top", keepdims=1),
-             helper.make_node("Sub", ["r", "m"], ["d"], name="shift"),
-             helper.make_node("ReduceSum", ["d", "axes"], ["s"], name="total", keepdims=0),
-             helper.make_node("QuantizeLinear", ["s", "scale", "zp"], ["q"], name="quant")]
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([3, 2], np.int64), "shape"),
-             numpy_helper.from_array(np.array([1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
-             numpy_helper.from_array(np.array(-3, np.int8), "zp")]
-    g = helper.make_graph(nodes, "weighted", [vi("x", TensorProto.FLOAT, [2, 4])], [vi("q", TensorProto.INT8, [3])],
-                          inits)
-    return dyndq.make_model(g)
-
-
 def test_dump_maps_reshape_the_reductions_and_quantize_linear_back():
-    model = _weighted_model()
+    model = weighted_model()
     with pytest.raises(dyndq.ValidationError) as e:
         onednn.dump(model)
     [p] = e.value.problems  # the weights only: shape, axes, scale and zp are read as attributes
