@@ -53,7 +53,7 @@ class SkippedNode:
     graph: str  # "main", "main/if_node.then_branch", "function dom::Name"
     node: str  # its name, or its output's name when it had none
     reason: str
-    op_type: str = "DequantizeLinear"
+    op_type: str  # "DequantizeLinear", or "domain::OpType" outside ai.onnx
 
     def __str__(self) -> str:
         return f"{self.graph}: {self.op_type} {self.node!r} left alone: {self.reason}"
