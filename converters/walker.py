@@ -41,7 +41,7 @@ from onnx import numpy_helper
 
 from dyndq.opdefs import Refusal, TensorSpec
 from dyndq.plumbing.names import NameScope
-from dyndq.plumbing.opsets import ai_onnx_version, import_at_least, scope_opsets
+from dyndq.plumbing.opsets import ai_onnx_version, drop_opset, import_at_least, scope_opsets
 from dyndq.plumbing.types import dtype_name
 from dyndq.plumbing.walk import Scope, is_constant_node, scopes, scopes_under, with_nested
 
@@ -229,8 +229,8 @@ class _Walk:
             if scope.top is scope:
                 used = {n.domain for node in scope.nodes for n in with_nested(node)}
                 gone = self.replaced_domains.get(id(scope), set()) - used - {"", "ai.onnx"}
-                for o in [o for o in scope.imports if o.domain in gone]:
-                    scope.imports.remove(o)
+                for domain in gone:
+                    drop_opset(scope.imports, domain)
 
 
 def _rename(holder: Scope, names: dict[str, tuple[str, str]]) -> None:
