@@ -539,11 +539,10 @@ def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t) -> str:
 
 
 def _short_block_check(node: onnx.NodeProto, view: GraphView):
-    """(codes, axis, block, the Slice, the length it keeps) of a DynamicDequantize-2 per_group on
-    constant codes grouped along one axis whose one reader is a Slice cutting the padding of the
-    last group off that axis; a Refusal (not `mine` when the node is not of that shape)."""
-    if node.op_type != OP2.name:
-        return Refusal("not DynamicDequantize", mine=False)
+    """(codes, axis, block, the Slice, the length it keeps, the scales' dtype) of a
+    DynamicDequantize-2 per_group on constant codes grouped along one axis whose one reader is a
+    Slice cutting the padding of the last group off that axis; a Refusal (not `mine` when the
+    node is not of that shape)."""
     qtype, group = rw.ddq_attrs(node)
     src, scales, zps = inputs_of(node, 3)
     codes = view.constant(src) if src else None

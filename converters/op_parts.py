@@ -14,7 +14,7 @@ from dyndq.plumbing.opsets import op_version
 from dyndq.plumbing.types import attribute_values, make_attribute, repeated_attributes
 
 from .lowering_context import LoweringContext
-from .rewrite import GraphView, Rewrite
+from .rewrite import GraphView, Rewrite, stand_in
 from .rules import LIFT, LOWER, OURS, rule
 
 
@@ -61,14 +61,11 @@ def _lift_check(node: onnx.NodeProto, view: GraphView):
       check=_lift_check)
 def lift(found, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     op, plan = found
-    new = onnx.helper.make_node(op.name, list(plan.inputs), list(node.output), name=node.name or None,
-                                domain=op.domain)
+    new = onnx.helper.make_node(op.name, list(plan.inputs), list(node.output), domain=op.domain)
     # sorted by name, as onnx.helper.make_node writes them
     new.attribute.extend(make_attribute(k, op.attribute(k).kind.coerce(v), op.attribute(k).kind)
                          for k, v in sorted(plan.attrs.items()))
-    if node.HasField("doc_string"):
-        new.doc_string = node.doc_string
-    new.metadata_props.extend(node.metadata_props)
+    stand_in(new, node)
     return Rewrite([node], [new], form=plan.attrs.get("qtype", op.name), domains={op.domain: op.since_version})
 
 
@@ -82,22 +79,17 @@ def _lower_check(node: onnx.NodeProto, view: GraphView):
 @rule("one of ours -> standard ONNX, by the op version's lowering", kind=LOWER, pattern=(OURS, None),
       check=_lower_check, order=1)
 def lower(op: OpVersion, node: onnx.NodeProto, view: GraphView) -> Rewrite:
-    """The op version's lowering at the export's target opset (`view.options["opset"]`); the
-    last node stands where the original stood: it keeps its name, doc string and metadata."""
-    attrs = attrs_of(op, node)
+    """The op version's lowering at the export's target opset (`view.options["opset"]`, which
+    export chose from every node's `lowering_needs`: the nodes written need that opset); the last
+    node stands where the original stood: it keeps its name, doc string and metadata."""
+    opset = view.options["opset"]
     inputs = [name or None for name in list(node.input) + [""] * (len(op.inputs) - len(node.input))]
-    ctx = LoweringContext(opset=view.options["opset"], base=node.name or node.output[0], names=view.names,
-                          specs=view.spec)
-    result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs)
+    ctx = LoweringContext(opset=opset, base=node.name or node.output[0], names=view.names, specs=view.spec)
+    result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs_of(op, node))
     ctx.output_as(result, node.output[0])
     new = list(ctx.nodes)
     if new:
-        view.names.used.discard(new[-1].name)
-        if node.name:
-            new[-1].name = node.name
-        if node.HasField("doc_string"):  # (an empty one set would be written out: not the node given)
-            new[-1].doc_string = node.doc_string
-        new[-1].metadata_props.extend(node.metadata_props)
+        view.names.used.discard(new[-1].name)  # (its fresh name goes: it takes the original's)
+        stand_in(new[-1], node)
     form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
-    needs = op.lowering_needs(*input_specs(op, node, view.spec), **attrs)
-    return Rewrite([node], new, form=form, domains={"": needs.opset}, needs_why=needs.why)
+    return Rewrite([node], new, form=form, domains={"": opset}, needs_why=f"the export's target opset {opset}")

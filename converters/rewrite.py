@@ -28,6 +28,7 @@ from .lowering_context import LoweringContext
 SLICE_OPSET = 10
 BROADCAST_OPSET = 7
 
+
 @dataclass
 class GraphView:
     """What a rule may read of the graph a node stands in (the walker builds it).
@@ -52,11 +53,6 @@ class GraphView:
     in_function: bool = False
     options: dict = field(default_factory=dict)
 
-    @property
-    def opset(self) -> int:
-        """The ai.onnx opset the graph's scope imports (0: none)."""
-        return self.imports.get("", self.imports.get("ai.onnx", 0))
-
 
 @dataclass
 class Rewrite:
@@ -66,8 +62,8 @@ class Rewrite:
     itself in another form, which takes the source's name once nothing else reads it; e.g.
     "zero_points" for a value made beside it), `form` says in a few words what came out,
     `notes` what the reader should know of it, `domains` the opset imports the new nodes need
-    (for ai.onnx, "", the lowest version that has them, `needs_why` says why); `rule` is the
-    rule that made it and `op` the op version of ours it started from (set when a rule is applied)."""
+    (for ai.onnx, "", the lowest version that has them, `needs_why` says why); `op` is the op
+    version of ours the rule started from (set when a rule is applied)."""
 
     replaces: list[onnx.NodeProto]
     nodes: list[onnx.NodeProto]
@@ -77,7 +73,6 @@ class Rewrite:
     domains: dict[str, int] = field(default_factory=dict)
     derived: dict[str, tuple[str, str]] = field(default_factory=dict)
     needs_why: str = ""
-    rule: object = None
     op: object = None  # the op version of ours the node the rule started from resolved to (None: not ours)
 
 

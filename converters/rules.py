@@ -55,7 +55,6 @@ class Rule:
     makes: str = ""  # what a refusal is named after when several rules refuse one node: "not <makes>: ..."
     options: dict | None = None  # option name -> check(value) -> None or why the value is refused
     order: int = 0
-    module: str = ""
 
     def takes(self, node: onnx.NodeProto) -> bool:
         domain, op_type = self.pattern
@@ -81,7 +80,7 @@ def rule(name: str, *, kind: str, pattern: tuple, check: Callable, targets=(), m
 
     def attach(rewrite: Callable) -> Callable:
         _RULES.append(Rule(name, kind, tuple(pattern), check, rewrite, tuple(targets) if kind != LOWER else TARGETS,
-                           makes or name, dict(options or {}), order, rewrite.__module__))
+                           makes or name, dict(options or {}), order))
         return rewrite
 
     return attach
@@ -137,7 +136,8 @@ def option_problems(options: dict) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope, options: dict | None = None) -> list[Outcome]:
+def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope,
+          options: dict | None = None) -> list[Outcome]:
     """Apply `chosen` rules to `model` in place through the walker: each node is offered to the
     rules whose pattern takes it, in order; the first whose check passes rewrites it.  A node every
     rule refused comes back with the reasons (several rules: each named "not <makes>"); a node no
@@ -153,7 +153,7 @@ def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope, o
                 refused.append((r, found))
                 continue
             result = r.rewrite(found, node, view)
-            result.rule, result.op = r, op_version(node, view.imports)
+            result.op = op_version(node, view.imports)
             return result
         mine = [(r, f) for r, f in refused if f.mine]
         if not mine:

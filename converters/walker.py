@@ -336,8 +336,3 @@ def _read_names(model: onnx.ModelProto) -> set[str]:
         for node in scope.nodes:
             read.update(node.input)
     return read
-
-
-def uses_domain(model: onnx.ModelProto, domain: str) -> bool:
-    """Whether any node of the model (any graph, any function) is of `domain`."""
-    return any(n.domain == domain for s in scopes(model) for n in s.nodes)

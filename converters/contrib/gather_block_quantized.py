@@ -235,7 +235,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
       check=says_why(_write_found), targets=("onnxruntime",), makes=OP)
 def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the Gather reading it) as one GatherBlockQuantized."""
-    (src, s, z), codes, values, zero, zero_values = found.inputs, found.codes, found.values, found.zero, found.zero_values
+    (src, s, z), codes, values = found.inputs, found.codes, found.values
+    zero, zero_values = found.zero, found.zero_values
     data_type, bits, shift, block, qa, ga = found.data_type, found.bits, found.shift, found.block, found.qa, found.ga
     length, nodes, gather, rank = found.length, found.nodes, found.gather, found.codes.ndim
     kind = dtypes.name_of(codes.dtype)

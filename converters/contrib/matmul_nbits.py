@@ -280,7 +280,8 @@ def _accuracy_level_problem(value) -> str | None:
 
 
 @rule("DynamicDequantize + MatMul -> MatMulNBits", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
-      check=says_why(_write_found), targets=("onnxruntime",), makes=OP, options={"accuracy_level": _accuracy_level_problem})
+      check=says_why(_write_found), targets=("onnxruntime",), makes=OP,
+      options={"accuracy_level": _accuracy_level_problem})
 def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the MatMul it feeds) as one MatMulNBits."""
     (src, s, z), codes, scales, zero, bits, shift, block = \
