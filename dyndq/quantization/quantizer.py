@@ -15,13 +15,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dyndq.plumbing.ir import model_ir
-from dyndq.plumbing.names import NameScope
-from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
-from dyndq.plumbing.names import all_names
-from dyndq.plumbing.walk import is_constant_node, scopes
-from dyndq.plumbing.light import copy_fields, nbytes
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
+from dyndq.plumbing.ir import model_ir
+from dyndq.plumbing.light import copy_fields, nbytes
+from dyndq.plumbing.names import NameScope, all_names
+from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
+from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.quantization import plan as planning
 from dyndq.quantization.numerics import QuantizedWeight, ScaleOutOfRange, quantize_weight
 from dyndq.quantization.options import QuantizeOptions
