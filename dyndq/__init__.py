@@ -21,7 +21,8 @@ if not _os.path.isdir(_os.path.join(__path__[0], "opdefs")):
     if _os.path.isfile(_os.path.join(_root, "opdefs", "__init__.py")):
         __path__.append(_root)
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import (DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, Problem,
+                          TensorSpec, ValidationError)
 
 # The parts that need no onnx attach themselves to the op handles when imported.
 from dyndq import shape_inference as _shape_inference  # noqa: F401
@@ -78,6 +79,7 @@ __all__ = [
     "DOMAIN",
     "DYNAMIC_DEQUANTIZE_1",
     "DYNAMIC_DEQUANTIZE_2",
+    "DYNAMIC_DEQUANTIZE_3",
     "Problem",
     "TensorSpec",
     "ValidationError",

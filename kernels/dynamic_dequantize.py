@@ -1,11 +1,13 @@
-"""DynamicDequantize's kernels, versions 1 and 2: what every call goes through.
+"""DynamicDequantize's kernels, versions 1, 2 and 3: what every call goes through.
 
-    dst = T2(float32(int64(src) - int64(zp)) * float32(scale))
+    dst = OT(float32(decode(src) - decode(zp)) * float32(decode(scale)))
 
 per tensor (one scale, one zero point), per channel (one per index of src along `axis`) or,
-from version 2, per group (one per block of `group_shape`); zp = 0 when `zps` is absent; T2
-is the dtype of scales (float32 in version 1).  Exact to the bit, for every dtype
-combination, as ONNX Runtime's DequantizeLinear computes it.
+from version 2, per group (one per block of `group_shape`); zp = 0 when `zps` is absent; OT
+is the dtype of scales (float32 in version 1), or version 3's `output_dtype`.  Integer codes
+are their values, the difference exact before its one rounding to float32; float codes
+(float8, float6, float4) and float8e8m0 scales are decoded exactly.  Exact to the bit, for
+every dtype combination, as ONNX Runtime's DequantizeLinear computes it.
 
 This module holds what is common to every path, and nothing of the arithmetic:
 * validation: arguments are judged by the op's one shape-inference function (the rules are
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, FLOAT_CODES_3
 from dyndq.opdefs import PER_TENSOR, Problem, TensorSpec, ValidationError
 
 from . import buffers, native, numpy_kernel
@@ -32,7 +34,7 @@ from .geometry import param_count, view
 from .parallel import THREADS_ENV
 from .parallel import TUNING as T  # read at every call: tests and benchmarks tune it
 
-__all__ = ["dynamic_dequantize", "dynamic_dequantize_1", "THREADS_ENV"]
+__all__ = ["dynamic_dequantize", "dynamic_dequantize_1", "dynamic_dequantize_2", "THREADS_ENV"]
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -62,13 +64,13 @@ def _spec(a):
 
 
 def _check_out(out, src, others, dst_dtype, allowed, problems: list[Problem]):
-    # scales of a dtype outside T2: out is judged against every dtype scales could have had
-    want = dst_dtype.name if dst_dtype is not None else " | ".join(allowed)
+    # dst's dtype not known (scales of a dtype outside T2): out is judged against every dtype dst could have
+    want = dst_dtype if dst_dtype is not None else " | ".join(allowed)
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
         problems.append(Problem("out", f"a {type(out).__name__}", f"a {want} numpy.ndarray of src's shape"))
         return
     if out.dtype.name != want and (dst_dtype is not None or out.dtype.name not in allowed):
-        problems.append(Problem("out", f"dtype {out.dtype.name}", f"{want} (the dtype of scales)"))
+        problems.append(Problem("out", f"dtype {out.dtype.name}", f"{want} (the dtype of dst)"))
     if src is not None and out.shape != src.shape:
         problems.append(Problem("out", f"shape {list(out.shape)}", f"src's shape {list(src.shape)}"))
     if not out.flags.writeable:
@@ -107,7 +109,7 @@ _VALID: dict = {}  # argument signatures the shape function accepted -> their _P
 _VALID_MAX = 512
 
 
-def _signature(op, src, scales, zps, qtype, axis, group_shape):
+def _signature(op, src, scales, zps, attrs):
     """What the shape function sees of a call, as a dict key; None when not plain arrays.
 
     Types ride along with values so that axis=True or axis=1.0 never pass for axis=1."""
@@ -119,8 +121,8 @@ def _signature(op, src, scales, zps, qtype, axis, group_shape):
         z = (zps.dtype, zps.shape)
     else:
         return None
-    key = (op.since_version, src.dtype, src.shape, scales.dtype, scales.shape, z, type(qtype), qtype, type(axis), axis,
-           type(group_shape), group_shape if not isinstance(group_shape, list) else ("list", *group_shape))
+    key = (op.since_version, src.dtype, src.shape, scales.dtype, scales.shape, z) + tuple(
+        (type(v), v if not isinstance(v, list) else ("list", *v)) for v in attrs.values())
     try:
         hash(key)
     except TypeError:
@@ -129,23 +131,26 @@ def _signature(op, src, scales, zps, qtype, axis, group_shape):
 
 
 def _validate(op, src, scales, zps, attrs, out, threads):
-    """Every problem with the arguments, raised at once; the arrays, NumPy scalars made 0-d."""
+    """Every problem with the arguments, raised at once; the arrays, NumPy scalars made 0-d, and
+    dst's dtype name (the shape function's)."""
     problems: list[Problem] = []
     src_a = _array_or_problem(src, "src", problems)
     scales_a = _array_or_problem(scales, "scales", problems)
     zps_a = None if zps is None else _array_or_problem(zps, "zps", problems)
+    dst = None
     try:
-        op.shape_inference(_spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), **attrs)
+        dst = op.shape_inference(_spec(src_a), _spec(scales_a), None if zps is None else _spec(zps_a), **attrs).dtype
     except ValidationError as e:
         problems += e.problems
     if out is not None:
-        allowed = op.allowed_dtypes("dst")
-        dst = scales_a.dtype if scales_a is not None and scales_a.dtype.name in allowed else None
-        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, allowed, problems)
+        if dst is None and scales_a is not None and "output_dtype" not in attrs:
+            dst = scales_a.dtype.name if scales_a.dtype.name in op.allowed_dtypes("dst") else None
+        _check_out(out, src_a, (("src", src_a), ("scales", scales_a), ("zps", zps_a)), dst, op.allowed_dtypes("dst"),
+                   problems)
     _check_threads(threads, problems)
     if problems:
         raise ValidationError(problems)
-    return src_a, scales_a, zps_a
+    return src_a, scales_a, zps_a, dst
 
 
 @DYNAMIC_DEQUANTIZE_1.def_kernel
@@ -165,7 +170,7 @@ def dynamic_dequantize_1(
 
 
 @DYNAMIC_DEQUANTIZE_2.def_kernel
-def dynamic_dequantize(
+def dynamic_dequantize_2(
     src,
     scales,
     zps=None,
@@ -176,7 +181,7 @@ def dynamic_dequantize(
     out=None,
     threads=None,
 ):
-    """DynamicDequantize: `T2(float32(int64(src) - int64(zp)) * float32(scale))`, an array of
+    """DynamicDequantize-2: `T2(float32(int64(src) - int64(zp)) * float32(scale))`, an array of
     src's shape and of scales' dtype T2 (float32, float16 or bfloat16).
 
     src: int8, uint8, int4 or uint4 array (int4/uint4 as ml_dtypes arrays, one element per
@@ -195,17 +200,57 @@ def dynamic_dequantize(
                    {"qtype": qtype, "axis": axis, "group_shape": group_shape}, out, threads)
 
 
+@DYNAMIC_DEQUANTIZE_3.def_kernel
+def dynamic_dequantize(
+    src,
+    scales,
+    zps=None,
+    *,
+    qtype=PER_TENSOR,
+    axis=1,
+    group_shape=None,
+    output_dtype=None,
+    out=None,
+    threads=None,
+):
+    """DynamicDequantize: `OT(float32(decode(src) - decode(zp)) * float32(decode(scale)))`, an
+    array of src's shape and of dtype OT: `output_dtype` (a TensorProto data type: 1 float32,
+    10 float16, 16 bfloat16), by default the dtype of scales.
+
+    src: codes of any type of ONNX's DequantizeLinear-28, as NumPy / ml_dtypes arrays (one
+    element per byte for the types under 8 bits, as onnx.numpy_helper gives them): int2, uint2,
+    int4, uint4, int8, uint8, int16, uint16, int32 (their values), float8_e4m3fn,
+    float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn
+    (decoded exactly).  scales: float32, float16, bfloat16 or float8_e8m0fnu (2^(e-127), then
+    output_dtype is required): one element ([1] or []) for qtype="per_tensor"; 1-D with
+    src.shape[axis] elements for qtype="per_channel"; src's rank with src.shape[i] /
+    group_shape[i] in each dim for qtype="per_group".  zps (optional, absent means 0; integer
+    codes only): any integer code type, shaped like scales (or one element under per_channel).
+    out: a writeable OT array of src's shape, overlapping no input; it is filled and returned.
+    threads: at most this many threads (default: the environment variable DYNDQ_NUM_THREADS,
+    else every core available).
+
+    Every version-2 call computes exactly what version 2 does.  Raises dyndq.ValidationError
+    naming every bad argument.  Inputs are never modified.
+    """
+    return _kernel(DYNAMIC_DEQUANTIZE_3, src, scales, zps,
+                   {"qtype": qtype, "axis": axis, "group_shape": group_shape, "output_dtype": output_dtype},
+                   out, threads)
+
+
 def _kernel(op, src, scales, zps, attrs, out, threads):
     qtype, axis = attrs["qtype"], attrs["axis"]
-    key = _signature(op, src, scales, zps, qtype, axis, attrs.get("group_shape"))
+    key = _signature(op, src, scales, zps, attrs)
     plan = None if key is None else _VALID.get(key)
-    if plan is None or not _extras_ok(src, scales, zps, out, threads):
-        src, scales, zps = _validate(op, src, scales, zps, attrs, out, threads)
-        plan = _Plan.of(src, scales, qtype, axis, attrs.get("group_shape"))
+    if plan is None or not _extras_ok(src, scales, zps, out, threads, plan.dst):
+        src, scales, zps, dst = _validate(op, src, scales, zps, attrs, out, threads)
+        plan = _Plan.of(src, np.dtype(dst), qtype, axis, attrs.get("group_shape"))
         if key is not None:
             if len(_VALID) >= _VALID_MAX:
                 _VALID.clear()
             _VALID[key] = plan
+    if zps is not None and zps.dtype in _FLOAT_CODES:
+        zps = _zero_or_problem(zps)  # float codes' zero points are 0 (the shape function sees no data)
     # the compiled kernel writes C-contiguous, aligned outputs of native byte order; NumPy the rest
     compiled = plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.flags.aligned
                                                                and out.dtype.isnative))
@@ -218,29 +263,37 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
     return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
 
 
+_FLOAT_CODES = frozenset(np.dtype(n) for n in FLOAT_CODES_3)
+
+
+def _zero_or_problem(zps):
+    """None (the zero points of float codes hold nothing but zeros: absent is the same), or the
+    ValidationError naming them."""
+    values = zps.astype(np.float32)
+    if np.all(values == 0):  # (a NaN is not 0)
+        return None
+    bad = values[values != 0].reshape(-1)[:3]
+    raise ValidationError([Problem("zps", f"nonzero values ({', '.join(map(str, bad))}) with float codes",
+                                   "zero points of 0 only (as DequantizeLinear allows for float codes)")])
+
+
 class _Plan(NamedTuple):
     """What a call's signature (dtypes, shapes, attributes) settles, worked out once per
     signature: a tiny call's cost is its Python, and this is most of it."""
 
-    dst: np.dtype  # T2, in native byte order
+    dst: np.dtype  # OT (the dtype of scales, or output_dtype's), in native byte order
     compiled: bool  # whether the compiled kernel has these dtypes (kernels/native.py)
     vshape: tuple  # src viewed so that the parameters broadcast (geometry.view)
     varies: tuple
     count_p: int  # how many parameters that view has
 
     @classmethod
-    def of(cls, src, scales, qtype, axis, group_shape) -> "_Plan":
-        dst = _native_order(scales.dtype)
+    def of(cls, src, dst, qtype, axis, group_shape) -> "_Plan":
         if qtype == PER_TENSOR or src.ndim == 0:
             vshape, varies = (max(src.size, 1),), (False,)  # one run
         else:
             vshape, varies = view(src.shape, qtype, axis, group_shape)
         return cls(dst, native.handles(src.dtype, dst), vshape, varies, param_count(vshape, varies))
-
-
-def _native_order(d: np.dtype) -> np.dtype:
-    # np.dtype(d.name) would do, at ten times the cost of a tiny call's arithmetic
-    return d if d.isnative else d.newbyteorder("=")
 
 
 def _output(src, dst):
@@ -252,7 +305,7 @@ def _output(src, dst):
     return buffers.empty(src.shape, dst)
 
 
-def _extras_ok(src, scales, zps, out, threads) -> bool:
+def _extras_ok(src, scales, zps, out, threads, dst) -> bool:
     """Cheap checks of out and threads for the common case; False sends the call to
     the full validation, which judges them exactly (and says what is wrong)."""
     if threads is not None and (type(threads) is not int or threads < 1):
@@ -261,7 +314,7 @@ def _extras_ok(src, scales, zps, out, threads) -> bool:
         return True
     return (
         type(out) is np.ndarray
-        and out.dtype == _native_order(scales.dtype)
+        and out.dtype == dst
         and out.shape == src.shape
         and out.flags.writeable
         and not np.may_share_memory(out, src)

@@ -1,7 +1,7 @@
-"""The NumPy kernel: every form of DynamicDequantize (both versions), blocked and threaded;
+"""The NumPy kernel: every form of DynamicDequantize (every version), blocked and threaded;
 the fallback where the compiled kernel is not built, and its twin everywhere.
 
-    out[...] = T2(float32(int64(src) - int64(zp)) * float32(scale))
+    out[...] = OT(float32(decode(src) - decode(zp)) * float32(decode(scale)))
 
 src is viewed so that every parameter broadcasts (geometry.view: per_group (d0, d1) with
 groups (g0, g1) as (d0/g0, g0, d1/g1, g1), parameters (d0/g0, 1, d1/g1, 1); per_channel as
@@ -11,10 +11,12 @@ among threads (NumPy's loops release the GIL).  Tensors up to `TUNING.small` ele
 one block on the calling thread.
 
 How it stays exact, with nothing larger than a block beyond the output:
-* float32(src) is exact for 4- and 8-bit src (ml_dtypes' int4/uint4 cast reads the low nibble
-  of each byte, sign-extended for int4); for wider integer src (DequantizeLinear-10's int32,
-  run by dyndq.reference) it rounds once, as the formula's one rounding does.
-* float16/bfloat16 scales are subsets of float32: converted exactly.
+* float32(src) is exact for integer src of up to 16 bits (ml_dtypes' int2/int4 casts read the
+  low bits of each byte, sign-extended for the signed ones) and for every float code (float8,
+  float6 and float4 values are float32 values); for int32 src it rounds once, as the
+  formula's one rounding does.
+* float16/bfloat16 scales are subsets of float32, and float8e8m0's 2^(e-127) are float32
+  values (2^-127 a subnormal): ml_dtypes converts them exactly, 0xFF to NaN.
 * 4/8-bit src with zps of 4 or 8 bits, or int32 with |zp| <= 2**23: |src - zp| < 2**24, so
   float32(src) - float32(zp) is exact.  Other zps: the difference in float64 (exact, |diff| <
   2**53), rounded once to float32, as the int64 one would be.
@@ -37,7 +39,9 @@ __all__ = ["dequantize", "exact_zero_points"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
-_F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 subtraction is exact for 4/8-bit src
+_F32_EXACT_ZP = 1 << 23  # |zp| up to this: float32 subtraction is exact for 2/4/8-bit src
+# the integer code dtypes (ml_dtypes' int2/int4 have no integer kind in NumPy)
+_INTEGER_CODES = frozenset(d.numpy for d in dtypes.DTYPES if d.is_integer and d.numpy_type)
 # T2 -> the rounding after the float32 product (by dtype: a dtype's name costs a microsecond)
 _NARROW = {np.dtype(np.float32): None, np.dtype(np.float16): "float16", np.dtype(ml_dtypes.bfloat16): "bfloat16"}
 
@@ -48,7 +52,8 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None):
     n = src.size
     if n == 0:
         return out
-    if n <= T.small and not any(varies) and _one_shot(src, scales, zps, out):
+    integer = src.dtype in _INTEGER_CODES
+    if n <= T.small and not any(varies) and integer and _one_shot(src, scales, zps, out):
         return out
     pshape = param_shape(vshape, varies)
     sc = np.asarray(scales, dtype=_F32).reshape(pshape)  # native order, exact
@@ -57,9 +62,11 @@ def dequantize(src, scales, zps, vshape, varies, out, threads=None):
     src = np.ascontiguousarray(src)  # a copy only for other layouts: a byte an element
     target = out if out.flags.c_contiguous and out.dtype.isnative else np.empty(src.shape, out.dtype.newbyteorder("="))
     narrow = _NARROW[target.dtype]
-    # finite scales times integers below 2**33 are finite in float32: no NaN to look for
-    may_hold_nan = narrow is not None and not bool(np.isfinite(sc).all())
-    normal_or_zero = narrow == "float16" and not may_hold_nan and _products_normal_or_zero(src.dtype, sc, z)
+    # finite scales times integers below 2**33 are finite in float32: no NaN to look for (float
+    # codes may be NaN or infinite themselves, or overflow)
+    may_hold_nan = narrow is not None and (not integer or not bool(np.isfinite(sc).all()))
+    normal_or_zero = (narrow == "float16" and integer and not may_hold_nan
+                      and _products_normal_or_zero(src.dtype, sc, z))
     args = mode, narrow, may_hold_nan, normal_or_zero
     sv, ov = src.reshape(vshape), target.reshape(vshape)
     if n <= T.small:  # one block on the calling thread, the parameters broadcast

@@ -22,13 +22,19 @@ from .registry import (
     resolve,
     versions_of,
 )
-from .dynamic_dequantize import (DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, PER_CHANNEL, PER_GROUP,
-                                 PER_TENSOR, QTYPES, QTYPES_2)
+from .dynamic_dequantize import (DOMAIN, DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3,
+                                 FLOAT_CODES_3, INTEGER_CODES_3, OUTPUTS_3, PER_CHANNEL, PER_GROUP, PER_TENSOR,
+                                 QTYPES, QTYPES_2, SCALES_3)
 
 __all__ = [
     "DOMAIN",
     "DYNAMIC_DEQUANTIZE_1",
     "DYNAMIC_DEQUANTIZE_2",
+    "DYNAMIC_DEQUANTIZE_3",
+    "FLOAT_CODES_3",
+    "INTEGER_CODES_3",
+    "OUTPUTS_3",
+    "SCALES_3",
     "PER_CHANNEL",
     "PER_GROUP",
     "PER_TENSOR",

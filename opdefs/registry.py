@@ -70,11 +70,17 @@ class TypeConstraint:
 
 @dataclass(frozen=True)
 class Needs:
-    """What a node's lowering needs of the model: an ai.onnx opset, an IR version, and why."""
+    """What a node's lowering needs of the model: an ai.onnx opset, an IR version, and why;
+    `by_target`: what it needs instead for an export target whose engine gets another form."""
 
     opset: int
     ir_version: int = 3
     why: str = ""
+    by_target: dict = field(default_factory=dict, compare=False)
+
+    def at(self, target: str) -> "Needs":
+        """What the lowering needs for export target `target`."""
+        return self.by_target.get(target, self)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Shape inference for DynamicDequantize-1 and -2: specs and attributes in, dst's spec out.
+"""Shape inference for DynamicDequantize-1, -2 and -3: specs and attributes in, dst's spec out.
 
 This one function holds every rule about the op's arguments (types, ranks,
 lengths, attribute values).  ONNX's shape inference calls it through the schema,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import operator
 
-from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2
-from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, FLOAT_CODES_3
+from dyndq.opdefs import PER_CHANNEL, PER_GROUP, PER_TENSOR, Problem, TensorSpec, ValidationError, dtypes
 
 
 def _one_element(spec: TensorSpec, arg: str, qtype: str, problems: list[Problem]) -> None:
@@ -102,6 +102,64 @@ def dynamic_dequantize_2(
         raise ValidationError(problems)
     dtype = scales.dtype if scales.dtype in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("scales") else None
     return TensorSpec(dtype, src.shape)
+
+
+@DYNAMIC_DEQUANTIZE_3.def_shape_inference
+def dynamic_dequantize_3(
+    src: TensorSpec,
+    scales: TensorSpec,
+    zps: TensorSpec | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+    output_dtype: int | None = None,
+) -> TensorSpec:
+    """Version 3: version 2's rules over its wider types, plus: float codes take zero points of
+    their own dtype only (whose values must be 0: the kernel checks them, this never sees data),
+    and dst's dtype is output_dtype (required for float8e8m0 scales) or the dtype of scales."""
+    op = DYNAMIC_DEQUANTIZE_3
+    problems: list[Problem] = []
+    _common(op, src, scales, zps, qtype, axis, problems)
+    if qtype == PER_GROUP:
+        _check_per_group(src, scales, zps, group_shape, problems)
+    if zps is not None and zps.dtype is not None and src.dtype is not None:
+        if src.dtype in FLOAT_CODES_3 and zps.dtype != src.dtype:
+            problems.append(Problem("zps", f"dtype {zps.dtype}, with float codes (src is {src.dtype})",
+                                    f"absent, or {src.dtype} zeros (float codes take zero points of 0 only)"))
+        elif src.dtype not in FLOAT_CODES_3 and zps.dtype in FLOAT_CODES_3:
+            problems.append(Problem("zps", f"dtype {zps.dtype}, with integer codes (src is {src.dtype})",
+                                    f"an integer dtype: {' | '.join(n for n in op.allowed_dtypes('zps') if n not in FLOAT_CODES_3)}"))
+    dtype = _output_dtype(op, scales, output_dtype, problems)
+    if problems:
+        raise ValidationError(problems)
+    return TensorSpec(dtype, src.shape)
+
+
+def _output_dtype(op, scales: TensorSpec, output_dtype, problems: list[Problem]) -> str | None:
+    """dst's dtype name: output_dtype's, else the dtype of scales (None when not known)."""
+    allowed = op.allowed_dtypes("dst")
+    if output_dtype is None:
+        if scales.dtype is not None and scales.dtype not in allowed and scales.dtype in op.allowed_dtypes("scales"):
+            problems.append(Problem("output_dtype", f"absent, with {scales.dtype} scales",
+                                    f"one of {_onnx_names(allowed)} ({scales.dtype} is no output dtype)"))
+        return scales.dtype if scales.dtype in allowed else None
+    code = _normalize_axis(output_dtype, [])  # an int, not a bool (its problem is worded below)
+    row = None
+    if code is not None:
+        try:
+            row = dtypes.by_onnx(code)
+        except KeyError:
+            pass
+    if row is None or row.name not in allowed:
+        what = f"{output_dtype!r}" + (f" ({row.onnx_name})" if row is not None else "")
+        problems.append(Problem("output_dtype", what, f"a TensorProto data type among {_onnx_names(allowed)}"))
+        return None
+    return row.name
+
+
+def _onnx_names(names) -> str:
+    return ", ".join(f"{dtypes.by_name(n).onnx_name} ({dtypes.by_name(n).onnx})" for n in names)
 
 
 def _group_shape(group_shape, problems) -> tuple[int, ...] | None:

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import dyndq
 from cases import oracle, same_bits
-from dyndq import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, TensorSpec, ValidationError
+from dyndq import DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, TensorSpec, ValidationError
 
 # version 1's kernel judged by version 1's rules (version 2's is dyndq.dynamic_dequantize)
 dynamic_dequantize = DYNAMIC_DEQUANTIZE_1.kernel
@@ -41,9 +41,9 @@ def test_error_is_dyndq_validation_error_and_value_error():
 # -- the signature agreed by the registry -------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", [DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2], ids=repr)
+@pytest.mark.parametrize("op", [DYNAMIC_DEQUANTIZE_1, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3], ids=repr)
 def test_kernel_is_attached_and_signature_agrees(op):
-    assert DYNAMIC_DEQUANTIZE_2.kernel is dyndq.dynamic_dequantize
+    assert DYNAMIC_DEQUANTIZE_3.kernel is dyndq.dynamic_dequantize
     ours = list(inspect.signature(op.kernel).parameters.values())
     theirs = list(op.signature().parameters.values())
     assert ours[: len(theirs)] == theirs
@@ -188,13 +188,15 @@ def test_group_shape_of_the_wrong_kind_is_named(group_shape):
     assert "list of ints" in str(e.value)
 
 
-@pytest.mark.parametrize("bad", ["float8_e4m3fn", "int2", "float64", "int16"])
-def test_dtypes_outside_t1_t2_t3_are_named_with_every_other_problem(bad):
+@pytest.mark.parametrize("version, bad", [(2, "float8_e4m3fn"), (2, "int2"), (2, "float64"), (2, "int16"),
+                                          (3, "float64"), (3, "int64"), (3, "bool")])
+def test_dtypes_outside_t1_t2_t3_are_named_with_every_other_problem(version, bad):
     b = dt(bad)
     src = np.zeros((2, 64), b)
+    kernel = {2: DYNAMIC_DEQUANTIZE_2, 3: DYNAMIC_DEQUANTIZE_3}[version].kernel
     with pytest.raises(ValidationError) as e:
-        dyndq.dynamic_dequantize(src, np.ones((2, 2), b), np.zeros((2, 2), b), qtype="per_group", group_shape="x",
-                           out=np.zeros((2, 64), np.float64), threads=0)
+        kernel(src, np.ones((2, 2), b), np.zeros((2, 2), b), qtype="per_group", group_shape="x",
+               out=np.zeros((2, 64), np.float64), threads=0)
     named = [p.argument for p in e.value.problems]
     assert set(named) == {"src", "scales", "zps", "group_shape", "out", "threads"}, str(e.value)
     text = str(e.value)
