@@ -35,6 +35,7 @@ from dyndq.plumbing.ir import INT4_IR
 from dyndq.plumbing.types import attribute_values
 
 from . import rewrite as rw
+from .engines import ENGINES, Engine, engine
 from .lowering_context import LoweringContext
 from .rewrite import GraphView, Rewrite, context, inputs_of, slice_to, stand_in
 from .rules import LIFT, LOWER, rule
@@ -197,8 +198,13 @@ def _plan_or_reason(node, spec, op) -> LiftPlan | str:
     if ss.dtype not in scale_dtypes:
         return f"x_scale is {ss.dtype}, not {'/'.join(scale_dtypes)}"
     out = attrs.get("output_dtype", TensorProto.UNDEFINED)
+    kept = {}  # output_dtype, where the op version has it and it says more than the scales' dtype
     if out != TensorProto.UNDEFINED and dtypes.by_onnx(out).name != ss.dtype:
-        return f"output_dtype {TensorProto.DataType.Name(out)}, not x_scale's dtype {ss.dtype}"
+        if op.attribute("output_dtype") is None:
+            return f"output_dtype {TensorProto.DataType.Name(out)}, not x_scale's dtype {ss.dtype}"
+        if dtypes.by_onnx(out).name not in op.allowed_dtypes("dst"):
+            return f"output_dtype {TensorProto.DataType.Name(out)}, not {'/'.join(op.allowed_dtypes('dst'))}"
+        kept = {"output_dtype": int(out)}
     if zp:
         if zs is None or zs.dtype is None:
             return "x_zero_point's dtype is unknown"
@@ -208,6 +214,12 @@ def _plan_or_reason(node, spec, op) -> LiftPlan | str:
         return "x_scale's shape is unknown"
     inputs = (x, scale) + ((zp,) if zp else ())
     axis = int(attrs.get("axis", 1))
+    plan = _shaped_plan(inputs, xs, ss, zs, zp, axis, block)
+    return plan if isinstance(plan, str) else LiftPlan(plan.inputs, {**plan.attrs, **kept})
+
+
+def _shaped_plan(inputs, xs, ss, zs, zp, axis, block) -> LiftPlan | str:
+    """The qtype (and axis or group_shape) of a DequantizeLinear of these shapes."""
     if block:
         return _blocked_plan(inputs, xs, ss, zs, axis, block)
     if ss.shape in ((), (1,)):
@@ -278,6 +290,8 @@ CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
 _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
 _INT4 = ("int4", "uint4")
 _T2 = ("float32", "float16", "bfloat16")
+# dtypes of under 8 bits, which ONNX Runtime neither Reshapes nor Expands
+SUB_BYTE = ("int4", "uint4", "int2", "uint2", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:
@@ -293,13 +307,20 @@ def _may_hold_one_element(shape) -> bool:
     return shape is None or all(not isinstance(d, int) or d == 1 for d in shape)
 
 
-def _route(src, scales, zps, qtype, group_shape) -> str:
+def _route(src, scales, zps, qtype, group_shape, engine: Engine = ENGINES["onnx"]) -> str:
     """"v1", "tensor", "channel", "block" or "integer" (see the comment above)."""
     s, t, z = _dtype(src), _dtype(scales), _dtype(zps)
     if qtype != PER_GROUP and s in _V1_SRC and t == "float32" and (zps is None or z in _V1_ZPS):
         return "v1"
     if t not in _T2 or not takes_zero_point(src, zps):
         return "integer"
+    return dql_route(src, scales, zps, qtype, group_shape, engine)
+
+
+def dql_route(src, scales, zps, qtype, group_shape, engine: Engine) -> str:
+    """"tensor", "channel" or "block": the DequantizeLinear that takes a node of these shapes on
+    `engine`; "integer" where none does (the dtypes are judged by the caller)."""
+    z = _dtype(zps)
     zshape, sshape = _known_shape(zps), _known_shape(scales)
     if qtype == PER_GROUP:
         if len(_grouped(group_shape)) > 1:
@@ -308,12 +329,14 @@ def _route(src, scales, zps, qtype, group_shape) -> str:
             qtype = PER_TENSOR  # one scale for the whole tensor: DequantizeLinear per tensor
         elif _may_hold_one_element(sshape):
             return "integer"  # ORT would take a one-element scale as per tensor and refuse block_size
+        elif not engine.rank1_blocked and (src is None or src.rank in (None, 1)):
+            return "integer"  # (OpenVINO refuses a blocked DequantizeLinear of rank 1)
         else:
             return "block"
     if qtype == PER_TENSOR:
         # a zero point that is not a true scalar needs a Reshape, which ORT lacks for int4; one of
         # shape [1] beside a true scalar scale it takes as it is (ONNX's own int4 test case has it)
-        return "integer" if zps is not None and z in _INT4 and zshape not in ((), (1,)) else "tensor"
+        return "integer" if zps is not None and z in SUB_BYTE and zshape not in ((), (1,)) else "tensor"
     # per_channel: a one-element zero point beside per-axis scales (ORT refuses it; int4 cannot be Expanded)
     if zps is not None and (zshape is None or zshape != sshape):
         return "integer"
@@ -377,7 +400,8 @@ def dynamic_dequantize_2(
     zps = zps or None
     zps_spec = (ctx.spec(zps) or TensorSpec(None, None)) if zps else None
     scales_spec = ctx.spec(scales) or TensorSpec(None, None)
-    route = _route(ctx.spec(src) or TensorSpec(None, None), scales_spec, zps_spec, qtype, group_shape)
+    route = _route(ctx.spec(src) or TensorSpec(None, None), scales_spec, zps_spec, qtype, group_shape,
+                   engine(ctx.target))
     if route == "v1":
         return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
     t = scales_spec.dtype
@@ -390,7 +414,7 @@ def dynamic_dequantize_2(
         # its float16 one drops NaN payloads that its Cast and the kernel keep)
         scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
         if route == "tensor":
-            zero = zps if zps is None or _dtype(zps_spec) in _INT4 else _scalar(ctx, zps, "zero_point")
+            zero = zps if zps is None or _dtype(zps_spec) in SUB_BYTE else _scalar(ctx, zps, "zero_point")
             inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
             y = ctx.op("DequantizeLinear", *inputs, hint="dst")
             ctx.form = "DequantizeLinear"

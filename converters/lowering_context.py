@@ -23,10 +23,13 @@ from dyndq.plumbing.names import NameScope
 class LoweringContext:
     """What a lowering needs to lower one node.
 
-    `opset` is the target ai.onnx opset; `spec(name)` the known dtype and shape
-    of a value (None when unknown); `op(...)` adds a node and returns its output
-    name; `const(array)` adds a Constant node.  New names derive from `base`
-    (the original node's name, or its output's) and are unique in the model.
+    `opset` is the target ai.onnx opset and `target` the export target (the engine the forms
+    are chosen for: converters/engines.py); `spec(name)` the known dtype and shape of a value
+    (None when unknown) and `constant(name)` its array when it is a constant of the model;
+    `op(...)` adds a node and returns its output name; `const(array)` adds a Constant node;
+    `derive(array, source)` a new initializer made from the constant `source` (the walker
+    keeps one copy: it takes the source's name once nothing else reads the source).  New names
+    derive from `base` (the original node's name, or its output's) and are unique in the model.
     A lowering may set `form` to say in a few words what it chose (the export
     report shows it); by default the report lists the standard op types used.
     """
@@ -35,9 +38,23 @@ class LoweringContext:
     base: str
     names: NameScope
     specs: Callable[[str], TensorSpec | None] = lambda name: None
+    target: str = "onnx"
+    constants: Callable[[str], np.ndarray | None] = lambda name: None
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     form: str | None = None
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    derived: dict[str, tuple[str, str]] = field(default_factory=dict)
     _consts: dict = field(default_factory=dict, repr=False)
+
+    def constant(self, name: str | None) -> np.ndarray | None:
+        return self.constants(name) if name else None
+
+    def derive(self, array: np.ndarray, source: str) -> str:
+        """A new initializer holding `array`, the constant `source`'s value in another form."""
+        name = self.names.fresh(source)
+        self.initializers.append(onnx.numpy_helper.from_array(np.asarray(array), name))
+        self.derived[name] = (source, "")
+        return name
 
     def spec(self, name: str | None) -> TensorSpec | None:
         return self.specs(name) if name else None

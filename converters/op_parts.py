@@ -80,11 +80,13 @@ def _lower_check(node: onnx.NodeProto, view: GraphView):
       check=_lower_check, order=1)
 def lower(op: OpVersion, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """The op version's lowering at the export's target opset (`view.options["opset"]`, which
-    export chose from every node's `lowering_needs`: the nodes written need that opset); the last
-    node stands where the original stood: it keeps its name, doc string and metadata."""
+    export chose from every node's `lowering_needs`: the nodes written need that opset), for its
+    target's engine (`view.options["target"]`); the last node stands where the original stood:
+    it keeps its name, doc string and metadata."""
     opset = view.options["opset"]
     inputs = [name or None for name in list(node.input) + [""] * (len(op.inputs) - len(node.input))]
-    ctx = LoweringContext(opset=opset, base=node.name or node.output[0], names=view.names, specs=view.spec)
+    ctx = LoweringContext(opset=opset, base=node.name or node.output[0], names=view.names, specs=view.spec,
+                          target=view.options.get("target", "onnx"), constants=view.constant)
     result = op.lowering(ctx, *inputs[: len(op.inputs)], **attrs_of(op, node))
     ctx.output_as(result, node.output[0])
     new = list(ctx.nodes)
@@ -92,4 +94,5 @@ def lower(op: OpVersion, node: onnx.NodeProto, view: GraphView) -> Rewrite:
         view.names.used.discard(new[-1].name)  # (its fresh name goes: it takes the original's)
         stand_in(new[-1], node)
     form = ctx.form or ", ".join(dict.fromkeys(n.op_type for n in new if n.op_type != "Constant")) or "identity"
-    return Rewrite([node], new, form=form, domains={"": opset}, needs_why=f"the export's target opset {opset}")
+    return Rewrite([node], new, ctx.initializers, form=form, domains={"": opset}, derived=ctx.derived,
+                   needs_why=f"the export's target opset {opset}")

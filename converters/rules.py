@@ -40,7 +40,7 @@ from .walker import Outcome, rewrite_model
 
 LIFT, WRITE, LOWER = "lift", "write", "lower"
 KINDS = (LIFT, WRITE, LOWER)
-TARGETS = ("onnx", "onnxruntime")
+TARGETS = ("onnx", "onnxruntime", "openvino")
 OURS = object()  # a pattern's domain: any domain of the op registry (ours, or a test's toy op's)
 
 

@@ -110,15 +110,18 @@ class ExportReport:
 
 
 def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None, target: str = "onnx",
-           accuracy_level: int | None = None) -> onnx.ModelProto:
+           accuracy_level: int | None = None, own_ops: bool = True) -> onnx.ModelProto:
     """A copy of `model` for `target` ("onnx": standard ONNX, every DynamicDequantize lowered;
-    "onnxruntime": MatMulNBits/GatherBlockQuantized where they express a node exactly; see the
-    module doc)."""
-    return export_with_report(model, opset=opset, target=target, accuracy_level=accuracy_level)[0]
+    "onnxruntime": MatMulNBits/GatherBlockQuantized where they express a node exactly, and
+    standard forms ONNX Runtime's CPU runs for the rest; "openvino": standard forms OpenVINO's
+    CPU runs; see the module doc).  own_ops=False: no engine's own op written, standard ONNX
+    only, in the forms the target's engine runs."""
+    return export_with_report(model, opset=opset, target=target, accuracy_level=accuracy_level, own_ops=own_ops)[0]
 
 
 def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None, target: str = "onnx",
-                       accuracy_level: int | None = None) -> tuple[onnx.ModelProto, ExportReport]:
+                       accuracy_level: int | None = None, own_ops: bool = True
+                       ) -> tuple[onnx.ModelProto, ExportReport]:
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
     options = {"accuracy_level": accuracy_level}  # (each taken by the rules that declare it: converters/rules.py)
@@ -137,10 +140,10 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     current = ai_onnx_version(out.opset_import)
     report.opset_before = current
     types = value_types(out)
-    why_standard, lifted = _for_target(out, target, options, types, report)
+    why_standard, lifted = _for_target(out, target if own_ops else "onnx", options, types, report)
     if lifted:  # (new nodes of ours to type; after a fusion the types before it still hold for what is left)
         types = value_types(out)
-    needs = [(site, _needs(site, types)) for site in _our_sites(out)]
+    needs = [(site, _needs(site, types).at(target)) for site in _our_sites(out)]
     target = _target_opset(opset, current, needs)
     report.opset = target
 
@@ -158,7 +161,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
         if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
             out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
     for chosen in passes(LOWER, report.target):  # (a padded DynamicDequantize + Slice joined first, then each node)
-        for o in apply(out, chosen, types, names, {"opset": target}):
+        for o in apply(out, chosen, types, names, {"opset": target, "target": report.target}):
             if o.rewrite is not None:
                 op = o.rewrite.op
                 report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}",

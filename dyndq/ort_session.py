@@ -80,7 +80,8 @@ class OrtBoundary:
     Returned arrays have the graph's own dtypes, as the reference engine returns.
     """
 
-    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
+    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8,
+             onnx.TensorProto.INT2: onnx.TensorProto.INT8, onnx.TensorProto.UINT2: onnx.TensorProto.UINT8}
 
     def __init__(self, exported: onnx.ModelProto):
         from dyndq.plumbing.names import NameScope
@@ -164,7 +165,7 @@ class OrtBoundary:
 
 _BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
          onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
-         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8}
+         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8, onnx.TensorProto.FLOAT8E8M0: np.uint8}
 
 
 def _elem(vi: onnx.ValueInfoProto) -> int:

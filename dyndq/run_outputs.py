@@ -91,7 +91,7 @@ def _where(model: onnx.ModelProto, name: str) -> str:
 
 
 def exported_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`dyndq.export(model)` with every graph output of `model` kept by name and typed, as ONNX
+    """`dyndq.export(model, target="onnxruntime", own_ops=False)` with every graph output of `model` kept by name and typed, as ONNX
     Runtime needs (and export's own check, which asks for what check_model(full_check=True) asks).
 
     An output that declares no type, or no shape, gets what ONNX infers on the model; one that
@@ -107,7 +107,7 @@ def exported_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         kept = [o for o in typed.graph.output if o.name not in unknown]
         del typed.graph.output[:]
         typed.graph.output.extend(kept)
-    exported = export(typed)
+    exported = export(typed, target="onnxruntime", own_ops=False)  # (standard ops in forms ORT runs)
     problems = []
     if unknown:
         from dyndq.checker import value_types

@@ -121,7 +121,7 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
 
 
 @rule("GatherBlockQuantized -> DynamicDequantize + Gather", kind=LIFT, pattern=(MS_DOMAIN, OP),
-      check=says_why(_lift_found), targets=("onnx",))
+      check=says_why(_lift_found), targets=("onnx", "openvino"))
 def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """One GatherBlockQuantized as DynamicDequantize-2 (+ Slice) + Gather."""
     (data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form = (

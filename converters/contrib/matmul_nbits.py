@@ -132,7 +132,7 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
 
 
 @rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP),
-      check=says_why(_lift_found), targets=("onnx",))
+      check=says_why(_lift_found), targets=("onnx", "openvino"))
 def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """One MatMulNBits as DynamicDequantize-2 + MatMul (+ Slice, Add)."""
     attrs, (a, b, s, z, _, bias), q, scales, zero, form = \

@@ -14,14 +14,15 @@ from .walk import graphs
 
 # Model-local functions need at least this IR version.
 FUNCTIONS_IR = 8
-# IR 9 added float8, 10 int4/uint4, 11 float4e2m1.
+# IR 9 added float8, 10 int4/uint4, 11 float4e2m1, 12 float8e8m0, 13 int2/uint2, 14 float6 (onnx.proto).
 TYPE_IR = {
     onnx.TensorProto.FLOAT8E4M3FN: 9, onnx.TensorProto.FLOAT8E4M3FNUZ: 9,
     onnx.TensorProto.FLOAT8E5M2: 9, onnx.TensorProto.FLOAT8E5M2FNUZ: 9,
     onnx.TensorProto.INT4: 10, onnx.TensorProto.UINT4: 10,
+    onnx.TensorProto.FLOAT4E2M1: 11, onnx.TensorProto.FLOAT8E8M0: 12,
+    onnx.TensorProto.UINT2: 13, onnx.TensorProto.INT2: 13,
+    onnx.TensorProto.FLOAT6E2M3: 14, onnx.TensorProto.FLOAT6E3M2: 14,
 }
-if hasattr(onnx.TensorProto, "FLOAT4E2M1"):
-    TYPE_IR[onnx.TensorProto.FLOAT4E2M1] = 11
 INT4_IR = TYPE_IR[onnx.TensorProto.INT4]
 
 

@@ -1,0 +1,263 @@
+"""DynamicDequantize-3 to standard ONNX, for each export target's engine, and DequantizeLinear
+(versions 19 to 28, any of its types) back to it.
+
+A node version 2 expresses (its dtypes, output_dtype absent or the scales' own) is lowered by
+version 2's lowering, unchanged.  Every other node takes one of two routes, chosen for the
+target's engine (converters/engines.py says what each runs):
+
+- "tensor", "channel", "block": one DequantizeLinear, where the engine's takes the codes, as
+  version 2's forms (the scales Cast to float32 first, exactly, unless the engine's
+  DequantizeLinear takes float8e8m0 scales as they are: then output_dtype FLOAT), its float32
+  result rounded once to the output dtype after (`_narrow`: float16 NaNs made 0x7E00).
+- "decode": the codes decoded to values by standard ops, then one float32 Mul by the scales
+  broadcast to them (version 2's `_broadcastable`), then the rounding to the output dtype.
+  Integer codes: Cast to int64, Sub the int64 zero points, Cast to float32 (the exact
+  difference, rounded once).  Float codes: Cast to float32 (exact), or, where the engine has
+  no such tensors, a Gather from the table of the 2**bits values of the code's bit patterns,
+  held in an unsigned type it has (float4e2m1 in uint4, float6 in uint8); integer codes it
+  lacks (int2 on OpenVINO) are held as their values in int8/uint8.  Only a constant can be
+  re-encoded so: a value of such a type computed at run time is refused, by name.  Codes of
+  unknown dtype (inside a model-local function) go through float64: Cast, Sub, Cast to float32,
+  exact for every code type.
+
+Float codes' zero points are 0 (the kernel refuses others): DequantizeLinear gets them as they
+are, the decode route leaves them out.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
+from dyndq.opdefs import DYNAMIC_DEQUANTIZE_3 as OP3
+from dyndq.opdefs import FLOAT_CODES_3, PER_GROUP, PER_TENSOR, LiftPlan, Needs, Problem, Refusal, TensorSpec
+from dyndq.opdefs import ValidationError, dtypes
+from dyndq.plumbing.ir import TYPE_IR
+
+from .dynamic_dequantize import (BFLOAT16_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET, RANGE_OPSET,
+                                 SUB_BYTE, _broadcastable, _grouped, _narrow, _plan_or_reason, _quiet_nans_if_float16,
+                                 _scalar, dql_route, dynamic_dequantize_2, dynamic_dequantize_2_needs,
+                                 takes_zero_point)
+from .engines import ENGINES, Engine, engine
+from .lowering_context import LoweringContext
+
+# The ai.onnx opset whose DequantizeLinear and Cast first take each dtype (onnx.defs).
+TYPE_OPSET = {
+    "float8_e4m3fn": 19, "float8_e4m3fnuz": 19, "float8_e5m2": 19, "float8_e5m2fnuz": 19,
+    "int4": 21, "uint4": 21, "int16": 21, "uint16": 21, "float4_e2m1fn": 23, "float8_e8m0fnu": 24,
+    "int2": 25, "uint2": 25, "float6_e2m3fn": 28, "float6_e3m2fn": 28, "bfloat16": BFLOAT16_OPSET,
+}
+OUTPUT_DTYPE_OPSET = 23  # DequantizeLinear's output_dtype
+GATHER_OPSET = 13  # the table route: Cast, Gather
+_E8M0 = "float8_e8m0fnu"
+# how an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns)
+_HELD_AS = {"float4_e2m1fn": ("uint4", True), "float6_e2m3fn": ("uint8", True), "float6_e3m2fn": ("uint8", True),
+            "int2": ("int8", False), "uint2": ("uint8", False)}
+
+
+def _dtype(spec: TensorSpec | None) -> str | None:
+    return None if spec is None else spec.dtype
+
+
+def _output(scales: str | None, output_dtype) -> str | None:
+    return dtypes.by_onnx(output_dtype).name if output_dtype is not None else scales
+
+
+def version_2_holds(src, scales, zps, output_dtype) -> bool:
+    """Whether version 2 expresses the node (its dtypes, dst of the scales' dtype)."""
+    s, t, z = _dtype(src), _dtype(scales), _dtype(zps)
+    return (s in OP2.allowed_dtypes("src") and t in OP2.allowed_dtypes("scales")
+            and (zps is None or z in OP2.allowed_dtypes("zps")) and _output(t, output_dtype) == t)
+
+
+def _held(src: str | None, e: Engine) -> str | None:
+    """The dtype `e` holds a code of dtype `src` in (itself, where it has such tensors)."""
+    return src if e.holds(src) else _HELD_AS[src][0]
+
+
+def _route(src, scales, zps, qtype, group_shape, e: Engine) -> str:
+    """"tensor", "channel", "block" (one DequantizeLinear) or "decode" (see the module doc)."""
+    s, t = _dtype(src), _dtype(scales)
+    if s is None or t is None or (zps is not None and _dtype(zps) is None):
+        return "decode"
+    if s not in e.dql_codes or not takes_zero_point(src, zps):
+        return "decode"
+    if s == "int32" and zps is not None:
+        return "decode"  # engines subtract int32 zero points in int32, which overflows: int64 here
+    route = dql_route(src, scales, zps, qtype, group_shape, e)
+    return "decode" if route == "integer" else route
+
+
+def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Needs:
+    """What the node's lowering needs on engine `e` (version 3 forms only)."""
+    route = _route(src, scales, zps, qtype, group_shape, e)
+    s, t, z, out = _dtype(src), _dtype(scales), _dtype(zps), _output(_dtype(scales), output_dtype)
+    reasons = {"tensor": (DQL_OPSET, "DequantizeLinear"),
+               "channel": (PER_CHANNEL_DQL_OPSET, "per_channel DequantizeLinear with axis"),
+               "block": (INT4_OPSET, "blocked DequantizeLinear (block_size)"),
+               "decode": (DQL_OPSET, "Cast, Sub and Mul")}
+    opset, why = reasons[route]
+    why = [why]
+    held = [d for d in (s, z) if d is not None]
+    for d in held:
+        held_as = _held(d, e)
+        need = TYPE_OPSET.get(held_as, 0) if held_as == d else max(TYPE_OPSET.get(held_as, 0), GATHER_OPSET)
+        if need > opset:
+            opset, why = need, why + [f"{held_as} codes" + ("" if held_as == d else f" holding {d} ones")]
+    if t is not None and TYPE_OPSET.get(t, 0) > opset:
+        opset, why = TYPE_OPSET[t], why + [f"{t} scales"]
+    if route == "decode" and qtype == PER_GROUP and RANGE_OPSET > opset:
+        opset, why = RANGE_OPSET, why + ["per_group broadcasting (Range, Gather)"]
+    if route != "decode" and t == _E8M0 and e.dql_e8m0_scales and OUTPUT_DTYPE_OPSET > opset:
+        opset, why = OUTPUT_DTYPE_OPSET, why + ["DequantizeLinear's output_dtype"]
+    if out == "bfloat16" and BFLOAT16_OPSET > opset:
+        opset, why = BFLOAT16_OPSET, why + ["Cast to bfloat16"]
+    if s is None or t is None:
+        opset, why = max(opset, 15), why + ["CastLike to an unknown dtype"]
+    kept = [_held(d, e) for d in held] + ([t] if t else [])
+    ir = max([3] + [TYPE_IR.get(dtypes.by_name(d).onnx, 3) for d in kept])
+    return Needs(opset, ir, ", ".join(why))
+
+
+@OP3.def_lowering_needs
+def dynamic_dequantize_3_needs(
+    src: TensorSpec | None,
+    scales: TensorSpec | None,
+    zps: TensorSpec | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+    output_dtype: int | None = None,
+) -> Needs:
+    """Version 2's needs for the forms it expresses; otherwise what the route needs, for standard
+    ONNX and (`by_target`) for each engine: the opset whose DequantizeLinear or Cast first takes
+    each type held, 13 for per-axis DequantizeLinear and bfloat16, 21 for blocks, 23 for
+    output_dtype, 11 for per_group broadcasting by Range."""
+    if version_2_holds(src, scales, zps, output_dtype):
+        return dynamic_dequantize_2_needs(src, scales, zps, qtype=qtype, axis=axis, group_shape=group_shape)
+    per = {name: _needs(src, scales, zps, qtype, group_shape, output_dtype, e) for name, e in ENGINES.items()}
+    onnx_needs = per.pop("onnx")
+    return Needs(onnx_needs.opset, onnx_needs.ir_version, onnx_needs.why, by_target=per)
+
+
+@OP3.def_lowering
+def dynamic_dequantize_3(
+    ctx: LoweringContext,
+    src: str,
+    scales: str,
+    zps: str | None = None,
+    *,
+    qtype: str = PER_TENSOR,
+    axis: int = 1,
+    group_shape: tuple[int, ...] | None = None,
+    output_dtype: int | None = None,
+) -> str:
+    """Lower one DynamicDequantize-3 for the target's engine; return the name holding dst."""
+    zps = zps or None
+    src_spec = ctx.spec(src) or TensorSpec(None, None)
+    scales_spec = ctx.spec(scales) or TensorSpec(None, None)
+    zps_spec = (ctx.spec(zps) or TensorSpec(None, None)) if zps else None
+    if version_2_holds(src_spec, scales_spec, zps_spec, output_dtype):
+        return dynamic_dequantize_2(ctx, src, scales, zps, qtype=qtype, axis=axis, group_shape=group_shape)
+    e = engine(ctx.target)
+    t = scales_spec.dtype
+    out = _output(t, output_dtype)
+    float_codes = src_spec.dtype in FLOAT_CODES_3
+    route = _route(src_spec, scales_spec, zps_spec, qtype, group_shape, e)
+    if route != "decode":
+        y = _dequantize_linear(ctx, e, route, src, scales, zps, zps_spec, t, axis, group_shape)
+        return _finish(ctx, y, out, scales)
+    ctx.form = "decode, Mul"
+    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+    if src_spec.dtype is None or (zps and zps_spec.dtype is None):  # (inside a function) exact for every type
+        x = ctx.op("Cast", src, to=TensorProto.DOUBLE, hint="src_double")
+        if zps:
+            x = ctx.op("Sub", x, ctx.op("Cast", zps, to=TensorProto.DOUBLE, hint="zero_point_double"), hint="centered")
+        x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
+        scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
+    elif float_codes:
+        x = _float_values(ctx, e, src, src_spec.dtype)
+        scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
+    else:
+        x = ctx.op("Cast", _held_input(ctx, e, src, src_spec.dtype, "src"), to=TensorProto.INT64, hint="src_int64")
+        zp = None
+        if zps:
+            zp = ctx.op("Cast", _held_input(ctx, e, zps, zps_spec.dtype, "zps"), to=TensorProto.INT64,
+                        hint="zero_point_int64")
+        scale, zp = _broadcastable(ctx, src, x, scale, zp, qtype, axis, group_shape)
+        if zp is not None:
+            x = ctx.op("Sub", x, zp, hint="centered")
+        x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
+    y = ctx.op("Mul", x, scale, hint="dst" if out == "float32" else "dst_float")
+    return _finish(ctx, y, out, scales)
+
+
+def _finish(ctx: LoweringContext, y: str, out: str | None, scales: str) -> str:
+    """The float32 product as the output dtype (CastLike to the scales' where it is not known)."""
+    if out is None:
+        return ctx.op("CastLike", _quiet_nans_if_float16(ctx, y, scales), scales, hint="dst")
+    return y if out == "float32" else _narrow(ctx, y, out)
+
+
+def _dequantize_linear(ctx, e: Engine, route, src, scales, zps, zps_spec, t, axis, group_shape) -> str:
+    """One DequantizeLinear of the codes as they are, its result float32."""
+    ctx.form = "DequantizeLinear"
+    attrs = {}
+    if t == _E8M0 and e.dql_e8m0_scales:
+        scale, attrs = scales, {"output_dtype": TensorProto.FLOAT}
+    else:
+        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+    if route == "tensor":
+        zero = zps if zps is None or _dtype(zps_spec) in SUB_BYTE else _scalar(ctx, zps, "zero_point")
+        inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
+        return ctx.op("DequantizeLinear", *inputs, hint="dst", **attrs)
+    if route == "channel":
+        return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst", **attrs)
+    grouped = _grouped(group_shape)
+    a = grouped[0] if grouped else 0
+    ctx.form = "DequantizeLinear (blocked)"
+    return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(a),
+                  block_size=int(group_shape[a]), hint="dst", **attrs)
+
+
+def _float_values(ctx: LoweringContext, e: Engine, src: str, dtype: str) -> str:
+    """The float codes' values as float32: a Cast (exact), or where the engine has no tensors of
+    the codes' dtype, a Gather from the table of their values by their bit patterns."""
+    if e.holds(dtype):
+        return ctx.op("Cast", src, to=TensorProto.FLOAT, hint="src_float")
+    bits = _held_input(ctx, e, src, dtype, "src")
+    width = dtypes.by_name(dtype).bits
+    table = np.arange(1 << width, dtype=np.uint8).view(dtypes.by_name(dtype).numpy).astype(np.float32)
+    index = ctx.op("Cast", bits, to=TensorProto.INT32, hint="src_bits")
+    ctx.form = f"Gather from the {len(table)} {dtype} values, Mul"
+    return ctx.op("Gather", ctx.const(table, f"{dtype}_values"), index, axis=0, hint="src_float")
+
+
+def _held_input(ctx: LoweringContext, e: Engine, name: str, dtype: str, arg: str) -> str:
+    """`name` as the engine holds it: itself, or (a constant) re-encoded in _HELD_AS's dtype."""
+    if e.holds(dtype):
+        return name
+    as_dtype, as_bits = _HELD_AS[dtype]
+    codes = ctx.constant(name)
+    if codes is None:
+        onnx_name = dtypes.by_name(dtype).onnx_name
+        raise ValidationError([Problem(
+            f"{ctx.base}: {arg}", f"{name!r}, a {onnx_name} value computed at run time",
+            f"a constant for export target {e.name!r}: {e.title} has no {onnx_name} tensors, and only a "
+            f"constant's codes can be re-encoded (export target 'onnx' keeps them)")])
+    raw = codes.view(np.uint8) if as_bits else codes.astype(np.int64)
+    return ctx.derive(raw.astype(dtypes.by_name(as_dtype).numpy), name)
+
+
+# -- lifting: DequantizeLinear -> DynamicDequantize-3 ------------------------------------------
+
+@OP3.def_lifting(source=("", "DequantizeLinear"))
+def dynamic_dequantize_3_lifting(node: onnx.NodeProto, spec) -> LiftPlan | Refusal:
+    """Version 3 takes what version 2 does and also every type of DequantizeLinear-28: codes
+    int2 to int32, float8, float6 and float4 (a zero point of float codes as it is: the kernel
+    holds it to 0), float8e8m0 scales, and an output_dtype other than the scales' (kept as
+    the node's output_dtype)."""
+    plan = _plan_or_reason(node, spec, OP3)
+    return Refusal(plan) if isinstance(plan, str) else plan
