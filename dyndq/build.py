@@ -120,11 +120,49 @@ def ir_version_for(opset_imports) -> int:
     return onnx.helper.find_min_ir_version_for(list(opset_imports), ignore_unknown=True)
 
 
+def _version_needed(graph: onnx.GraphProto, domain: str) -> int | None:
+    """The lowest version of `domain` whose ops hold every node of it in `graph` (its subgraphs
+    included): the node's attributes, and the types its graph declares for its inputs (a node
+    whose inputs' types are not declared needs the newest); None (the newest) for no node."""
+    from dyndq.plumbing.walk import graphs
+
+    need = None
+    for g in graphs(graph):
+        declared = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]}
+        declared.update({t.name: t.data_type for t in g.initializer})
+        declared.update({n.output[0]: a.t.data_type for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                         for a in n.attribute if a.name == "value"})
+        for n in g.node:
+            if n.domain == domain:
+                lowest = next((v for v in versions_of(domain, n.op_type)
+                               if _holds(resolve(domain, n.op_type, v), n, declared)), newest_domain_version(domain))
+                need = max(need or 0, lowest)
+    return need
+
+
+def _holds(op: OpVersion, node: onnx.NodeProto, declared: dict) -> bool:
+    from dyndq.opdefs import dtypes
+
+    if any(op.attribute(a.name) is None for a in node.attribute):
+        return False
+    for param, name in zip(op.inputs, node.input):
+        if not name:
+            continue
+        code = declared.get(name, 0)
+        try:
+            dtype = dtypes.by_onnx(code).name
+        except KeyError:
+            return False  # not declared: only the newest version is sure to hold it
+        if dtype not in op.allowed_dtypes(param.name):
+            return False
+    return True
+
+
 def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, int] | None = None,
                **kwargs) -> onnx.ModelProto:
     """A model of `graph` importing ai.onnx at `opset`, our domain and every other registered
-    domain its nodes use (each at its newest version, or as `versions` says), at the lowest
-    IR version they need."""
+    domain its nodes use (each at the version its nodes need, or as `versions` says), at the
+    lowest IR version they need."""
     from dyndq.plumbing.walk import graphs
 
     newest = onnx.defs.onnx_opset_version()
@@ -135,6 +173,6 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
     used = {n.domain for g in graphs(graph) for n in g.node} & domains()
     imports = [onnx.helper.make_opsetid("", opset)]
     for domain in sorted(used | {DOMAIN} | set(versions)):
-        imports.append(opset_import(versions.get(domain), domain))
+        imports.append(opset_import(versions.get(domain, _version_needed(graph, domain)), domain))
     kwargs.setdefault("ir_version", ir_version_for(imports))
     return onnx.helper.make_model(graph, opset_imports=imports, **kwargs)

@@ -160,7 +160,7 @@ def test_what_it_prints(demo):
     assert re.search(r"  w1 \(fc1_matmul; bits=8, group_size=-1\): uint8 per_channel \(axis 1\), rel. error 0\.0\d+\n", text)
     assert re.search(r"  w3 \(fc3_matmul; bits=4, group_size=32, scale_dtype='float16'\): uint4 per_group \[32, 1\] "
                      r"\+ Cast to float32, rel. error 0\.\d+\n", text)
-    assert "graph 'weight_only_int4_mlp': 12 nodes (opsets: ai.onnx 21, org.dyndq 2; IR 10)" in text
+    assert "graph 'weight_only_int4_mlp': 12 nodes (opsets: ai.onnx 21, org.dyndq 3; IR 10)" in text
     assert ("org.dyndq::DynamicDequantize(w1_quantized uint8[64,128], w1_scales float32[128], w1_zero_points uint8[128])"
             " -> w1_dequantized  axis=1 qtype=per_channel") in text
     assert ("org.dyndq::DynamicDequantize(w2_quantized uint4[128,64], w2_scales float32[4,64], w2_zero_points uint4[4,64])"

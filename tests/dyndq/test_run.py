@@ -214,7 +214,7 @@ def test_invalid_model_names_every_problem(engine):
         [node],
         "g",
         [
-            helper.make_tensor_value_info("src", TensorProto.INT16, [2, 3]),
+            helper.make_tensor_value_info("src", TensorProto.INT64, [2, 3]),
             helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
             helper.make_tensor_value_info("zps", TensorProto.INT64, [3]),
         ],
