@@ -56,7 +56,19 @@ def _rms_of_quantized(src: dtypes.DType, zps: bool) -> float:
 
 
 def _ddq_from_onnx(w) -> dict:
-    return {k: v for k, v in w.values.items() if k in {a.name for a in DYNAMIC_DEQUANTIZE_2.attributes}}
+    """Version 2's attributes; a version-3 node's dtypes oneDNN's DynamicDequantize lacks (codes
+    other than s4/u4/s8/u8, float8e8m0 scales, a dst other than the scales' dtype) named."""
+    op = DYNAMIC_DEQUANTIZE_2
+    given = dict(zip(("src", "scales", "zps"), w.dtypes))
+    for arg, dtype in given.items():
+        if dtype is not None and dtype not in op.allowed_dtypes(arg):
+            names = ", ".join(dtypes.by_name(d).onednn for d in op.allowed_dtypes(arg))
+            w.problem(arg, f"dtype {dtype}", f"{names} (what oneDNN's DynamicDequantize takes)")
+    out = w.values.get("output_dtype")
+    if out is not None and given.get("scales") is not None and dtypes.by_onnx(out).name != given["scales"]:
+        w.problem("output_dtype", f"{dtypes.by_onnx(out).name}, the scales being {given['scales']}",
+                  "absent, or the scales' dtype: oneDNN's DynamicDequantize writes dst in the scales' dtype")
+    return {k: v for k, v in w.values.items() if k in {a.name for a in op.attributes}}
 
 
 @handler("DynamicDequantize", roles=("src", "scales", "zps"), inputs=(2, 3),

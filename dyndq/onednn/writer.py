@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -42,13 +42,16 @@ class _Node:
     problem: Callable
     constants: list  # each input's array when it is an initializer, else None
     n_outputs: int = 1  # outputs the node computes (named ones)
+    dtypes: list = field(default_factory=list)  # each input's dtype name (None: not known)
 
 
-def _attrs_of(node: onnx.NodeProto, h, shapes: dict, constants: dict, blame) -> dict:
-    ranks = [len(shapes[n]) if shapes.get(n) is not None else None for n in node.input]
+def _attrs_of(node: onnx.NodeProto, h, specs: dict, constants: dict, blame) -> dict:
+    ranks = [len(specs[n].shape) if specs.get(n) is not None and specs[n].shape is not None else None
+             for n in node.input]
     arrays = [constants.get(n) for n in node.input]
+    kinds = [specs[n].dtype if specs.get(n) is not None else None for n in node.input]
     values = h.from_onnx(_Node(h.kind, attribute_values(node), ranks, len(node.input), blame, arrays,
-                               sum(1 for o in node.output if o)))
+                               sum(1 for o in node.output if o), kinds))
     return h.typed(values)
 
 
@@ -179,7 +182,7 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
             elif name in initializers and name not in weight_names:
                 weight_names.append(name)
                 notes[str(tid(name))] = ["constant", "strided"]
-        attrs = _attrs_of(node, h, shapes, constants, lambda *a, blame=blame: problems.append(blame(*a)))
+        attrs = _attrs_of(node, h, specs, constants, lambda *a, blame=blame: problems.append(blame(*a)))
         origin[next_op[0]] = blame
         ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
                     "attrs": attrs, "inputs": [tensor(n, blame) for n in data],

@@ -393,3 +393,31 @@ def test_dump_maps_reshape_the_reductions_and_quantize_linear_back():
     for engine in ("reference", "onnxruntime"):
         [got] = dyndq.run(again, feeds, engine=engine).values()
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("src, scales, attrs, bad", [
+    (TensorProto.INT2, TensorProto.FLOAT, {}, {"src"}),
+    (TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT16, {}, {"src"}),
+    (TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0, {"output_dtype": TensorProto.FLOAT},
+     {"src", "scales", "output_dtype"}),
+    (TensorProto.INT8, TensorProto.FLOAT, {"output_dtype": TensorProto.BFLOAT16}, {"output_dtype"}),
+    (TensorProto.UINT4, TensorProto.BFLOAT16, {"output_dtype": TensorProto.BFLOAT16}, set()),
+    (TensorProto.INT8, TensorProto.FLOAT16, {}, set()),
+])
+def test_version_3_nodes_are_written_where_oneDNN_has_their_types_and_named_where_not(src, scales, attrs, bad):
+    """oneDNN's DynamicDequantize takes s4/u4/s8/u8 codes and f32/f16/bf16 scales, dst of the
+    scales' dtype: a version-3 node of those is written as it is (its output_dtype, the scales'
+    own, left out), any other is refused naming each argument oneDNN lacks."""
+    node = dyndq.make_node(["x", "s"], ["y"], name="dq", version=3, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", src, [4]),
+                                            helper.make_tensor_value_info("s", scales, [1])],
+                              [helper.make_tensor_value_info("y", 0, None)])
+    model = dyndq.make_model(graph, versions={dyndq.DOMAIN: 3})
+    if not bad:
+        [op] = onednn.dump(model)["graph"]
+        assert op["kind"] == "DynamicDequantize" and op["attrs"] == {}
+        return
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    named = {p.argument for p in e.value.problems if p.node == "dq"}
+    assert bad <= named <= bad | {"x", "s"}, str(e.value)
