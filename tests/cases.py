@@ -40,12 +40,21 @@ class Case:
     def valid(self) -> bool:
         return self.bad is None
 
+    @property
+    def dst_dtype(self) -> str:
+        """The dtype the op gives dst: output_dtype's, else the scales' (float32 where neither is one)."""
+        if self.attrs.get("output_dtype") in (1, 10, 16):
+            return dtypes.by_onnx(self.attrs["output_dtype"]).name
+        return self.scales[0] if self.scales[0] in ("float32", "float16", "bfloat16") else "float32"
+
     def arrays(self, seed: int = 0):
         """Random arrays of the row's dtypes and shapes (values in each dtype's full range)."""
         rng = np.random.default_rng(seed)
         src = _random(rng, *self.src)
         scales = _random(rng, *self.scales)
         zps = None if self.zps is None else _random(rng, *self.zps)
+        if zps is not None and self.zps[0] in dyndq.opdefs.FLOAT_CODES_3:  # float codes' zero points are 0
+            zps = np.zeros(zps.shape, zps.dtype)
         return src, scales, zps
 
 
@@ -54,8 +63,15 @@ def _random(rng, dtype, shape) -> np.ndarray:
     return np.asarray(_draw(rng, dtype, shape))
 
 
+# version 3's float codes and float8e8m0 scales: every bit pattern drawn (NaN, infinities and
+# subnormals included), where the older rows draw small normal values
+_ANY_PATTERN = frozenset(dyndq.opdefs.FLOAT_CODES_3) | {"float8_e8m0fnu"}
+
+
 def _draw(rng, dtype, shape):
     dt = dtypes.by_name(dtype) if isinstance(dtype, str) else dtypes.of(dtype)
+    if dt.name in _ANY_PATTERN:
+        return rng.integers(0, 1 << dt.bits, size=shape).astype(np.uint8).view(dt.numpy)
     if dt.name == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     if dt.is_integer:
@@ -246,9 +262,76 @@ CASES_2 = [
 ]
 VALID_2 = [c for c in CASES_2 if c.valid]
 INVALID_2 = [c for c in CASES_2 if not c.valid]
-ALL_CASES = CASES + CASES_2
-ALL_VALID = VALID + VALID_2
-ALL_INVALID = INVALID + INVALID_2
+
+
+# -- DynamicDequantize-3 ----------------------------------------------------------------------------
+
+_INT_3, _FLOAT_3 = dyndq.opdefs.INTEGER_CODES_3, dyndq.opdefs.FLOAT_CODES_3
+_CODES_3 = _INT_3 + _FLOAT_3
+_OUT = {"float32": 1, "float16": 10, "bfloat16": 16}
+E8M0 = "float8_e8m0fnu"
+# scales and the output dtype, in turn: float8e8m0 scales need output_dtype
+_SCALE_TURNS = (("float16", None), ("bfloat16", None), (E8M0, "float32"), ("float32", "bfloat16"), (E8M0, "float16"))
+
+
+def _out(attrs, out):
+    return attrs if out is None else {**attrs, "output_dtype": _OUT[out]}
+
+
+CASES_3 = [
+    # -- version-2 rows mean the same under version 3 (a sample across their forms) --------------------
+    *[dataclasses.replace(c, id=f"v3-{c.id}", version=3) for c in VALID_2[::12]],
+    # -- every code type: per tensor, per channel and per group, with each scale and output dtype -------
+    *[Case(f"v3-pt-{s}", (s, (3, 5)), ("float32", (1,)), None, PT, version=3) for s in _CODES_3],
+    *[
+        Case(f"v3-pc-{s}-{t}-{out or t}", (s, (4, 6)), (t, (4,)), None, _out(PC(0), out), version=3)
+        for k, s in enumerate(_CODES_3) for t, out in [_SCALE_TURNS[k % len(_SCALE_TURNS)]]
+    ],
+    *[
+        Case(f"v3-pg-{s}-{t}-{out or t}", (s, (4, 64)), (t, (4, 2)), None, _out(PG(1, 32), out), version=3)
+        for k, s in enumerate(_CODES_3) for t, out in [_SCALE_TURNS[(k + 2) % len(_SCALE_TURNS)]]
+    ],
+    # MXFP4 (float4e2m1 codes, float8e8m0 scales per 32) in every output dtype; a blocked rank-1 src
+    *[Case(f"v3-mxfp4-{out}", ("float4_e2m1fn", (2, 64)), (E8M0, (2, 2)), None, _out(PG(1, 32), out), version=3)
+      for out in _OUT],
+    *[Case(f"v3-pg-rank1-{s}", (s, (64,)), ("float32", (2,)), None, PG(32), version=3)
+      for s in ("int2", "float4_e2m1fn", "int8", "float6_e3m2fn")],
+    # -- zero points: the code's own type, other integer types, int32 far from 0, float codes' zeros ----
+    *[Case(f"v3-pt-{s}-zp-{s}", (s, (3, 5)), ("float16", ()), (s, ()), PT, version=3) for s in _INT_3],
+    *[Case(f"v3-pg-{s}-zp-{s}", (s, (4, 64)), ("float32", (4, 2)), (s, (4, 2)), PG(1, 32), version=3)
+      for s in ("int2", "uint2", "int16", "uint16")],
+    Case("v3-pc-int2-zp-int32", ("int2", (4, 6)), ("float32", (6,)), ("int32", (6,)), PC(1), version=3),
+    Case("v3-pc-int32-zp-int32", ("int32", (4, 6)), ("float32", (6,)), ("int32", (6,)), PC(1), version=3),
+    Case("v3-pg-uint2-zp-uint8", ("uint2", (4, 64)), (E8M0, (4, 2)), ("uint8", (4, 2)), _out(PG(1, 32), "float32"),
+         version=3),
+    Case("v3-pc-uint16-zp-int2", ("uint16", (4, 6)), ("bfloat16", (6,)), ("int2", (1,)), PC(1), version=3),
+    *[Case(f"v3-pt-{s}-zero-zp", (s, (3, 5)), ("float32", ()), (s, ()), PT, version=3)
+      for s in ("float8_e4m3fn", "float4_e2m1fn")],
+    Case("v3-pg-float8-zero-zps", ("float8_e5m2", (4, 64)), ("float16", (4, 2)), ("float8_e5m2", (4, 2)),
+         PG(1, 32), version=3),
+    # -- invalid forms --------------------------------------------------------------------------------
+    Case("v3-e8m0-no-output-dtype", ("float4_e2m1fn", (2, 64)), (E8M0, (2, 2)), None, PG(1, 32),
+         bad("output_dtype"), version=3),
+    *[Case(f"v3-output-dtype-{od}", ("int8", (2, 3)), ("float32", (1,)), None, {**PT, "output_dtype": od},
+           bad("output_dtype"), version=3) for od in (11, 3, 0)],
+    Case("v3-int-codes-float-zps", ("int4", (2, 3)), ("float32", (1,)), ("float8_e4m3fn", (1,)), PT, bad("zps"),
+         version=3),
+    Case("v3-float-codes-int-zps", ("float8_e4m3fn", (2, 3)), ("float32", (1,)), ("int8", (1,)), PT, bad("zps"),
+         version=3),
+    Case("v3-float-codes-other-float-zps", ("float4_e2m1fn", (2, 3)), ("float32", (1,)), ("float8_e4m3fn", (1,)),
+         PT, bad("zps"), version=3),
+    *[Case(f"v3-bad-src-{d}", (d, (2, 3)), ("float32", (1,)), None, PT, bad("src"), version=3)
+      for d in ("int64", "uint32", "float16", "bool")],
+    *[Case(f"v3-bad-scales-{d}", ("int2", (2, 3)), (d, (1,)), None, PT, bad("scales"), version=3)
+      for d in ("float64", "float8_e4m3fn", "uint8")],
+    Case("v3-dst-declared-float16", ("int8", (2, 3)), ("float32", (1,)), None, {**PT, "output_dtype": 16},
+         bad("dst"), version=3, dst="float16"),
+]
+VALID_3 = [c for c in CASES_3 if c.valid]
+INVALID_3 = [c for c in CASES_3 if not c.valid]
+ALL_CASES = CASES + CASES_2 + CASES_3
+ALL_VALID = VALID + VALID_2 + VALID_3
+ALL_INVALID = INVALID + INVALID_2 + INVALID_3
 
 
 def ids(cases):
@@ -274,7 +357,7 @@ def case_model(case, *, node_name="dq", opset=21, inputs_as="inputs", arrays=Non
             inits.append(onnx.numpy_helper.from_array(arrays[i], name))
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, elem_type(dtype), list(shape)))
-    given = case.dst or (case.scales[0] if case.scales[0] in case.op.allowed_dtypes("dst") else "float32")
+    given = case.dst or case.dst_dtype
     out = helper.make_tensor_value_info("dst", elem_type(given), list(case.src[1]))
     graph = helper.make_graph([node], "case", graph_inputs, [out], initializer=inits)
     imports = [helper.make_opsetid("", opset), dyndq.opset_import(case.version if domain_version is None else domain_version)]
@@ -290,13 +373,21 @@ def oracle(src, scales, zps=None, qtype="per_tensor", axis=1):
 
 
 def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None):
-    """Version 2's arithmetic written plainly with NumPy and ml_dtypes:
-    T2(float32(int64(src) - int64(zp)) * float32(scale)), parameters repeated to src's shape;
-    a float16 NaN is 0x7E00, whatever its sign and payload."""
+    """Version 2's arithmetic: version 3's with dst of the scales' dtype."""
+    return oracle_3(src, scales, zps, qtype, axis, group_shape)
+
+
+def oracle_3(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None, output_dtype=None):
+    """Version 3's arithmetic written plainly with NumPy and ml_dtypes:
+    OT(float32(decode(src) - decode(zp)) * float32(decode(scale))), parameters repeated to src's
+    shape: integer codes' difference in int64, float codes (and float8e8m0 scales) decoded by
+    ml_dtypes' casts, OT output_dtype's or the scales' dtype; a float16 NaN is 0x7E00, whatever
+    its sign and payload."""
     src = np.asarray(src)
-    t2 = np.asarray(scales).dtype
+    t2 = np.asarray(scales).dtype if output_dtype is None else dtypes.by_onnx(output_dtype).numpy
     scale = np.asarray(scales).astype(np.float32)
-    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
+    float_codes = src.dtype.name in dyndq.opdefs.FLOAT_CODES_3
+    zp = np.zeros((), np.int64) if zps is None or float_codes else np.asarray(zps).astype(np.int64)
     if qtype == "per_group":
         for i, g in enumerate(group_shape):
             scale = np.repeat(scale, g, axis=i)
@@ -309,7 +400,8 @@ def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None
     else:
         scale, zp = scale.reshape(()), zp.reshape(())
     with np.errstate(all="ignore"):
-        dst = np.asarray(((src.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.dtype(t2.name)))
+        centered = src.astype(np.float32) if float_codes else (src.astype(np.int64) - zp).astype(np.float32)
+        dst = np.asarray((centered * scale).astype(np.dtype(t2.name)))
     if dst.dtype.name == "float16":  # every float16 NaN is the one quiet NaN (README, "The op")
         dst.view(np.uint16)[np.isnan(dst)] = 0x7E00  # (a view in any layout: .astype keeps src's)
     return dst
@@ -411,7 +503,14 @@ def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:
 # -- opcheck: one row through every layer, as torch.library.opcheck does for an op -----------------
 
 # ONNX Runtime's Python API takes no NumPy feeds of these: such arrays go in as initializers.
-_NOT_FEEDABLE = ("int4", "uint4", "bfloat16")
+_NOT_FEEDABLE = ("int4", "uint4", "bfloat16", "int2", "uint2", "float8_e8m0fnu", *dyndq.opdefs.FLOAT_CODES_3)
+
+
+def _onnxruntime_holds(case) -> bool:
+    """Whether ONNX Runtime has tensors of the row's dtypes (else only constants of them run there)."""
+    from dyndq.converters.engines import engine
+
+    return all(engine("onnxruntime").holds(d) for d in (case.src[0], case.zps and case.zps[0]) if d)
 
 
 def opcheck(case, *, seed: int = 0, onnxruntime: bool = True) -> None:
@@ -455,9 +554,15 @@ def opcheck(case, *, seed: int = 0, onnxruntime: bool = True) -> None:
     feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
     engines = ("reference", "onnxruntime") if onnxruntime else ("reference",)
     for engine in engines:
+        if engine == "onnxruntime" and not _onnxruntime_holds(case):
+            continue  # it has no tensors of src's (or zps') dtype: constants only, below
         out = dyndq.run(model, feeds, engine=engine)
         assert list(out) == ["dst"] and same_bits(out["dst"], got), (case.id, engine)
-    _exports_right(case, dyndq.export(model))
+    standard = dyndq.export(model)
+    _exports_right(case, standard)
+    if case.version >= 3:  # standard ONNX at the opset its types need: ONNX's own reference engine runs it
+        out = dyndq.run(standard, feeds, engine="reference")
+        assert same_bits(out["dst"], got), (case.id, "export onnx on onnx.reference")
     if not onnxruntime:
         return
 
@@ -465,7 +570,7 @@ def opcheck(case, *, seed: int = 0, onnxruntime: bool = True) -> None:
     got = _kernel_agrees(case, src, scales, zps)
     feeds = {"src": src, "scales": scales, **({} if zps is None else {"zps": zps})}
     fixed = {"scales", "zps"} | ({"src"} if src.dtype.name in _NOT_FEEDABLE else set())
-    exported = dyndq.export(case_model(case, initializers=fixed, arrays=(src, scales, zps)))
+    exported = dyndq.export(case_model(case, initializers=fixed, arrays=(src, scales, zps)), target="onnxruntime")
     _exports_right(case, exported)
     if got.dtype.name == "bfloat16":  # ONNX Runtime returns no bfloat16: an exact Cast to float32 at the boundary
         exported = _bfloat16_output_as_float32(exported)
@@ -479,7 +584,8 @@ def _kernel_agrees(case, src, scales, zps) -> np.ndarray:
     got = case.op.kernel(src, scales, zps, **case.attrs)
     attrs = {"qtype": "per_tensor", "axis": 1, **case.attrs}
     axis = attrs["axis"] % max(1, src.ndim)
-    assert same_bits(got, oracle_2(src, scales, zps, attrs["qtype"], axis, attrs.get("group_shape"))), case.id
+    want = oracle_3(src, scales, zps, attrs["qtype"], axis, attrs.get("group_shape"), attrs.get("output_dtype"))
+    assert same_bits(got, want), case.id
     return got
 
 

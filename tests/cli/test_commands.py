@@ -263,22 +263,24 @@ def test_export_keeps_external_data(capsys, tmp_path):
 
 
 def _dequantize_linear_model() -> onnx.ModelProto:
-    """Two DequantizeLinear: one DynamicDequantize can express, one it cannot (int16 x)."""
+    """Two DequantizeLinear: one DynamicDequantize can express, one it cannot (blocked, on an x
+    fed at run time whose shape is not known: per_group needs exact division)."""
     inits = [
         numpy_helper.from_array(np.array([[1, -2], [3, 4]], np.int8), "q"),
         numpy_helper.from_array(np.array(0.5, np.float32), "s"),
         numpy_helper.from_array(np.array(1, np.int8), "z"),
-        numpy_helper.from_array(np.array([[1, 2], [3, 4]], np.int16), "q16"),
+        numpy_helper.from_array(np.array([[0.5, 0.25]], np.float32), "s16"),
     ]
     nodes = [
         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], name="dql"),
-        helper.make_node("DequantizeLinear", ["q16", "s"], ["w16"], name="dql16"),
+        helper.make_node("DequantizeLinear", ["q16", "s16"], ["w16"], name="dql16", axis=0, block_size=2),
         helper.make_node("Add", ["w", "w16"], ["sum"], name="add"),
         helper.make_node("MatMul", ["x", "sum"], ["y"], name="mm"),
     ]
     graph = helper.make_graph(
         nodes, "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
+         helper.make_tensor_value_info("q16", TensorProto.INT16, ["a", "b"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
         inits,
     )
@@ -295,9 +297,9 @@ def test_lift(capsys, tmp_path):
     assert "dql16" in lines[1] and "left alone" in lines[1]
     lifted = onnx.load(tmp_path / "lifted.onnx")
     assert [n.op_type for n in lifted.graph.node] == ["DynamicDequantize", "DequantizeLinear", "Add", "MatMul"]
-    x = np.array([[1.5, -2.0]], np.float32)
-    ref = dyndq.run(lifted, {"x": x})
-    assert close_after_matmul(ref["y"], dyndq.run(lifted, {"x": x}, engine="onnxruntime")["y"])
+    feeds = {"x": np.array([[1.5, -2.0]], np.float32), "q16": np.array([[1, 2], [3, 4]], np.int16)}
+    ref = dyndq.run(lifted, feeds)
+    assert close_after_matmul(ref["y"], dyndq.run(lifted, feeds, engine="onnxruntime")["y"])
 
 
 def test_lift_of_export_round_trip(capsys, models):

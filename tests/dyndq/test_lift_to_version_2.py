@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 from cases import oracle_2, same_bits, vi
 
 import dyndq
+from dyndq.opdefs import dtypes
 from dyndq.plumbing.opsets import ORT_MAX_OPSET
 
 NP = {"int8": np.int8, "uint8": np.uint8, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4,
@@ -174,11 +175,27 @@ def test_a_model_importing_version_1_gets_version_2_when_a_node_needs_it():
 @pytest.mark.parametrize("x, s, z, attrs, reason", [
     (("int4", [2, 5]), ("float32", [2, 3]), ("int4", [2, 3]), {"axis": 1, "block_size": 2}, "not a multiple"),
     (("int4", [2, 4]), ("float32", []), ("int8", []), {}, "x_zero_point is int8, not x's dtype int4"),
-    (("int16", [2, 4]), ("float16", []), None, {}, "x is int16"),
-    (("uint4", [2, 4]), ("float16", []), None, {"output_dtype": onnx.TensorProto.FLOAT}, "output_dtype FLOAT"),
 ])
 def test_what_version_2_leaves_alone_and_why(x, s, z, attrs, reason):
     model = _dql(x, s, z, opset=23, **attrs)
     lifted, report = dyndq.lift_with_report(model)
     assert report.count == 0 and reason in report.skipped[0].reason
     assert lifted.SerializeToString() == model.SerializeToString()
+
+
+@pytest.mark.parametrize("x, s, attrs, reason", [
+    (("int16", [2, 4]), ("float16", []), {}, "x is int16"),
+    (("uint4", [2, 4]), ("float16", []), {"output_dtype": onnx.TensorProto.FLOAT}, "output_dtype FLOAT"),
+])
+def test_what_version_2_leaves_to_version_3(x, s, attrs, reason):
+    """Version 2's lifting refuses these (saying why); version 3's takes them, output_dtype kept."""
+    model = _dql(x, s, None, opset=23, **attrs)
+    node = model.graph.node[0]
+    specs = {v.name: dyndq.TensorSpec(dtypes.by_onnx(v.type.tensor_type.elem_type).name,
+                                      tuple(d.dim_value for d in v.type.tensor_type.shape.dim))
+             for v in model.graph.input}
+    refusal = dyndq.DYNAMIC_DEQUANTIZE_2.lifting(node, specs.get)
+    assert reason in str(refusal)
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1 and domain_version(lifted) == 3
+    assert {a.name for a in lifted.graph.node[0].attribute} >= set(attrs)
