@@ -1,0 +1,293 @@
+"""DynamicDequantize-3 against the oracle over every code of every type: ONNX's own
+DequantizeLinear-28, our kernel, the reference engine, and each export on its engine."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from cases import oracle_3, same_bits
+try:  # (tests/engines.py: being written beside this)
+    from engines import openvino_available, run_openvino
+except ImportError:
+    def openvino_available():
+        return False
+
+import dyndq
+from dyndq.converters.engines import ENGINES, engine
+from dyndq.opdefs import FLOAT_CODES_3, INTEGER_CODES_3, dtypes
+from dyndq.plumbing.opsets import ORT_MAX_OPSET
+
+# (ONNX's evaluator warns of the overflows and NaNs that every-code inputs make, as IEEE arithmetic says)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+CODES = INTEGER_CODES_3 + FLOAT_CODES_3
+SCALES = ("float32", "float16", "bfloat16", "float8_e8m0fnu")
+OUTS = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+BLOCK = 16
+
+
+def every_code(dtype: str, rng) -> np.ndarray:
+    """Every code of a type of 16 bits or fewer (each bit pattern once, in a random order); for
+    int32, its extremes and zero beside random values."""
+    row = dtypes.by_name(dtype)
+    if dtype == "int32":
+        info = np.iinfo(np.int32)
+        edge = np.array([info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max], np.int32)
+        return np.concatenate([edge, rng.integers(info.min, info.max, 4096 - len(edge), endpoint=True,
+                                                  dtype=np.int32)])
+    if row.bits == 16:
+        return rng.permutation(np.arange(1 << 16, dtype=np.uint16)).view(row.numpy)
+    return rng.permutation(np.arange(1 << row.bits, dtype=np.uint8)).view(row.numpy)
+
+
+def draw_scales(dtype: str, shape, rng) -> np.ndarray:
+    """Scales of a dtype: float8e8m0's every exponent can come (NaN's 0xFF included), the float
+    ones near the sizes weights have, with a zero, an infinity and a NaN now and then."""
+    if dtype == "float8_e8m0fnu":
+        return rng.integers(0, 256, shape).astype(np.uint8).view(dtypes.by_name(dtype).numpy)
+    values = rng.standard_normal(shape).astype(np.float32) * np.float32(0.02)
+    flat = values.reshape(-1)
+    for k, special in enumerate((0.0, np.inf, np.nan)):
+        if flat.size > 8 * (k + 1) and rng.random() < 0.3:
+            flat[rng.integers(flat.size)] = special
+    return values.astype(dtypes.by_name(dtype).numpy)
+
+
+def _tiled(codes: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """`rows` x `width` codes holding every one of `codes` (repeated as needed) in each row."""
+    reps = -(-width // codes.size)
+    return np.stack([np.roll(np.tile(codes, reps)[:width], 7 * r) for r in range(rows)])
+
+
+# -- ONNX's DequantizeLinear-28 and our op: the same bits over every code ----------------------------
+
+@pytest.mark.parametrize("code", CODES)
+def test_dequantize_linear_28_and_version_3_give_the_same_bits_over_every_code(code):
+    """ONNX's reference DequantizeLinear-28 (blocked along the last axis, with each scale dtype
+    and each output dtype, zero points of the codes' own type for integer codes) and our kernel
+    agree bit for bit on every code of the type.  (int32: ONNX's evaluator rounds the code to
+    float32, then subtracts an int32 zero point in float64 and multiplies in float64 (NumPy's
+    promotion), which our op's one rounding of the exact difference does not match; int32 codes
+    go without zero points here, where both round the code once.)"""
+    rng = np.random.default_rng(sum(map(ord, code)))
+    codes = every_code(code, rng)
+    width = -(-codes.size // BLOCK) * BLOCK
+    x = _tiled(codes, 2, width)
+    for scale_dtype in SCALES:
+        s = draw_scales(scale_dtype, (2, width // BLOCK), rng)
+        for out_name, out in OUTS.items():
+            zp = None
+            if code in INTEGER_CODES_3 and code != "int32":
+                lo, hi = dtypes.integer_range(code)
+                zp = rng.integers(lo, hi, s.shape, endpoint=True).astype(dtypes.by_name(code).numpy)
+            inputs = [("x", x), ("s", s)] + ([("z", zp)] if zp is not None else [])
+            node = helper.make_node("DequantizeLinear", [n for n, _ in inputs], ["y"], axis=1, block_size=BLOCK,
+                                    output_dtype=out)
+            graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", out, None)],
+                                      initializer=[numpy_helper.from_array(a, n) for n, a in inputs])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)])
+            [theirs] = ReferenceEvaluator(model).run(None, {})
+            ours = dyndq.dynamic_dequantize(x, s, zp, qtype="per_group", group_shape=(1, BLOCK), output_dtype=out)
+            want = oracle_3(x, s, zp, "per_group", 1, (1, BLOCK), out)
+            assert same_bits(ours, want), (code, scale_dtype, out_name)
+            assert same_bits(_quiet(theirs), want), (code, scale_dtype, out_name)
+
+
+def _quiet(y: np.ndarray) -> np.ndarray:
+    """float16 NaNs as the one quiet NaN the op gives (0x7E00): ONNX's evaluator keeps sign and payload."""
+    y = np.array(y)
+    if y.dtype == np.float16:
+        y.view(np.uint16)[np.isnan(y)] = 0x7E00
+    return y
+
+
+# -- every engine, every form --------------------------------------------------------------------------
+
+@st.composite
+def nodes(draw):
+    """A version-3 node's arguments: codes holding every code of their type, a form, scales of
+    any dtype, an output dtype, zero points of any kind the op takes."""
+    code = draw(st.sampled_from(CODES))
+    scale_dtype = draw(st.sampled_from(SCALES))
+    out = draw(st.sampled_from(list(OUTS)))
+    if scale_dtype == "float8_e8m0fnu" or draw(st.booleans()):
+        attrs = {"output_dtype": OUTS[out]}
+    else:
+        attrs, out = {}, scale_dtype
+    form = draw(st.sampled_from(["per_tensor", "per_channel", "per_group", "per_group_rank1"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    codes = every_code(code, rng)[: 4096]
+    width = -(-codes.size // BLOCK) * BLOCK
+    if form == "per_group_rank1":
+        x = _tiled(codes, 1, width).reshape(-1)
+        shape, attrs = (width // BLOCK,), {**attrs, "qtype": "per_group", "group_shape": [BLOCK]}
+    else:
+        x = _tiled(codes, 3, width)
+        shape, attrs = {"per_tensor": ((1,), {"qtype": "per_tensor"}),
+                        "per_channel": ((3,), {"qtype": "per_channel", "axis": 0}),
+                        "per_group": ((3, width // BLOCK), {"qtype": "per_group", "group_shape": [1, BLOCK]})}[form]
+        attrs = {**attrs, **({"output_dtype": OUTS[out]} if out != scale_dtype else {})}
+    s = draw_scales(scale_dtype, shape, rng)
+    zp_kind = draw(st.sampled_from(["none", "own", "int32"] if code in INTEGER_CODES_3 else ["none", "zeros"]))
+    zp = None
+    if zp_kind == "own":
+        lo, hi = dtypes.integer_range(code)
+        zp = rng.integers(lo, hi, shape, endpoint=True).astype(dtypes.by_name(code).numpy)
+    elif zp_kind == "int32":
+        zp = rng.integers(-2**31, 2**31 - 1, shape, endpoint=True).astype(np.int32)
+    elif zp_kind == "zeros":
+        zp = np.zeros(shape, dtypes.by_name(code).numpy)
+    return x, s, zp, attrs
+
+
+def _model(x, s, zp, attrs, constants: bool) -> onnx.ModelProto:
+    arrays = [("x", x), ("s", s)] + ([("z", zp)] if zp is not None else [])
+    node = dyndq.make_node([n for n, _ in arrays], ["y"], name="dq", version=3, **attrs)
+    out = attrs.get("output_dtype") or dtypes.of(s.dtype).onnx
+    if constants:
+        inputs, inits = [], [numpy_helper.from_array(a, n) for n, a in arrays]
+    else:  # the codes fed at run time; scales and zero points constants
+        inputs = [helper.make_tensor_value_info("x", dtypes.of(x.dtype).onnx, list(x.shape))]
+        inits = [numpy_helper.from_array(a, n) for n, a in arrays[1:]]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", out, list(x.shape))],
+                               initializer=inits)
+    return dyndq.make_model(graph, opset=21)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(nodes())
+def test_every_engine_gives_the_oracles_bits_for_every_code_type_and_form(node):
+    """The kernel, the reference engine running it, the standard export on ONNX's reference
+    engine, the onnxruntime export on ONNX Runtime and (where installed) the openvino export on
+    OpenVINO: the oracle's bits, codes as constants and, where the engine holds their type, fed
+    at run time."""
+    x, s, zp, attrs = node
+    want = oracle_3(x, s, zp, attrs["qtype"], attrs.get("axis", 1), attrs.get("group_shape"),
+                    attrs.get("output_dtype"))
+    assert same_bits(dyndq.dynamic_dequantize(x, s, zp, **attrs), want)
+    code = x.dtype.name
+    for constants in (True, False):
+        model = _model(x, s, zp, attrs, constants)
+        feeds = {} if constants else {"x": x}
+        assert same_bits(dyndq.run(model, feeds)["y"], want), "reference engine, our kernel"
+        standard = dyndq.export(model)
+        assert same_bits(dyndq.run(standard, feeds)["y"], want), "export onnx, on onnx.reference"
+        for target in ("onnxruntime", "openvino"):
+            if not constants and not engine(target).holds(code):
+                with pytest.raises(dyndq.ValidationError, match="computed at run time"):
+                    dyndq.export(model, target=target)
+                continue
+            exported = dyndq.export(model, target=target)
+            onnx.checker.check_model(exported, full_check=True)
+            if target == "onnxruntime":
+                assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
+                got = dyndq.run(exported, feeds, engine="onnxruntime")["y"]
+            elif openvino_available():
+                got = run_openvino(exported, feeds)["y"]
+            else:
+                continue
+            assert same_bits(got, want), (target, [n.op_type for n in exported.graph.node])
+
+
+def test_what_each_engine_lacks_is_refused_by_name_when_fed_at_run_time():
+    """A float4 code fed at run time cannot reach ONNX Runtime (it has no float4e2m1 tensors), nor
+    int2 OpenVINO: export names the node, the input and what would do."""
+    x = np.arange(16, dtype=np.uint8).view(dtypes.by_name("float4_e2m1fn").numpy).reshape(1, 16)
+    model = _model(x, np.ones((1,), np.float32), None, {"qtype": "per_tensor"}, constants=False)
+    with pytest.raises(dyndq.ValidationError) as e:
+        dyndq.export(model, target="onnxruntime")
+    [p] = e.value.problems
+    assert p.argument == "dq: src" and "FLOAT4E2M1" in p.found and "a constant" in p.allowed
+    x2 = np.array([-2, -1, 0, 1], dtype=np.int8).astype(dtypes.by_name("int2").numpy)
+    model = _model(x2, np.ones((1,), np.float32), None, {"qtype": "per_tensor"}, constants=False)
+    with pytest.raises(dyndq.ValidationError, match="OpenVINO has no INT2 tensors"):
+        dyndq.export(model, target="openvino")
+    assert dyndq.export(model, target="onnxruntime")  # (ONNX Runtime runs int2)
+
+
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("scale_dtype", SCALES)
+def test_each_target_gets_an_opset_and_ir_version_its_engine_loads(code, scale_dtype):
+    """ONNX Runtime loads ai.onnx <= 26 and IR <= 13: its export of every type stays within;
+    no type an engine lacks is left in its export."""
+    x = _tiled(every_code(code, np.random.default_rng(0)), 4, 16)
+    attrs = {"qtype": "per_group", "group_shape": [1, BLOCK], "output_dtype": TensorProto.FLOAT}
+    model = _model(x, draw_scales(scale_dtype, (4, 1), np.random.default_rng(1)), None, attrs, constants=True)
+    for target, e in ENGINES.items():
+        exported = dyndq.export(model, target=target)
+        held = {dtypes.by_onnx(t.data_type).name for t in exported.graph.initializer}
+        held |= {dtypes.by_onnx(n.attribute[0].t.data_type).name for n in exported.graph.node if n.op_type == "Constant"}
+        assert not held & e.lacks, (target, held & e.lacks)
+        if target == "onnxruntime":
+            assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
+            assert exported.ir_version <= 13
+
+
+# -- lifting: DequantizeLinear-23/24/25/28 with any type, and back ----------------------------------
+
+@pytest.mark.parametrize("code, scale_dtype, opset", [
+    ("float4_e2m1fn", "float8_e8m0fnu", 24), ("int2", "float32", 25), ("uint2", "float16", 25),
+    ("float6_e2m3fn", "bfloat16", 28), ("float8_e4m3fn", "float8_e8m0fnu", 24), ("int16", "float32", 23),
+    ("float6_e3m2fn", "float8_e8m0fnu", 28), ("uint16", "float8_e8m0fnu", 24),
+])
+@pytest.mark.parametrize("form", ["per_tensor", "per_axis", "blocked"])
+def test_dequantize_linear_of_any_type_lifts_to_version_3_exactly_and_exports_back(code, scale_dtype, opset, form):
+    rng = np.random.default_rng(3)
+    x = _tiled(every_code(code, rng)[:256], 4, 64)
+    shape, attrs = {"per_tensor": ((), {}), "per_axis": ((4,), {"axis": 0}),
+                    "blocked": ((4, 64 // BLOCK), {"axis": 1, "block_size": BLOCK})}[form]
+    s = draw_scales(scale_dtype, shape, rng)
+    if scale_dtype == "float8_e8m0fnu":
+        attrs = {**attrs, "output_dtype": TensorProto.FLOAT16}
+    inputs = [("x", x), ("s", s)]
+    if code in INTEGER_CODES_3:
+        lo, hi = dtypes.integer_range(code)
+        inputs.append(("z", rng.integers(lo, hi, shape, endpoint=True).astype(x.dtype)))
+    node = helper.make_node("DequantizeLinear", [n for n, _ in inputs], ["y"], name="dql", **attrs)
+    out = attrs.get("output_dtype") or dtypes.of(s.dtype).onnx
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", out, list(x.shape))],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in inputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    [want] = ReferenceEvaluator(model).run(None, {})
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1 and not report.skipped
+    [ours] = lifted.graph.node
+    assert ours.domain == dyndq.DOMAIN and [o.version for o in lifted.opset_import if o.domain == dyndq.DOMAIN] == [3]
+    assert same_bits(dyndq.run(lifted, {})["y"], _quiet(want))
+    back = dyndq.export(lifted)
+    assert "DequantizeLinear" in [n.op_type for n in back.graph.node]
+    assert same_bits(dyndq.run(back, {})["y"], _quiet(want))
+    exported = dyndq.export(lifted, target="onnxruntime")
+    assert same_bits(dyndq.run(exported, {}, engine="onnxruntime")["y"], _quiet(want))
+
+
+# -- nested scales by composition: NVFP4 --------------------------------------------------------
+
+def test_nvfp4_is_two_nodes_whose_order_of_multiplication_the_graph_fixes():
+    """NVFP4: float4e2m1 codes in blocks of 16, float8e4m3fn block scales, one float32 tensor
+    scale.  The first node dequantizes the block scales by the tensor scale (float32(e4m3) * g,
+    rounded to float32); its output is the scales of the second (code * that, rounded to
+    float32): dst = float32(code * float32(block_scale * g)).  Every engine gives those bits."""
+    rng = np.random.default_rng(7)
+    codes = _tiled(every_code("float4_e2m1fn", rng), 8, 64)
+    block = rng.integers(0, 0x7F, (8, 4)).astype(np.uint8).view(dtypes.by_name("float8_e4m3fn").numpy)  # positive
+    g = np.array([0.0123], np.float32)
+    first = dyndq.make_node(["block_scales", "g"], ["scales"], name="nvfp4_scales", version=3)
+    second = dyndq.make_node(["codes", "scales"], ["w"], name="nvfp4_codes", version=3, qtype="per_group",
+                             group_shape=[1, 16])
+    inits = [numpy_helper.from_array(a, n) for n, a in (("codes", codes), ("block_scales", block), ("g", g))]
+    graph = helper.make_graph([first, second], "nvfp4", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 64])],
+                              initializer=inits)
+    model = dyndq.make_model(graph)
+    scales = (block.astype(np.float32) * g[0]).astype(np.float32)
+    want = (codes.astype(np.float32) * np.repeat(scales, 16, axis=1)).astype(np.float32)
+    assert same_bits(dyndq.run(model, {})["w"], want)
+    assert same_bits(dyndq.run(dyndq.export(model), {})["w"], want)
+    assert same_bits(dyndq.run(dyndq.export(model, target="onnxruntime"), {}, engine="onnxruntime")["w"], want)
+    if openvino_available():
+        assert same_bits(run_openvino(dyndq.export(model, target="openvino"), {})["w"], want)
