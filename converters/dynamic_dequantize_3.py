@@ -169,7 +169,6 @@ def dynamic_dequantize_3(
     if route != "decode":
         y = _dequantize_linear(ctx, e, route, src, scales, zps, zps_spec, t, axis, group_shape)
         return _finish(ctx, y, out, scales)
-    ctx.form = "decode, Mul"
     scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
     if src_spec.dtype is None or (zps and zps_spec.dtype is None):  # (inside a function) exact for every type
         x = ctx.op("Cast", src, to=TensorProto.DOUBLE, hint="src_double")
@@ -177,10 +176,14 @@ def dynamic_dequantize_3(
             x = ctx.op("Sub", x, ctx.op("Cast", zps, to=TensorProto.DOUBLE, hint="zero_point_double"), hint="centered")
         x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
         scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
+        ctx.form = "float64 arithmetic (Cast, Sub, Cast, Mul)"
     elif float_codes:
         x = _float_values(ctx, e, src, src_spec.dtype)
         scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
     else:
+        ctx.form = "integer arithmetic (Cast to int64, Sub, Cast, Mul)"
+        if not e.holds(src_spec.dtype):
+            ctx.form += f" on {_HELD_AS[src_spec.dtype][0]} values"
         x = ctx.op("Cast", _held_input(ctx, e, src, src_spec.dtype, "src"), to=TensorProto.INT64, hint="src_int64")
         zp = None
         if zps:
@@ -226,6 +229,7 @@ def _float_values(ctx: LoweringContext, e: Engine, src: str, dtype: str) -> str:
     """The float codes' values as float32: a Cast (exact), or where the engine has no tensors of
     the codes' dtype, a Gather from the table of their values by their bit patterns."""
     if e.holds(dtype):
+        ctx.form = "Cast to float32, Mul"
         return ctx.op("Cast", src, to=TensorProto.FLOAT, hint="src_float")
     bits = _held_input(ctx, e, src, dtype, "src")
     width = dtypes.by_name(dtype).bits
