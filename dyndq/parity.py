@@ -14,7 +14,8 @@ The tolerance: a float output differs when max |a - b| > TOLERANCE * max |b| (a 
 at `level`, b with optimizations off).  float32 sums of K terms in another order move a
 result by about sqrt(K) * 2^-24 of its terms' size (1e-6 and below for the models here);
 int8 activations move it by 1e-3 and more.  Any other output differs when one element does.
-A model holding our ops is exported first (`dyndq.export`, target "onnx").  ONNX Runtime is fed
+A model holding our ops is exported first (`dyndq.export`, target "onnxruntime" with no contrib
+op written: standard forms ONNX Runtime runs, version 3's float4/float6 codes included).  ONNX Runtime is fed
 and read through `dyndq.ort_session.OrtSession`, as `dyndq.run(engine="onnxruntime")` feeds it
 (int4/uint4 and bfloat16 inputs and outputs included), after the same check of the feeds.
 """
@@ -120,7 +121,7 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, level: str = "
     if any(o.domain in domains() for o in model.opset_import):
         from dyndq.exporter import export
 
-        model = export(model)
+        model = export(model, target="onnxruntime", own_ops=False)
     given = dict(feeds or {})
     examples = example_feeds(model, seed, skip=given)
     feeds = fitting_feeds(graph_inputs(model), {**examples, **given})

@@ -89,6 +89,21 @@ def test_a_model_with_our_ops_is_exported_first():
     assert not report.differing and [o.name for o in report.outputs] == ["y"]
 
 
+def test_an_mxfp4_model_is_exported_in_a_form_onnxruntime_runs():
+    """float4e2m1 codes and float8e8m0 scales (version 3): ONNX Runtime has no float4 tensors; the
+    check exports for it (codes as their bits, a table) and compares as for any model."""
+    codes = (np.arange(64) % 16).astype(np.uint8).reshape(16, 4).view(ml_dtypes.float4_e2m1fn)
+    scales = np.full((1, 4), 126, np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    graph = helper.make_graph(
+        [dyndq.make_node(["q", "s"], ["w"], qtype="per_group", group_shape=[16, 1], output_dtype=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(codes, "q"), numpy_helper.from_array(scales, "s")])
+    report = runtime_parity(dyndq.make_model(graph, opset=21), level="basic")
+    assert not report.differing and [o.name for o in report.outputs] == ["y"]
+
+
 def test_the_demo_model_runs_with_optimizations_off():
     """Its uint4 weights have zero points of another dtype (integer route): the export once took a
     Shape of the int4 codes, for which ONNX Runtime has no kernel (it folded it away when optimizing)."""
