@@ -14,7 +14,10 @@ as float16 bits, float8 ones as integers), so an array of a type NumPy lacks goe
 `openvino.Tensor` of the OpenVINO element type over the bytes ONNX packs for the array (sub-byte
 types two codes a byte, low nibble first, which is OpenVINO's layout too); an output is read as its
 bytes and decoded as the ONNX type.  OpenVINO has no int2, uint2 (its ONNX reader), float8 fnuz
-nor float6 type: a model holding one is refused when read.
+nor float6 type: a model holding one is refused when read.  What it computes is its own (measured
+on 2026.4, CPU): float32 constants lose their subnormals and the sign of zero, int64 is computed as
+int32, a float32 Sub of a constant followed by a Mul by one is fused into an fma, and
+DequantizeLinear multiplies in its output type.
 """
 from __future__ import annotations
 
