@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -45,6 +45,16 @@ test: $(STAMP)
 # the tests that need more than 2 GiB of memory (models over 2 GiB; about 15 GiB at peak)
 test-big: $(STAMP)
 	$(PY) -m pytest -q -m big
+
+# the tests that run exports on OpenVINO (marked `openvino`; `make test` skips them where it is not
+# installed, saying so): OpenVINO is an optional extra, installed here into .venv at the version
+# pyproject.toml's `openvino` extra asks for (one place for its lower bound)
+test-openvino: $(STAMP)
+	$(PY) -c "import tomllib; \
+		print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['openvino']))" \
+		> $(VENV)/openvino.txt
+	$(PY) -m pip install --quiet -r $(VENV)/openvino.txt
+	$(PY) -m pytest -q -m openvino
 
 # The compiled kernel built another way, into build/<name>/, and the kernel tests run on that
 # build (DYNDQ_NATIVE_MODULE points the package at it; DYNDQ_REQUIRE_NATIVE=1 fails the run if it

@@ -70,7 +70,12 @@ class OrtBoundary:
       int8 value); the feed is converted with NumPy, also exactly;
     - a bfloat16 feed goes in as an OrtValue of ONNX type BFLOAT16 over the
       array's 16-bit pattern (the bits as they are, NaN payloads included), and a
-      float8 feed likewise over its 8-bit pattern;
+      float8 (float8e8m0 too) feed likewise over its 8-bit pattern;
+    - an int2/uint2 feed goes in as an OrtValue of that type made by ONNX Runtime
+      (`ortvalue_from_shape_and_type`) and filled with the bytes ONNX itself packs
+      for the array (`numpy_helper.from_array`: four codes a byte, low bits first),
+      the layout ONNX Runtime holds them in (measured on 1.32: a Cast to float32
+      gives every code's value);
     - an int4/uint4 graph output is Cast to int8/uint8 and a bfloat16 one to
       float32 (ORT's bfloat16 -> float32 Cast shifts the bits: exact, NaN
       payloads included), and converted back here: int4 by value, bfloat16 by
@@ -80,8 +85,7 @@ class OrtBoundary:
     Returned arrays have the graph's own dtypes, as the reference engine returns.
     """
 
-    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8,
-             onnx.TensorProto.INT2: onnx.TensorProto.INT8, onnx.TensorProto.UINT2: onnx.TensorProto.UINT8}
+    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
 
     def __init__(self, exported: onnx.ModelProto):
         from dyndq.plumbing.names import NameScope
@@ -90,7 +94,7 @@ class OrtBoundary:
         initializers = {t.name for t in graph.initializer}
         int4_in = [vi for vi in graph.input
                    if _elem(vi) in self._WIDE and vi.name not in initializers]
-        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS}
+        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS or _elem(vi) in _PACKED}
         narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) in _BITS]
         self.model = exported
         self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
@@ -141,8 +145,11 @@ class OrtBoundary:
             elif (name in self.bits_in and isinstance(value, np.ndarray)
                   and value.dtype.name == dtypes.by_onnx(self.bits_in[name]).name):
                 elem = self.bits_in[name]
-                out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    np.ascontiguousarray(value).view(_BITS[elem]), elem)
+                if elem in _PACKED:
+                    out[name] = _packed_ortvalue(value, elem)
+                else:
+                    out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                        np.ascontiguousarray(value).view(_BITS[elem]), elem)
             else:
                 out[name] = value
         return out
@@ -166,6 +173,27 @@ class OrtBoundary:
 _BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
          onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
          onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8, onnx.TensorProto.FLOAT8E8M0: np.uint8}
+# fed packed as ONNX packs them (an int2/uint2 NumPy array holds one code a byte); only as inputs
+_PACKED = (onnx.TensorProto.INT2, onnx.TensorProto.UINT2)
+
+
+def _packed_ortvalue(value: np.ndarray, elem: int):
+    """An OrtValue of a sub-byte ONNX type holding `value`: ONNX Runtime allocates it (it owns its
+    memory, so nothing here must outlive it) and it is filled with the bytes ONNX packs for the
+    array."""
+    import ctypes
+
+    import onnxruntime as ort
+
+    raw = onnx.numpy_helper.from_array(np.ascontiguousarray(value)).raw_data
+    ortvalue = ort.OrtValue.ortvalue_from_shape_and_type(list(value.shape), elem)
+    if len(raw) != ortvalue.tensor_size_in_bytes():  # (a layout ONNX Runtime changed)
+        raise RuntimeError(f"ONNX Runtime holds a {list(value.shape)} tensor of "
+                           f"{onnx.TensorProto.DataType.Name(elem)} in {ortvalue.tensor_size_in_bytes()} bytes; "
+                           f"ONNX packs it in {len(raw)}")
+    if raw:
+        ctypes.memmove(ortvalue.data_ptr(), raw, len(raw))
+    return ortvalue
 
 
 def _elem(vi: onnx.ValueInfoProto) -> int:

@@ -23,6 +23,7 @@ settings.register_profile("explore", database=None)
 settings.load_profile("dyndq")
 
 from cases import REQUIRE_NATIVE_ENV, native_required, needs_native, why_not_native  # noqa: E402
+from engines import needs_openvino  # noqa: E402
 from dyndq.kernels import native  # noqa: E402
 
 
@@ -63,3 +64,11 @@ def _compiled_kernel_available(request):
     """Tests marked `native` need the compiled kernel (see cases.needs_native)."""
     if request.node.get_closest_marker("native") is not None:
         needs_native()
+
+
+@pytest.fixture(autouse=True)
+def _openvino_available(request):
+    """Tests marked `openvino` need OpenVINO, an optional extra: skipped, saying how to run them,
+    where it is not installed (engines.needs_openvino)."""
+    if request.node.get_closest_marker("openvino") is not None:
+        needs_openvino()
