@@ -122,7 +122,7 @@ def dynamic_dequantize(
     """Lower one DynamicDequantize-1; return the name of the value holding dst."""
     zps = zps or None
     zps_spec = (ctx.spec(zps) or TensorSpec(None, None)) if zps else None
-    if takes_zero_point(ctx.spec(src), zps_spec) and (
+    if takes_zero_point(ctx.spec(src), zps_spec) and (zps is None or engine(ctx.target).dql_zero_points) and (
         qtype == PER_TENSOR or ctx.opset >= PER_CHANNEL_DQL_OPSET
     ):
         if qtype == PER_TENSOR:
@@ -310,7 +310,7 @@ def _may_hold_one_element(shape) -> bool:
 def _route(src, scales, zps, qtype, group_shape, engine: Engine = ENGINES["onnx"]) -> str:
     """"v1", "tensor", "channel", "block" or "integer" (see the comment above)."""
     s, t, z = _dtype(src), _dtype(scales), _dtype(zps)
-    if qtype != PER_GROUP and s in _V1_SRC and t == "float32" and (zps is None or z in _V1_ZPS):
+    if qtype != PER_GROUP and s in _V1_SRC and t == "float32" and (zps is None or z in _V1_ZPS and engine.dql_zero_points):
         return "v1"
     if t not in _T2 or not takes_zero_point(src, zps):
         return "integer"
@@ -321,6 +321,8 @@ def dql_route(src, scales, zps, qtype, group_shape, engine: Engine) -> str:
     """"tensor", "channel" or "block": the DequantizeLinear that takes a node of these shapes on
     `engine`; "integer" where none does (the dtypes are judged by the caller)."""
     z = _dtype(zps)
+    if zps is not None and not engine.dql_zero_points:
+        return "integer"
     zshape, sshape = _known_shape(zps), _known_shape(scales)
     if qtype == PER_GROUP:
         if len(_grouped(group_shape)) > 1:

@@ -53,6 +53,7 @@ GATHER_OPSET = 13  # the table route: Cast, Gather
 _E8M0 = "float8_e8m0fnu"
 # how an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns)
 _HELD_AS = {"float4_e2m1fn": ("uint4", True), "float6_e2m3fn": ("uint8", True), "float6_e3m2fn": ("uint8", True),
+            "float8_e4m3fnuz": ("uint8", True), "float8_e5m2fnuz": ("uint8", True),
             "int2": ("int8", False), "uint2": ("uint8", False)}
 
 
@@ -193,7 +194,8 @@ def dynamic_dequantize_3(
         if zp is not None:
             x = ctx.op("Sub", x, zp, hint="centered")
         x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
-    y = ctx.op("Mul", x, scale, hint="dst" if out == "float32" else "dst_float")
+    factors = (scale, x) if e.nan_of_second else (x, scale)  # (the codes' NaN kept where both are NaN)
+    y = ctx.op("Mul", *factors, hint="dst" if out == "float32" else "dst_float")
     return _finish(ctx, y, out, scales)
 
 

@@ -10,7 +10,12 @@ ONNX Runtime 1.32 and OpenVINO 2026.4 (docs/engines.md holds the table a test ge
   scales no DequantizeLinear, but a Cast to float32 (exact).  The newest opset it loads is 26,
   the newest IR 13.
 - "openvino": DequantizeLinear runs float4e2m1 codes and float8e8m0 scales but refuses int2,
-  uint2 and float6 (as types) and a blocked DequantizeLinear of rank 1.
+  uint2, float6 and the float8 fnuz types (as types: its ONNX reader has none of them) and a
+  blocked DequantizeLinear of rank 1.
+
+OpenVINO's CPU plugin cannot give the kernel's bits everywhere (`Engine.deviations`, measured by
+`tests/test_engine_table.py`): it folds constant subgraphs with arithmetic of its own (float32 to
+bfloat16 truncated, subnormals flushed).
 
 Where an engine lacks a type, a constant of that type is re-encoded as its bit patterns in an
 unsigned type the engine has (float4e2m1 in uint4, float6 in uint8, int2/uint2 as their values
@@ -28,6 +33,7 @@ __all__ = ["Engine", "ENGINES", "engine"]
 _INTEGERS = frozenset(INTEGER_CODES_3)
 _FLOAT8 = frozenset(("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
 _FLOAT6 = frozenset(("float6_e2m3fn", "float6_e3m2fn"))
+_FNUZ = frozenset(("float8_e4m3fnuz", "float8_e5m2fnuz"))
 _EVERY_CODE = frozenset(INTEGER_CODES_3 + FLOAT_CODES_3)
 
 
@@ -41,6 +47,14 @@ class Engine:
     dql_e8m0_scales: bool  # whether its DequantizeLinear takes float8e8m0 scales
     lacks: frozenset = frozenset()  # dtypes it has no tensors of (nor Casts from)
     rank1_blocked: bool = True  # whether it runs a blocked DequantizeLinear on a rank-1 x
+    # whether its Mul of two NaNs of one shape gives the second's (ONNX Runtime: then Mul(scales,
+    # codes) keeps the codes' NaN, as the kernel does; where one operand is broadcast it gives the
+    # other's, whatever the order)
+    nan_of_second: bool = False
+    # whether its DequantizeLinear with a zero point gives the exact difference (OpenVINO fuses the
+    # float32 Sub and Mul into one multiply-add: the integer route instead, which it computes exactly)
+    dql_zero_points: bool = True
+    deviations: tuple = ()  # where it cannot give the kernel's bits, measured, in a few words
 
     def holds(self, dtype: str | None) -> bool:
         """Whether it has tensors of this dtype (an unknown dtype: assumed so)."""
@@ -51,9 +65,14 @@ ENGINES = {
     e.name: e
     for e in (
         Engine("onnx", "standard ONNX", _EVERY_CODE, True),
-        Engine("onnxruntime", "ONNX Runtime", _INTEGERS | _FLOAT8, False, lacks=frozenset({"float4_e2m1fn"}) | _FLOAT6),
-        Engine("openvino", "OpenVINO", (_EVERY_CODE - _FLOAT6) - {"int2", "uint2"}, True,
-               lacks=frozenset({"int2", "uint2"}) | _FLOAT6, rank1_blocked=False),
+        Engine("onnxruntime", "ONNX Runtime", _INTEGERS | _FLOAT8, False, lacks=frozenset({"float4_e2m1fn"}) | _FLOAT6,
+               nan_of_second=True),
+        Engine("openvino", "OpenVINO", _EVERY_CODE - _FLOAT6 - _FNUZ - {"int2", "uint2"}, True,
+               lacks=frozenset({"int2", "uint2"}) | _FLOAT6 | _FNUZ, rank1_blocked=False, dql_zero_points=False,
+               deviations=("a bfloat16 output: its constant folding truncates float32 to bfloat16",
+                           "subnormal constants and results: flushed to zero, and -0 constants made +0",
+                           "NaN codes: their own payload (float8e5m2's)",
+                           "int32 zero points far from the codes: it computes int64 in int32")),
     )
 }
 

@@ -11,11 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from cases import oracle_3, same_bits
-try:  # (tests/engines.py: being written beside this)
-    from engines import openvino_available, run_openvino
-except ImportError:
-    def openvino_available():
-        return False
+from engines import openvino_available, run_openvino
 
 import dyndq
 from dyndq.converters.engines import ENGINES, engine
@@ -163,9 +159,8 @@ def _model(x, s, zp, attrs, constants: bool) -> onnx.ModelProto:
 @given(nodes())
 def test_every_engine_gives_the_oracles_bits_for_every_code_type_and_form(node):
     """The kernel, the reference engine running it, the standard export on ONNX's reference
-    engine, the onnxruntime export on ONNX Runtime and (where installed) the openvino export on
-    OpenVINO: the oracle's bits, codes as constants and, where the engine holds their type, fed
-    at run time."""
+    engine and the onnxruntime export on ONNX Runtime: the oracle's bits, codes as constants and,
+    where the engine holds their type, fed at run time.  (OpenVINO: the test after this one.)"""
     x, s, zp, attrs = node
     want = oracle_3(x, s, zp, attrs["qtype"], attrs.get("axis", 1), attrs.get("group_shape"),
                     attrs.get("output_dtype"))
@@ -177,21 +172,52 @@ def test_every_engine_gives_the_oracles_bits_for_every_code_type_and_form(node):
         assert same_bits(dyndq.run(model, feeds)["y"], want), "reference engine, our kernel"
         standard = dyndq.export(model)
         assert same_bits(dyndq.run(standard, feeds)["y"], want), "export onnx, on onnx.reference"
-        for target in ("onnxruntime", "openvino"):
-            if not constants and not engine(target).holds(code):
-                with pytest.raises(dyndq.ValidationError, match="computed at run time"):
-                    dyndq.export(model, target=target)
-                continue
-            exported = dyndq.export(model, target=target)
-            onnx.checker.check_model(exported, full_check=True)
-            if target == "onnxruntime":
-                assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
-                got = dyndq.run(exported, feeds, engine="onnxruntime")["y"]
-            elif openvino_available():
-                got = run_openvino(exported, feeds)["y"]
-            else:
-                continue
-            assert same_bits(got, want), (target, [n.op_type for n in exported.graph.node])
+        if not constants and not engine("onnxruntime").holds(code):
+            with pytest.raises(dyndq.ValidationError, match="computed at run time"):
+                dyndq.export(model, target="onnxruntime")
+            continue
+        exported = dyndq.export(model, target="onnxruntime")
+        onnx.checker.check_model(exported, full_check=True)
+        assert next(o.version for o in exported.opset_import if o.domain == "") <= ORT_MAX_OPSET
+        got = dyndq.run(exported, feeds, engine="onnxruntime")["y"]
+        assert same_bits(got, want), [n.op_type for n in exported.graph.node]
+
+
+@pytest.mark.openvino
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(nodes())
+def test_openvino_gives_the_oracles_bits_but_where_its_deviations_say(node):
+    """The openvino export on OpenVINO (CPU, float32 inference precision): the oracle's bits
+    except where OpenVINO's own arithmetic differs, as `engines.ENGINES["openvino"].deviations`
+    says, measured here: a bfloat16 output (its constant folding truncates), subnormal constants
+    and results (flushed; -0 constants made +0), NaN codes (their payload), and int32 zero
+    points (it computes int64 in int32)."""
+    x, s, zp, attrs = node
+    want = oracle_3(x, s, zp, attrs["qtype"], attrs.get("axis", 1), attrs.get("group_shape"),
+                    attrs.get("output_dtype"))
+    code = x.dtype.name
+    for constants in (True, False):
+        model = _model(x, s, zp, attrs, constants)
+        if not constants and not engine("openvino").holds(code):
+            with pytest.raises(dyndq.ValidationError, match="computed at run time"):
+                dyndq.export(model, target="openvino")
+            continue
+        [got] = run_openvino(dyndq.export(model, target="openvino"), {} if constants else {"x": x})
+        if want.dtype.name == "bfloat16" or (zp is not None and zp.dtype == np.int32):
+            continue  # (its deviations: nothing to compare bit for bit)
+        assert _same_but_openvinos_deviations(got, want), (code, attrs)
+
+
+def _same_but_openvinos_deviations(got, want) -> bool:
+    """The same bits, but that a NaN may be any NaN and a subnormal or zero any zero."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    g, w = got.astype(np.float32).reshape(-1), want.astype(np.float32).reshape(-1)
+    tiny = np.finfo(want.dtype).tiny
+    loose = (np.isnan(w) & np.isnan(g)) | ((np.abs(w) < tiny) & ((g == 0) | (g == w)))
+    width = np.uint16 if want.dtype.itemsize == 2 else np.uint32
+    same = want.reshape(-1).view(width) == got.reshape(-1).view(width)
+    return bool(np.all(same | loose))
 
 
 def test_what_each_engine_lacks_is_refused_by_name_when_fed_at_run_time():
@@ -290,4 +316,4 @@ def test_nvfp4_is_two_nodes_whose_order_of_multiplication_the_graph_fixes():
     assert same_bits(dyndq.run(dyndq.export(model), {})["w"], want)
     assert same_bits(dyndq.run(dyndq.export(model, target="onnxruntime"), {}, engine="onnxruntime")["w"], want)
     if openvino_available():
-        assert same_bits(run_openvino(dyndq.export(model, target="openvino"), {})["w"], want)
+        assert same_bits(run_openvino(dyndq.export(model, target="openvino"), {})[0], want)
