@@ -162,12 +162,7 @@ DYNAMIC_DEQUANTIZE_3 = register(
         ),
         inputs=(
             Param("src", "T1", "The codes."),
-            Param(
-                "scales",
-                "T2",
-                "per_tensor: one element, shape [1] or []; per_channel: 1-D, src.shape[axis] elements; "
-                "per_group: src's rank, src.shape[i] / group_shape[i] in each dim i.",
-            ),
+            DYNAMIC_DEQUANTIZE_2.inputs[1],  # scales: the same shapes
             Param(
                 "zps",
                 "T3",
@@ -178,26 +173,7 @@ DYNAMIC_DEQUANTIZE_3 = register(
         ),
         outputs=(Param("dst", "T4", "The dequantized tensor: src's shape, output_dtype's dtype."),),
         attributes=(
-            Attribute(
-                "qtype",
-                AttrKind.STRING,
-                PER_TENSOR,
-                "Which dequantization: per_tensor, per_channel or per_group.",
-                allowed=QTYPES_2,
-            ),
-            Attribute(
-                "axis",
-                AttrKind.INT,
-                1,
-                "The channel axis for per_channel, in [-r, r-1] with r = rank(src); ignored otherwise.",
-            ),
-            Attribute(
-                "group_shape",
-                AttrKind.INTS,
-                None,
-                "per_group (required there): the block of src sharing one scale, one entry >= 1 per "
-                "dim of src, each dividing src's dim exactly; ignored otherwise.",
-            ),
+            *DYNAMIC_DEQUANTIZE_2.attributes,  # qtype, axis, group_shape: as version 2 has them
             Attribute(
                 "output_dtype",
                 AttrKind.INT,
