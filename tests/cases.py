@@ -287,9 +287,11 @@ CASES_3 = [
         Case(f"v3-pc-{s}-{t}-{out or t}", (s, (4, 6)), (t, (4,)), None, _out(PC(0), out), version=3)
         for k, s in enumerate(_CODES_3) for t, out in [_SCALE_TURNS[k % len(_SCALE_TURNS)]]
     ],
+    # every (code, scales, output) combination, per group
     *[
-        Case(f"v3-pg-{s}-{t}-{out or t}", (s, (4, 64)), (t, (4, 2)), None, _out(PG(1, 32), out), version=3)
-        for k, s in enumerate(_CODES_3) for t, out in [_SCALE_TURNS[(k + 2) % len(_SCALE_TURNS)]]
+        Case(f"v3-pg-{s}-{t}-{out}", (s, (4, 64)), (t, (4, 2)), None,
+             _out(PG(1, 32), None if out == t else out), version=3)
+        for s in _CODES_3 for t in ("float32", "float16", "bfloat16", E8M0) for out in _OUT
     ],
     # MXFP4 (float4e2m1 codes, float8e8m0 scales per 32) in every output dtype; a blocked rank-1 src
     *[Case(f"v3-mxfp4-{out}", ("float4_e2m1fn", (2, 64)), (E8M0, (2, 2)), None, _out(PG(1, 32), out), version=3)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from cases import oracle_3, same_bits
 from engines import run_openvino

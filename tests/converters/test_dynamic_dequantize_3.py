@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from cases import oracle_3, same_bits
-from engines import openvino_available, run_openvino
+from engines import run_openvino
 
 import dyndq
 from dyndq.converters.engines import ENGINES, engine
@@ -292,13 +292,12 @@ def test_dequantize_linear_of_any_type_lifts_to_version_3_exactly_and_exports_ba
     assert same_bits(dyndq.run(exported, {}, engine="onnxruntime")["y"], _quiet(want))
 
 
-# -- nested scales by composition: NVFP4 --------------------------------------------------------
+# -- nested scales by composition: NVFP4, integer block scales --------------------------------------------------------
 
-def test_nvfp4_is_two_nodes_whose_order_of_multiplication_the_graph_fixes():
+def _nvfp4():
     """NVFP4: float4e2m1 codes in blocks of 16, float8e4m3fn block scales, one float32 tensor
-    scale.  The first node dequantizes the block scales by the tensor scale (float32(e4m3) * g,
-    rounded to float32); its output is the scales of the second (code * that, rounded to
-    float32): dst = float32(code * float32(block_scale * g)).  Every engine gives those bits."""
+    scale g: the first node dequantizes the block scales by g (float32(e4m3) * g, rounded to
+    float32); its output is the scales of the second (code * that, rounded to float32)."""
     rng = np.random.default_rng(7)
     codes = _tiled(every_code("float4_e2m1fn", rng), 8, 64)
     block = rng.integers(0, 0x7F, (8, 4)).astype(np.uint8).view(dtypes.by_name("float8_e4m3fn").numpy)  # positive
@@ -309,11 +308,40 @@ def test_nvfp4_is_two_nodes_whose_order_of_multiplication_the_graph_fixes():
     inits = [numpy_helper.from_array(a, n) for n, a in (("codes", codes), ("block_scales", block), ("g", g))]
     graph = helper.make_graph([first, second], "nvfp4", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 64])],
                               initializer=inits)
-    model = dyndq.make_model(graph)
     scales = (block.astype(np.float32) * g[0]).astype(np.float32)
-    want = (codes.astype(np.float32) * np.repeat(scales, 16, axis=1)).astype(np.float32)
+    return dyndq.make_model(graph), (codes.astype(np.float32) * np.repeat(scales, 16, axis=1)).astype(np.float32)
+
+
+def _two_level():
+    """Scales held as int8 per block, times a float32 per output channel: the first node
+    dequantizes the block scales per channel (float32(int8) * channel scale), its output is the
+    scales of the int4 codes."""
+    rng = np.random.default_rng(11)
+    codes = rng.integers(-8, 8, (6, 64)).astype(dtypes.by_name("int4").numpy)
+    block = rng.integers(1, 128, (6, 4)).astype(np.int8)
+    channel = (rng.random(6) * 0.01).astype(np.float32)
+    first = dyndq.make_node(["block", "channel"], ["scales"], name="block_scales", qtype="per_channel", axis=0)
+    second = dyndq.make_node(["codes", "scales"], ["w"], name="codes", qtype="per_group", group_shape=[1, 16])
+    inits = [numpy_helper.from_array(a, n) for n, a in (("codes", codes), ("block", block), ("channel", channel))]
+    graph = helper.make_graph([first, second], "two_level", [],
+                              [helper.make_tensor_value_info("w", TensorProto.FLOAT, [6, 64])], initializer=inits)
+    scales = (block.astype(np.float32) * channel[:, None]).astype(np.float32)
+    return dyndq.make_model(graph), codes.astype(np.float32) * np.repeat(scales, 16, axis=1)
+
+
+@pytest.mark.parametrize("build", [_nvfp4, _two_level], ids=["nvfp4", "int8-block-scales-per-channel"])
+def test_nested_scales_are_two_nodes_whose_order_of_multiplication_the_graph_fixes(build):
+    """dst = float32(code * float32(block_scale * outer)): the reference engine, the standard
+    export on ONNX's engine and the onnxruntime export on ONNX Runtime give those bits."""
+    model, want = build()
     assert same_bits(dyndq.run(model, {})["w"], want)
     assert same_bits(dyndq.run(dyndq.export(model), {})["w"], want)
     assert same_bits(dyndq.run(dyndq.export(model, target="onnxruntime"), {}, engine="onnxruntime")["w"], want)
-    if openvino_available():
-        assert same_bits(run_openvino(dyndq.export(model, target="openvino"), {})[0], want)
+
+
+@pytest.mark.openvino
+@pytest.mark.parametrize("build", [_nvfp4, _two_level], ids=["nvfp4", "int8-block-scales-per-channel"])
+def test_nested_scales_on_openvino(build):
+    model, want = build()
+    [got] = run_openvino(dyndq.export(model, target="openvino"), {})
+    assert same_bits(got, want)
