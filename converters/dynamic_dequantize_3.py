@@ -35,7 +35,7 @@ from dyndq.opdefs import FLOAT_CODES_3, PER_GROUP, PER_TENSOR, LiftPlan, Needs, 
 from dyndq.opdefs import ValidationError, dtypes
 from dyndq.plumbing.ir import TYPE_IR
 
-from .dynamic_dequantize import (BFLOAT16_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET, RANGE_OPSET,
+from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET, RANGE_OPSET,
                                  SUB_BYTE, _broadcastable, _grouped, _narrow, _plan_or_reason, _quiet_nans_if_float16,
                                  _scalar, dql_route, dynamic_dequantize_2, dynamic_dequantize_2_needs,
                                  takes_zero_point)
@@ -114,9 +114,12 @@ def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Nee
         opset, why = OUTPUT_DTYPE_OPSET, why + ["DequantizeLinear's output_dtype"]
     if out == "bfloat16" and BFLOAT16_OPSET > opset:
         opset, why = BFLOAT16_OPSET, why + ["Cast to bfloat16"]
-    if s is None or t is None:
-        opset, why = max(opset, 15), why + ["CastLike to an unknown dtype"]
     kept = [_held(d, e) for d in held] + ([t] if t else [])
+    if s is None or t is None or (zps is not None and z is None):
+        # (inside a model-local function) the Casts may take any type the engine holds
+        kept = [d for d in OP3.allowed_dtypes("src") + OP3.allowed_dtypes("scales") if e.holds(d)]
+        opset = max([opset, CASTLIKE_OPSET] + [TYPE_OPSET.get(d, 0) for d in kept])
+        why = why + [f"Casts from dtypes not known (any {e.title} holds)"]
     ir = max([3] + [TYPE_IR.get(dtypes.by_name(d).onnx, 3) for d in kept])
     return Needs(opset, ir, ", ".join(why))
 
@@ -173,10 +176,11 @@ def dynamic_dequantize_3(
     scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
     if src_spec.dtype is None or (zps and zps_spec.dtype is None):  # (inside a function) exact for every type
         x = ctx.op("Cast", src, to=TensorProto.DOUBLE, hint="src_double")
-        if zps:
-            x = ctx.op("Sub", x, ctx.op("Cast", zps, to=TensorProto.DOUBLE, hint="zero_point_double"), hint="centered")
+        zp = ctx.op("Cast", zps, to=TensorProto.DOUBLE, hint="zero_point_double") if zps else None
+        scale, zp = _broadcastable(ctx, src, x, scale, zp, qtype, axis, group_shape)
+        if zp is not None:
+            x = ctx.op("Sub", x, zp, hint="centered")
         x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
-        scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
         ctx.form = "float64 arithmetic (Cast, Sub, Cast, Mul)"
     elif float_codes:
         x = _float_values(ctx, e, src, src_spec.dtype)

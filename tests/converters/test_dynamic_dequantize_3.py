@@ -345,3 +345,30 @@ def test_nested_scales_on_openvino(build):
     model, want = build()
     [got] = run_openvino(dyndq.export(model, target="openvino"), {})
     assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("code", ["float8_e4m3fn", "int2", "int32"])
+def test_inside_a_model_local_function_where_no_dtype_is_known(code):
+    """A function's nodes are typed by nothing: version 3's lowering there takes the route exact
+    for every code type (float64: Cast, Sub, Cast to float32) and CastLike to the scales' dtype;
+    every call gives the oracle's bits on the reference engine and ONNX Runtime."""
+    rng = np.random.default_rng(5)
+    x = _tiled(every_code(code, rng)[:256], 2, 32)
+    zp = None if code.startswith("float") else rng.integers(*dtypes.integer_range(code), (2, 2), endpoint=True
+                                                            ).astype(x.dtype)
+    s = draw_scales("float16", (2, 2), rng)
+    names = ["w", "s"] + (["z"] if zp is not None else [])
+    inner = dyndq.make_node(names, ["y"], qtype="per_group", group_shape=[1, 16])
+    f = helper.make_function("local", "Deq", names, ["y"], [inner],
+                             [helper.make_opsetid("", 21), dyndq.opset_import(3)])
+    call = helper.make_node("Deq", names, ["out"], domain="local")
+    arrays = [("w", x), ("s", s)] + ([("z", zp)] if zp is not None else [])
+    graph = helper.make_graph([call], "g", [], [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [2, 32])],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in arrays])
+    model = helper.make_model(graph, functions=[f], opset_imports=[helper.make_opsetid("", 21), dyndq.opset_import(3),
+                                                                   helper.make_opsetid("local", 1)])
+    model.ir_version = 13
+    want = oracle_3(x, s, zp, "per_group", 1, (1, 16))
+    assert same_bits(dyndq.run(model, {})["out"], want)
+    assert same_bits(dyndq.run(dyndq.export(model), {})["out"], want)
+    assert same_bits(dyndq.run(dyndq.export(model, target="onnxruntime"), {}, engine="onnxruntime")["out"], want)
