@@ -220,8 +220,8 @@ INLINE void lane_one(const uint8_t *s, char *o, const char *sc, const char *zp, 
                     : sk == SK_F16 ? bits_f32(f16_to_f32_bits(read_u16(sc, i))) : bits_f32((uint32_t)read_u16(sc, i) << 16);
     const int32_t z = zmode == ZP_NONE ? 0
                       : zp_kind == ZK_I32 ? read_i32(zp, i)
-                                          : load((const uint8_t *)zp, i, zp_kind - ZK_I8 + SRC_I8);
-    store(o, i, dst, diff(s, i, src, zmode, z) * c);
+                                          : load((const uint8_t *)zp, i, ZP_SRC[zp_kind]);
+    store(o, i, dst, diff(s, i, src, zmode, z, NULL) * c);
 }
 
 AVX2 INLINE __m256i src8(const uint8_t *s, int src) {
