@@ -60,7 +60,8 @@ _native_x86.h (vector conversions, non-temporal stores, emit / emit512); _native
 
 typedef struct {
     const uint8_t *src;
-    const float *tab; /* SRC_TAB's 256 values (NULL for other kinds) */
+    const float *tab;      /* SRC_TAB's 256 values (NULL for other kinds) */
+    const uint16_t *tab16; /* the same as float16 bits, where the caller found each exact (else NULL) */
     char *out;
     const char *scales, *zps;
     int sk, zk; /* their kinds (SK_*, ZK_*) */
@@ -168,16 +169,19 @@ static int kinds_ok(const Job *J) {
     return 1;
 }
 
-/* The decoding table: a buffer of 256 float32 for SRC_TAB (whose codes take no zero point), none
-   for the other kinds.  0 (and a ValueError set) when it does not fit the kind. */
+/* The decoding table of SRC_TAB (whose codes take no zero point), none for the other kinds:
+   256 float32, the value of each byte, optionally followed by the same 256 values as float16
+   bits where each is exactly its float32 value (NaNs quiet; kernels/native.py checks), which the
+   vector loops look up instead (runs512: two-register word permutes, a quarter of a gather's
+   cost).  0 (and a ValueError set) when the buffer does not fit the kind. */
 static int table_ok(Job *J, Py_buffer *t) {
     if ((J->src_kind == SRC_TAB) != (t->buf != NULL)) {
         PyErr_SetString(PyExc_ValueError, "a table is given for src of kind table, and for no other");
         return 0;
     }
     if (!t->buf) return 1;
-    if (t->len < 256 * 4 || (uintptr_t)t->buf % 4) {
-        PyErr_SetString(PyExc_ValueError, "the table: 256 float32, aligned");
+    if ((t->len != 256 * 4 && t->len != 256 * 6) || (uintptr_t)t->buf % 4) {
+        PyErr_SetString(PyExc_ValueError, "the table: 256 float32 (then 256 float16), aligned");
         return 0;
     }
     if (J->zmode != ZP_NONE) {
@@ -185,6 +189,7 @@ static int table_ok(Job *J, Py_buffer *t) {
         return 0;
     }
     J->tab = t->buf;
+    J->tab16 = t->len == 256 * 6 ? (const uint16_t *)(J->tab + 256) : NULL;
     return 1;
 }
 

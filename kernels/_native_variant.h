@@ -20,10 +20,12 @@
 #define V_EMIT emit512
 #define V_LANES lanes512
 #define V_TABLE table512
+#define V_RUNS runs512
 #elif VARIANT_LEVEL == 1
 #define V_EMIT emit
 #define V_LANES lanes256
 #define V_TABLE table256
+#define V_RUNS runs256
 #endif
 
 /* float16 / bfloat16 / float8_e8m0fnu scales to float32, zero points of 2 to 16 bits to int32, n
@@ -112,16 +114,21 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
     /* Staged: the plain loop's products written by emit, 8 (16) at a time, where streaming or a
        float16 rounding makes that pay. */
     const int staged = J->stream || J->dst_kind == DST_F16;
-    /* the fused loops: lanes and table (16-bit outputs only at level 1) */
-    const int fused = J->zmode != ZP_WIDE && J->src_kind <= SRC_U4 && J->sk <= SK_BF16 && J->zk <= ZK_U4;
-    const int tables = fused && g >= 16 && (J->src_kind == SRC_I4 || J->src_kind == SRC_U4) &&
+    /* the fused loops: lanes (params at every element, read as given: the kinds it knows),
+       table (2- and 4-bit src; 16-bit outputs only at level 1), runs (the others: any kind, any
+       g, params widened a block at a time) */
+    const int lanes = g == 1 && J->zmode != ZP_WIDE && J->src_kind <= SRC_U4 && J->sk <= SK_BF16 &&
+                      J->zk <= ZK_U4;
+    const int tables = J->zmode != ZP_WIDE && g >= 16 && J->src_kind <= SRC_U2 && J->src_kind >= SRC_I4 &&
                        (VARIANT_LEVEL >= 2 || J->dst_kind != DST_F32);
+    const int runs = !lanes && !tables && (J->src_kind > SRC_U4 || J->sk > SK_BF16 || J->zk > ZK_U4 ||
+                                           J->zmode == ZP_WIDE);
     /* Rows that share their params (groups along an outer axis; per channel on the last):
        lanes reads them widened from a row widened once per change of params, since decoding
        them at every element costs a quarter of its work.  Other rows, and rows longer than
        ROW_CACHE, it reads as given. */
     RowCache rc = {NULL, NULL, NULL, NULL, -1, 0};
-    if (fused && g == 1 && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
+    if (lanes && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
         V(row_cache_open)(&rc, J, L);
 #endif
     const int src_size = SRC_SIZE[J->src_kind];
@@ -131,7 +138,7 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
         const char *sc_row = J->scales + poff * SCALE_SIZE[J->sk];
         const char *zp_row = J->zps ? J->zps + poff * ZP_SIZE[J->zk] : NULL;
 #if VARIANT_LEVEL >= 1
-        if (fused && g == 1) {
+        if (lanes) {
             int sk = J->sk, zk = J->zk;
             if (rc.on) {
                 V(row_cache_fill)(&rc, J, sc_row, zp_row, L, poff);
@@ -160,8 +167,13 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
             c -= g0 * g;
 #if VARIANT_LEVEL >= 1
             if (tables) {
-                V_TABLE(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
-                        J->zmode, J->stream);
+                V_TABLE(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
+                        J->dst_kind, J->zmode, J->stream);
+                continue;
+            }
+            if (runs) {
+                V_RUNS(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
+                       J->dst_kind, J->zmode, J->tab, J->tab16, J->stream);
                 continue;
             }
             if (staged) {
@@ -196,4 +208,5 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
 #undef V_EMIT
 #undef V_LANES
 #undef V_TABLE
+#undef V_RUNS
 #undef V

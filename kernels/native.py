@@ -195,22 +195,28 @@ def dequantize_one(src, scales, zps, out):
 
 
 def _table(dtype: np.dtype) -> np.ndarray:
-    """The float32 value of each byte as a code of `dtype` (a one-byte float type: float8, float6,
-    float4), as ml_dtypes decodes it (bytes with bits beyond the type's width included), built
-    once per dtype.  Exact: every such value is a float32 value, and each converts back to itself
-    (a NaN to a NaN)."""
-    t = _TABLES.get(dtype)
-    if t is None:
+    """The decoding table of a one-byte float type (float8, float6, float4), built once per dtype:
+    the float32 value of each byte as ml_dtypes decodes it (bytes with bits beyond the type's
+    width included), then, where each of them is a float16 value too (it is, for every such type
+    of ours), their float16 bits, which the vector loops look up instead (_native.c, table_ok);
+    as bytes.  Checked exact: every value converts back to itself (a NaN to a NaN), and each
+    float16 one widens to the very float32 bits (a NaN only when quiet)."""
+    table = _TABLES.get(dtype)
+    if table is None:
         t = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
         with np.errstate(all="ignore"):
             back = t.astype(dtype).astype(np.float32)
+            h = t.astype(np.float16)
         nan = np.isnan(t)
         if not (np.array_equal(np.isnan(back), nan) and np.array_equal(back[~nan].view(np.uint32),
                                                                         t[~nan].view(np.uint32))):
             raise RuntimeError(f"{dtype.name}: ml_dtypes' float32 values of its codes are not exact")
-        t.flags.writeable = False
-        _TABLES[dtype] = t
-    return t
+        half = (np.array_equal(h.astype(np.float32).view(np.uint32), t.view(np.uint32))
+                and bool(np.all(h.view(np.uint16)[nan] & 0x0200)))
+        table = np.concatenate([t.view(np.uint8), h.view(np.uint8) if half else np.zeros(0, np.uint8)])
+        table.flags.writeable = False  # (a fresh array: aligned, as the C side asks)
+        _TABLES[dtype] = table
+    return table
 
 
 def _zero_points(zps, count_p, widen, src_dtype):
