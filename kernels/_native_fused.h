@@ -271,6 +271,12 @@ AVX512 INLINE void tab32(const uint8_t *s, __mmask32 k, int full, const __m512i 
     *d1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(r, 1));
 }
 
+/* 16 products d * c, a NaN d giving itself (see product: the compiler may swap the operands) */
+AVX512 INLINE __m512 mul16(__m512 d, __m512 c, int src) {
+    const __m512 p = _mm512_mul_ps(d, c);
+    return src == SRC_TAB ? _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q), d) : p;
+}
+
 /* The scales and zero points of the 16 lanes from element at (k: those stored; whole: all 16).
    As in table_step, *gi is element at's group and *bnd the next group's first element (later
    groups every g), moved on to element at; g == 1: element at's params at sc[at], zp[at]. */
@@ -316,7 +322,7 @@ AVX512 INLINE void runs_step(const uint8_t *s, char *o, const float *sc, const i
         d0 = diff16(s, i, k0, n0 == 16, src, zmode, z0, tab);
         d1 = half1 ? diff16(s, i + 16, k1, whole1, src, zmode, z1, tab) : _mm512_setzero_ps();
     }
-    const __m512 p0 = _mm512_mul_ps(d0, c0), p1 = _mm512_mul_ps(d1, c1);
+    const __m512 p0 = mul16(d0, c0, src), p1 = mul16(d1, c1, src);
     if (full && dst != DST_F32) { /* 32 16-bit outputs: one 64-byte vector, stored at once */
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(half16(p0, dst)), half16(p1, dst), 1);
         if (mode == OUT_STREAM) stream64(o + i * 2, w);
@@ -579,6 +585,12 @@ AVX2 INLINE __m256 diff8(const uint8_t *s, Py_ssize_t i, int src, int zmode, __m
     return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
 }
 
+/* 8 products d * c, a NaN d giving itself (mul16's twin) */
+AVX2 INLINE __m256 mul8(__m256 d, __m256 c, int src) {
+    const __m256 p = _mm256_mul_ps(d, c);
+    return src == SRC_TAB ? _mm256_blendv_ps(p, d, _mm256_cmp_ps(d, d, _CMP_UNORD_Q)) : p;
+}
+
 /* the 8 lanes' scales and zero points from element i (see runs_step) */
 AVX2 INLINE void params8(const float *sc, const int32_t *zp, Py_ssize_t gi, Py_ssize_t bnd, Py_ssize_t g,
                          Py_ssize_t i, int zmode, __m256 *c, __m256i *z) {
@@ -619,8 +631,8 @@ AVX2 INLINE void runs_body256(const uint8_t *s, char *o, const float *sc, const 
             Py_ssize_t gi1 = gi, bnd1 = bnd;
             while (g > 1 && bnd1 <= i + 8) { gi1++; bnd1 += g; }
             params8(sc, zp, gi1, bnd1, g, i + 8, zmode, &c1, &z1);
-            const __m256 p0 = _mm256_mul_ps(diff8(s, i, src, zmode, z0, tab), c0);
-            const __m256 p1 = _mm256_mul_ps(diff8(s, i + 8, src, zmode, z1, tab), c1);
+            const __m256 p0 = mul8(diff8(s, i, src, zmode, z0, tab), c0, src);
+            const __m256 p1 = mul8(diff8(s, i + 8, src, zmode, z1, tab), c1, src);
             if (dst == DST_F32) {
                 store32(o + i * 4, _mm256_castps_si256(p0), stream);
                 store32(o + i * 4 + 32, _mm256_castps_si256(p1), stream);
@@ -629,7 +641,7 @@ AVX2 INLINE void runs_body256(const uint8_t *s, char *o, const float *sc, const 
             }
             i += 15;
         } else {
-            store(o, i, dst, diff(s, i, src, zmode, zmode == ZP_NONE ? 0 : zp[gi], tab) * sc[gi]);
+            store(o, i, dst, product(diff(s, i, src, zmode, zmode == ZP_NONE ? 0 : zp[gi], tab), sc[gi], src));
         }
     }
 }

@@ -96,6 +96,16 @@ INLINE float diff(const uint8_t *s, Py_ssize_t j, int src, int zmode, int32_t z,
     return (float)((double)v - (double)z); /* exact in double (|v - z| < 2**33), then one rounding */
 }
 
+/* The product d * c, d first: where both are NaN, d's NaN (x86 multiplies so, taking the first
+   operand's; the oracle does).  A compiler may swap a multiply's operands, so where d can be a
+   NaN (float codes: the table's NaNs, quiet) the result is d itself, chosen on its bits. */
+INLINE float product(float d, float c, int src) {
+    const float p = d * c;
+    if (src != SRC_TAB) return p; /* (an integer difference is never a NaN) */
+    const uint32_t db = f32_bits(d);
+    return (db & 0x7FFFFFFFu) > 0x7F800000u ? d : p;
+}
+
 INLINE void store(void *o, Py_ssize_t j, int dst, float p) {
     switch (dst) {
     case DST_F32: ((float *)o)[j] = p; break;
@@ -140,7 +150,7 @@ INLINE uint32_t f16_to_f32_bits(uint16_t h) {
 INLINE void run_const(const uint8_t *s, void *o, float c, int32_t z, Py_ssize_t n, int src, int dst, int zmode,
                       const float *tab) {
     for (Py_ssize_t j = 0; j < n; j++)
-        store(o, j, dst, diff(s, j, src, zmode, z, tab) * c);
+        store(o, j, dst, product(diff(s, j, src, zmode, z, tab), c, src));
 }
 
 /* n elements from column `col` of a row whose params change every g columns (g == 1:
@@ -152,7 +162,7 @@ INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, P
         sc += col;
         zp = zmode == ZP_NONE ? zp : zp + col;
         for (Py_ssize_t j = 0; j < n; j++)
-            store(o, j, dst, diff(s, j, src, zmode, zmode == ZP_NONE ? 0 : zp[j], tab) * sc[j]);
+            store(o, j, dst, product(diff(s, j, src, zmode, zmode == ZP_NONE ? 0 : zp[j], tab), sc[j], src));
         return;
     }
     Py_ssize_t gi = col / g, off = col % g, j = 0;

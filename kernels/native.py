@@ -199,8 +199,9 @@ def _table(dtype: np.dtype) -> np.ndarray:
     the float32 value of each byte as ml_dtypes decodes it (bytes with bits beyond the type's
     width included), then, where each of them is a float16 value too (it is, for every such type
     of ours), their float16 bits, which the vector loops look up instead (_native.c, table_ok);
-    as bytes.  Checked exact: every value converts back to itself (a NaN to a NaN), and each
-    float16 one widens to the very float32 bits (a NaN only when quiet)."""
+    as bytes.  Checked exact: every value converts back to itself (a NaN to a NaN, and NaNs are
+    quiet: a NaN code's product is its own NaN), and each float16 one widens to the very float32
+    bits."""
     table = _TABLES.get(dtype)
     if table is None:
         t = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
@@ -209,7 +210,8 @@ def _table(dtype: np.dtype) -> np.ndarray:
             h = t.astype(np.float16)
         nan = np.isnan(t)
         if not (np.array_equal(np.isnan(back), nan) and np.array_equal(back[~nan].view(np.uint32),
-                                                                        t[~nan].view(np.uint32))):
+                                                                        t[~nan].view(np.uint32))
+                and np.all(t.view(np.uint32)[nan] & 0x00400000)):  # (NaNs quiet: the C side gives them as they are)
             raise RuntimeError(f"{dtype.name}: ml_dtypes' float32 values of its codes are not exact")
         half = (np.array_equal(h.astype(np.float32).view(np.uint32), t.view(np.uint32))
                 and bool(np.all(h.view(np.uint16)[nan] & 0x0200)))
