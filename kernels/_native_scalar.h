@@ -195,9 +195,25 @@ INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, P
 #define BY_DST_NO_ZP(SRC) /* (float codes: no zero point) */ \
     (dst == DST_F32 ? SEG(SRC, DST_F32, ZP_NONE) : dst == DST_F16 ? SEG(SRC, DST_F16, ZP_NONE) : SEG(SRC, DST_BF16, ZP_NONE))
 
-/* s: the segment's first element (n of them, from column col); tab: SRC_TAB's values */
+#define BY_DST_NARROW(SRC) /* (no wide subtraction) */ \
+    (dst == DST_F32 ? (zmode == ZP_NONE ? SEG(SRC, DST_F32, ZP_NONE) : SEG(SRC, DST_F32, ZP_NARROW)) \
+     : dst == DST_F16 ? (zmode == ZP_NONE ? SEG(SRC, DST_F16, ZP_NONE) : SEG(SRC, DST_F16, ZP_NARROW)) \
+     : (zmode == ZP_NONE ? SEG(SRC, DST_BF16, ZP_NONE) : SEG(SRC, DST_BF16, ZP_NARROW)))
+
+/* s: the segment's first element (n of them, from column col); tab: SRC_TAB's values.  few: a
+   constant, true where the caller takes the plain loop for 8- and 4-bit codes without the wide
+   subtraction only (the vector variants: runs takes the rest), so that no other is compiled in. */
 INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
-                    Py_ssize_t g, int src, int dst, int zmode, const float *tab) {
+                    Py_ssize_t g, int src, int dst, int zmode, const float *tab, int few) {
+    if (few) {
+        switch (src) {
+        case SRC_I8: BY_DST_NARROW(SRC_I8); break;
+        case SRC_U8: BY_DST_NARROW(SRC_U8); break;
+        case SRC_I4: BY_DST_NARROW(SRC_I4); break;
+        default: BY_DST_NARROW(SRC_U4); break;
+        }
+        return;
+    }
     switch (src) {
     case SRC_I8: BY_DST(SRC_I8); break;
     case SRC_U8: BY_DST(SRC_U8); break;

@@ -178,13 +178,14 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
             }
             if (staged) {
                 float buf[STAGE];
-                segment(J->src + (e + j) * src_size, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode, J->tab);
+                segment(J->src + (e + j) * src_size, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode, J->tab,
+                        1);
                 V_EMIT(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
                 continue;
             }
 #endif
             segment(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
-                    J->dst_kind, J->zmode, J->tab);
+                    J->dst_kind, J->zmode, J->tab, VARIANT_LEVEL >= 1);
         }
 #if VARIANT_LEVEL >= 1
     next_row:
