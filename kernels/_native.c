@@ -1,6 +1,6 @@
 /* dyndq's optional compiled kernel: DynamicDequantize in one fused pass.
 
-    out[e] = T2(float32(int64(src[e]) - int64(zp[p(e)])) * scale[p(e)])
+    out[e] = OT(float32(decode(src[e]) - decode(zp[p(e)])) * float32(decode(scale[p(e)])))
 
 NumPy needs a pass per step (cast, subtract, multiply, and a dozen for a float16
 rounding), where this makes one: it reads a byte of src and writes the output
@@ -10,20 +10,27 @@ differ by code path), hence this file.  It is optional: kernels/native.py falls
 back to the NumPy kernels when it is not built, and the tests run both.
 
 The caller (kernels/native.py) has done every check and conversion:
-* src is C-contiguous bytes: int8, uint8, or int4/uint4 one element a byte (the
-  low nibble, sign-extended for int4, as ml_dtypes reads it);
+* src is C-contiguous: integer codes (int8, uint8; int4/uint4 and int2/uint2 one
+  element a byte, the low bits, sign-extended for the signed ones, as ml_dtypes
+  reads them; int16, uint16, int32), or one-byte float codes (float8, float6,
+  float4) with the table of their 256 float32 values (_native_scalar.h, SRC_TAB);
 * it is viewed as dims[0..k-1] (C order); params vary along the dims flagged in
-  `varies` and broadcast along the others; scales (float32, float16 or bfloat16)
-  and zps (int32 or 4/8-bit) are contiguous, of the varying dims' shape (widened
-  to float32 / int32 where they change at every element and the CPU level is 0);
-* zps is absent, or "narrow" (src - zp fits in int32, so its conversion to
-  float32 is the one rounding of the exact difference), or "wide" (subtract in
-  int64);
-* out is C-contiguous float32, or float16 / bfloat16 bits.
+  `varies` and broadcast along the others; scales (float32, float16, bfloat16 or
+  float8_e8m0fnu) and zps (int32, or of 2 to 16 bits) are contiguous, of the
+  varying dims' shape (widened to float32 / int32 where they change at every
+  element and the CPU level is 0);
+* zps is absent (always, for float codes), or "narrow" (src - zp fits in int32 for
+  every src of its dtype, so its conversion to float32 is the one rounding of the
+  exact difference), or "wide" (the difference in double: exact, then rounded once);
+* out is C-contiguous float32, or float16 / bfloat16 bits: OT, whatever the
+  scales' dtype.
 
 Exactness: the integer difference is exact; its conversion to float32 rounds to
-nearest even (the one rounding of the oracle); one float32 multiply (no fused
-multiply-add: built with -ffp-contract=off); then one rounding to T2, nearest
+nearest even (the one rounding of the oracle); float codes and scales decode to
+their exact float32 values; one float32 multiply, the difference first (a NaN
+code times a NaN scale is the code's NaN, as x86 gives the first operand's: see
+product in _native_scalar.h; no fused multiply-add: built with -ffp-contract=off);
+then one rounding to OT, nearest
 even, written out in integer steps below and checked against NumPy's and
 ml_dtypes' casts over all 2**32 float32 patterns.  float16 NaNs are the one quiet
 NaN 0x7E00 (kernels/narrowing.py says why); bfloat16 NaNs are ml_dtypes' (0x7FC0
@@ -33,8 +40,8 @@ Levels and the one dispatcher: each entry (dequantize, widen, narrow) is compile
 variant, each variant explicitly for its target (_native_variant.h, included three times):
 "scalar" (level 0, plain C for the baseline ISA: what a CPU without AVX2, or of another
 family, runs), "avx2" (level 1: AVX2 + F16C, with the staged writer emit and the fused
-loops lanes256 / table256) and "avx512" (level 2: AVX-512 F/BW/VL, emit512, lanes512 /
-table512).  One table (K, below) holds the entry each call takes: filled with the scalar
+loops lanes256 / table256 / runs256) and "avx512" (level 2: AVX-512 F/BW/VL, emit512,
+lanes512 / table512 / runs512).  One table (K, below) holds the entry each call takes: filled with the scalar
 variants first, overridden per level in one place (choose), at import from the CPU's level
 (kernels/native.py lowers it for DYNDQ_CPU_LEVEL), and by set_level for tests; entries()
 tells which variant each entry runs.  Built with DYNDQ_NO_SIMD (or on a CPU family other

@@ -1,20 +1,25 @@
-/* dyndq's compiled kernel (_native.c): the fused loops, AVX-512 (lanes512, table512) and
-   AVX2 (lanes256, table256), which run_range takes where they apply.  Included once, by
-   _native.c, after _native_x86.h. */
+/* dyndq's compiled kernel (_native.c): the fused loops, AVX-512 (lanes512, table512, runs512)
+   and AVX2 (lanes256, table256, runs256), which run_range takes where they apply.  Included
+   once, by _native.c, after _native_x86.h. */
 #pragma once
 
 /* The fused loops of AVX-512 machines: the output written as it is computed, with no
    staging block between (emit needs one for its aligned non-temporal stores; these align
-   their own vectors, doing the head and the tail with masked loads and stores).  Two
-   forms, each chosen by run_range where it holds and zmode is not ZP_WIDE:
+   their own vectors, doing the head and the tail with masked loads and stores).  Three
+   forms, each chosen by run_range where it holds:
 
-   * lanes512: parameters that change at every element (g == 1), read as given (float16
-     through the CPU's exact conversion, bfloat16 by a shift, 4/8-bit zero points by
-     sign or zero extension), so nothing is widened before the threads start;
-   * table512: 4-bit src with parameters that hold for runs of g >= 16: src has 16
-     values, so a group's outputs are a table of 16, computed as one vector by the same
-     arithmetic (hence the same bits) and looked up by each element's nibble with one
-     permute (vpermw / vpermd), two or three where a vector spans groups. */
+   * lanes512: 8- and 4-bit src, parameters that change at every element (g == 1), read as
+     given (float16 through the CPU's exact conversion, bfloat16 by a shift, 4/8-bit zero
+     points by sign or zero extension), so nothing is widened before the threads start;
+     not for the wide subtraction;
+   * table512: 4- and 2-bit src with parameters that hold for runs of g >= 16: src has 16
+     (4) values, so a group's outputs are a table of 16, computed as one vector by the
+     same arithmetic (hence the same bits) and looked up by each element's nibble with one
+     permute (vpermw / vpermd), two or three where a vector spans groups; not for the wide
+     subtraction;
+   * runs512 (below): every other kind (int16/uint16/int32 and float codes, float8_e8m0fnu
+     scales, 2- and 16-bit zero points, the wide subtraction), any g, the parameters widened
+     a block at a time. */
 enum { OUT_MASKED, OUT_PLAIN, OUT_STREAM };
 
 /* The entry points below are compiled for AVX-512 whatever clone of run_range calls them,
