@@ -1,6 +1,6 @@
 /* dyndq's optional compiled kernel: DynamicDequantize in one fused pass.
 
-    out[e] = T2(float32(int64(src[e]) - int64(zp[p(e)])) * scale[p(e)])
+    out[e] = OT(float32(decode(src[e]) - decode(zp[p(e)])) * float32(decode(scale[p(e)])))
 
 NumPy needs a pass per step (cast, subtract, multiply, and a dozen for a float16
 rounding), where this makes one: it reads a byte of src and writes the output
@@ -10,20 +10,27 @@ differ by code path), hence this file.  It is optional: kernels/native.py falls
 back to the NumPy kernels when it is not built, and the tests run both.
 
 The caller (kernels/native.py) has done every check and conversion:
-* src is C-contiguous bytes: int8, uint8, or int4/uint4 one element a byte (the
-  low nibble, sign-extended for int4, as ml_dtypes reads it);
+* src is C-contiguous: integer codes (int8, uint8; int4/uint4 and int2/uint2 one
+  element a byte, the low bits, sign-extended for the signed ones, as ml_dtypes
+  reads them; int16, uint16, int32), or one-byte float codes (float8, float6,
+  float4) with the table of their 256 float32 values (_native_scalar.h, SRC_TAB);
 * it is viewed as dims[0..k-1] (C order); params vary along the dims flagged in
-  `varies` and broadcast along the others; scales (float32, float16 or bfloat16)
-  and zps (int32 or 4/8-bit) are contiguous, of the varying dims' shape (widened
-  to float32 / int32 where they change at every element and the CPU level is 0);
-* zps is absent, or "narrow" (src - zp fits in int32, so its conversion to
-  float32 is the one rounding of the exact difference), or "wide" (subtract in
-  int64);
-* out is C-contiguous float32, or float16 / bfloat16 bits.
+  `varies` and broadcast along the others; scales (float32, float16, bfloat16 or
+  float8_e8m0fnu) and zps (int32, or of 2 to 16 bits) are contiguous, of the
+  varying dims' shape (widened to float32 / int32 where they change at every
+  element and the CPU level is 0);
+* zps is absent (always, for float codes), or "narrow" (src - zp fits in int32 for
+  every src of its dtype, so its conversion to float32 is the one rounding of the
+  exact difference), or "wide" (the difference in double: exact, then rounded once);
+* out is C-contiguous float32, or float16 / bfloat16 bits: OT, whatever the
+  scales' dtype.
 
 Exactness: the integer difference is exact; its conversion to float32 rounds to
-nearest even (the one rounding of the oracle); one float32 multiply (no fused
-multiply-add: built with -ffp-contract=off); then one rounding to T2, nearest
+nearest even (the one rounding of the oracle); float codes and scales decode to
+their exact float32 values; one float32 multiply, the difference first (a NaN
+code times a NaN scale is the code's NaN, as x86 gives the first operand's: see
+product in _native_scalar.h; no fused multiply-add: built with -ffp-contract=off);
+then one rounding to OT, nearest
 even, written out in integer steps below and checked against NumPy's and
 ml_dtypes' casts over all 2**32 float32 patterns.  float16 NaNs are the one quiet
 NaN 0x7E00 (kernels/narrowing.py says why); bfloat16 NaNs are ml_dtypes' (0x7FC0
@@ -33,8 +40,8 @@ Levels and the one dispatcher: each entry (dequantize, widen, narrow) is compile
 variant, each variant explicitly for its target (_native_variant.h, included three times):
 "scalar" (level 0, plain C for the baseline ISA: what a CPU without AVX2, or of another
 family, runs), "avx2" (level 1: AVX2 + F16C, with the staged writer emit and the fused
-loops lanes256 / table256) and "avx512" (level 2: AVX-512 F/BW/VL, emit512, lanes512 /
-table512).  One table (K, below) holds the entry each call takes: filled with the scalar
+loops lanes256 / table256 / runs256) and "avx512" (level 2: AVX-512 F/BW/VL, emit512,
+lanes512 / table512 / runs512).  One table (K, below) holds the entry each call takes: filled with the scalar
 variants first, overridden per level in one place (choose), at import from the CPU's level
 (kernels/native.py lowers it for DYNDQ_CPU_LEVEL), and by set_level for tests; entries()
 tells which variant each entry runs.  Built with DYNDQ_NO_SIMD (or on a CPU family other
@@ -60,6 +67,8 @@ _native_x86.h (vector conversions, non-temporal stores, emit / emit512); _native
 
 typedef struct {
     const uint8_t *src;
+    const float *tab;      /* SRC_TAB's 256 values (NULL for other kinds) */
+    const uint16_t *tab16; /* the same as float16 bits, where the caller found each exact (else NULL) */
     char *out;
     const char *scales, *zps;
     int sk, zk; /* their kinds (SK_*, ZK_*) */
@@ -158,12 +167,36 @@ static int size_mul(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out, const char *wha
 
 /* Whether the job's kinds are ones this file knows (else a ValueError is set). */
 static int kinds_ok(const Job *J) {
-    if (J->src_kind < SRC_I8 || J->src_kind > SRC_U4 || J->dst_kind < DST_F32 || J->dst_kind > DST_BF16 ||
-        J->zmode < ZP_NONE || J->zmode > ZP_WIDE || J->sk < SK_F32 || J->sk > SK_BF16 || J->zk < ZK_I32 ||
-        J->zk > ZK_U4) {
+    if (J->src_kind < SRC_I8 || J->src_kind > SRC_TAB || J->dst_kind < DST_F32 || J->dst_kind > DST_BF16 ||
+        J->zmode < ZP_NONE || J->zmode > ZP_WIDE || J->sk < SK_F32 || J->sk > SK_E8M0 || J->zk < ZK_I32 ||
+        J->zk > ZK_U16) {
         PyErr_SetString(PyExc_ValueError, "unknown src, dst, scale or zero-point kind");
         return 0;
     }
+    return 1;
+}
+
+/* The decoding table of SRC_TAB (whose codes take no zero point), none for the other kinds:
+   256 float32, the value of each byte, optionally followed by the same 256 values as float16
+   bits where each is exactly its float32 value (NaNs quiet; kernels/native.py checks), which the
+   vector loops look up instead (runs512: two-register word permutes, a quarter of a gather's
+   cost).  0 (and a ValueError set) when the buffer does not fit the kind. */
+static int table_ok(Job *J, Py_buffer *t) {
+    if ((J->src_kind == SRC_TAB) != (t->buf != NULL)) {
+        PyErr_SetString(PyExc_ValueError, "a table is given for src of kind table, and for no other");
+        return 0;
+    }
+    if (!t->buf) return 1;
+    if ((t->len != 256 * 4 && t->len != 256 * 6) || (uintptr_t)t->buf % 4) {
+        PyErr_SetString(PyExc_ValueError, "the table: 256 float32 (then 256 float16), aligned");
+        return 0;
+    }
+    if (J->zmode != ZP_NONE) {
+        PyErr_SetString(PyExc_ValueError, "src decoded by a table takes no zero points");
+        return 0;
+    }
+    J->tab = t->buf;
+    J->tab16 = t->len == 256 * 6 ? (const uint16_t *)(J->tab + 256) : NULL;
     return 1;
 }
 
@@ -183,26 +216,29 @@ static int aligned_ok(const void *p, int size, const char *what) {
 }
 
 /* dequantize(src, out, scales, zps, dims, varies, src_kind, dst_kind, zmode, start, stop, stream,
-              scale_kind, zp_kind) */
+              scale_kind, zp_kind[, table]) */
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
-    Py_buffer s = {0}, o = {0}, sc = {0}, z = {0};
-    PyObject *zobj, *dims, *varies;
+    Py_buffer s = {0}, o = {0}, sc = {0}, z = {0}, t = {0};
+    PyObject *zobj, *dims, *varies, *tobj = Py_None;
     Job J;
     Py_ssize_t start, stop;
     PyObject *result = NULL;
     (void)self;
     memset(&J, 0, sizeof J);
-    if (!PyArg_ParseTuple(args, "y*w*y*OO!O!iiinnpii", &s, &o, &sc, &zobj, &PyTuple_Type, &dims, &PyTuple_Type,
-                          &varies, &J.src_kind, &J.dst_kind, &J.zmode, &start, &stop, &J.stream, &J.sk, &J.zk))
+    if (!PyArg_ParseTuple(args, "y*w*y*OO!O!iiinnpii|O", &s, &o, &sc, &zobj, &PyTuple_Type, &dims, &PyTuple_Type,
+                          &varies, &J.src_kind, &J.dst_kind, &J.zmode, &start, &stop, &J.stream, &J.sk, &J.zk,
+                          &tobj))
         return NULL;
     if (zobj != Py_None && PyObject_GetBuffer(zobj, &z, PyBUF_SIMPLE) < 0)
+        goto done;
+    if (tobj != Py_None && PyObject_GetBuffer(tobj, &t, PyBUF_SIMPLE) < 0)
         goto done;
     J.k = (int)PyTuple_GET_SIZE(dims);
     if (J.k < 1 || J.k > MAX_DIMS || PyTuple_GET_SIZE(varies) != J.k) {
         PyErr_SetString(PyExc_ValueError, "dims and varies: 1 to 32 of each, as many of one as the other");
         goto done;
     }
-    if (!kinds_ok(&J))
+    if (!kinds_ok(&J) || !table_ok(&J, &t))
         goto done;
     if ((J.zmode == ZP_NONE) != (zobj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "zmode says no zero points, or zps are missing");
@@ -233,10 +269,11 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     } else {
         J.g = J.dims[J.k - 1] + 1; /* more than a row: the params never change along one */
     }
+    Py_ssize_t src_bytes;
     if (!size_mul(n, J.out_size, &out_bytes, "out") || !size_mul(np_, SCALE_SIZE[J.sk], &sc_bytes, "scales") ||
-        !size_mul(np_, ZP_SIZE[J.zk], &zp_bytes, "zps"))
+        !size_mul(np_, ZP_SIZE[J.zk], &zp_bytes, "zps") || !size_mul(n, SRC_SIZE[J.src_kind], &src_bytes, "src"))
         goto done;
-    if (!buffer_ok(&s, n, "src") || !buffer_ok(&o, out_bytes, "out") || !buffer_ok(&sc, sc_bytes, "scales") ||
+    if (!buffer_ok(&s, src_bytes, "src") || !buffer_ok(&o, out_bytes, "out") || !buffer_ok(&sc, sc_bytes, "scales") ||
         (z.buf && !buffer_ok(&z, zp_bytes, "zps")) || !aligned_ok(o.buf, J.out_size, "out"))
         goto done;
     if (start < 0 || stop > n || start > stop) {
@@ -259,19 +296,24 @@ done:
     PyBuffer_Release(&o);
     PyBuffer_Release(&sc);
     if (z.buf) PyBuffer_Release(&z);
+    if (t.buf) PyBuffer_Release(&t);
     return result;
 }
 
-/* dequantize_one(src, out, scale, zp, src_kind, dst_kind): one scale (a Python float, which
-   holds any float32 exactly) and one zero point (a Python int, or None) for the whole of
+/* The smallest and the largest value of each integer src kind (SRC_TAB: none) */
+static const long long SRC_MIN[] = {-128, 0, -8, 0, -2, 0, INT16_MIN, 0, INT32_MIN, 0},
+                       SRC_MAX[] = {127, 255, 7, 15, 1, 3, INT16_MAX, UINT16_MAX, INT32_MAX, 0};
+
+/* dequantize_one(src, out, scale, zp, src_kind, dst_kind[, table]): one scale (a Python float,
+   which holds any float32 exactly) and one zero point (a Python int, or None) for the whole of
    src.  A tiny call's cost is its overhead; this entry skips the parameter arrays. */
 static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "dequantize_one takes 6 arguments");
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "dequantize_one takes 6 or 7 arguments");
         return NULL;
     }
-    Py_buffer s = {0}, o = {0};
+    Py_buffer s = {0}, o = {0}, t = {0};
     Job J;
     memset(&J, 0, sizeof J);
     float scale = (float)PyFloat_AsDouble(args[2]);
@@ -286,15 +328,20 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_ValueError, "a zero point beyond int32");
         return NULL;
     }
-    if (PyObject_GetBuffer(args[0], &s, PyBUF_SIMPLE) < 0)
+    /* narrow when src - zp fits in int32 for every src of the kind */
+    J.zmode = args[3] == Py_None ? ZP_NONE
+              : SRC_MIN[J.src_kind] - zp >= INT32_MIN && SRC_MAX[J.src_kind] - zp <= INT32_MAX ? ZP_NARROW : ZP_WIDE;
+    if (nargs == 7 && args[6] != Py_None && PyObject_GetBuffer(args[6], &t, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &o, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&s);
-        return NULL;
-    }
     PyObject *result = NULL;
+    if (!table_ok(&J, &t))
+        goto done;
+    if (PyObject_GetBuffer(args[0], &s, PyBUF_SIMPLE) < 0)
+        goto done;
+    if (PyObject_GetBuffer(args[1], &o, PyBUF_WRITABLE) < 0)
+        goto done;
     J.out_size = J.dst_kind == DST_F32 ? 4 : 2;
-    Py_ssize_t n = s.len, out_bytes;
+    Py_ssize_t n = s.len / SRC_SIZE[J.src_kind], out_bytes;
     if (!size_mul(n, J.out_size, &out_bytes, "out") || !buffer_ok(&o, out_bytes, "out") ||
         !aligned_ok(o.buf, J.out_size, "out"))
         goto done;
@@ -306,7 +353,6 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
     J.out = o.buf;
     J.scales = (const char *)&scale;
     J.zps = args[3] == Py_None ? NULL : (const char *)&z;
-    J.zmode = args[3] == Py_None ? ZP_NONE : (zp >= -NARROW_ZP && zp <= NARROW_ZP ? ZP_NARROW : ZP_WIDE);
     const run_fn run = K.dequantize.fn;
     if (n > 4096) { /* (below, the GIL's round trip would cost more than the loop) */
         Py_BEGIN_ALLOW_THREADS
@@ -317,8 +363,9 @@ static PyObject *py_dequantize_one(PyObject *self, PyObject *const *args, Py_ssi
     }
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&o);
+    if (s.buf) PyBuffer_Release(&s);
+    if (o.buf) PyBuffer_Release(&o);
+    if (t.buf) PyBuffer_Release(&t);
     return result;
 }
 
@@ -333,8 +380,9 @@ static PyObject *py_widen(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*w*i", &in, &out, &kind))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = kind <= W_BF16 ? in.len / 2 : in.len;
-    if (kind < W_F16 || kind > W_U4 || out.len / 4 < n) {
+    const int known = kind >= W_F16 && kind <= W_U16;
+    Py_ssize_t n = known ? in.len / W_SIZE[kind] : 0;
+    if (!known || out.len / 4 < n) {
         PyErr_SetString(PyExc_ValueError, "unknown kind, or out smaller than 4 bytes an element");
     } else if (aligned_ok(out.buf, 4, "out")) {
         const widen_fn widen = K.widen.fn;
@@ -417,17 +465,26 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-/* KINDS: the codes of _native_scalar.h's enums by dtype name, the one definition Python reads */
+/* KINDS: the codes of _native_scalar.h's enums by dtype name, the one definition Python reads
+   (the float codes all decode through a table: "src" gives them SRC_TAB, "table" says which
+   kind that is) */
 static PyObject *kinds(void) {
     return Py_BuildValue(
-        "{s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i},s:{s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i},"
-        "s:{s:i,s:i,s:i,s:i,s:i,s:i}}",
-        "src", "int8", SRC_I8, "uint8", SRC_U8, "int4", SRC_I4, "uint4", SRC_U4,
+        "{s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:{s:i,s:i,s:i},"
+        "s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i},"
+        "s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}}",
+        "src", "int8", SRC_I8, "uint8", SRC_U8, "int4", SRC_I4, "uint4", SRC_U4, "int2", SRC_I2, "uint2", SRC_U2,
+        "int16", SRC_I16, "uint16", SRC_U16, "int32", SRC_I32, "float8_e4m3fn", SRC_TAB, "float8_e4m3fnuz", SRC_TAB,
+        "float8_e5m2", SRC_TAB, "float8_e5m2fnuz", SRC_TAB, "float4_e2m1fn", SRC_TAB, "float6_e2m3fn", SRC_TAB,
+        "float6_e3m2fn", SRC_TAB,
+        "table", SRC_TAB,
         "dst", "float32", DST_F32, "float16", DST_F16, "bfloat16", DST_BF16,
-        "scale", "float32", SK_F32, "float16", SK_F16, "bfloat16", SK_BF16,
-        "zp", "int32", ZK_I32, "int8", ZK_I8, "uint8", ZK_U8, "int4", ZK_I4, "uint4", ZK_U4,
+        "scale", "float32", SK_F32, "float16", SK_F16, "bfloat16", SK_BF16, "float8_e8m0fnu", SK_E8M0,
+        "zp", "int32", ZK_I32, "int8", ZK_I8, "uint8", ZK_U8, "int4", ZK_I4, "uint4", ZK_U4, "int2", ZK_I2,
+        "uint2", ZK_U2, "int16", ZK_I16, "uint16", ZK_U16,
         "zmode", "none", ZP_NONE, "narrow", ZP_NARROW, "wide", ZP_WIDE,
-        "widen", "float16", W_F16, "bfloat16", W_BF16, "int8", W_I8, "uint8", W_U8, "int4", W_I4, "uint4", W_U4);
+        "widen", "float16", W_F16, "bfloat16", W_BF16, "float8_e8m0fnu", W_E8M0, "int8", W_I8, "uint8", W_U8,
+        "int4", W_I4, "uint4", W_U4, "int2", W_I2, "uint2", W_U2, "int16", W_I16, "uint16", W_U16);
 }
 
 PyMODINIT_FUNC PyInit__native(void) {

@@ -1,34 +1,41 @@
-/* dyndq's compiled kernel (_native.c): the fused loops, AVX-512 (lanes512, table512) and
-   AVX2 (lanes256, table256), which run_range takes where they apply.  Included once, by
-   _native.c, after _native_x86.h. */
+/* dyndq's compiled kernel (_native.c): the fused loops, AVX-512 (lanes512, table512, runs512)
+   and AVX2 (lanes256, table256, runs256), which run_range takes where they apply.  Included
+   once, by _native.c, after _native_x86.h. */
 #pragma once
 
 /* The fused loops of AVX-512 machines: the output written as it is computed, with no
    staging block between (emit needs one for its aligned non-temporal stores; these align
-   their own vectors, doing the head and the tail with masked loads and stores).  Two
-   forms, each chosen by run_range where it holds and zmode is not ZP_WIDE:
+   their own vectors, doing the head and the tail with masked loads and stores).  Three
+   forms, each chosen by run_range where it holds:
 
-   * lanes512: parameters that change at every element (g == 1), read as given (float16
-     through the CPU's exact conversion, bfloat16 by a shift, 4/8-bit zero points by
-     sign or zero extension), so nothing is widened before the threads start;
-   * table512: 4-bit src with parameters that hold for runs of g >= 16: src has 16
-     values, so a group's outputs are a table of 16, computed as one vector by the same
-     arithmetic (hence the same bits) and looked up by each element's nibble with one
-     permute (vpermw / vpermd), two or three where a vector spans groups. */
+   * lanes512: 8- and 4-bit src, parameters that change at every element (g == 1), read as
+     given (float16 through the CPU's exact conversion, bfloat16 by a shift, 4/8-bit zero
+     points by sign or zero extension), so nothing is widened before the threads start;
+     not for the wide subtraction;
+   * table512: 4- and 2-bit src with parameters that hold for runs of g >= 16: src has 16
+     (4) values, so a group's outputs are a table of 16, computed as one vector by the
+     same arithmetic (hence the same bits) and looked up by each element's nibble with one
+     permute (vpermw / vpermd), two or three where a vector spans groups; not for the wide
+     subtraction;
+   * runs512 (below): every other kind (int16/uint16/int32 and float codes, float8_e8m0fnu
+     scales, 2- and 16-bit zero points, the wide subtraction), any g, the parameters widened
+     a block at a time. */
 enum { OUT_MASKED, OUT_PLAIN, OUT_STREAM };
 
 /* The entry points below are compiled for AVX-512 whatever clone of run_range calls them,
    so the kinds are made constants here (a switch over every combination, as segment's)
    rather than in run_range, which GCC cannot inline them into. */
 
-/* 16 bytes of src (lanes in k) as int32 */
+/* 16 bytes of src (lanes in k) as int32: any 1-byte integer kind */
 AVX512 INLINE __m512i src16(const uint8_t *s, __mmask16 k, int full, int src) {
     const __m128i b = full ? _mm_loadu_si128((const __m128i *)s) : _mm_maskz_loadu_epi8(k, s);
     switch (src) {
     case SRC_I8: return _mm512_cvtepi8_epi32(b);
     case SRC_U8: return _mm512_cvtepu8_epi32(b);
     case SRC_I4: return _mm512_srai_epi32(_mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 28), 28);
-    default: return _mm512_and_si512(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(15));
+    case SRC_U4: return _mm512_and_si512(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(15));
+    case SRC_I2: return _mm512_srai_epi32(_mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 30), 30);
+    default: return _mm512_and_si512(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(3));
     }
 }
 
@@ -109,7 +116,9 @@ AVX512 INLINE void lanes_body(const uint8_t *s, char *o, const char *sc, const c
    high nibble's low bit, then picks the same value). */
 AVX512 INLINE __m512i table_of(float c, int32_t z, int src, int dst, int zmode) {
     const __m512i nib = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    __m512i v = src == SRC_I4 ? _mm512_srai_epi32(_mm512_slli_epi32(nib, 28), 28) : nib;
+    const int bits = src == SRC_I2 || src == SRC_U2 ? 2 : 4; /* 2-bit src: each nibble's low 2 bits */
+    __m512i v = src == SRC_I4 || src == SRC_I2 ? _mm512_srai_epi32(_mm512_slli_epi32(nib, 32 - bits), 32 - bits)
+                                               : _mm512_and_si512(nib, _mm512_set1_epi32((1 << bits) - 1));
     if (zmode != ZP_NONE) v = _mm512_sub_epi32(v, _mm512_set1_epi32(z));
     const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(c));
     if (dst == DST_F32) return _mm512_castps_si512(p);
@@ -197,15 +206,191 @@ AVX512 DQ_NOINLINE static void lanes512(const uint8_t *s, char *o, const char *s
 #define TABLE_DST(SRC) \
     (dst == DST_F32 ? TABLE_Z(SRC, DST_F32) : dst == DST_F16 ? TABLE_Z(SRC, DST_F16) : TABLE_Z(SRC, DST_BF16))
 
-/* table_body for 4-bit src, zmode ZP_NONE or ZP_NARROW */
+/* table_body for 2- and 4-bit src, zmode ZP_NONE or ZP_NARROW */
 AVX512 DQ_NOINLINE static void table512(const uint8_t *s, char *o, const float *sc, const int32_t *zp,
                                                       Py_ssize_t c, Py_ssize_t m, Py_ssize_t g, int src, int dst,
                                                       int zmode, int stream) {
-    if (src == SRC_I4) TABLE_DST(SRC_I4);
-    else TABLE_DST(SRC_U4);
+    switch (src) {
+    case SRC_I4: TABLE_DST(SRC_I4); break;
+    case SRC_U4: TABLE_DST(SRC_U4); break;
+    case SRC_I2: TABLE_DST(SRC_I2); break;
+    default: TABLE_DST(SRC_U2); break;
+    }
 }
 #undef TABLE
 #undef TABLE_DST
+
+/* How far ahead of its reads runs512 / runs256 ask for src (bytes): with a vector lookup between
+   a read and its stores, the hardware's prefetcher fell behind (float8 codes to float16 took
+   twice the time of int16 codes where src came from memory, the same with this). */
+#define PREFETCH 1024
+
+/* runs512: every src kind (the one-byte float codes through their table, int16/uint16/int32,
+   2- to 8-bit integers), every zmode, parameters that change every g >= 1 elements, read as
+   float32 / int32 (run_range widens each block's); 16 elements a step, each step's scales and
+   zero points one vector (g == 1: loaded; else the group's, blended with the next group's
+   from the lane where it starts, as table_step does), so the output is written in aligned
+   steps whatever g is. */
+
+/* 16 codes at element i (lanes in k) as float32 differences src - zp: exact, or (ZP_WIDE) the
+   exact difference in double rounded once to float32; SRC_TAB: the table's values */
+AVX512 INLINE __m512 diff16(const uint8_t *s, Py_ssize_t i, __mmask16 k, int full, int src, int zmode, __m512i z,
+                            const float *tab) {
+    if (src == SRC_TAB) {
+        const __m128i b = full ? _mm_loadu_si128((const __m128i *)(s + i)) : _mm_maskz_loadu_epi8(k, s + i);
+        const __m512i idx = _mm512_cvtepu8_epi32(b);
+        return full ? _mm512_i32gather_ps(idx, tab, 4) : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, tab, 4);
+    }
+    __m512i v;
+    if (src == SRC_I16 || src == SRC_U16) {
+        const __m256i h = full ? _mm256_loadu_si256((const __m256i *)(s + 2 * i)) : _mm256_maskz_loadu_epi16(k, s + 2 * i);
+        v = src == SRC_I16 ? _mm512_cvtepi16_epi32(h) : _mm512_cvtepu16_epi32(h);
+    } else if (src == SRC_I32) {
+        v = full ? _mm512_loadu_si512(s + 4 * i) : _mm512_maskz_loadu_epi32(k, s + 4 * i);
+    } else {
+        v = src16(s + i, k, full, src);
+    }
+    if (zmode == ZP_NONE) return _mm512_cvtepi32_ps(v);
+    if (zmode == ZP_NARROW) return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, z));
+    const __m512d lo = _mm512_sub_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(v)),
+                                     _mm512_cvtepi32_pd(_mm512_castsi512_si256(z)));
+    const __m512d hi = _mm512_sub_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(v, 1)),
+                                     _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(z, 1)));
+    const __m256 l = _mm512_cvtpd_ps(lo), h = _mm512_cvtpd_ps(hi);
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(l)), _mm256_castps_pd(h), 1));
+}
+
+/* The 32 one-byte float codes at s (lanes in k) as two vectors of 16 float32, looked up in the
+   table's float16 values (T: 4 x 64 of them, each value exactly its float32 one: _native.c
+   checks) by four two-register word permutes, the top two bits of each code choosing among
+   their results, then widened exactly by vcvtph2ps: a quarter of a gather's cost. */
+AVX512 INLINE void tab32(const uint8_t *s, __mmask32 k, int full, const __m512i *T, __m512 *d0, __m512 *d1) {
+    const __m256i b = full ? _mm256_loadu_si256((const __m256i *)s) : _mm256_maskz_loadu_epi8(k, s);
+    const __m512i idx = _mm512_cvtepu8_epi16(b);
+    const __m512i r0 = _mm512_permutex2var_epi16(T[0], idx, T[1]), r1 = _mm512_permutex2var_epi16(T[2], idx, T[3]);
+    const __m512i r2 = _mm512_permutex2var_epi16(T[4], idx, T[5]), r3 = _mm512_permutex2var_epi16(T[6], idx, T[7]);
+    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
+    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+    const __m512i r = _mm512_mask_mov_epi16(_mm512_mask_mov_epi16(r0, b6, r1), b7, _mm512_mask_mov_epi16(r2, b6, r3));
+    *d0 = _mm512_cvtph_ps(_mm512_castsi512_si256(r));
+    *d1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(r, 1));
+}
+
+/* 16 products d * c, a NaN d giving itself (see product: the compiler may swap the operands) */
+AVX512 INLINE __m512 mul16(__m512 d, __m512 c, int src) {
+    const __m512 p = _mm512_mul_ps(d, c);
+    return src == SRC_TAB ? _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q), d) : p;
+}
+
+/* The scales and zero points of the 16 lanes from element at (k: those stored; whole: all 16).
+   As in table_step, *gi is element at's group and *bnd the next group's first element (later
+   groups every g), moved on to element at; g == 1: element at's params at sc[at], zp[at]. */
+AVX512 INLINE void params16(const float *sc, const int32_t *zp, Py_ssize_t *gi, Py_ssize_t *bnd, Py_ssize_t g,
+                            Py_ssize_t at, Py_ssize_t n, __mmask16 k, int whole, int zmode, __m512 *c, __m512i *z) {
+    *z = _mm512_setzero_si512();
+    if (g == 1) {
+        *c = whole ? _mm512_loadu_ps(sc + at) : _mm512_maskz_loadu_ps(k, sc + at);
+        if (zmode != ZP_NONE) *z = whole ? _mm512_loadu_si512(zp + at) : _mm512_maskz_loadu_epi32(k, zp + at);
+        return;
+    }
+    while (*bnd <= at) { ++*gi; *bnd += g; }
+    *c = _mm512_set1_ps(sc[*gi]);
+    if (zmode != ZP_NONE) *z = _mm512_set1_epi32(zp[*gi]);
+    Py_ssize_t t = *gi;
+    for (Py_ssize_t b0 = *bnd; b0 < at + n; b0 += g) { /* the groups that start in these lanes */
+        const __mmask16 next = (__mmask16)(0xFFFFu << (b0 - at));
+        t++;
+        *c = _mm512_mask_mov_ps(*c, next, _mm512_set1_ps(sc[t]));
+        if (zmode != ZP_NONE) *z = _mm512_mask_mov_epi32(*z, next, _mm512_set1_epi32(zp[t]));
+    }
+}
+
+/* count (<= 32) elements at i, as two halves of 16, of which the first `count` are stored (mode:
+   for the whole step; a half with all its 16 lanes in a masked step is stored plainly); T: the
+   table's float16 values (SRC_TAB where they are exact; half_tab says so, a constant) */
+AVX512 INLINE void runs_step(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t *gi,
+                             Py_ssize_t *bnd, Py_ssize_t g, Py_ssize_t i, Py_ssize_t count, int mode, int src, int dst,
+                             int zmode, const float *tab, int half_tab, const __m512i *T) {
+    const int full = mode != OUT_MASKED;
+    const int whole1 = count >= 32, half1 = count > 16; /* the second half: all of it, some of it */
+    const Py_ssize_t n0 = count < 16 ? count : 16, n1 = count - 16;
+    const __mmask16 k0 = (__mmask16)(n0 == 16 ? 0xFFFF : (1u << n0) - 1);
+    const __mmask16 k1 = (__mmask16)(whole1 ? 0xFFFF : half1 ? (1u << n1) - 1 : 0);
+    __m512 d0, d1, c0, c1 = _mm512_setzero_ps();
+    __m512i z0, z1 = _mm512_setzero_si512();
+    params16(sc, zp, gi, bnd, g, i, n0, k0, n0 == 16, zmode, &c0, &z0);
+    if (half1) params16(sc, zp, gi, bnd, g, i + 16, whole1 ? 16 : n1, k1, whole1, zmode, &c1, &z1);
+    _mm_prefetch((const char *)s + i * SRC_SIZE[src] + PREFETCH, _MM_HINT_T0);
+    if (half_tab) {
+        tab32(s + i, (__mmask32)(full ? 0xFFFFFFFFu : (1ull << count) - 1), full, T, &d0, &d1);
+    } else {
+        d0 = diff16(s, i, k0, n0 == 16, src, zmode, z0, tab);
+        d1 = half1 ? diff16(s, i + 16, k1, whole1, src, zmode, z1, tab) : _mm512_setzero_ps();
+    }
+    const __m512 p0 = mul16(d0, c0, src), p1 = mul16(d1, c1, src);
+    if (full && dst != DST_F32) { /* 32 16-bit outputs: one 64-byte vector, stored at once */
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(half16(p0, dst)), half16(p1, dst), 1);
+        if (mode == OUT_STREAM) stream64(o + i * 2, w);
+        else _mm512_storeu_si512(o + i * 2, w);
+        return;
+    }
+    const int size = dst == DST_F32 ? 4 : 2;
+    put16(o + i * size, p0, k0, full ? mode : n0 == 16 ? OUT_PLAIN : OUT_MASKED, dst);
+    if (half1) put16(o + (i + 16) * size, p1, k1, full ? mode : whole1 ? OUT_PLAIN : OUT_MASKED, dst);
+}
+
+/* m elements from column c of a row whose params change every g columns (sc[0], zp[0]: column
+   0's; c < g); tab16: the table's float16 values where they are exact (else NULL: gathers) */
+AVX512 INLINE void runs_body(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                             Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, const float *tab,
+                             const uint16_t *tab16, int stream, int half_tab) {
+    const int size = dst == DST_F32 ? 4 : 2;
+    __m512i T[8];
+    if (half_tab)
+        for (int q = 0; q < 8; q++) T[q] = _mm512_loadu_si512(tab16 + 32 * q);
+    if (g == 1) sc += c, zp = zp ? zp + c : zp; /* (c is 0) */
+    Py_ssize_t gi = 0, bnd = g - c; /* element i's group, the next group's first element */
+    Py_ssize_t i = stream ? head_of(o, m, size) : 0;
+    stream = stream && (uintptr_t)o % size == 0;
+#define STEP(I, COUNT, MODE) runs_step(s, o, sc, zp, &gi, &bnd, g, I, COUNT, MODE, src, dst, zmode, tab, half_tab, T)
+    if (i) STEP(0, i, OUT_MASKED);
+    for (; i + 32 <= m; i += 32)
+        STEP(i, 32, stream ? OUT_STREAM : OUT_PLAIN);
+    if (i < m) STEP(i, m - i, OUT_MASKED);
+#undef STEP
+}
+
+#define RUNS(SRC, DST, Z) RUNS_BODY(s, o, sc, zp, c, m, g, SRC, DST, Z, tab, tab16, stream, 0)
+#define RUNS_H(DST, H) RUNS_BODY(s, o, sc, zp, c, m, g, SRC_TAB, DST, ZP_NONE, tab, tab16, stream, H)
+#define RUNS_Z(SRC, DST) \
+    (zmode == ZP_NONE ? RUNS(SRC, DST, ZP_NONE) : zmode == ZP_NARROW ? RUNS(SRC, DST, ZP_NARROW) : RUNS(SRC, DST, ZP_WIDE))
+#define RUNS_DST(SRC) (dst == DST_F32 ? RUNS_Z(SRC, DST_F32) : dst == DST_F16 ? RUNS_Z(SRC, DST_F16) : RUNS_Z(SRC, DST_BF16))
+#define RUNS_BY_SRC                                                                                            \
+    switch (src) {                                                                                             \
+    case SRC_I8: RUNS_DST(SRC_I8); break;                                                                      \
+    case SRC_U8: RUNS_DST(SRC_U8); break;                                                                      \
+    case SRC_I4: RUNS_DST(SRC_I4); break;                                                                      \
+    case SRC_U4: RUNS_DST(SRC_U4); break;                                                                      \
+    case SRC_I2: RUNS_DST(SRC_I2); break;                                                                      \
+    case SRC_U2: RUNS_DST(SRC_U2); break;                                                                      \
+    case SRC_I16: RUNS_DST(SRC_I16); break;                                                                    \
+    case SRC_U16: RUNS_DST(SRC_U16); break;                                                                    \
+    case SRC_I32: RUNS_DST(SRC_I32); break;                                                                    \
+    default: /* float codes: no zero point; their float16 values where exact (RUNS_H) */                   \
+        if (tab16)                                                                                             \
+            dst == DST_F32 ? RUNS_H(DST_F32, 1) : dst == DST_F16 ? RUNS_H(DST_F16, 1) : RUNS_H(DST_BF16, 1);   \
+        else                                                                                                   \
+            dst == DST_F32 ? RUNS_H(DST_F32, 0) : dst == DST_F16 ? RUNS_H(DST_F16, 0) : RUNS_H(DST_BF16, 0);   \
+        break;                                                                                                 \
+    }
+
+#define RUNS_BODY runs_body
+AVX512 DQ_NOINLINE static void runs512(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                                       Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, const float *tab,
+                                       const uint16_t *tab16, int stream) {
+    RUNS_BY_SRC;
+}
+#undef RUNS_BODY
 
 /* The fused loops' AVX2 twins (CPUs with AVX2 and F16C but no AVX-512): 16 elements a step for
    lanes256, 32 for table256, whose lookup is two byte shuffles (vpshufb: 16 entries, the low
@@ -220,8 +405,8 @@ INLINE void lane_one(const uint8_t *s, char *o, const char *sc, const char *zp, 
                     : sk == SK_F16 ? bits_f32(f16_to_f32_bits(read_u16(sc, i))) : bits_f32((uint32_t)read_u16(sc, i) << 16);
     const int32_t z = zmode == ZP_NONE ? 0
                       : zp_kind == ZK_I32 ? read_i32(zp, i)
-                                          : load((const uint8_t *)zp, i, zp_kind - ZK_I8 + SRC_I8);
-    store(o, i, dst, diff(s, i, src, zmode, z) * c);
+                                          : load((const uint8_t *)zp, i, ZP_SRC[zp_kind]);
+    store(o, i, dst, diff(s, i, src, zmode, z, NULL) * c);
 }
 
 AVX2 INLINE __m256i src8(const uint8_t *s, int src) {
@@ -230,7 +415,9 @@ AVX2 INLINE __m256i src8(const uint8_t *s, int src) {
     case SRC_I8: return _mm256_cvtepi8_epi32(b);
     case SRC_U8: return _mm256_cvtepu8_epi32(b);
     case SRC_I4: return _mm256_srai_epi32(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 28), 28);
-    default: return _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(15));
+    case SRC_U4: return _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(15));
+    case SRC_I2: return _mm256_srai_epi32(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 30), 30);
+    default: return _mm256_and_si256(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(3));
     }
 }
 
@@ -291,6 +478,12 @@ AVX2 INLINE void lanes_body256(const uint8_t *s, char *o, const char *sc, const 
 AVX2 INLINE void table_of256(float c, int32_t z, int src, int dst, int zmode, __m256i *lo, __m256i *hi) {
     __m256i v0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), v1 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
     if (src == SRC_I4) v1 = _mm256_sub_epi32(v1, _mm256_set1_epi32(16)); /* nibbles 8-15: -8 to -1 */
+    if (src == SRC_I2 || src == SRC_U2) { /* each nibble's low 2 bits: 0 1 2 3 0 1 2 3 ..., or 0 1 -2 -1 ... */
+        const int sh = src == SRC_I2 ? 30 : 0;
+        const __m256i two = _mm256_set1_epi32(3);
+        v0 = sh ? _mm256_srai_epi32(_mm256_slli_epi32(v0, sh), sh) : _mm256_and_si256(v0, two);
+        v1 = sh ? _mm256_srai_epi32(_mm256_slli_epi32(v1, sh), sh) : _mm256_and_si256(v1, two);
+    }
     if (zmode != ZP_NONE) {
         v0 = _mm256_sub_epi32(v0, _mm256_set1_epi32(z));
         v1 = _mm256_sub_epi32(v1, _mm256_set1_epi32(z));
@@ -362,8 +555,106 @@ AVX2 DQ_NOINLINE static void table256(const uint8_t *s, char *o, const float *sc
                                                     int zmode, int stream) {
 #define TABLE(SRC, DST, Z) table_body256(s, o, sc, zp, c, m, g, SRC, DST, Z, stream)
 #define TABLE_DST(SRC) (dst == DST_F16 ? TABLE_Z(SRC, DST_F16) : TABLE_Z(SRC, DST_BF16))
-    if (src == SRC_I4) TABLE_DST(SRC_I4);
-    else TABLE_DST(SRC_U4);
+    switch (src) {
+    case SRC_I4: TABLE_DST(SRC_I4); break;
+    case SRC_U4: TABLE_DST(SRC_U4); break;
+    case SRC_I2: TABLE_DST(SRC_I2); break;
+    default: TABLE_DST(SRC_U2); break;
+    }
 #undef TABLE
 #undef TABLE_DST
 }
+
+/* runs256: runs512's AVX2 twin, 16 elements a step (two vectors of 8); the head and the tail
+   element by element, with the same arithmetic. */
+
+/* 8 codes at element i as float32 differences (diff16's twin) */
+AVX2 INLINE __m256 diff8(const uint8_t *s, Py_ssize_t i, int src, int zmode, __m256i z, const float *tab) {
+    if (src == SRC_TAB)
+        return _mm256_i32gather_ps(tab, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + i))), 4);
+    __m256i v;
+    if (src == SRC_I16 || src == SRC_U16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(s + 2 * i));
+        v = src == SRC_I16 ? _mm256_cvtepi16_epi32(h) : _mm256_cvtepu16_epi32(h);
+    } else if (src == SRC_I32) {
+        v = _mm256_loadu_si256((const __m256i *)(s + 4 * i));
+    } else {
+        v = src8(s + i, src);
+    }
+    if (zmode == ZP_NONE) return _mm256_cvtepi32_ps(v);
+    if (zmode == ZP_NARROW) return _mm256_cvtepi32_ps(_mm256_sub_epi32(v, z));
+    const __m256d lo = _mm256_sub_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(v)),
+                                     _mm256_cvtepi32_pd(_mm256_castsi256_si128(z)));
+    const __m256d hi = _mm256_sub_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(v, 1)),
+                                     _mm256_cvtepi32_pd(_mm256_extracti128_si256(z, 1)));
+    return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+}
+
+/* 8 products d * c, a NaN d giving itself (mul16's twin) */
+AVX2 INLINE __m256 mul8(__m256 d, __m256 c, int src) {
+    const __m256 p = _mm256_mul_ps(d, c);
+    return src == SRC_TAB ? _mm256_blendv_ps(p, d, _mm256_cmp_ps(d, d, _CMP_UNORD_Q)) : p;
+}
+
+/* the 8 lanes' scales and zero points from element i (see runs_step) */
+AVX2 INLINE void params8(const float *sc, const int32_t *zp, Py_ssize_t gi, Py_ssize_t bnd, Py_ssize_t g,
+                         Py_ssize_t i, int zmode, __m256 *c, __m256i *z) {
+    if (g == 1) {
+        *c = _mm256_loadu_ps(sc + i);
+        *z = zmode == ZP_NONE ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(zp + i));
+        return;
+    }
+    *c = _mm256_set1_ps(sc[gi]);
+    *z = _mm256_set1_epi32(zmode == ZP_NONE ? 0 : zp[gi]);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (Py_ssize_t b0 = bnd; b0 < i + 8; b0 += g) {
+        const __m256i next = _mm256_cmpgt_epi32(iota, _mm256_set1_epi32((int)(b0 - i - 1)));
+        gi++;
+        *c = _mm256_blendv_ps(*c, _mm256_set1_ps(sc[gi]), _mm256_castsi256_ps(next));
+        if (zmode != ZP_NONE) *z = _mm256_blendv_epi8(*z, _mm256_set1_epi32(zp[gi]), next);
+    }
+}
+
+AVX2 INLINE void runs_body256(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                              Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, const float *tab,
+                              const uint16_t *tab16, int stream, int half_tab) {
+    (void)tab16, (void)half_tab; /* (AVX2: gathers from the float32 table) */
+    const int size = dst == DST_F32 ? 4 : 2;
+    const Py_ssize_t h = stream ? head_of(o, m, size) : 0;
+    stream = stream && (uintptr_t)o % size == 0;
+    Py_ssize_t gi = 0, bnd = g - c, i = 0; /* as in runs_body */
+    if (g == 1) sc += c, zp = zp ? zp + c : zp; /* (c is 0) the params of element i at sc[i], zp[i] */
+    for (;; i++) { /* the head, one by one, then 16 at a time, then the tail */
+        if (g == 1) gi = i;
+        else while (bnd <= i) { gi++; bnd += g; }
+        if (i >= m) break;
+        if (i >= h && i + 16 <= m) {
+            _mm_prefetch((const char *)s + i * SRC_SIZE[src] + PREFETCH, _MM_HINT_T0);
+            __m256 c0, c1;
+            __m256i z0, z1;
+            params8(sc, zp, gi, bnd, g, i, zmode, &c0, &z0);
+            Py_ssize_t gi1 = gi, bnd1 = bnd;
+            while (g > 1 && bnd1 <= i + 8) { gi1++; bnd1 += g; }
+            params8(sc, zp, gi1, bnd1, g, i + 8, zmode, &c1, &z1);
+            const __m256 p0 = mul8(diff8(s, i, src, zmode, z0, tab), c0, src);
+            const __m256 p1 = mul8(diff8(s, i + 8, src, zmode, z1, tab), c1, src);
+            if (dst == DST_F32) {
+                store32(o + i * 4, _mm256_castps_si256(p0), stream);
+                store32(o + i * 4 + 32, _mm256_castps_si256(p1), stream);
+            } else {
+                store32(o + i * 2, halves16(p0, p1, dst), stream);
+            }
+            i += 15;
+        } else {
+            store(o, i, dst, product(diff(s, i, src, zmode, zmode == ZP_NONE ? 0 : zp[gi], tab), sc[gi], src));
+        }
+    }
+}
+
+#define RUNS_BODY runs_body256
+AVX2 DQ_NOINLINE static void runs256(const uint8_t *s, char *o, const float *sc, const int32_t *zp, Py_ssize_t c,
+                                     Py_ssize_t m, Py_ssize_t g, int src, int dst, int zmode, const float *tab,
+                                     const uint16_t *tab16, int stream) {
+    RUNS_BY_SRC;
+}
+#undef RUNS_BODY

@@ -20,26 +20,35 @@
 #define V_EMIT emit512
 #define V_LANES lanes512
 #define V_TABLE table512
+#define V_RUNS runs512
 #elif VARIANT_LEVEL == 1
 #define V_EMIT emit
 #define V_LANES lanes256
 #define V_TABLE table256
+#define V_RUNS runs256
 #endif
 
-/* float16 / bfloat16 scales to float32, 4- and 8-bit zero points to int32, n of them (as NumPy's
-   and ml_dtypes' casts do, bit for bit; `in` at any address, `out` aligned). */
+/* float16 / bfloat16 / float8_e8m0fnu scales to float32, zero points of 2 to 16 bits to int32, n
+   of them (as NumPy's and ml_dtypes' casts do, bit for bit; `in` at any address, `out` aligned). */
 VARIANT_TARGET static void V(widen_range)(const void *in, void *out, Py_ssize_t n, int kind) {
     const uint8_t *b = in;
     uint32_t *f = out;
     int32_t *z = out;
+#define WIDEN_ZP(SRC) for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC)
     switch (kind) {
     case W_F16: for (Py_ssize_t i = 0; i < n; i++) f[i] = f16_to_f32_bits(read_u16(in, i)); break;
     case W_BF16: for (Py_ssize_t i = 0; i < n; i++) f[i] = (uint32_t)read_u16(in, i) << 16; break;
-    case W_I8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I8); break;
-    case W_U8: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U8); break;
-    case W_I4: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_I4); break;
-    default: for (Py_ssize_t i = 0; i < n; i++) z[i] = load(b, i, SRC_U4); break;
+    case W_E8M0: for (Py_ssize_t i = 0; i < n; i++) f[i] = e8m0_to_f32_bits(b[i]); break;
+    case W_I8: WIDEN_ZP(SRC_I8); break;
+    case W_U8: WIDEN_ZP(SRC_U8); break;
+    case W_I4: WIDEN_ZP(SRC_I4); break;
+    case W_U4: WIDEN_ZP(SRC_U4); break;
+    case W_I2: WIDEN_ZP(SRC_I2); break;
+    case W_U2: WIDEN_ZP(SRC_U2); break;
+    case W_I16: WIDEN_ZP(SRC_I16); break;
+    default: WIDEN_ZP(SRC_U16); break;
     }
+#undef WIDEN_ZP
 }
 
 /* float32 -> float16 / bfloat16 bits, as this variant's loops round (for the tests of the roundings) */
@@ -105,25 +114,31 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
     /* Staged: the plain loop's products written by emit, 8 (16) at a time, where streaming or a
        float16 rounding makes that pay. */
     const int staged = J->stream || J->dst_kind == DST_F16;
-    /* the fused loops: lanes and table (16-bit outputs only at level 1) */
-    const int fused = J->zmode != ZP_WIDE;
-    const int tables = fused && g >= 16 && (J->src_kind == SRC_I4 || J->src_kind == SRC_U4) &&
+    /* the fused loops: lanes (params at every element, read as given: the kinds it knows),
+       table (2- and 4-bit src; 16-bit outputs only at level 1), runs (the others: any kind, any
+       g, params widened a block at a time) */
+    const int lanes = g == 1 && J->zmode != ZP_WIDE && J->src_kind <= SRC_U4 && J->sk <= SK_BF16 &&
+                      J->zk <= ZK_U4;
+    const int tables = J->zmode != ZP_WIDE && g >= 16 && J->src_kind <= SRC_U2 && J->src_kind >= SRC_I4 &&
                        (VARIANT_LEVEL >= 2 || J->dst_kind != DST_F32);
+    const int runs = !lanes && !tables && (J->src_kind > SRC_U4 || J->sk > SK_BF16 || J->zk > ZK_U4 ||
+                                           J->zmode == ZP_WIDE);
     /* Rows that share their params (groups along an outer axis; per channel on the last):
        lanes reads them widened from a row widened once per change of params, since decoding
        them at every element costs a quarter of its work.  Other rows, and rows longer than
        ROW_CACHE, it reads as given. */
     RowCache rc = {NULL, NULL, NULL, NULL, -1, 0};
-    if (fused && g == 1 && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
+    if (lanes && narrow_params && k >= 2 && J->pstride[k - 2] == 0 && L <= ROW_CACHE)
         V(row_cache_open)(&rc, J, L);
 #endif
+    const int src_size = SRC_SIZE[J->src_kind];
     Py_ssize_t e = start;
     while (e < stop) {
         Py_ssize_t n = L - col < stop - e ? L - col : stop - e;
         const char *sc_row = J->scales + poff * SCALE_SIZE[J->sk];
         const char *zp_row = J->zps ? J->zps + poff * ZP_SIZE[J->zk] : NULL;
 #if VARIANT_LEVEL >= 1
-        if (fused && g == 1) {
+        if (lanes) {
             int sk = J->sk, zk = J->zk;
             if (rc.on) {
                 V(row_cache_fill)(&rc, J, sc_row, zp_row, L, poff);
@@ -132,7 +147,7 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
                 sk = SK_F32;
                 zk = ZK_I32;
             }
-            V_LANES(J->src + e, J->out + e * J->out_size, sc_row + col * SCALE_SIZE[sk],
+            V_LANES(J->src + e * src_size, J->out + e * J->out_size, sc_row + col * SCALE_SIZE[sk],
                     zp_row ? zp_row + col * ZP_SIZE[zk] : NULL, n, J->src_kind, J->dst_kind, J->zmode, sk, zk,
                     J->stream);
             goto next_row;
@@ -152,19 +167,25 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
             c -= g0 * g;
 #if VARIANT_LEVEL >= 1
             if (tables) {
-                V_TABLE(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
-                        J->zmode, J->stream);
+                V_TABLE(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
+                        J->dst_kind, J->zmode, J->stream);
+                continue;
+            }
+            if (runs) {
+                V_RUNS(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
+                       J->dst_kind, J->zmode, J->tab, J->tab16, J->stream);
                 continue;
             }
             if (staged) {
                 float buf[STAGE];
-                segment(J->src + e + j, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode);
+                segment(J->src + (e + j) * src_size, buf, sc, zp, c, m, g, J->src_kind, DST_F32, J->zmode, J->tab,
+                        1);
                 V_EMIT(buf, J->out + (e + j) * J->out_size, m, J->dst_kind, J->stream);
                 continue;
             }
 #endif
-            segment(J->src + e + j, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind, J->dst_kind,
-                    J->zmode);
+            segment(J->src + (e + j) * src_size, J->out + (e + j) * J->out_size, sc, zp, c, m, g, J->src_kind,
+                    J->dst_kind, J->zmode, J->tab, VARIANT_LEVEL >= 1);
         }
 #if VARIANT_LEVEL >= 1
     next_row:
@@ -188,4 +209,5 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
 #undef V_EMIT
 #undef V_LANES
 #undef V_TABLE
+#undef V_RUNS
 #undef V

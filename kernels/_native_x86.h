@@ -90,14 +90,17 @@ AVX2 static void emit(const float *f, char *o, Py_ssize_t n, int dst, int stream
 }
 
 
-/* 16 products to float16 (the CPU's nearest-even conversion, NaN made 0x7E00) or to
-   bfloat16 (to_bf16's integer rounding), NaNs found by one compare into a mask. */
+/* 16 products to float16 (the CPU's nearest-even conversion, NaN made 0x7E00: found among the
+   float16 bits by a vector compare, off the port the conversion and the permutes crowd) or to
+   bfloat16 (to_bf16's integer rounding, NaNs found by one compare into a mask). */
 AVX512 INLINE __m256i half16(__m512 v, int dst) {
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     if (dst == DST_F16) {
         const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        return _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00));
+        const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)),
+                                               _mm256_set1_epi16(0x7C00));
+        return _mm256_ternarylogic_epi32(nan, h, _mm256_set1_epi16(0x7E00), 0xAC); /* nan ? 0x7E00 : h */
     }
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     const __m512i x = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb);

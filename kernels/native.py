@@ -9,9 +9,12 @@ False) the NumPy kernel runs, with the same bits.  `info()` says which runs and 
 This module does what the C side expects done: the view in which the parameters
 broadcast (geometry.view, the one the NumPy kernel blocks by), the parameters
 contiguous (widened to float32 / int32 where they change at every element and the
-kernel runs at level 0), a choice of integer width for the subtraction, and every
-array as its bytes; then it shares the elements among threads (the C loop releases
-the GIL).  The kinds it passes are the C side's own codes (_native.KINDS), by name.
+kernel runs at level 0), a choice of integer width for the subtraction (from the range
+of src's dtype and the zero points'), the table that decodes float codes (float8,
+float6, float4: ml_dtypes' own float32 value of each of the 256 bytes, built once per
+dtype and checked exact), and every array as its bytes; then it shares the elements
+among threads (the C loop releases the GIL).  The kinds it passes are the C side's own
+codes (_native.KINDS), by name.
 
 Levels and variants: the C side compiles each entry once per variant, each for its own
 target ("scalar": plain C, level 0; "avx2": AVX2 + F16C, level 1; "avx512": AVX-512, level
@@ -79,8 +82,13 @@ def _codes(table: str) -> dict:
 
 _SRC, _DST, _SCALE_KIND, _ZP_KIND, _WIDEN = (_codes(t) for t in ("src", "dst", "scale", "zp", "widen"))
 _ZMODE = {} if _native is None else _native.KINDS["zmode"]
-# |zp| up to this: src - zp fits in int32 for every src of ours (|src| <= 255)
+_TABLE_KIND = None if _native is None else _native.KINDS["table"]  # src decoded through a table
+# |zp| up to this: src - zp fits in int32 for every src of 8 bits or fewer (|src| <= 255)
 _NARROW_ZP = 0 if _native is None else _native.NARROW_ZP
+# each integer src dtype's (smallest, largest) value: src - zp fits in int32 where both ends do
+_RANGE = {d: dtypes.integer_range(d) for d, kind in _SRC.items() if kind != _TABLE_KIND}
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_TABLES: dict = {}  # src dtype -> its 256 float32 values (_table)
 
 
 def _level_from_environment() -> None:
@@ -166,30 +174,65 @@ def c_args(src, scales, zps, vshape, varies, out, count_p=None):
     # int32 for the plain C loop; the fused loops (AVX2, AVX-512) read them as given, as every
     # level reads parameters that hold for a group: no widening pass before the threads.
     widen = varies[-1] and _native.level() < 1
-    sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16 are float32 subsets
+    sc, sk = _params(scales, _SCALE_KIND, _F32, widen)  # exact: float16/bfloat16/e8m0 are float32 values
     if sc.size != count_p:  # one scale for many params (a per-channel axis of size 1 cannot be)
         sc = np.full(count_p, sc.reshape(()), sc.dtype)
-    z, zmode, zk = (None, _ZMODE["none"], _ZP_KIND[_I32]) if zps is None else _zero_points(zps, count_p, widen)
+    kind = _SRC[src.dtype]
+    z, zmode, zk = (None, _ZMODE["none"], _ZP_KIND[_I32]) if zps is None else \
+        _zero_points(zps, count_p, widen, src.dtype)
     head = (_bytes(src), _bytes(out), _bytes(sc), None if z is None else _bytes(z), vshape, varies,
-            _SRC[src.dtype], _DST[out.dtype], zmode)
-    return head, (sk, zk)
+            kind, _DST[out.dtype], zmode)
+    return head, (sk, zk, _table(src.dtype) if kind == _TABLE_KIND else None)
 
 
 def dequantize_one(src, scales, zps, out):
     """dequantize with one scale and one zero point (or none) for all of src, passed to C as
     Python numbers (a float holds any float32 exactly): the lean entry for small calls."""
+    kind = _SRC[src.dtype]
     _native.dequantize_one(_bytes(src), _bytes(out), float(scales.item()), None if zps is None else int(zps.item()),
-                           _SRC[src.dtype], _DST[out.dtype])
+                           kind, _DST[out.dtype], _table(src.dtype) if kind == _TABLE_KIND else None)
     return out
 
 
-def _zero_points(zps, count_p, widen):
+def _table(dtype: np.dtype) -> np.ndarray:
+    """The decoding table of a one-byte float type (float8, float6, float4), built once per dtype:
+    the float32 value of each byte as ml_dtypes decodes it (bytes with bits beyond the type's
+    width included), then, where each of them is a float16 value too (it is, for every such type
+    of ours), their float16 bits, which the vector loops look up instead (_native.c, table_ok);
+    as bytes.  Checked exact: every value converts back to itself (a NaN to a NaN, and NaNs are
+    quiet: a NaN code's product is its own NaN), and each float16 one widens to the very float32
+    bits."""
+    table = _TABLES.get(dtype)
+    if table is None:
+        t = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+        with np.errstate(all="ignore"):
+            back = t.astype(dtype).astype(np.float32)
+            h = t.astype(np.float16)
+        nan = np.isnan(t)
+        if not (np.array_equal(np.isnan(back), nan) and np.array_equal(back[~nan].view(np.uint32),
+                                                                        t[~nan].view(np.uint32))
+                and np.all(t.view(np.uint32)[nan] & 0x00400000)):  # (NaNs quiet: the C side gives them as they are)
+            raise RuntimeError(f"{dtype.name}: ml_dtypes' float32 values of its codes are not exact")
+        half = (np.array_equal(h.astype(np.float32).view(np.uint32), t.view(np.uint32))
+                and bool(np.all(h.view(np.uint16)[nan] & 0x0200)))
+        table = np.concatenate([t.view(np.uint8), h.view(np.uint8) if half else np.zeros(0, np.uint8)])
+        table.flags.writeable = False  # (a fresh array: aligned, as the C side asks)
+        _TABLES[dtype] = table
+    return table
+
+
+def _zero_points(zps, count_p, widen, src_dtype):
     """The zero points, one per parameter, as int32 (widen) or as given when the C loop reads
-    their dtype; whether src - zp fits in int32; and their kind for the C loop."""
+    their dtype; whether src - zp fits in int32 for every src of its dtype ("narrow") or needs
+    the wide subtraction; and their kind for the C loop."""
     z, zk = _params(zps, _ZP_KIND, _I32, widen)  # exact: every zp dtype of ours fits in int32
     if z.size != count_p:
         z = np.full(count_p, z.reshape(()), z.dtype)  # one zp for every channel
-    narrow = zps.dtype.itemsize == 1 or z.size == 0 or max(-int(z.min()), int(z.max())) <= _NARROW_ZP
+    lo, hi = _RANGE[src_dtype]
+    if z.size == 0 or (zps.dtype.itemsize <= 2 and src_dtype.itemsize <= 2):  # |src - zp| < 2**17
+        narrow = True
+    else:
+        narrow = lo - int(z.max()) >= _I32_MIN and hi - int(z.min()) <= _I32_MAX
     return z, _ZMODE["narrow" if narrow else "wide"], zk
 
 
@@ -201,9 +244,9 @@ def _params(a: np.ndarray, kinds: dict, wide: np.dtype, widen: bool):
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
-    """a's C-contiguous buffer as the C side takes it: ml_dtypes arrays (int4, bfloat16) export
-    no buffer of their own, so 1- and 2-byte arrays go as uint8 / uint16 (a copy only for src
-    of another layout, a byte an element; every other array comes contiguous already)."""
+    """a's C-contiguous buffer as the C side takes it: ml_dtypes arrays (int4, bfloat16, float8)
+    export no buffer of their own, so 1- and 2-byte arrays go as uint8 / uint16 (a copy only for
+    src of another layout; every other array comes contiguous already)."""
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     return a.view(_U16) if a.dtype.itemsize == 2 else a.view(_U8) if a.dtype.itemsize == 1 else a

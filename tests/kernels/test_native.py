@@ -394,7 +394,9 @@ def test_a_module_that_does_not_load_leaves_the_numpy_kernel_saying_why(tmp_path
 
 def test_kind_codes_come_from_the_c_side():
     """The dtype -> code tables native.py passes are the C module's own, by name."""
-    assert {d.name for d in native._SRC} == set(native._native.KINDS["src"]) == {"int8", "uint8", "int4", "uint4"}
+    assert {d.name for d in native._SRC} == set(native._native.KINDS["src"]) == {
+        "int2", "uint2", "int4", "uint4", "int8", "uint8", "int16", "uint16", "int32", "float8_e4m3fn",
+        "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
     for table, codes in (("src", native._SRC), ("dst", native._DST), ("scale", native._SCALE_KIND),
                          ("zp", native._ZP_KIND), ("widen", native._WIDEN)):
         assert {d.name: c for d, c in codes.items()} == native._native.KINDS[table]
