@@ -248,7 +248,8 @@ AVX512 INLINE __m512 diff16(const uint8_t *s, Py_ssize_t i, __mmask16 k, int ful
     }
     __m512i v;
     if (src == SRC_I16 || src == SRC_U16) {
-        const __m256i h = full ? _mm256_loadu_si256((const __m256i *)(s + 2 * i)) : _mm256_maskz_loadu_epi16(k, s + 2 * i);
+        const __m256i h = full ? _mm256_loadu_si256((const __m256i *)(s + 2 * i))
+                               : _mm256_maskz_loadu_epi16(k, s + 2 * i);
         v = src == SRC_I16 ? _mm512_cvtepi16_epi32(h) : _mm512_cvtepu16_epi32(h);
     } else if (src == SRC_I32) {
         v = full ? _mm512_loadu_si512(s + 4 * i) : _mm512_maskz_loadu_epi32(k, s + 4 * i);
@@ -368,8 +369,11 @@ AVX512 INLINE void runs_body(const uint8_t *s, char *o, const float *sc, const i
 #define RUNS(SRC, DST, Z) RUNS_BODY(s, o, sc, zp, c, m, g, SRC, DST, Z, tab, tab16, stream, 0)
 #define RUNS_H(DST, H) RUNS_BODY(s, o, sc, zp, c, m, g, SRC_TAB, DST, ZP_NONE, tab, tab16, stream, H)
 #define RUNS_Z(SRC, DST) \
-    (zmode == ZP_NONE ? RUNS(SRC, DST, ZP_NONE) : zmode == ZP_NARROW ? RUNS(SRC, DST, ZP_NARROW) : RUNS(SRC, DST, ZP_WIDE))
-#define RUNS_DST(SRC) (dst == DST_F32 ? RUNS_Z(SRC, DST_F32) : dst == DST_F16 ? RUNS_Z(SRC, DST_F16) : RUNS_Z(SRC, DST_BF16))
+    (zmode == ZP_NONE     ? RUNS(SRC, DST, ZP_NONE)   \
+     : zmode == ZP_NARROW ? RUNS(SRC, DST, ZP_NARROW) \
+                          : RUNS(SRC, DST, ZP_WIDE))
+#define RUNS_DST(SRC) \
+    (dst == DST_F32 ? RUNS_Z(SRC, DST_F32) : dst == DST_F16 ? RUNS_Z(SRC, DST_F16) : RUNS_Z(SRC, DST_BF16))
 #define RUNS_BY_SRC                                                                                            \
     switch (src) {                                                                                             \
     case SRC_I8: RUNS_DST(SRC_I8); break;                                                                      \

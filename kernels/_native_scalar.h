@@ -193,7 +193,9 @@ INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, P
 #define BY_DST(SRC) \
     (dst == DST_F32 ? BY_ZP(SRC, DST_F32) : dst == DST_F16 ? BY_ZP(SRC, DST_F16) : BY_ZP(SRC, DST_BF16))
 #define BY_DST_NO_ZP(SRC) /* (float codes: no zero point) */ \
-    (dst == DST_F32 ? SEG(SRC, DST_F32, ZP_NONE) : dst == DST_F16 ? SEG(SRC, DST_F16, ZP_NONE) : SEG(SRC, DST_BF16, ZP_NONE))
+    (dst == DST_F32   ? SEG(SRC, DST_F32, ZP_NONE)            \
+     : dst == DST_F16 ? SEG(SRC, DST_F16, ZP_NONE)            \
+                      : SEG(SRC, DST_BF16, ZP_NONE))
 
 #define BY_DST_NARROW(SRC) /* (no wide subtraction) */ \
     (dst == DST_F32 ? (zmode == ZP_NONE ? SEG(SRC, DST_F32, ZP_NONE) : SEG(SRC, DST_F32, ZP_NARROW)) \

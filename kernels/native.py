@@ -88,7 +88,7 @@ _NARROW_ZP = 0 if _native is None else _native.NARROW_ZP
 # each integer src dtype's (smallest, largest) value: src - zp fits in int32 where both ends do
 _RANGE = {d: dtypes.integer_range(d) for d, kind in _SRC.items() if kind != _TABLE_KIND}
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
-_TABLES: dict = {}  # src dtype -> its 256 float32 values (_table)
+_TABLES: dict = {}  # src dtype -> its decoding table (_table)
 
 
 def _level_from_environment() -> None:
@@ -211,7 +211,7 @@ def _table(dtype: np.dtype) -> np.ndarray:
         nan = np.isnan(t)
         if not (np.array_equal(np.isnan(back), nan) and np.array_equal(back[~nan].view(np.uint32),
                                                                         t[~nan].view(np.uint32))
-                and np.all(t.view(np.uint32)[nan] & 0x00400000)):  # (NaNs quiet: the C side gives them as they are)
+                and np.all(t.view(np.uint32)[nan] & 0x00400000)):  # (quiet: the C side gives them as they are)
             raise RuntimeError(f"{dtype.name}: ml_dtypes' float32 values of its codes are not exact")
         half = (np.array_equal(h.astype(np.float32).view(np.uint32), t.view(np.uint32))
                 and bool(np.all(h.view(np.uint16)[nan] & 0x0200)))
