@@ -379,17 +379,9 @@ def oracle_2(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None
     return oracle_3(src, scales, zps, qtype, axis, group_shape)
 
 
-def oracle_3(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None, output_dtype=None):
-    """Version 3's arithmetic written plainly with NumPy and ml_dtypes:
-    OT(float32(decode(src) - decode(zp)) * float32(decode(scale))), parameters repeated to src's
-    shape: integer codes' difference in int64, float codes (and float8e8m0 scales) decoded by
-    ml_dtypes' casts, OT output_dtype's or the scales' dtype; a float16 NaN is 0x7E00, whatever
-    its sign and payload."""
-    src = np.asarray(src)
-    t2 = np.asarray(scales).dtype if output_dtype is None else dtypes.by_onnx(output_dtype).numpy
-    scale = np.asarray(scales).astype(np.float32)
-    float_codes = src.dtype.name in dyndq.opdefs.FLOAT_CODES_3
-    zp = np.zeros((), np.int64) if zps is None or float_codes else np.asarray(zps).astype(np.int64)
+def along_src(src, scale, zp, qtype, axis, group_shape):
+    """Scales and zero points placed against src: repeated over each group (per_group), shaped
+    to src's axis (per_channel), or scalars (per_tensor)."""
     if qtype == "per_group":
         for i, g in enumerate(group_shape):
             scale = np.repeat(scale, g, axis=i)
@@ -401,6 +393,21 @@ def oracle_3(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None
         zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
     else:
         scale, zp = scale.reshape(()), zp.reshape(())
+    return scale, zp
+
+
+def oracle_3(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None, output_dtype=None):
+    """Version 3's arithmetic written plainly with NumPy and ml_dtypes:
+    OT(float32(decode(src) - decode(zp)) * float32(decode(scale))), parameters repeated to src's
+    shape: integer codes' difference in int64, float codes (and float8e8m0 scales) decoded by
+    ml_dtypes' casts, OT output_dtype's or the scales' dtype; a float16 NaN is 0x7E00, whatever
+    its sign and payload."""
+    src = np.asarray(src)
+    t2 = np.asarray(scales).dtype if output_dtype is None else dtypes.by_onnx(output_dtype).numpy
+    scale = np.asarray(scales).astype(np.float32)
+    float_codes = src.dtype.name in dyndq.opdefs.FLOAT_CODES_3
+    zp = np.zeros((), np.int64) if zps is None or float_codes else np.asarray(zps).astype(np.int64)
+    scale, zp = along_src(src, scale, zp, qtype, axis, group_shape)
     with np.errstate(all="ignore"):
         centered = src.astype(np.float32) if float_codes else (src.astype(np.int64) - zp).astype(np.float32)
         dst = np.asarray((centered * scale).astype(np.dtype(t2.name)))

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cases import along_src
+
 from dyndq.kernels import native
 from dyndq.kernels.geometry import view
 from dyndq.kernels.parallel import tuned
@@ -55,17 +57,7 @@ def oracle(src, scales, zps, qtype, axis, group_shape, ot) -> np.ndarray:
     src = np.asarray(src)
     scale = np.asarray(scales).astype(np.float32)
     zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
-    if qtype == "per_group":
-        for i, g in enumerate(group_shape):
-            scale = np.repeat(scale, g, axis=i)
-            zp = np.repeat(zp, g, axis=i) if zp.ndim else zp
-    elif qtype == "per_channel":
-        shape = [1] * src.ndim
-        shape[axis] = src.shape[axis]
-        scale = scale.reshape(shape)
-        zp = zp.reshape(()) if zp.size == 1 else zp.reshape(shape)
-    else:
-        scale, zp = scale.reshape(()), zp.reshape(())
+    scale, zp = along_src(src, scale, zp, qtype, axis, group_shape)
     if dtypes.of(src.dtype).is_integer:
         d = (src.astype(np.int64) - zp).astype(np.float32)
     else:
