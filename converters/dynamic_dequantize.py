@@ -407,40 +407,65 @@ def dynamic_dequantize_2(
     if route == "v1":
         return dynamic_dequantize(ctx, src, scales, zps, qtype=qtype, axis=axis)
     t = scales_spec.dtype
-    if route == "block":
-        grouped = _grouped(group_shape)
-        a = grouped[0] if grouped else 0
-        return _blocked_dequantize_linear(ctx, src, scales, zps, a, group_shape[a], t)
+    # float32 in, one rounding to T2 after (ORT's DequantizeLinear has no bfloat16 kernel, and its
+    # float16 one drops NaN payloads that its Cast and the kernel keep)
+    scale = float32_scales(ctx, scales, t)
     if route != "integer":
-        # float32 in, one rounding to T2 after (ORT's DequantizeLinear has no bfloat16 kernel, and
-        # its float16 one drops NaN payloads that its Cast and the kernel keep)
-        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
-        if route == "tensor":
-            zero = zps if zps is None or _dtype(zps_spec) in SUB_BYTE else _scalar(ctx, zps, "zero_point")
-            inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
-            y = ctx.op("DequantizeLinear", *inputs, hint="dst")
-            ctx.form = "DequantizeLinear"
-        else:
-            y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst")
-            ctx.form = "DequantizeLinear"
-        if t in ("float16", "bfloat16"):
-            return _narrow(ctx, y, t)
-        return y
+        y = dequantize_linear(ctx, route, src, scale, zps, zps_spec, axis, group_shape)
+    else:
+        ctx.form = "integer arithmetic"
+        y = integer_arithmetic(ctx, src, src, zps, scale, qtype, axis, group_shape, t)
+    return to_output(ctx, y, t, scales)
 
-    ctx.form = "integer arithmetic"
-    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+
+def float32_scales(ctx: LoweringContext, scales: str, t: str | None) -> str:
+    """The scales as float32 (exact: float16, bfloat16 and float8e8m0 values are float32 values)."""
+    return scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+
+
+def dequantize_linear(ctx: LoweringContext, route: str, src: str, scale: str, zps: str | None, zps_spec, axis,
+                      group_shape, **attrs) -> str:
+    """One DequantizeLinear of a route's form ("tensor": true scalars; "channel": along axis;
+    "block": along the one grouped dim of group_shape, its block_size), on float32 scales (or as
+    `attrs`' output_dtype says); the name of its output."""
+    ctx.form = "DequantizeLinear"
+    if route == "tensor":
+        zero = zps if zps is None or _dtype(zps_spec) in SUB_BYTE else _scalar(ctx, zps, "zero_point")
+        inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
+        return ctx.op("DequantizeLinear", *inputs, hint="dst", **attrs)
+    if route == "channel":
+        return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst", **attrs)
+    grouped = _grouped(group_shape)
+    a = grouped[0] if grouped else 0
+    return _blocks(ctx, src, scale, zps, a, group_shape[a], **attrs)
+
+
+def _blocks(ctx: LoweringContext, src: str, scale: str, zps: str | None, axis: int, block: int, **attrs) -> str:
+    ctx.form = "DequantizeLinear (blocked)"
+    return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), block_size=int(block),
+                  hint="dst", **attrs)
+
+
+def integer_arithmetic(ctx: LoweringContext, src: str, codes: str, zps: str | None, scale: str, qtype, axis,
+                       group_shape, out: str | None, scales_first: bool = False) -> str:
+    """float32(int64(codes) - int64(zps)) * scale, scale and zero points broadcast against src
+    (`codes`: src's values, or src itself); the name of the float32 product.  scales_first: the
+    Mul takes the scales first (where the engine keeps the second operand's NaN)."""
     zp = ctx.op("Cast", zps, to=TensorProto.INT64, hint="zero_point_int64") if zps else None
-    x = ctx.op("Cast", src, to=TensorProto.INT64, hint="src_int64")
+    x = ctx.op("Cast", codes, to=TensorProto.INT64, hint="src_int64")
     scale, zp = _broadcastable(ctx, src, x, scale, zp, qtype, axis, group_shape)
     if zp is not None:
         x = ctx.op("Sub", x, zp, hint="centered")
     x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
-    y = ctx.op("Mul", x, scale, hint="dst" if t == "float32" else "dst_float")
-    if t is None:  # inside a function: dst takes the dtype of scales, whatever it is
+    return ctx.op("Mul", *((scale, x) if scales_first else (x, scale)), hint="dst" if out == "float32" else "dst_float")
+
+
+def to_output(ctx: LoweringContext, y: str, out: str | None, scales: str) -> str:
+    """The float32 product as the output dtype: rounded once (`_narrow`), or, where the dtype is not
+    known (inside a model-local function, dst takes the scales' dtype, whatever it is), CastLike."""
+    if out is None:
         return ctx.op("CastLike", _quiet_nans_if_float16(ctx, y, scales), scales, hint="dst")
-    if t != "float32":
-        return _narrow(ctx, y, t)
-    return y
+    return y if out == "float32" else _narrow(ctx, y, out)
 
 
 def _narrow(ctx: LoweringContext, y: str, t: str) -> str:
@@ -555,15 +580,6 @@ def lift_padded_blocks(found, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     return rw.lifted(node, ctx, new, f"DynamicDequantize per_group {list(group)} (padded) + Slice", padded=True)
 
 
-def _blocked_dequantize_linear(ctx, src, scales, zps, axis, block, t) -> str:
-    """The "block" route: DequantizeLinear-21 with axis and block_size, in float32 (the scales
-    Cast up first and the product rounded once to T2 after: see `_narrow`)."""
-    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
-    y = ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), block_size=int(block), hint="dst")
-    ctx.form = "DequantizeLinear (blocked)"
-    return _narrow(ctx, y, t) if t in ("float16", "bfloat16") else y
-
-
 def _short_block_check(node: onnx.NodeProto, view: GraphView):
     """(codes, axis, block, the Slice, the length it keeps, the scales' dtype) of a
     DynamicDequantize-2 per_group on constant codes grouped along one axis whose one reader is a
@@ -604,7 +620,7 @@ def lower_padded_blocks(found, node: onnx.NodeProto, view: GraphView) -> Rewrite
     keep = tuple(slice(0, length) if i == axis else slice(None) for i in range(codes.ndim))
     short = new.add(codes[keep], src)
     ctx = context(view, cut.name or cut.output[0])
-    y = _blocked_dequantize_linear(ctx, short, scales, zps, axis, block, t)
+    y = to_output(ctx, _blocks(ctx, short, float32_scales(ctx, scales, t), zps, axis, block), t, scales)
     ctx.output_as(y, cut.output[0])
     stand_in(ctx.nodes[-1], cut)
     return Rewrite(rw.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,

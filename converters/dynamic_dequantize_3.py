@@ -35,10 +35,10 @@ from dyndq.opdefs import FLOAT_CODES_3, PER_GROUP, PER_TENSOR, LiftPlan, Needs, 
 from dyndq.opdefs import ValidationError, dtypes
 from dyndq.plumbing.ir import TYPE_IR
 
-from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET, RANGE_OPSET,
-                                 SUB_BYTE, _broadcastable, _grouped, _narrow, _plan_or_reason, _quiet_nans_if_float16,
-                                 _scalar, dql_route, dynamic_dequantize_2, dynamic_dequantize_2_needs,
-                                 takes_zero_point)
+from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET,
+                                 RANGE_OPSET, _broadcastable, _plan_or_reason, dequantize_linear, dql_route,
+                                 dynamic_dequantize_2, dynamic_dequantize_2_needs, float32_scales, integer_arithmetic,
+                                 takes_zero_point, to_output)
 from .engines import ENGINES, Engine, engine
 from .lowering_context import LoweringContext
 
@@ -171,9 +171,13 @@ def dynamic_dequantize_3(
     float_codes = src_spec.dtype in FLOAT_CODES_3
     route = _route(src_spec, scales_spec, zps_spec, qtype, group_shape, e)
     if route != "decode":
-        y = _dequantize_linear(ctx, e, route, src, scales, zps, zps_spec, t, axis, group_shape)
-        return _finish(ctx, y, out, scales)
-    scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
+        if t == _E8M0 and e.dql_e8m0_scales:  # its DequantizeLinear takes them as they are
+            y = dequantize_linear(ctx, route, src, scales, zps, zps_spec, axis, group_shape,
+                                  output_dtype=TensorProto.FLOAT)
+        else:
+            y = dequantize_linear(ctx, route, src, float32_scales(ctx, scales, t), zps, zps_spec, axis, group_shape)
+        return to_output(ctx, y, out, scales)
+    scale = float32_scales(ctx, scales, t)
     if src_spec.dtype is None or (zps and zps_spec.dtype is None):  # (inside a function) exact for every type
         x = ctx.op("Cast", src, to=TensorProto.DOUBLE, hint="src_double")
         zp = ctx.op("Cast", zps, to=TensorProto.DOUBLE, hint="zero_point_double") if zps else None
@@ -189,46 +193,13 @@ def dynamic_dequantize_3(
         ctx.form = "integer arithmetic (Cast to int64, Sub, Cast, Mul)"
         if not e.holds(src_spec.dtype):
             ctx.form += f" on {_HELD_AS[src_spec.dtype][0]} values"
-        x = ctx.op("Cast", _held_input(ctx, e, src, src_spec.dtype, "src"), to=TensorProto.INT64, hint="src_int64")
-        zp = None
-        if zps:
-            zp = ctx.op("Cast", _held_input(ctx, e, zps, zps_spec.dtype, "zps"), to=TensorProto.INT64,
-                        hint="zero_point_int64")
-        scale, zp = _broadcastable(ctx, src, x, scale, zp, qtype, axis, group_shape)
-        if zp is not None:
-            x = ctx.op("Sub", x, zp, hint="centered")
-        x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
+        codes = _held_input(ctx, e, src, src_spec.dtype, "src")
+        zero = _held_input(ctx, e, zps, zps_spec.dtype, "zps") if zps else None
+        y = integer_arithmetic(ctx, src, codes, zero, scale, qtype, axis, group_shape, out, e.nan_of_second)
+        return to_output(ctx, y, out, scales)
     factors = (scale, x) if e.nan_of_second else (x, scale)  # (the codes' NaN kept where both are NaN)
     y = ctx.op("Mul", *factors, hint="dst" if out == "float32" else "dst_float")
-    return _finish(ctx, y, out, scales)
-
-
-def _finish(ctx: LoweringContext, y: str, out: str | None, scales: str) -> str:
-    """The float32 product as the output dtype (CastLike to the scales' where it is not known)."""
-    if out is None:
-        return ctx.op("CastLike", _quiet_nans_if_float16(ctx, y, scales), scales, hint="dst")
-    return y if out == "float32" else _narrow(ctx, y, out)
-
-
-def _dequantize_linear(ctx, e: Engine, route, src, scales, zps, zps_spec, t, axis, group_shape) -> str:
-    """One DequantizeLinear of the codes as they are, its result float32."""
-    ctx.form = "DequantizeLinear"
-    attrs = {}
-    if t == _E8M0 and e.dql_e8m0_scales:
-        scale, attrs = scales, {"output_dtype": TensorProto.FLOAT}
-    else:
-        scale = scales if t == "float32" else ctx.op("Cast", scales, to=TensorProto.FLOAT, hint="scales_float")
-    if route == "tensor":
-        zero = zps if zps is None or _dtype(zps_spec) in SUB_BYTE else _scalar(ctx, zps, "zero_point")
-        inputs = [src, _scalar(ctx, scale, "scale")] + ([zero] if zps else [])
-        return ctx.op("DequantizeLinear", *inputs, hint="dst", **attrs)
-    if route == "channel":
-        return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(axis), hint="dst", **attrs)
-    grouped = _grouped(group_shape)
-    a = grouped[0] if grouped else 0
-    ctx.form = "DequantizeLinear (blocked)"
-    return ctx.op("DequantizeLinear", src, scale, *([zps] if zps else []), axis=int(a),
-                  block_size=int(group_shape[a]), hint="dst", **attrs)
+    return to_output(ctx, y, out, scales)
 
 
 def _float_values(ctx: LoweringContext, e: Engine, src: str, dtype: str) -> str:
