@@ -144,24 +144,24 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if lifted:  # (new nodes of ours to type; after a fusion the types before it still hold for what is left)
         types = value_types(out)
     needs = [(site, _needs(site, types).at(target)) for site in _our_sites(out)]
-    target = _target_opset(opset, current, needs)
-    report.opset = target
+    written = _target_opset(opset, current, needs)  # the ai.onnx opset written
+    report.opset = written
 
-    if current is not None and target is not None and target != current:
-        out = _convert(out, target)
+    if current is not None and written is not None and written != current:
+        out = _convert(out, written)
         report.converted = True
 
     names = NameScope(all_names(out))
     if report.converted:
         types = value_types(out)
 
-    if target is not None:
-        set_opset(out.opset_import, "", target)
+    if written is not None:
+        set_opset(out.opset_import, "", written)
     for k, f in enumerate(out.functions):
-        if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, target):
-            out.functions[k].CopyFrom(_convert_function(f, target))  # its lowered nodes are at `target`
-    for chosen in passes(LOWER, report.target):  # (a padded DynamicDequantize + Slice joined first, then each node)
-        for o in apply(out, chosen, types, names, {"opset": target, "target": report.target}):
+        if _uses_domain_nodes(f.node, domains()) and ai_onnx_version(f.opset_import) not in (None, written):
+            out.functions[k].CopyFrom(_convert_function(f, written))  # its lowered nodes are at `written`
+    for chosen in passes(LOWER, target):  # (a padded DynamicDequantize + Slice joined first, then each node)
+        for o in apply(out, chosen, types, names, {"opset": written, "target": target}):
             if o.rewrite is not None:
                 op = o.rewrite.op
                 report.lowered.append(LoweredNode(o.graph, o.name, f"{op.qualname}-{op.since_version}",
