@@ -8,7 +8,8 @@ import onnx
 
 from dyndq.plumbing.types import make_attribute
 from dyndq.wording import a as article
-from dyndq.opdefs import DOMAIN, OpVersion, domains, Problem, TensorSpec, ValidationError, newest_domain_version, ops_of, resolve, versions_of
+from dyndq.opdefs import (DOMAIN, OpVersion, domains, dtypes, Problem, TensorSpec, ValidationError,
+                          newest_domain_version, ops_of, resolve, versions_of)
 
 # The newest ai.onnx opset ONNX Runtime 1.31 runs; models are made no newer.
 ORT_MAX_OPSET = 26
@@ -141,8 +142,7 @@ def _version_needed(graph: onnx.GraphProto, domain: str) -> int | None:
 
 
 def _holds(op: OpVersion, node: onnx.NodeProto, declared: dict) -> bool:
-    from dyndq.opdefs import dtypes
-
+    """Whether `op` has every attribute of the node and takes the declared dtype of each input."""
     if any(op.attribute(a.name) is None for a in node.attribute):
         return False
     for param, name in zip(op.inputs, node.input):
