@@ -42,7 +42,6 @@ import ml_dtypes
 import numpy as np
 
 try:
-    import onnx
     from onnx import helper
 except ImportError:  # pragma: no cover
     sys.exit("bench_types needs onnx")
@@ -51,6 +50,7 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("bench_types needs onnxruntime")
 
+from bench_kernel import elem, machine, same_bits  # (beside this script: run as one, its folder is on sys.path)
 from dyndq.kernels import native, parallel
 from dyndq.kernels.geometry import view
 from dyndq.opdefs import dtypes
@@ -61,11 +61,6 @@ OUTPUTS = ("float32", "float16")
 GROUP = 32
 PACKED = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4}  # ONNX Runtime reads these packed
 _GOAL_ORT, _GOAL_LIMIT = 1.0, 1.5
-
-
-def elem(dtype) -> int:
-    return dtypes.of(np.dtype(dtype)).onnx
-
 
 # -- cases ---------------------------------------------------------------------------------------
 
@@ -110,11 +105,6 @@ def oracle(src, scales, dst) -> np.ndarray:
     if dst == np.float16:
         out.view(np.uint16)[np.isnan(out)] = 0x7E00
     return out
-
-
-def same_bits(a, b) -> bool:
-    width = {2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(width), b.view(width))
 
 
 # -- ONNX Runtime --------------------------------------------------------------------------------------
@@ -195,20 +185,6 @@ def limit_fn(src, copy, out, threads):
 
 
 # -- timing ------------------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (f"{model}, {parallel.cores()} cores; NumPy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
-            f"onnxruntime {ort.__version__}, onnx {onnx.__version__}")
 
 
 def measure(case, reps, threads):
