@@ -8,8 +8,8 @@ compared within a tolerance for float sums in another order (`metrics`).  For a 
 differs the check then finds which rewrite or setting is responsible (`bisect`, with the names
 of `ort_rewrites` and `engines.OPENVINO_EXACT`), what it did, and the first node whose output
 differs (`divergence`).  A model holding our op is checked through its exports for each engine
-(ONNX Runtime: targets "onnx" and "onnxruntime"; OpenVINO: "openvino"), each comparison saying
-which export it ran.
+(ONNX Runtime: standard ONNX, "onnx", and its own ops, "onnxruntime"; OpenVINO: target
+"openvino"), each comparison saying which export it ran.
 """
 from __future__ import annotations
 
@@ -71,7 +71,11 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     if ours:  # (export checks the model first: a ValidationError names every problem)
         from dyndq.exporter import export
 
-        runs["onnxruntime"] = {t: export(model, target=t) for t in ("onnx", "onnxruntime")}
+        # "onnx": standard ONNX only, in the forms ONNX Runtime runs (target "onnx" but for the types ONNX
+        # Runtime has no kernel for, float4 codes say); "onnxruntime": its own ops (MatMulNBits, ...) where they
+        # express a node exactly
+        runs["onnxruntime"] = {"onnx": export(model, target="onnxruntime", own_ops=False),
+                               "onnxruntime": export(model, target="onnxruntime")}
         runs["openvino"] = {"openvino": export(model, target="openvino")} if "openvino" in engines else {}
     else:
         runs = {"onnxruntime": {None: model}, "openvino": {None: model}}
@@ -187,7 +191,7 @@ def _ort_causes(checker: _Checker, comparison: Comparison, optimized: onnx.Model
     names = ort_rewrites.transformers(checker.setting.name)
     say(f"{checker.setting}: bisecting {len(names)} transformers")
     found, runs = bisect.culprits(names, lambda off: checker.agrees(Tweak(disabled=ort_rewrites.disabled_names(off))))
-    comparison.notes.append(f"bisection: {runs} sessions over {len(names)} transformer names")
+    comparison.bisection = {"sessions": runs, "over": len(names)}
     if found is None:
         comparison.notes.append("with every transformer known disabled it still differs: the cause is not a "
                                 "graph rewrite (or one of a name this ONNX Runtime does not know)")
@@ -215,6 +219,7 @@ def _openvino_causes(checker: _Checker, comparison: Comparison, say) -> None:
     names = list(OPENVINO_EXACT)
     say(f"{checker.setting}: bisecting {len(names)} settings")
     found, runs = bisect.culprits(names, lambda off: checker.agrees(Tweak(config={k: OPENVINO_EXACT[k] for k in off})))
+    comparison.bisection = {"sessions": runs, "over": len(names)}
     if found is None:
         comparison.notes.append(f"with {', '.join(f'{k}={v}' for k, v in OPENVINO_EXACT.items())} it still "
                                 "differs: the cause is none of these settings")
@@ -223,11 +228,14 @@ def _openvino_causes(checker: _Checker, comparison: Comparison, say) -> None:
     checker.run(Tweak(), extra=defaults)
     for name in found:
         others = [f for f in found if f != name]
-        alone = "" if not others else (
-            "; on its own it moves the result" if not checker.agrees(Tweak(config={k: OPENVINO_EXACT[k] for k in others}))
-            else "; only together with the others")
-        comparison.causes.append(Cause("setting", name, f"{defaults[0][name]} by default on this CPU; "
-                                                        f"{name}={OPENVINO_EXACT[name]} keeps it exact{alone}"))
+        if not others:
+            alone = f"; with {name}={OPENVINO_EXACT[name]} it agrees (measured)"
+        elif checker.agrees(Tweak(config={k: OPENVINO_EXACT[k] for k in others})):
+            alone = "; it moves the result only together with the others (measured)"
+        else:
+            alone = "; it moves the result on its own, the others set exact (measured)"
+        comparison.causes.append(Cause("setting", name, f"{defaults[0][name]} by default on this CPU "
+                                                        f"({name}={OPENVINO_EXACT[name]} turns it off){alone}"))
 
 
 def _ort_off_everything(model: onnx.ModelProto, feeds) -> dict:

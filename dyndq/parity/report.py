@@ -48,6 +48,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)  # what the search found or could not find
     error: str | None = None  # the engine could not run the model
     seconds: float = 0.0  # the session it compares (made and run)
+    bisection: dict | None = None  # {"sessions": runs the search took, "over": how many switches}
 
     @property
     def agrees(self) -> bool:
@@ -58,6 +59,8 @@ class Comparison:
                "agrees": self.agrees, "outputs": [o.as_dict() for o in self.outputs],
                "causes": [c.as_dict() for c in self.causes],
                "first_divergence": self.first_divergence.as_dict() if self.first_divergence else None}
+        if self.bisection is not None:
+            out["bisection"] = self.bisection
         if self.notes:
             out["notes"] = self.notes
         if self.error is not None:
@@ -72,6 +75,9 @@ class Comparison:
             return [head]
         out = [head] + [f"  {o}" for o in self.outputs]
         out += [f"  cause: {c.kind} {c.name}: {c.what}" for c in self.causes]
+        if self.bisection is not None:
+            what = "transformers" if self.setting.engine == "onnxruntime" else "settings"
+            out.append(f"  (found in {self.bisection['sessions']} sessions over {self.bisection['over']} {what})")
         if self.first_divergence is not None:
             out.append(f"  {self.first_divergence}")
         out += [f"  note: {n}" for n in self.notes]
