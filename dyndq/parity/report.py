@@ -113,7 +113,7 @@ class ParityReport:
         return f"{verdict} with {self.reference} ({rule})"
 
     def lines(self) -> list[str]:
-        given = [f"{i['name']} {i['dtype']}{i['shape']}{'' if i['given'] else ' (example)'}" for i in self.inputs]
+        given = [f"{i['name']} {i['dtype']}{i['shape']} ({'given' if i['given'] else 'example'})" for i in self.inputs]
         out = [f"inputs: {', '.join(given) if given else 'none'}"]
         for c in self.comparisons:
             out += c.lines()
