@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from dyndq.opdefs import ValidationError
 from dyndq.parity import bisect, divergence, ort_rewrites
 from dyndq.parity import engines as engine_runs
 from dyndq.parity.engines import ORT_LEVELS, OPENVINO_EXACT, Setting, Tweak
@@ -86,6 +87,10 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     try:
         reference = engine_runs.run_reference(model, fed)
         what = "the reference engine (onnx.reference" + (", our kernel for our op)" if ours else ")")
+    except ValidationError as e:  # our kernel names a problem in the values it was given: never compared past
+        if examples:
+            raise ExamplesDoNotFit(list(examples)) from e
+        raise
     except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
         first = next(iter(runs["onnxruntime"].values()))
         try:
@@ -130,7 +135,10 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
         sessions += 1
         if not comparison.agrees and comparison.error is None and diagnose:
             say(f"[{k}/{len(settings)}] {setting}: differs; looking for the cause")
-            _diagnose(checker, comparison, say)
+            try:
+                _diagnose(checker, comparison, say)
+            except Exception as e:  # (a session the search made failed: the comparison stands, the search is said)
+                comparison.notes.append(f"the search for the cause stopped: {engine_error(e)}")
             diagnosis += checker.runs - 1
         report.comparisons.append(comparison)
     report.cost = {"seconds": round(time.perf_counter() - started, 4),

@@ -237,3 +237,16 @@ def test_the_model_given_is_not_changed(qdq_model):
     before = qdq_model.SerializeToString()
     runtime_parity(qdq_model, levels=["all"])
     assert qdq_model.SerializeToString() == before
+
+
+def test_a_search_that_fails_leaves_the_comparison_and_says_why(qdq_model, monkeypatch):
+    from dyndq.parity import check
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : a session the search made failed")
+
+    monkeypatch.setattr(check, "_ort_causes", broken)
+    report = runtime_parity(qdq_model, levels=["all"])
+    c, = report.comparisons
+    assert not c.agrees and c.outputs[0].name == "logits" and c.causes == []
+    assert c.notes == ["the search for the cause stopped: a session the search made failed"]

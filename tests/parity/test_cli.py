@@ -142,3 +142,14 @@ def test_progress_goes_to_a_terminal_only(qdq_path, capsys, monkeypatch):
     code, out, err = call(capsys, "check", "--runtime-parity", qdq_path, "--level", "all")
     assert code == 1 and "onnxruntime all: bisecting 60 transformers" in err and "\r" in err
     assert "bisecting" not in out
+
+
+def test_given_values_our_kernel_refuses_are_named_not_compared(tmp_path, capsys):
+    """Scales that do not fit the codes, given by the user: the reference engine's kernel names the
+    problem (exit 1), rather than the check comparing engines on values the op does not define."""
+    dyndq.save_model(related_dims_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "w.npy", np.ones((4, 4), np.int8))
+    np.save(tmp_path / "s.npy", np.full((3, 4), 0.5, np.float32))
+    code, out, err = call(capsys, "check", "--runtime-parity", tmp_path / "m.onnx", "-i", f"w={tmp_path / 'w.npy'}",
+                          "-i", f"s={tmp_path / 's.npy'}")
+    assert code == 1 and out == "" and "scales" in err and "agrees" not in err, err
