@@ -68,44 +68,13 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     fed = fitting_feeds(graph_inputs(model), {**examples, **given})
 
     ours = any(o.domain in domains() for o in model.opset_import)
-    runs: dict[str, dict[str | None, onnx.ModelProto]] = {}
-    if ours:  # (export checks the model first: a ValidationError names every problem)
-        from dyndq.exporter import export
-
-        # "onnx": standard ONNX only, in the forms ONNX Runtime runs (target "onnx" but for the types ONNX
-        # Runtime has no kernel for, float4 codes say); "onnxruntime": its own ops (MatMulNBits, ...) where they
-        # express a node exactly
-        runs["onnxruntime"] = {"onnx": export(model, target="onnxruntime", own_ops=False),
-                               "onnxruntime": export(model, target="onnxruntime")}
-        runs["openvino"] = {"openvino": export(model, target="openvino")} if "openvino" in engines else {}
-    else:
-        runs = {"onnxruntime": {None: model}, "openvino": {None: model}}
-
+    runs = _runs(model, ours, engines)
     say("reference: running")
     t0 = time.perf_counter()
-    reference_seconds = 0.0
-    try:
-        reference = engine_runs.run_reference(model, fed)
-        what = "the reference engine (onnx.reference" + (", our kernel for our op)" if ours else ")")
-    except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
-        from dyndq.reference import NotRunnable
-
-        if isinstance(e, ValidationError) and not isinstance(e, NotRunnable):
-            # our kernel names a problem in the values it was given: never compared past
-            if examples:
-                raise ExamplesDoNotFit(list(examples)) from e
-            raise
-        first = next(iter(runs["onnxruntime"].values()))
-        try:
-            reference = _ort_off_everything(first, fed)
-        except Exception as e2:
-            if examples:
-                raise ExamplesDoNotFit(list(examples)) from e2
-            raise
-        what = f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine cannot run it: " \
-               f"{_first_line(e)})"
-        levels = tuple(level for level in levels if level != "off") if len(runs["onnxruntime"]) == 1 else levels
+    reference, what, stand_in = _meaning(model, ours, fed, runs, examples)
     reference_seconds = time.perf_counter() - t0
+    if stand_in and len(runs["onnxruntime"]) == 1:  # (ONNX Runtime off is the meaning: not compared with itself)
+        levels = tuple(level for level in levels if level != "off")
 
     report = ParityReport(label or model.graph.name or "model", what)
     report.versions["onnxruntime"] = ort.__version__
@@ -148,6 +117,47 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
                    "compared_sessions_seconds": round(reference_seconds + sum(c.seconds for c in report.comparisons), 4),
                    "compared_sessions": sessions + 1, "diagnosis_sessions": diagnosis}
     return report
+
+
+def _runs(model: onnx.ModelProto, ours: bool, engines: Sequence[str]) -> dict[str, dict[str | None, onnx.ModelProto]]:
+    """engine -> {export target (None: the model as given) -> the model that engine runs}."""
+    if not ours:
+        return {"onnxruntime": {None: model}, "openvino": {None: model}}
+    from dyndq.exporter import export  # (it checks the model first: a ValidationError names every problem)
+
+    # "onnx": standard ONNX only, in the forms ONNX Runtime runs (target "onnx" but for the types ONNX
+    # Runtime has no kernel for, float4 codes say); "onnxruntime": its own ops (MatMulNBits, ...) where they
+    # express a node exactly
+    return {"onnxruntime": {"onnx": export(model, target="onnxruntime", own_ops=False),
+                            "onnxruntime": export(model, target="onnxruntime")},
+            "openvino": {"openvino": export(model, target="openvino")} if "openvino" in engines else {}}
+
+
+def _meaning(model, ours, fed, runs, examples) -> tuple[dict, str, bool]:
+    """Every value of the main graph as the model means it, what computed them, and whether ONNX Runtime
+    with optimizations off stood in for the reference engine."""
+    import onnxruntime as ort
+
+    from dyndq.reference import NotRunnable
+
+    try:
+        values = engine_runs.run_reference(model, fed)
+        return values, "the reference engine (onnx.reference" + (", our kernel for our op)" if ours else ")"), False
+    except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
+        if isinstance(e, ValidationError) and not isinstance(e, NotRunnable):
+            # our kernel names a problem in the values it was given: never compared past
+            if examples:
+                raise ExamplesDoNotFit(list(examples)) from e
+            raise
+        why = _first_line(e)
+    try:
+        values = _ort_off_everything(next(iter(runs["onnxruntime"].values())), fed)
+    except Exception as e:
+        if examples:
+            raise ExamplesDoNotFit(list(examples)) from e
+        raise
+    return values, (f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine cannot "
+                    f"run it: {why})"), True
 
 
 class _Checker:
