@@ -130,7 +130,7 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     scales, t = found
     if scales.shape not in ((N, blocks), (N * blocks,)):
         return f"scales has shape {list(scales.shape)}, not {[N, blocks]} or {[N * blocks]}"
-    form = {"op": QUALNAME, "scales_shape": list(scales.shape)}
+    form = {"op": QUALNAME, "scales_shape": list(scales.shape), "attribute_order": [x.name for x in node.attribute]}
     zero, problem = _lift_zero_points(view, z, N, blocks, bits, t, form)
     if problem:
         return problem
@@ -424,6 +424,14 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     out = (last if bias else matmul).output[0]
     fused = onnx.helper.make_node(OP, inputs, [out], domain=MS_DOMAIN, K=K, N=N, accuracy_level=level, bits=bits,
                                   block_size=block)
+    order = form.get("attribute_order")
+    if isinstance(order, list):  # the lifted node's order (make_node sorts them; ONNX Runtime's quantizer does not)
+        rank = {name: i for i, name in enumerate(order) if isinstance(name, str)}
+        dropped = "accuracy_level" not in rank and level == 0 and why != "asked"  # (absent, as it was: 0)
+        attributes = sorted((x for x in fused.attribute if not (dropped and x.name == "accuracy_level")),
+                            key=lambda x: rank.get(x.name, len(rank)))
+        del fused.attribute[:]
+        fused.attribute.extend(attributes)
     shared.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
