@@ -104,6 +104,7 @@ def test_onnxruntime_s_own_two_bit_models_lift_exactly_and_round_trip_byte_for_b
     expected = on_ort(model, {"input_ids": ids})
     standard = dyndq.export(lifted)
     assert not {n.domain for n in standard.graph.node} - {"", "ai.onnx"}
+    onnx.checker.check_model(standard, full_check=True)
     bound = TOLERANCE * np.abs(expected).max()
     assert np.abs(on_ort(standard, {"input_ids": ids}) - expected).max() <= bound
     reference = onnx.reference.ReferenceEvaluator(standard).run(None, {"input_ids": ids})[0]
@@ -228,3 +229,22 @@ def test_doubled_codes_changed_since_the_lift_are_not_written_as_half_integers()
     assert attrs_of(node)["bits"] == 4 and "bits 4" in report.foreign[0].form
     eye = np.eye(64, dtype=np.float16)
     assert np.array_equal(on_ort(back, {"A": eye}), dyndq.run(lifted, {"A": eye}, engine="reference")["Y"])
+
+
+@pytest.mark.openvino
+def test_two_bit_weights_exported_for_openvino_are_onnxruntime_s():
+    """OpenVINO has no uint2 tensors: export re-encodes the constant codes and zero points as uint8
+    values (converters/engines.py); the weights it computes are still ONNX Runtime's, value for value."""
+    from engines import run_openvino
+
+    w = numpy_helper.from_array((np.random.default_rng(3).standard_normal((80, 24)) * 0.05).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["A", "w"], ["Y"], name="proj")], "g",
+                              [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", 80])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", 24])], [w])
+    model = ort_quantize(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]),
+                         "QOperator", 2, 32, False)
+    exported = dyndq.export(dyndq.lift(model), target="openvino")
+    assert {t.data_type for t in exported.graph.initializer} <= {TensorProto.UINT8, TensorProto.FLOAT, TensorProto.INT64}
+    eye = np.eye(80, dtype=np.float32)
+    [got] = run_openvino(exported, {"A": eye})
+    assert np.array_equal(got, on_ort(model, {"A": eye}))
