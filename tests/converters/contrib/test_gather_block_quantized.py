@@ -173,3 +173,16 @@ def test_float8_data_is_left_alone():
                               ir_version=10)
     _, report = dyndq.lift_with_report(model)
     assert "float8_e4m3fn: DynamicDequantize takes integer codes" in report.skipped[0].reason
+
+
+@pytest.mark.openvino
+def test_two_bit_rows_exported_for_openvino_are_onnxruntime_s():
+    """(OpenVINO has no uint2 tensors: the constant codes are re-encoded as uint8 values)"""
+    from engines import run_openvino
+
+    model, *_ = gather_block_quantized("uint8", (6, 48), 1, 0, 16, True, bits=2, zp_padding=1)
+    exported = dyndq.export(dyndq.lift(model), target="openvino")
+    assert TensorProto.UINT2 not in {t.data_type for t in exported.graph.initializer}
+    idx = np.array([5, 0, 3, 3], np.int64)
+    [got] = run_openvino(exported, {"idx": idx})
+    assert np.array_equal(got, on_ort(model, idx))
