@@ -33,7 +33,8 @@ left alone with the count of weights that differ.  The lift report names the byt
 form costs.
 
 Left alone, with the reason: a block size MatMulNBits does not take, weights that are not
-initializers, weight_prepacked, float zero points that are neither integers nor half-integers,
+initializers, weight_prepacked, float zero points that are neither integers nor half-integers
+or beside 8-bit codes (ONNX Runtime refuses those),
 a g_idx other than the identity (act-order groups are not blocks), and a g_idx with 2- or 8-bit
 codes (ONNX Runtime computes other weights there).
 
@@ -276,6 +277,9 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
         return every[:, :blocks].astype(np.int64), None
     if dtypes.name_of(packed.dtype) != t:
         return None, f"zero_points is {dtypes.name_of(packed.dtype)}, not uint8 or the scales' {t}"
+    if bits == 8:  # (no weights of ONNX Runtime's to be equal to)
+        return None, ("float zero points with 8-bit codes: ONNX Runtime 1.32's CPU kernel refuses them "
+                      "(it takes uint8 zero points there)")
     if packed.size != N * blocks:
         return None, f"zero_points has {packed.size} elements, not N * n_blocks = {N * blocks}"
     values = shared.integer_values(packed)
