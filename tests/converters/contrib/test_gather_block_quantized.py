@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx.reference
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -138,6 +139,11 @@ def test_two_bit_codes_are_lifted_as_uint2_under_version_3(with_zp):
     assert held[ddq.input[0]].dtype == ml_dtypes.uint2 and np.array_equal(held[ddq.input[0]].astype(int), codes)
     assert held[ddq.input[2]].dtype == ml_dtypes.uint2 and np.array_equal(held[ddq.input[2]].astype(int), zero)
     assert np.all(zero == 2) or with_zp
+    idx = np.array([3, 0, 2, 2], np.int64)
+    standard = dyndq.export(lifted)
+    expected = on_ort(model, idx)
+    assert np.array_equal(on_ort(standard, idx), expected)
+    assert np.array_equal(onnx.reference.ReferenceEvaluator(standard).run(None, {"idx": idx})[0], expected)
     back = dyndq.export(lifted, target="onnxruntime")  # (the padding of the zero points' rows, 3, kept)
     assert {t.name: t.SerializeToString() for t in back.graph.initializer} == \
         {t.name: t.SerializeToString() for t in model.graph.initializer}
