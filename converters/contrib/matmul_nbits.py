@@ -163,7 +163,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     if form["zero_points"] == "float" or g:
         # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
         # (q - zp)*scale: lifted only where the two agree on every weight
-        differ = _float_zero_point_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, form.get("doubled"))
+        differ = _float_zero_point_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, bits,
+                                               form.get("doubled"))
         if differ:
             return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
                     f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
@@ -238,22 +239,30 @@ def _cost(node, view: GraphView, originals, new: rw.Constants, code_type: str, z
             f"points for MatMulNBits' {before} ({after - before:+d})")
 
 
-def _float_zero_point_differences(q, scales, zero, block: int, K: int, doubled: bool = False) -> int:
+def _float_zero_point_differences(q, scales, zero, block: int, K: int, bits: int, doubled: bool = False) -> int:
     """How many of the K rows' weights ONNX Runtime's q*scale - zp*scale (float32 products and
     difference, then rounded to the scales' type; measured on 1.32's CPU kernel) gives another
     value than DynamicDequantize's (q - zp)*scale.  Values, not bits: the sign of a zero weight
     (ONNX Runtime's +0 where q = zp under a negative scale, ours -0) is not seen through a
     MatMul, whose sums start at +0.  q [K_pad, N]; scales, zero [n_blocks, N] (`doubled`: zero
-    holds 2zp, and ours is computed as the lift writes it, (2q - 2zp) * (scales / 2))."""
-    s32 = np.repeat(scales.astype(np.float32), block, axis=0)[:K]
+    holds 2zp, and ours is computed as the lift writes it, (2q - 2zp) * (scales / 2)).
+
+    A weight's value depends on its code and its block only: both formulas are computed for each
+    of the 2^bits codes in each block, [2^bits, n_blocks, N], and the weights whose (code, block)
+    differs are counted only when some does."""
+    levels = np.arange(1 << bits).reshape(-1, 1, 1)
+    s32 = scales.astype(np.float32)
     zp32 = (zero / 2 if doubled else zero).astype(np.float32)  # (half-integers: exact in float32)
-    theirs = (q[:K].astype(np.float32) * s32 - np.repeat(zp32, block, axis=0)[:K] * s32)
-    codes, kernel_scales = (q * 2, (scales / 2).astype(scales.dtype)) if doubled else (q, scales)
-    ours = DYNAMIC_DEQUANTIZE_3.kernel(shared.as_codes(codes, "int32"), kernel_scales, zero.astype(np.int32),
-                                       qtype=PER_GROUP, group_shape=(block, 1))[:K]
-    theirs = theirs.astype(scales.dtype).astype(np.float32)
-    ours = ours.astype(np.float32)
-    return int(np.count_nonzero((theirs != ours) & ~(np.isnan(theirs) & np.isnan(ours))))
+    theirs = (levels.astype(np.float32) * s32 - zp32 * s32).astype(scales.dtype).astype(np.float32)
+    codes = np.broadcast_to(levels * (2 if doubled else 1), theirs.shape)
+    kernel_scales = (scales / 2).astype(scales.dtype) if doubled else scales
+    ours = DYNAMIC_DEQUANTIZE_3.kernel(shared.as_codes(codes, "int32"), kernel_scales[None], zero.astype(np.int32)[None],
+                                       qtype=PER_GROUP, group_shape=(len(levels), 1, 1)).astype(np.float32)
+    differ = (theirs != ours) & ~(np.isnan(theirs) & np.isnan(ours))  # [2^bits, n_blocks, N]
+    if not differ.any():
+        return 0
+    rows = np.arange(K) // block
+    return int(np.count_nonzero(differ[q[:K], rows[:, None], np.arange(q.shape[1])[None, :]]))
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
