@@ -248,3 +248,28 @@ def test_two_bit_weights_exported_for_openvino_are_onnxruntime_s():
     eye = np.eye(80, dtype=np.float32)
     [got] = run_openvino(exported, {"A": eye})
     assert np.array_equal(got, on_ort(model, {"A": eye}))
+
+
+def test_int2_codes_are_written_as_unsigned_two_bit_codes_shifted_by_two():
+    """Signed 2-bit codes (ours: int2, [-2, 1]) become MatMulNBits' unsigned ones with their zero
+    points, both shifted by 2: every difference q - zp stays as it was (no zero point: 2, absent)."""
+    rng = np.random.default_rng(4)
+    codes = rng.integers(-2, 2, (48, 5))
+    scales = rng.uniform(0.01, 0.1, (3, 5)).astype(np.float32)
+    nodes = [dyndq.make_node(["q", "s"], ["w"], name="dq", qtype="per_group", group_shape=[16, 1]),
+             helper.make_node("MatMul", ["A", "w"], ["Y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", 48])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", 5])],
+                              [numpy_helper.from_array(codes.astype(ml_dtypes.int2), "q"),
+                               numpy_helper.from_array(scales, "s")])
+    model = dyndq.make_model(graph)
+    back, report = dyndq.export_with_report(model, target="onnxruntime")
+    [node] = back.graph.node
+    assert node.op_type == "MatMulNBits" and attrs_of(node)["bits"] == 2 and list(node.input[3:]) == []
+    assert "bits 2" in report.foreign[0].form
+    packed = numpy_helper.to_array(next(t for t in back.graph.initializer if t.name == node.input[1]))
+    assert np.array_equal(decoded(packed.reshape(5, -1)), codes.T + 2)
+    eye = np.eye(48, dtype=np.float32)
+    ours = dyndq.run(model, {"A": eye}, engine="reference")["Y"]
+    assert np.array_equal(ours, (codes * np.repeat(scales, 16, 0)).astype(np.float32))
+    assert np.array_equal(on_ort(back, {"A": eye}), ours)
