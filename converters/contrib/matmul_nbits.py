@@ -30,7 +30,7 @@ whose last bit is set).  Either way ONNX Runtime's CPU kernel computes q*scale -
 (q - zp)*scale only where no rounding happens: lifted only when they agree on every weight (always
 for float16 scales at 2 and 4 bits, where float32 holds every product exactly), and otherwise
 left alone with the count of weights that differ.  The lift report names the bytes the doubled
-form costs.
+form costs.  (That arithmetic and the doubled form: float_zero_points.py.)
 
 Left alone, with the reason: a block size MatMulNBits does not take, weights that are not
 initializers, weight_prepacked, float zero points that are neither integers nor half-integers
@@ -55,12 +55,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
 from ..rewrite import GraphView, Rewrite
 from ..rules import LIFT, WRITE, rule, says_why
+from . import float_zero_points as fzp
 from . import shared
 from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
@@ -68,14 +69,10 @@ OP = "MatMulNBits"
 QUALNAME = f"{MS_DOMAIN}::{OP}"
 
 
-# The codes' type of each width MatMulNBits takes, and the type of the doubled codes 2q that
-# half-integer zero points are lifted with (the next unsigned type holding 2 * (2^bits - 1)).
+# The codes' type of each width MatMulNBits takes (half-integer zero points: float_zero_points).
 CODE_TYPES = {2: "uint2", 4: "uint4", 8: "uint8"}
-DOUBLED_CODE_TYPES = {2: "uint4", 4: "uint8", 8: "uint16"}
 # the bits each code type of ours is written back with (signed codes shifted by 2^(bits-1))
 BITS_OF = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
-# the integer types the doubled zero points 2zp are held in, smallest first
-_ZERO_TYPES = ("uint4", "int4", "uint8", "int8", "int16", "int32")
 
 
 def absent_zero_point(bits: int) -> int:
@@ -83,12 +80,9 @@ def absent_zero_point(bits: int) -> int:
     return 1 << (bits - 1)
 
 
-def _fits(values: np.ndarray, dtype: str) -> bool:
-    lo, hi = dtypes.integer_range(dtypes.by_name(dtype))
-    return values.size == 0 or (lo <= values.min() and values.max() <= hi)
-
-
 # == lifting ===================================================================================
+
+
 
 @dataclass(frozen=True)
 class _Weights:
@@ -156,28 +150,19 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     q = shared.unpack(codes.reshape(N, blocks * blob), bits).T  # [K_pad, N]
     if form.get("doubled"):
         form["bits"] = bits
-        bad = _inexact_halves(scales)
+        bad = fzp.inexact_halves(scales)
         if bad:
             return (f"half-integer zero points: lifted as (2q - 2zp) * (scales / 2), but halving is not exact "
                     f"for {bad} of the {scales.size} scales (subnormals)")
     if form["zero_points"] == "float" or g:
         # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
         # (q - zp)*scale: lifted only where the two agree on every weight
-        differ = _float_zero_point_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, bits,
+        differ = fzp.onnxruntime_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, bits,
                                                form.get("doubled"))
         if differ:
             return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
                     f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
     return _Weights(attrs, (a, b, s, z, g, bias), q, scales, zero, form)
-
-
-def _inexact_halves(scales: np.ndarray) -> int:
-    """How many scales s / 2 does not hold exactly in their own type (s / 2 * 2 gives other bits:
-    a subnormal with its last bit set, or a NaN whose payload changes)."""
-    half = (scales / 2).astype(scales.dtype)
-    back = (half * 2).astype(scales.dtype)
-    bits = f"u{scales.dtype.itemsize}"
-    return int(np.count_nonzero(back.view(bits) != scales.view(bits)))
 
 
 @rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP),
@@ -190,8 +175,8 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     blocks = -(-K // block)
     doubled = bool(form.get("doubled"))
     if doubled:  # (q - zp) * s as (2q - 2zp) * (s / 2): integer codes and zero points, exactly
-        code_type = DOUBLED_CODE_TYPES[bits]
-        zps_type = next(t for t in _ZERO_TYPES if _fits(zero, t))
+        code_type = fzp.DOUBLED_CODE_TYPES[bits]
+        zps_type = fzp.smallest_zero_type(zero)
         q, kept_scales = q * 2, (scales / 2).astype(scales.dtype)
     else:
         code_type = CODE_TYPES[bits]
@@ -218,51 +203,13 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     shown = f"DynamicDequantize per_group [{block}, 1] + {'Slice + ' if padded else ''}MatMul" + (" + Add" if bias else "")
     if doubled:
         shown += f" ({code_type} codes 2q, {zps_type} zero points 2zp, scales / 2)"
-    notes = [_cost(node, view, (b, s, z), new, code_type, zps_type)] if doubled else []
+    before = sum(view.constant(n).nbytes for n in (b, s, z) if n)
+    notes = [fzp.cost(f"{QUALNAME} {node.name or node.output[0]!r}", before, new.tensors, code_type, zps_type)] \
+        if doubled else []
     lifted = rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
     v2 = code_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("src") and zps_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("zps")
     lifted.domains[DOMAIN] = 2 if v2 else 3  # (2-bit codes, uint16 or int16: version 3's types)
     return lifted
-
-
-def _packed_bytes(t: onnx.TensorProto) -> int:
-    """A constant's bytes as ONNX stores it (sub-byte types packed)."""
-    return -(-int(np.prod(t.dims, dtype=np.int64)) * dtypes.by_onnx(t.data_type).bits // 8)
-
-
-def _cost(node, view: GraphView, originals, new: rw.Constants, code_type: str, zps_type: str) -> str:
-    """What the doubled form of half-integer zero points costs, in bytes, against MatMulNBits' own."""
-    before = sum(view.constant(n).nbytes for n in originals if n)
-    after = sum(_packed_bytes(t) for t in new.tensors)
-    return (f"{QUALNAME} {node.name or node.output[0]!r}: half-integer zero points lifted exactly as codes 2q "
-            f"({code_type}), zero points 2zp ({zps_type}) and scales / 2: {after} bytes of codes, scales and zero "
-            f"points for MatMulNBits' {before} ({after - before:+d})")
-
-
-def _float_zero_point_differences(q, scales, zero, block: int, K: int, bits: int, doubled: bool = False) -> int:
-    """How many of the K rows' weights ONNX Runtime's q*scale - zp*scale (float32 products and
-    difference, then rounded to the scales' type; measured on 1.32's CPU kernel) gives another
-    value than DynamicDequantize's (q - zp)*scale.  Values, not bits: the sign of a zero weight
-    (ONNX Runtime's +0 where q = zp under a negative scale, ours -0) is not seen through a
-    MatMul, whose sums start at +0.  q [K_pad, N]; scales, zero [n_blocks, N] (`doubled`: zero
-    holds 2zp, and ours is computed as the lift writes it, (2q - 2zp) * (scales / 2)).
-
-    A weight's value depends on its code and its block only: both formulas are computed for each
-    of the 2^bits codes in each block, [2^bits, n_blocks, N], and the weights whose (code, block)
-    differs are counted only when some does."""
-    levels = np.arange(1 << bits).reshape(-1, 1, 1)
-    s32 = scales.astype(np.float32)
-    zp32 = (zero / 2 if doubled else zero).astype(np.float32)  # (half-integers: exact in float32)
-    theirs = (levels.astype(np.float32) * s32 - zp32 * s32).astype(scales.dtype).astype(np.float32)
-    codes = np.broadcast_to(levels * (2 if doubled else 1), theirs.shape)
-    kernel_scales = (scales / 2).astype(scales.dtype) if doubled else scales
-    ours = DYNAMIC_DEQUANTIZE_3.kernel(shared.as_codes(codes, "int32"), kernel_scales[None], zero.astype(np.int32)[None],
-                                       qtype=PER_GROUP, group_shape=(len(levels), 1, 1)).astype(np.float32)
-    differ = (theirs != ours) & ~(np.isnan(theirs) & np.isnan(ours))  # [2^bits, n_blocks, N]
-    if not differ.any():
-        return 0
-    rows = np.arange(K) // block
-    return int(np.count_nonzero(differ[q[:K], rows[:, None], np.arange(q.shape[1])[None, :]]))
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
@@ -336,7 +283,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     src_type = dtypes.name_of(codes.dtype)
     form = shared.lifted_from(node, QUALNAME)
     doubled = bool(form.get("doubled")) and form.get("zero_points") == "float" and bool(z) \
-        and src_type == DOUBLED_CODE_TYPES.get(form.get("bits"))
+        and src_type == fzp.DOUBLED_CODE_TYPES.get(form.get("bits"))
     if src_type not in BITS_OF and not doubled:
         return f"src is {src_type}: MatMulNBits takes 2-, 4- and 8-bit integer codes"
     output_dtype = attribute_values(node).get("output_dtype")
@@ -365,7 +312,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if zero is None:
         return "zps is not a constant"
     if doubled:
-        why = _doubled_problem(codes, zero, scales, form["bits"])
+        why = fzp.doubled_problem(codes, zero, scales, form["bits"])
         if why is None:
             return _Chain((src, s, z), codes, scales, zero.astype(np.int64), form["bits"], 0, block, nodes, matmul, K,
                           t, doubled=True)
@@ -377,18 +324,6 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
     return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t)
-
-
-def _doubled_problem(codes, zero, scales, bits: int) -> str | None:
-    """Why codes 2q, zero points 2zp and scales / 2 are not (any more) the doubled form of a
-    MatMulNBits of `bits`-bit codes with half-integer zero points (None: they are)."""
-    q = codes.astype(np.int64)
-    if np.any(q % 2) or q.min(initial=0) < 0 or q.max(initial=0) >= 2 << bits:
-        return f"codes that are not 2q for {bits}-bit codes q"
-    doubled = (scales * 2).astype(scales.dtype)
-    if np.any(~np.isfinite(doubled) & np.isfinite(scales)):
-        return "scales whose double overflows"
-    return None
 
 
 def _accuracy_level_problem(value) -> str | None:
