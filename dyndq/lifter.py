@@ -25,10 +25,12 @@ pass of the walker over every scope of the model; this module only reports what 
 
 ONNX Runtime's contrib ops `com.microsoft::MatMulNBits` and `GatherBlockQuantized`
 are lifted too, each by the rules of its module in converters/contrib/ (docs/int4-bridge.md): into
-DynamicDequantize-2 per_group + MatMul (+ Slice, Add) and DynamicDequantize-2 +
-Gather, their codes, scales and zero points carried over value for value; the
-forms ours cannot express exactly (2-bit codes, a g_idx that is not the identity,
-float zero points that are not integers, ...) are left alone and reported.
+DynamicDequantize per_group + MatMul (+ Slice, Add) and DynamicDequantize + Gather (version 2,
+or version 3 for 2-bit codes), their codes, scales and zero points carried over value for value
+(half-integer float zero points doubled, with the scales halved, where that is exact; the bytes
+it costs are among the report's notes); the forms ours cannot express exactly (a g_idx that is
+not the identity, float zero points that are neither integers nor half-integers, ...) are left
+alone and reported.
 """
 from __future__ import annotations
 

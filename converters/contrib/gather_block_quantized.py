@@ -1,11 +1,13 @@
-"""com.microsoft::GatherBlockQuantized <-> DynamicDequantize-2 + Gather, exactly.
+"""com.microsoft::GatherBlockQuantized <-> DynamicDequantize + Gather, exactly.
 
 GatherBlockQuantized(data, indices, scales, zero_points?) with attributes quantize_axis,
 gather_axis, block_size and bits gathers rows of a block-quantized table and dequantizes
 them: one scale and zero point per block of `block_size` along quantize_axis (the last
 block may be short).  data is int4/uint4 (zero points of the same type; absent means 0,
-as ours), or uint8 holding `bits`-bit codes packed along its last axis, low bits first
-(absent zero point: 2^(bits-1)); FP8/FP4 data has no zero points and no codes of ours.
+as ours), or uint8 holding 2-, 4- or 8-bit codes packed along its last axis, low bits first
+(absent zero point: 2^(bits-1); zero points packed alike, each row padded to whole bytes:
+measured on ONNX Runtime 1.32, 2 bits included); FP8/FP4 data has no zero points and no codes
+of ours.
 
 Lifting gives the equivalent
 
@@ -14,16 +16,17 @@ Lifting gives the equivalent
     output = Gather(table, indices, axis=gather_axis)
 
 int4/uint4 data is used as it is (padded along quantize_axis when D is not a multiple of
-the block); uint8 data is unpacked to uint4 (or kept, for 8 bits) and its absent zero
-point written out.  The lifted form dequantizes the whole table and then gathers, where
+the block); uint8 data is unpacked to uint2 (DynamicDequantize-3) or uint4 (or kept, for 8
+bits) and its absent zero point written out.  The lifted form dequantizes the whole table and then gathers, where
 GatherBlockQuantized gathers codes and then dequantizes: equal for every index in range;
 an index out of range is an error for Gather, and zeros for GatherBlockQuantized.
 
 Lowering (export for ONNX Runtime) takes the reverse path from a DynamicDequantize-2
 per_group node on constant codes (one axis grouped, by a power of two >= 16) with float32
 or float16 scales whose output is the data of one Gather.  int4/uint4 codes stay as
-they are; uint8/int8 codes become uint8 data (int8 shifted by 128 with its zero points)
-where ONNX Runtime's kernel takes it (gather_axis 0, quantize_axis last).
+they are; uint8/int8 and uint2/int2 codes become uint8 data of 8 or 2 bits (signed codes
+shifted by 128 or 2 with their zero points) where ONNX Runtime's kernel takes it (gather_axis
+0, quantize_axis last, 2-bit rows of whole bytes).
 """
 from __future__ import annotations
 
@@ -81,8 +84,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
         return f"data is {kind}: DynamicDequantize takes integer codes (int4/uint4/uint8 here)"
     if data.ndim == 0:
         return "data is a scalar: GatherBlockQuantized gathers from a tensor of rank 1 or more"
-    if kind == "uint8" and bits not in (4, 8):
-        return f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes; {bits}-bit codes have no type of its own"
+    if kind == "uint8" and bits not in (2, 4, 8):
+        return f"bits={bits}: GatherBlockQuantized takes uint8 data of 2, 4 or 8 bits"
     if kind != "uint8" and bits != 4:
         return f"bits={bits} with {kind} data"
     if not shared.power_of_two_block(block):
@@ -116,6 +119,9 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
                 or (kind != "uint8" and zero.shape != want):
             return f"zero_points (as codes) have shape {list(zero.shape)}, not {list(want)}"
         form["zero_points"] = "given"
+        padding = zero[..., want[-1]:]
+        if kind == "uint8" and padding.size and np.all(padding == padding.flat[0]) and int(padding.flat[0]):
+            form["zero_points_padding"] = int(padding.flat[0])  # (written back as it was; 0 otherwise)
         zero = zero[..., :want[-1]]
     return _Table((data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form)
 
@@ -130,7 +136,7 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     rank, length = codes.ndim, codes.shape[qa]
     blocks = -(-length // block)
     new = rw.Constants(view.names)
-    code_type = "uint4" if kind == "uint8" and bits == 4 else kind
+    code_type = {2: "uint2", 4: "uint4"}.get(bits, kind) if kind == "uint8" else kind
     zero_name = None
     padded = blocks * block != length
     if kind == "uint8" or padded:
@@ -155,7 +161,10 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     ctx.output_as(out, node.output[0])
     shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    return rw.lifted(node, ctx, new, shown, padded=padded)
+    lifted = rw.lifted(node, ctx, new, shown, padded=padded)
+    if code_type == "uint2":
+        lifted.domains[DOMAIN] = 3  # (2-bit codes: version 3's)
+    return lifted
 
 
 # == writing for ONNX Runtime ==================================================================================
@@ -193,8 +202,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if codes is None:
         return "src is not a constant"
     kind = dtypes.name_of(codes.dtype)
-    if kind not in ("int4", "uint4", "int8", "uint8"):
-        return f"src is {kind}"
+    if kind not in ("int2", "uint2", "int4", "uint4", "int8", "uint8"):
+        return f"src is {kind}: GatherBlockQuantized takes 2-, 4- and 8-bit integer codes"
     grouped = [i for i, g in enumerate(group) if g > 1]
     if len(grouped) != 1 or not shared.power_of_two_block(group[grouped[0]]):
         return f"group_shape {list(group)}: GatherBlockQuantized takes one blocked axis, by a power of two from 16"
@@ -203,6 +212,9 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if isinstance(found, str):
         return found
     scales, t = found
+    output_dtype = attribute_values(node).get("output_dtype")
+    if output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
+        return f"output_dtype {dtypes.by_onnx(output_dtype).name}: GatherBlockQuantized gives the scales' type, {t}"
     chain = rw.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
     if isinstance(chain, str):
         return chain
@@ -217,11 +229,14 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if kind in ("int4", "uint4"):
         data_type, bits, shift = kind, 4, 0
     else:
-        data_type, bits, shift = "uint8", 8, 128 if kind == "int8" else 0
+        bits = 2 if kind in ("int2", "uint2") else 8
+        data_type, shift = "uint8", (1 << (bits - 1)) if kind.startswith("int") else 0
         if ga != 0 or qa != rank - 1:
-            return ("8-bit codes: ONNX Runtime's GatherBlockQuantized takes uint8 data with gather_axis 0 and "
+            return (f"{bits}-bit codes: ONNX Runtime's GatherBlockQuantized takes uint8 data with gather_axis 0 and "
                     f"quantize_axis last, not {ga} and {qa}")
-    lo, hi = dtypes.integer_range(dtypes.by_name(data_type))
+        if bits == 2 and length % 4:
+            return f"2-bit codes: rows of {length} codes, not whole bytes of 4 (uint8 data holds 4 codes a byte)"
+    lo, hi = (0, 3) if bits == 2 else dtypes.integer_range(dtypes.by_name(data_type))
     values = codes.astype(np.int64)[keep] + shift
     # the zero points as the contrib op's codes; absent (ours: 0) becomes explicit where its default differs
     zero_values = (np.zeros(scales.shape, np.int64) if zero is None else zero.astype(np.int64)) + shift
@@ -234,7 +249,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
 @rule("DynamicDequantize + Gather -> GatherBlockQuantized", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
       check=says_why(_write_found), targets=("onnxruntime",), makes=OP)
 def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
-    """A DynamicDequantize-2 (and the Gather reading it) as one GatherBlockQuantized."""
+    """A DynamicDequantize (and the Gather reading it) as one GatherBlockQuantized."""
     (src, s, z), codes, values = found.inputs, found.codes, found.values
     zero, zero_values = found.zero, found.zero_values
     data_type, bits, shift, block, qa, ga = found.data_type, found.bits, found.shift, found.block, found.qa, found.ga
@@ -245,21 +260,22 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
         and qa == rank - 1 and values.shape[-1] % 2 == 0
     if packed4:
         data_type, bits = "uint8", 4
+    packed = 4 if packed4 else 2 if bits == 2 else 0  # the bits of the codes packed in uint8 data (0: none)
     default = 1 << (bits - 1) if data_type == "uint8" else 0
     replaced = rw.chain_nodes(view, [node] + nodes + [gather])
     new = rw.Constants(view.names)
-    rewritten = packed4 or shift or length != codes.shape[qa]
-    data_name = new.add(shared.pack(values, 4) if packed4 else shared.as_codes(values, data_type), src) \
+    rewritten = packed or shift or length != codes.shape[qa]
+    data_name = new.add(shared.pack(values, packed) if packed else shared.as_codes(values, data_type), src) \
         if rewritten else src
     inputs = [data_name, gather.input[1], s]
     if form.get("zero_points") == "given" or np.any(zero_values != default):
         if z and not rewritten and dtypes.name_of(zero.dtype) == data_type:
             inputs.append(z)  # the zero points as they are
         else:
-            if packed4:
-                odd = zero_values.shape[-1] % 2
-                rows = np.concatenate([zero_values, np.zeros(zero_values.shape[:-1] + (odd,), np.int64)], axis=-1)
-                zero_data = shared.pack(rows, 4)
+            if packed:  # each row padded to whole bytes, with what the lifted node had there (0 by default)
+                pad = (-zero_values.shape[-1]) % (8 // packed)
+                fill = np.full(zero_values.shape[:-1] + (pad,), form.get("zero_points_padding", 0), np.int64)
+                zero_data = shared.pack(np.concatenate([zero_values, fill], axis=-1), packed)
             else:
                 zero_data = shared.as_codes(zero_values, data_type)
             inputs.append(new.add(zero_data, z) if z else new.add(zero_data, src, "zero_points"))

@@ -1,36 +1,51 @@
-"""com.microsoft::MatMulNBits <-> DynamicDequantize-2 + MatMul (+ Add), exactly.
+"""com.microsoft::MatMulNBits <-> DynamicDequantize + MatMul (+ Add), exactly.
 
 MatMulNBits(A, B, scales, zero_points?, g_idx?, bias?) with attributes K, N, bits,
 block_size (and accuracy_level) computes A @ W (+ bias), W[k, n] = (q[n, k] - zp) * scale
 with one scale and zero point per block of `block_size` along K.  B is uint8
 [N, ceil(K/block_size), block_size*bits/8]: the weight transposed, each column's codes
 packed low bits first, K padded up to whole blocks.  An absent zero point means
-2^(bits-1) (8 for 4 bits), where DynamicDequantize's (and DequantizeLinear's) means 0.
+2^(bits-1) (2, 8 or 128), where DynamicDequantize's (and DequantizeLinear's) means 0.
+Packed zero points are `bits`-bit codes, low bits first, each column's row padded to whole
+bytes.  (Measured on ONNX Runtime 1.32's CPU kernel, 2-bit included: tests/converters/contrib.)
 
 Lifting writes, in the weight's own orientation [K_pad, N]:
 
-    codes  uint4/uint8 [K_pad, N]  (B unpacked and transposed; the padding kept)
-    scales [n_blocks, N], zps uint4/uint8 [n_blocks, N]  (the absent zero point written out)
-    W = DynamicDequantize-2(codes, scales, zps, per_group, group_shape [block_size, 1])
+    codes  uint2/uint4/uint8 [K_pad, N]  (B unpacked and transposed; the padding kept)
+    scales [n_blocks, N], zps [n_blocks, N] of the codes' type  (the absent zero point written out)
+    W = DynamicDequantize(codes, scales, zps, per_group, group_shape [block_size, 1])
     W = Slice(W, [0], [K], [0])      when K is not a multiple of block_size
     Y = MatMul(A, W)  (+ Add(Y, bias))
 
-Codes, scales and zero points carry over value for value.  Left alone, with the reason:
-bits other than 4 and 8 (2-bit codes have no type of ours), a block size MatMulNBits does
-not take, weights that are not initializers, weight_prepacked, float zero points that are
-not integers, and a g_idx other than the identity (act-order groups are not blocks).  A
-float zero point that is an integer is lifted (uint4/uint8, or int32 when out of the
-codes' range) with a note: ONNX Runtime's CPU kernel computes q*scale - zp*scale there,
-which differs from (q - zp)*scale in the last bit of float32 weights.
+DynamicDequantize-2 for 4- and 8-bit codes, version 3 for 2-bit ones (uint2: MatMulNBits'
+codes are unsigned).  Codes, scales and zero points carry over value for value.
 
-Lowering (export for ONNX Runtime) takes the reverse path from a DynamicDequantize-2
-per_group node (groups of a power of two >= 16 along K, 1 along N) on constant 2-D codes
-(int4/uint4 -> bits 4, int8/uint8 -> bits 8; signed codes shifted by 2^(bits-1) with their
-zero points, which leaves every difference q - zp as it was) and float32/float16 scales
-whose output feeds (through that Slice, if any) the B of one MatMul; a following Add of a
-constant [N] becomes the bias.  The form a lifted node remembers (zero points absent,
-packed or float; the shapes of scales and zero points; an identity g_idx) is written back,
-so MatMulNBits -> lift -> export gives back the same initializers.
+Float zero points (of the scales' type) that are integers or half-integers (zp = 1.5) are
+lifted where exact: integers as codes of the codes' type (int32 when out of range), and
+half-integers by doubling, (q - zp) * s = (2q - 2zp) * (s / 2): codes 2q in the next unsigned
+type (uint4 for 2 bits, uint8 for 4, uint16 for 8), zero points 2zp in the smallest integer type
+holding them, scales halved, when halving is exact for every scale (it is not for a subnormal
+whose last bit is set).  Either way ONNX Runtime's CPU kernel computes q*scale - zp*scale there
+(float32 products and difference, then rounded to the scales' type), which equals
+(q - zp)*scale only where no rounding happens: lifted only when they agree on every weight (always
+for float16 scales at 2 and 4 bits, where float32 holds every product exactly), and otherwise
+left alone with the count of weights that differ.  The lift report names the bytes the doubled
+form costs.  (That arithmetic and the doubled form: float_zero_points.py.)
+
+Left alone, with the reason: a block size MatMulNBits does not take, weights that are not
+initializers, weight_prepacked, float zero points that are neither integers nor half-integers
+or beside 8-bit codes (ONNX Runtime refuses those),
+a g_idx other than the identity (act-order groups are not blocks), and a g_idx with 2- or 8-bit
+codes (ONNX Runtime computes other weights there).
+
+Lowering (export for ONNX Runtime) takes the reverse path from a DynamicDequantize per_group node
+(groups of a power of two >= 16 along K, 1 along N) on constant 2-D codes (int2/uint2 -> bits 2,
+int4/uint4 -> bits 4, int8/uint8 -> bits 8; signed codes shifted by 2^(bits-1) with their zero
+points, which leaves every difference q - zp as it was) and float32/float16 scales whose output
+feeds (through that Slice, if any) the B of one MatMul; a following Add of a constant [N] becomes
+the bias.  The form a lifted node remembers (zero points absent, packed or float; the shapes of
+scales and zero points; an identity g_idx; the doubled form of half-integer zero points) is
+written back, so MatMulNBits -> lift -> export gives back the same initializers.
 """
 from __future__ import annotations
 
@@ -40,16 +55,24 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, PER_GROUP, dtypes
+from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
 from ..rewrite import GraphView, Rewrite
 from ..rules import LIFT, WRITE, rule, says_why
+from . import float_zero_points as fzp
 from . import shared
 from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
 OP = "MatMulNBits"
 QUALNAME = f"{MS_DOMAIN}::{OP}"
+
+
+# The codes' type of each width MatMulNBits takes (half-integer zero points: float_zero_points).
+CODE_TYPES = {2: "uint2", 4: "uint4", 8: "uint8"}
+# the bits each code type of ours is written back with (signed codes shifted by 2^(bits-1))
+BITS_OF = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
 
 
 def absent_zero_point(bits: int) -> int:
@@ -59,6 +82,8 @@ def absent_zero_point(bits: int) -> int:
 
 # == lifting ===================================================================================
 
+
+
 @dataclass(frozen=True)
 class _Weights:
     """What the lift of one MatMulNBits found: its attributes, inputs, and weights decoded."""
@@ -67,8 +92,8 @@ class _Weights:
     inputs: tuple
     q: np.ndarray  # codes [K_pad, N]
     scales: np.ndarray
-    zero: np.ndarray  # int64 [N, n_blocks]
-    form: dict
+    zero: np.ndarray  # int64 [N, n_blocks]: the zero points (doubled: 2zp)
+    form: dict  # form["doubled"]: half-integer zero points, lifted as codes 2q, zero points 2zp, scales / 2
 
 
 
@@ -80,9 +105,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
         return attrs
     a, b, s, z, g, bias = rw.inputs_of(node, 6)
     K, N, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-    if bits not in (4, 8):
-        return (f"bits={bits}: DynamicDequantize takes 4- and 8-bit codes (int4/uint4, int8/uint8); "
-                f"{bits}-bit codes have no type of its own")
+    if bits not in CODE_TYPES:
+        return f"bits={bits}: MatMulNBits takes 2, 4 and 8"
     if not shared.power_of_two_block(block):
         return f"block_size {block}: MatMulNBits takes powers of two from 16"
     if attrs["weight_prepacked"]:
@@ -101,7 +125,7 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     scales, t = found
     if scales.shape not in ((N, blocks), (N * blocks,)):
         return f"scales has shape {list(scales.shape)}, not {[N, blocks]} or {[N * blocks]}"
-    form = {"op": QUALNAME, "scales_shape": list(scales.shape)}
+    form = {"op": QUALNAME, "scales_shape": list(scales.shape), "attribute_order": [x.name for x in node.attribute]}
     zero, problem = _lift_zero_points(view, z, N, blocks, bits, t, form)
     if problem:
         return problem
@@ -112,8 +136,11 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
         if index.dtype.kind not in "iu" or index.size not in (K, blocks * block) \
                 or not np.array_equal(index.astype(np.int64).ravel(), np.arange(index.size) // block):
             return "g_idx is not the identity (act-order groups are not contiguous blocks)"
-        if bits != 4:
+        if bits == 8:
             return f"g_idx with {bits}-bit codes: ONNX Runtime's CPU kernel takes g_idx with 2- and 4-bit codes only"
+        if bits == 2:
+            return ("g_idx with 2-bit codes: ONNX Runtime 1.32's CPU kernel gives other weights than "
+                    "(q - zp)*scale there (measured)")
         if form["zero_points"] == "packed":
             return ("g_idx with packed zero points: ONNX Runtime's kernel takes 2^(bits-1) for every zero point "
                     "there, whatever they hold, which is no form of DynamicDequantize's")
@@ -121,10 +148,17 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     if zero is None:
         zero = np.full((N, blocks), absent_zero_point(bits), np.int64)
     q = shared.unpack(codes.reshape(N, blocks * blob), bits).T  # [K_pad, N]
+    if form.get("doubled"):
+        form["bits"] = bits
+        bad = fzp.inexact_halves(scales)
+        if bad:
+            return (f"half-integer zero points: lifted as (2q - 2zp) * (scales / 2), but halving is not exact "
+                    f"for {bad} of the {scales.size} scales (subnormals)")
     if form["zero_points"] == "float" or g:
         # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
         # (q - zp)*scale: lifted only where the two agree on every weight
-        differ = _float_zero_point_differences(q, scales.reshape(N, blocks).T, zero.T, block, K)
+        differ = fzp.onnxruntime_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, bits,
+                                               form.get("doubled"))
         if differ:
             return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
                     f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
@@ -139,11 +173,18 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
         found.attrs, found.inputs, found.q, found.scales, found.zero, found.form
     K, N, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     blocks = -(-K // block)
-    code_type = "uint4" if bits == 4 else "uint8"
-    zps_type = code_type if zero.min() >= 0 and zero.max() < (1 << bits) else "int32"
+    doubled = bool(form.get("doubled"))
+    if doubled:  # (q - zp) * s as (2q - 2zp) * (s / 2): integer codes and zero points, exactly
+        code_type = fzp.DOUBLED_CODE_TYPES[bits]
+        zps_type = fzp.smallest_zero_type(zero)
+        q, kept_scales = q * 2, (scales / 2).astype(scales.dtype)
+    else:
+        code_type = CODE_TYPES[bits]
+        zps_type = code_type if zero.min() >= 0 and zero.max() < (1 << bits) else "int32"
+        kept_scales = scales
     new = rw.Constants(view.names)
     codes_name = new.add(shared.as_codes(q, code_type), b)
-    scales_name = new.add(np.ascontiguousarray(scales.reshape(N, blocks).T), s)
+    scales_name = new.add(np.ascontiguousarray(kept_scales.reshape(N, blocks).T), s)
     zps_name = new.add(shared.as_codes(zero.T, zps_type), z) if z else new.add(
         shared.as_codes(zero.T, zps_type), b, "zero_points")
 
@@ -160,24 +201,15 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     ctx.output_as(y, node.output[0])
     shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group [{block}, 1] + {'Slice + ' if padded else ''}MatMul" + (" + Add" if bias else "")
-    return rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias))
-
-
-def _float_zero_point_differences(q, scales, zero, block: int, K: int) -> int:
-    """How many of the K rows' weights ONNX Runtime's q*scale - zp*scale (float32 products and
-    difference, then rounded to the scales' type; measured on 1.32's CPU kernel) gives another
-    value than DynamicDequantize's (q - zp)*scale.  Values, not bits: the sign of a zero weight
-    (ONNX Runtime's +0 where q = zp under a negative scale, ours -0) is not seen through a
-    MatMul, whose sums start at +0.  q [K_pad, N]; scales, zero [n_blocks, N]."""
-    from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2
-
-    s32 = np.repeat(scales.astype(np.float32), block, axis=0)[:K]
-    theirs = (q[:K].astype(np.float32) * s32 - np.repeat(zero.astype(np.float32), block, axis=0)[:K] * s32)
-    ours = DYNAMIC_DEQUANTIZE_2.kernel(shared.as_codes(q, "uint8"), scales, zero.astype(np.int32), qtype=PER_GROUP,
-                                       group_shape=(block, 1))[:K]
-    theirs = theirs.astype(scales.dtype).astype(np.float32)
-    ours = ours.astype(np.float32)
-    return int(np.count_nonzero((theirs != ours) & ~(np.isnan(theirs) & np.isnan(ours))))
+    if doubled:
+        shown += f" ({code_type} codes 2q, {zps_type} zero points 2zp, scales / 2)"
+    before = sum(view.constant(n).nbytes for n in (b, s, z) if n)
+    notes = [fzp.cost(f"{QUALNAME} {node.name or node.output[0]!r}", before, new.tensors, code_type, zps_type)] \
+        if doubled else []
+    lifted = rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
+    v2 = code_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("src") and zps_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("zps")
+    lifted.domains[DOMAIN] = 2 if v2 else 3  # (2-bit codes, uint16 or int16: version 3's types)
+    return lifted
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
@@ -201,12 +233,19 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
         return every[:, :blocks].astype(np.int64), None
     if dtypes.name_of(packed.dtype) != t:
         return None, f"zero_points is {dtypes.name_of(packed.dtype)}, not uint8 or the scales' {t}"
+    if bits == 8:  # (no weights of ONNX Runtime's to be equal to)
+        return None, ("float zero points with 8-bit codes: ONNX Runtime 1.32's CPU kernel refuses them "
+                      "(it takes uint8 zero points there)")
     if packed.size != N * blocks:
         return None, f"zero_points has {packed.size} elements, not N * n_blocks = {N * blocks}"
     values = shared.integer_values(packed)
-    if values is None:
-        return None, f"zero_points ({t}) hold values that are not integers: DynamicDequantize's zero points are integers"
     form["zero_points"] = "float"
+    if values is None:  # half-integers (1.5, ...): lifted doubled, 2zp (x * 2 is exact in float64)
+        values = shared.integer_values(np.asarray(packed).astype(np.float64) * 2)
+        if values is None:
+            return None, (f"zero_points ({t}) hold values that are neither integers nor half-integers: "
+                          f"DynamicDequantize's zero points are integers")
+        form["doubled"] = True
     return values.reshape(N, blocks), None
 
 
@@ -228,6 +267,7 @@ class _Chain:
     matmul: onnx.NodeProto
     K: int
     t: str
+    doubled: bool = False  # the lifted form of half-integer zero points: codes 2q, zero points 2zp, scales / 2
 
 
 
@@ -241,8 +281,12 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if codes is None or codes.ndim != 2:
         return "src is not a constant 2-D weight" if codes is None else f"src has rank {codes.ndim}, not 2"
     src_type = dtypes.name_of(codes.dtype)
-    if src_type not in ("int4", "uint4", "int8", "uint8"):
-        return f"src is {src_type}"
+    form = shared.lifted_from(node, QUALNAME)
+    doubled = bool(form.get("doubled")) and form.get("zero_points") == "float" and bool(z) \
+        and src_type == fzp.DOUBLED_CODE_TYPES.get(form.get("bits"))
+    if src_type not in BITS_OF and not doubled:
+        return f"src is {src_type}: MatMulNBits takes 2-, 4- and 8-bit integer codes"
+    output_dtype = attribute_values(node).get("output_dtype")
     if len(group) != 2 or group[1] != 1 or not shared.power_of_two_block(group[0]):
         return f"group_shape {list(group)}: MatMulNBits takes [block, 1] with block a power of two from 16"
     block = int(group[0])
@@ -250,6 +294,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if isinstance(found, str):
         return found
     scales, t = found
+    if output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
+        return f"output_dtype {dtypes.by_onnx(output_dtype).name}: MatMulNBits gives the scales' type, {t}"
     chain = rw.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
     if isinstance(chain, str):
         return chain
@@ -262,11 +308,18 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     a_spec = view.spec(a)
     if a_spec is not None and a_spec.rank is not None and a_spec.rank < 2:
         return f"the MatMul's A has rank {a_spec.rank}: MatMulNBits takes A of rank 2 or more"
-    bits = 4 if src_type in ("int4", "uint4") else 8
-    shift = absent_zero_point(bits) if src_type in ("int4", "int8") else 0
     zero = (view.constant(z) if z else np.zeros((blocks, N), np.int64))
     if zero is None:
         return "zps is not a constant"
+    if doubled:
+        why = fzp.doubled_problem(codes, zero, scales, form["bits"])
+        if why is None:
+            return _Chain((src, s, z), codes, scales, zero.astype(np.int64), form["bits"], 0, block, nodes, matmul, K,
+                          t, doubled=True)
+        if src_type not in BITS_OF:
+            return f"the doubled form of half-integer zero points no longer holds: {why}"
+    bits = BITS_OF[src_type]
+    shift = absent_zero_point(bits) if src_type.startswith("int") else 0
     zero = zero.astype(np.int64) + shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
@@ -287,6 +340,8 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     (src, s, z), codes, scales, zero, bits, shift, block = \
         found.inputs, found.codes, found.scales, found.zero, found.bits, found.shift, found.block
     nodes, matmul, K, t = found.nodes, found.matmul, found.K, found.t
+    if found.doubled:  # back to q, zp and scales: exact (the lift halved exactly what it doubles now)
+        codes, zero, scales = codes.astype(np.int64) // 2, zero / 2, (scales * 2).astype(scales.dtype)
     k_pad, N = codes.shape
     blocks = k_pad // block
     a = matmul.input[0]
@@ -317,6 +372,14 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     out = (last if bias else matmul).output[0]
     fused = onnx.helper.make_node(OP, inputs, [out], domain=MS_DOMAIN, K=K, N=N, accuracy_level=level, bits=bits,
                                   block_size=block)
+    order = form.get("attribute_order")
+    if isinstance(order, list):  # the lifted node's order (make_node sorts them; ONNX Runtime's quantizer does not)
+        rank = {name: i for i, name in enumerate(order) if isinstance(name, str)}
+        dropped = "accuracy_level" not in rank and level == 0 and why != "asked"  # (absent, as it was: 0)
+        attributes = sorted((x for x in fused.attribute if not (dropped and x.name == "accuracy_level")),
+                            key=lambda x: rank.get(x.name, len(rank)))
+        del fused.attribute[:]
+        fused.attribute.extend(attributes)
     shared.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)

@@ -2,9 +2,9 @@
 
 `com.microsoft::MatMulNBits` and `com.microsoft::GatherBlockQuantized` are foreign forms
 of DynamicDequantize: each has a module beside this one registering its rules, a lift
-(the foreign node -> DynamicDequantize-2 and standard nodes) and a write for export
-target "onnxruntime" (a DynamicDequantize-2 on constant weights and the node it feeds ->
-the foreign node).  Unlike an op version's lifting, which renames one node, these
+(the foreign node -> DynamicDequantize and standard nodes: version 2, or 3 for 2-bit codes)
+and a write for export target "onnxruntime" (a DynamicDequantize on constant weights and the
+node it feeds -> the foreign node).  Unlike an op version's lifting, which renames one node, these
 rewrite several nodes and their weights (MatMulNBits stores its codes transposed and
 bit-packed).  What they share: the domain, the form a lifted node remembers for the way
 back, attribute and scale checks, and the bit packing.
@@ -133,7 +133,9 @@ def as_codes(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def dynamic_dequantize(ctx: LoweringContext, src: str, scales: str, zps: str | None, group_shape, form: dict) -> str:
-    """A DynamicDequantize-2 per_group node remembering `form` (the foreign form); returns dst."""
+    """A DynamicDequantize per_group node remembering `form` (the foreign form); returns dst.  (Its
+    version is the model's import of our domain, which the rewrite's `domains` raise to what its
+    codes need: 3 for uint2.)"""
     inputs = [src, scales] + ([zps] if zps else [])
     dst = ctx.op("DynamicDequantize", *inputs, domain=DOMAIN, hint="weight", qtype=PER_GROUP,
                  group_shape=[int(g) for g in group_shape])

@@ -225,8 +225,8 @@ def test_cli_export_target_and_accuracy_level(tmp_path, capsys):
 def test_cli_lift_names_what_it_left_alone(tmp_path, capsys):
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.integers(0, 256, (4, 2, 4)).astype(np.uint8), "B"),
-             numpy_helper.from_array(np.ones((4, 2), np.float32), "s")]
-    node = helper.make_node("MatMulNBits", ["A", "B", "s"], ["Y"], name="two_bit", domain="com.microsoft",
+             numpy_helper.from_array(np.ones((4, 2), np.float32), "s"), numpy_helper.from_array(np.full(8, 0.25, np.float32), "zp")]
+    node = helper.make_node("MatMulNBits", ["A", "B", "s", "zp"], ["Y"], name="quarter", domain="com.microsoft",
                             K=32, N=4, bits=2, block_size=16)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, 32])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])], inits)
@@ -235,7 +235,8 @@ def test_cli_lift_names_what_it_left_alone(tmp_path, capsys):
     assert main(["lift", str(tmp_path / "m.onnx"), str(tmp_path / "l.onnx")]) == 0
     out = capsys.readouterr().out
     assert "lifted 0" in out and "left 1 alone" in out
-    assert "main: com.microsoft::MatMulNBits 'two_bit' left alone: bits=2: DynamicDequantize takes 4- and 8-bit codes" in out
+    assert ("main: com.microsoft::MatMulNBits 'quarter' left alone: zero_points (float32) hold values that are neither "
+            "integers nor half-integers") in out
 
 
 def test_runtime_parity_flags_the_qdq_int4_model_at_the_default_level_only(float_model, tmp_path, capsys):

@@ -96,12 +96,14 @@ def test_files_dyndq_writes_for_onnxruntime_run_on_the_reference_engine(tmp_path
         assert close(got, ours), name
 
 
-def two_bit_model(in_function=False):
-    """A MatMulNBits of 2-bit codes, which no type of ours holds: the lift leaves it alone."""
+def quarter_zero_point_model():
+    """A 2-bit MatMulNBits whose float zero points are 0.25, which no integer codes express: the
+    lift leaves it alone."""
     rng = np.random.default_rng(0)
-    node = helper.make_node("MatMulNBits", ["A", "B", "s"], ["Y"], name="two_bit", domain="com.microsoft",
+    node = helper.make_node("MatMulNBits", ["A", "B", "s", "zp"], ["Y"], name="quarter", domain="com.microsoft",
                             K=32, N=4, bits=2, block_size=16)
-    inits = [nh.from_array(rng.integers(0, 256, (4, 2, 4)).astype(np.uint8), "B"), nh.from_array(np.ones((4, 2), np.float32), "s")]
+    inits = [nh.from_array(rng.integers(0, 256, (4, 2, 4)).astype(np.uint8), "B"), nh.from_array(np.ones((4, 2), np.float32), "s"),
+             nh.from_array(np.full(8, 0.25, np.float32), "zp")]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", T.FLOAT, [1, 32])],
                               [helper.make_tensor_value_info("Y", T.FLOAT, [1, 4])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
@@ -109,20 +111,20 @@ def two_bit_model(in_function=False):
 
 
 def test_a_node_the_lift_leaves_alone_is_named_with_the_way_out(tmp_path, capsys):
-    model = two_bit_model()
+    model = quarter_zero_point_model()
     A = np.ones((1, 32), np.float32)
     with pytest.raises(NotRunnable) as e:
         dyndq.run(model, {"A": A})
     (problem,) = e.value.problems
-    assert (problem.node, problem.op, problem.graph) == ("two_bit", "com.microsoft::MatMulNBits", "main")
-    assert "which the exact lift left alone: bits=2: DynamicDequantize takes 4- and 8-bit codes" in problem.found
+    assert (problem.node, problem.op, problem.graph) == ("quarter", "com.microsoft::MatMulNBits", "main")
+    assert "which the exact lift left alone: zero_points (float32) hold values that are neither integers nor half-integers" in problem.found
     assert "engine='onnxruntime'" in problem.allowed
     assert dyndq.run(model, {"A": A}, engine="onnxruntime")["Y"].shape == (1, 4)  # the way out runs it
     dyndq.save_model(model, tmp_path / "m.onnx")
     np.save(tmp_path / "A.npy", A)
     code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"A={tmp_path / 'A.npy'}")
     assert code == 1 and len(err.strip().splitlines()) == 1 and "known functions" not in err, err
-    assert "the reference engine cannot run this model: graph 'main' node 0 'two_bit'" in err
+    assert "the reference engine cannot run this model: graph 'main' node 0 'quarter'" in err
 
 
 def test_an_op_no_lift_knows_is_named():
