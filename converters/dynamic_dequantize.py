@@ -601,6 +601,10 @@ def _short_block_check(node: onnx.NodeProto, view: GraphView):
         return Refusal("its Slice does not cut the last group's padding", mine=False)
     s_spec, z_spec = view.spec(scales), view.spec(zps) if zps else None
     src_type = dtypes.name_of(codes.dtype)
+    e = engine(view.options.get("target", "onnx"))
+    if src_type not in e.dql_codes or not e.holds(src_type) or not e.short_last_block:
+        # (the op's own lowering then takes the node, in a form the engine runs, and the Slice stays)
+        return Refusal(f"{e.title}'s DequantizeLinear takes no {src_type} codes with a short last block", mine=False)
     if s_spec is None or s_spec.dtype not in _T2 or (zps and (z_spec is None or z_spec.dtype != src_type)):
         return Refusal("the scales' dtype is unknown, or the zero points' dtype is not the codes' "
                        "(DequantizeLinear needs both)")
