@@ -601,6 +601,9 @@ def _short_block_check(node: onnx.NodeProto, view: GraphView):
         return Refusal("its Slice does not cut the last group's padding", mine=False)
     s_spec, z_spec = view.spec(scales), view.spec(zps) if zps else None
     src_type = dtypes.name_of(codes.dtype)
+    if any(a.name == "output_dtype" for a in node.attribute):
+        # (version 3 writing a dtype of its own: its own lowering, which writes it, takes the node)
+        return Refusal("an output_dtype of its own", mine=False)
     e = engine(view.options.get("target", "onnx"))
     if src_type not in e.dql_codes or not e.holds(src_type) or not e.short_last_block:
         # (the op's own lowering then takes the node, in a form the engine runs, and the Slice stays)

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as T, helper, numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 
 import dyndq
 from dyndq.quantization import OptionError
@@ -144,22 +145,32 @@ def test_rounding_ties_go_to_the_even_code_and_beyond_six_saturates():
 
 
 def test_torchao_reference_functions():
-    """torchao's MXTensor (to_mx) and NVFP4Tensor (nvfp4_quantize) on the same weight.  torch is not
-    in the test extra (a CPU build is hundreds of MB): without it (and torchao) this is skipped."""
+    """torchao's MX (to_mx, its default FLOOR scale mode) and NVFP4 (NVFP4Tensor.to_nvfp4 with the
+    per-tensor scale g) on the same weight: the same scales, and the same weight given back.
+    Where they differ from the rules, on weights these are not: torchao's NVFP4 clamps a block
+    scale below float8e4m3fn's smallest normal (2^-6) up to it, where the rule rounds it to
+    nearest (subnormal, or 0); and it divides in float32, then rounds to float4 (twice rounded,
+    where the rule rounds the exact quotient).  torch is not in the test extra (a CPU build is
+    hundreds of MB): without torch and torchao this is skipped."""
     torch = pytest.importorskip("torch")
-    mx_utils = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    nv_utils = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    nvfp4_tensor = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
     w = heavy((128, 64), 3)
-    t = torch.from_numpy(w.T.copy())  # torchao blocks along the last axis
-    scale_e8m0, data = mx_utils.to_mx(t, torch.float4_e2m1fn_x2 if hasattr(torch, "float4_e2m1fn_x2") else "fp4_e2m1", 32)
-    q = quantize_fp4(w, axis=0, format="mxfp4")
-    # torchao's default MX scale rule (FLOOR) is the OCP rule: floor(log2(max)) - 2
-    np.testing.assert_array_equal(as_floats(q.scales).T.ravel(), 2.0 ** (scale_e8m0.view(torch.uint8).numpy().astype(np.float64) - 127))
+    t = torch.from_numpy(w.T.copy())  # torchao blocks along the last axis: [N, K]
+    fp4 = torch.float4_e2m1fn_x2
+    scale, data = mx_tensor.to_mx(t, fp4, 32)
+    mx = quantize_fp4(w, axis=0, format="mxfp4")
+    np.testing.assert_array_equal(as_floats(mx.scales).T, 2.0 ** (scale.view(torch.uint8).numpy().astype(np.float64) - 127))
+    theirs = mx_tensor.to_dtype(data, scale, fp4, 32, torch.float32).numpy().T
+    np.testing.assert_array_equal(theirs, as_floats(mx.codes).astype(np.float32) * np.repeat(as_floats(mx.scales), 32, axis=0).astype(np.float32))
     nv = quantize_fp4(w, axis=0, format="nvfp4")
-    _, scales = nv_utils.nvfp4_quantize(t, per_tensor_scale=torch.tensor(float(nv.tensor_scale)))
-    # (torchao clamps a block scale below float8e4m3fn's smallest normal up to it, where the rule
-    # rounds it to nearest: on these weights no block scale is that small)
-    np.testing.assert_array_equal(as_floats(nv.scales).T.ravel(), scales.float().numpy().ravel())
+    g = torch.tensor(float(nv.tensor_scale), dtype=torch.float32)
+    assert float(nvfp4_tensor.per_tensor_amax_to_scale(t.abs().max())) == float(nv.tensor_scale)
+    ours = nvfp4_tensor.NVFP4Tensor.to_nvfp4(t, per_tensor_scale=g)
+    np.testing.assert_array_equal(ours._scale_e4m3.float().numpy().reshape(64, -1).T, as_floats(nv.scales))
+    divisor = (as_floats(nv.scales).astype(np.float32) * nv.tensor_scale).astype(np.float32)
+    np.testing.assert_array_equal(ours.to_dtype(torch.float32).numpy().T,
+                                  as_floats(nv.codes).astype(np.float32) * np.repeat(divisor, 16, axis=0))
 
 
 @pytest.mark.parametrize("kw,argument,found", [
@@ -244,7 +255,9 @@ def two_bit_expected(quantized, dtype):
 CASES = [(dict(format="mxfp4"), np.float32), (dict(format="mxfp4"), np.float16),
          (dict(format="nvfp4"), np.float32), (dict(format="nvfp4"), np.float16),
          (dict(bits=2, group_size=32), np.float32), (dict(bits=2, symmetric=True, group_size=16), np.float16),
-         (dict(bits=2, method="search", group_size=32), np.float32)]
+         (dict(bits=2, method="search", group_size=32), np.float32),
+         (dict(format="mxfp4"), ml_dtypes.bfloat16), (dict(format="nvfp4"), ml_dtypes.bfloat16),
+         (dict(bits=2, group_size=32), ml_dtypes.bfloat16)]
 
 
 def quantized_probe(kw, dtype):
@@ -264,16 +277,20 @@ def bits_equal(got, want):
 
 @pytest.mark.parametrize("kw,dtype", CASES)
 def test_quantized_models_give_the_rule_s_weights_on_the_reference_engine_and_onnxruntime(kw, dtype):
+    """(and `export` writes standard ONNX of them, which onnx.reference runs to the same bits)"""
     out, want = quantized_probe(kw, dtype)
     onnx.checker.check_model(out, full_check=True)
     version = {o.domain: o.version for o in out.opset_import}["org.dyndq"]
     assert version == 3
     ran = dyndq.run(out, feeds(dtype))
     bits_equal([ran["w"], ran["e"]], want)
-    exported = dyndq.export(out, target="onnxruntime")
-    bits_equal(run_onnxruntime(exported, feeds(dtype)), want)
     standard = dyndq.export(out)
     assert not any(n.domain == "org.dyndq" for n in standard.graph.node)
+    bits_equal(ReferenceEvaluator(standard).run(None, feeds(dtype)), want)
+    if dtype == ml_dtypes.bfloat16:
+        return  # (ONNX Runtime's CPU provider has no bfloat16 MatMul)
+    exported = dyndq.export(out, target="onnxruntime")
+    bits_equal(run_onnxruntime(exported, feeds(dtype)), want)
 
 
 @pytest.mark.openvino
