@@ -32,7 +32,7 @@ BLOCK = {"mxfp4": 32, "nvfp4": 16}  # elements per block along the reduction axi
 FP4_MAX = 6.0  # float4e2m1's largest value
 E4M3_MAX = 448.0  # float8e4m3fn's largest value
 E8M0_EXPONENTS = (-127, 127)  # float8e8m0's finite exponents (0xFF is NaN)
-ROWS_AT_A_TIME = 1 << 12  # rows of one axis quantized at a time (their float64 temporaries: a few MiB)
+ELEMENTS_AT_A_TIME = 1 << 15  # quantized at a time: their float64 temporaries stay in cache (measured: 4x faster than 2^23)
 
 
 def to_float4(y: np.ndarray) -> np.ndarray:
@@ -58,9 +58,10 @@ def quantize_fp4(weight: np.ndarray, *, axis: int, format: str) -> QuantizedWeig
     codes = np.zeros((rows.shape[0], n_blocks * block), ml_dtypes.float4_e2m1fn)
     scales = np.empty((rows.shape[0], n_blocks), ml_dtypes.float8_e8m0fnu if g is None else ml_dtypes.float8_e4m3fn)
     stats = ErrorStats()
-    for r in range(0, rows.shape[0], ROWS_AT_A_TIME):
-        x = np.zeros((min(ROWS_AT_A_TIME, rows.shape[0] - r), n_blocks * block), np.float64)
-        x[:, :length] = rows[r:r + ROWS_AT_A_TIME]
+    step = max(1, ELEMENTS_AT_A_TIME // (n_blocks * block))  # rows at a time
+    for r in range(0, rows.shape[0], step):
+        x = np.zeros((min(step, rows.shape[0] - r), n_blocks * block), np.float64)
+        x[:, :length] = rows[r:r + step]
         x = x.reshape(x.shape[0], n_blocks, block)
         amax = np.abs(x).max(axis=-1)
         if g is None:
@@ -73,7 +74,7 @@ def quantize_fp4(weight: np.ndarray, *, axis: int, format: str) -> QuantizedWeig
         scales[r:r + len(x)] = stored
         # the weight as the graph gives it back: float32(code) * float32(d), rounded to the weight's dtype
         back = (values.astype(np.float32) * divisor.astype(np.float32)[..., None]).astype(weight.dtype)
-        stats.add(rows[r:r + ROWS_AT_A_TIME], back.reshape(len(x), -1)[:, :length])
+        stats.add(rows[r:r + step], back.reshape(len(x), -1)[:, :length])
     lead = [s for i, s in enumerate(weight.shape) if i != axis]
     codes = np.moveaxis(codes.reshape(*lead, n_blocks * block), -1, axis)
     scales = np.moveaxis(scales.reshape(*lead, n_blocks), -1, axis)
