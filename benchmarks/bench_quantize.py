@@ -187,9 +187,9 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
 
     only = dict(ops=("MatMul",), evaluate=False)
     runs = {
+        "ORT RTN, 2 bits": lambda: ort_quantize(model, "rtn", bits=2),
         "dyndq rtn, 2 bits": lambda: dyndq.quantize(model, bits=2, **only)[0],
         "dyndq search, 2 bits": lambda: dyndq.quantize(model, bits=2, method="search", **only)[0],
-        "ORT RTN, 2 bits": lambda: ort_quantize(model, "rtn", bits=2),
         "dyndq mxfp4": lambda: dyndq.quantize(model, format="mxfp4", **only)[0],
         "dyndq nvfp4": lambda: dyndq.quantize(model, format="nvfp4", **only)[0],
         "dyndq rtn, 4 bits (beside)": lambda: dyndq.quantize(model, **only)[0],
@@ -199,7 +199,7 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
     want = ort_session(model).run(None, {"ids": ids})[0]
     print("\nlow-bit formats, MatMul weights only (groups of 128 for the integer codes; MXFP4 blocks of 32, NVFP4 of 16):")
     print(f"  {'':28s} {'time':>8s}  {'tensors':>8s}  {'rel. error':>10s}  {'max abs':>8s}  {'cosine':>8s}  output rel. / cosine")
-    ours_2 = None
+    theirs_2 = None  # (ONNX Runtime's 2-bit model, until dyndq's 2-bit rtn is compared with it)
     for label, run in runs.items():
         t, quantized = timed(run, repeat)
         ratio = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
@@ -207,14 +207,12 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
         weights = matmulnbits_weights(quantized) if label.startswith("ORT") else dyndq_weights(quantized)
         stats = ErrorStats()
         same = True
-        for name in matmuls:
+        for name in matmuls:  # (one float weight in memory at a time)
             w, dq = nh.to_array(inits[name]), weights[name]()
             stats.add(w.ravel(), dq.ravel())
             if label == "dyndq rtn, 2 bits":
-                ours_2 = ours_2 or {}
-                ours_2[name] = dq
-            elif label == "ORT RTN, 2 bits":
-                same &= bool(np.array_equal(ours_2[name], dq))
+                same &= bool(np.array_equal(theirs_2[name](), dq))
+            del w, dq
         if label.startswith("ORT"):
             got = ort_session(quantized).run(None, {"ids": ids})[0]
         else:
@@ -224,9 +222,11 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
         print(f"  {label:28s} {t:7.2f}s  {ratio:7.3f}x  {stats.relative:10.5f}  {stats.max_abs:8.4g}  {stats.cosine:.6f}"
               f"  {out.relative:.4f} / {out.cosine:.4f}")
         if label == "ORT RTN, 2 bits":
+            theirs_2 = weights
+        elif label == "dyndq rtn, 2 bits":
             print(f"  {'':28s} (dyndq rtn at 2 bits gives ONNX Runtime's 2-bit RTN weights, value for value: "
                   f"{'yes' if same else 'NO'})")
-            ours_2 = None
+            theirs_2 = None
         del quantized, weights, got
 
 
