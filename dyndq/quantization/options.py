@@ -14,11 +14,11 @@ import numpy as np
 
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.quantization import plan as planning
+from dyndq.quantization.fp4 import BLOCK as FP4_BLOCK
 from dyndq.quantization.numerics import METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
-FORMATS = ("int", "mxfp4", "nvfp4")  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
-FP4_BLOCK = {"mxfp4": 32, "nvfp4": 16}  # (fp4.BLOCK: the block each format is defined with)
+FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
 DEFAULT_GROUP = 128  # integer codes' group size when none is given
 
 
@@ -63,7 +63,7 @@ class QuantizeOptions:
             if group_size is not None and group_size != block:
                 bad("group_size", f"{group_size!r} with format {format!r}",
                     f"{block} (its blocks) or none given")
-            if bits != 4:
+            if bits != 4 and bits in (2, 8):
                 bad("bits", f"{bits!r} with format {format!r}", f"4 (its codes are float4e2m1) or none given")
             if scale_dtype is not None:
                 bad("scale_dtype", f"{scale_dtype!r} with format {format!r}",

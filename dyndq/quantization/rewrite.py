@@ -13,14 +13,14 @@ DynamicDequantize-2 node (or -3, below) whose output replaces W in every node th
 - a Cast to the weight's dtype when the scales have another (the op's output has the
   scales' dtype).
 
-Codes version 2 does not take (int2/uint2, float4e2m1) make DynamicDequantize-3 nodes; the
-float4 ones have output_dtype the weight's dtype (their scales are not: no Cast): MXFP4 one node (float8e8m0 scales), NVFP4 two
-(`QuantizedWeight.tensor_scale`): the first dequantizes the float8e4m3fn block scales with
-the float32 tensor scale g (per_tensor) into float32 block scales, the second the float4
-codes with those:
+Codes version 2 does not take (int2/uint2, float4e2m1) make DynamicDequantize-3 nodes. The
+float4 ones write the weight's dtype themselves (output_dtype: their scales are float8, so no
+Cast): MXFP4 one node (float8e8m0 scales), NVFP4 two (`QuantizedWeight.tensor_scale`): the
+first dequantizes the float8e4m3fn block scales with the float32 tensor scale g (per_tensor)
+into float32 block scales, the second the float4 codes with those:
 
-    W_block_scales, W_tensor_scale -> DynamicDequantize -> W_scales_dequantized
-    W_quantized, W_scales_dequantized -> DynamicDequantize -> [Slice] -> W_dequantized
+    W_block_scales, W_tensor_scale -> DynamicDequantize -> W_scales
+    W_quantized, W_scales -> DynamicDequantize -> [Slice] -> W_dequantized
 """
 from __future__ import annotations
 
