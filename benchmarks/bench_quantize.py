@@ -105,16 +105,16 @@ def decoder(hidden: int, layers: int, intermediate: int, vocab: int, heads: int,
 # -- ONNX Runtime's quantizer ----------------------------------------------------------------
 
 
-def ort_quantize(model: onnx.ModelProto, algorithm: str) -> onnx.ModelProto:
+def ort_quantize(model: onnx.ModelProto, algorithm: str, bits: int = 4) -> onnx.ModelProto:
     from onnxruntime.quantization import matmul_nbits_quantizer as q
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # (it changes the model it is given)
     if algorithm == "hqq":
-        config = q.HQQWeightOnlyQuantConfig(block_size=GROUP, bits=4, op_types_to_quantize=("MatMul",))
+        config = q.HQQWeightOnlyQuantConfig(block_size=GROUP, bits=bits, op_types_to_quantize=("MatMul",))
         quantizer = q.MatMulNBitsQuantizer(copy, algo_config=config)
-    else:
-        quantizer = q.MatMulNBitsQuantizer(copy, block_size=GROUP, bits=4, op_types_to_quantize=("MatMul", "Gather"))
+    else:  # (at 2 bits it quantizes MatMul only, and says it refuses Gather)
+        quantizer = q.MatMulNBitsQuantizer(copy, block_size=GROUP, bits=bits, op_types_to_quantize=("MatMul", "Gather"))
     quantizer.process()
     return quantizer.model.model
 
@@ -126,19 +126,22 @@ def matmulnbits_weights(model: onnx.ModelProto) -> dict:
     MatMulNBits' own arithmetic."""
     inits = {t.name: t for t in model.graph.initializer}
 
+    def unpacked(packed, bits):  # (8 / bits codes a byte, lowest bits first)
+        return np.stack([(packed >> s) & ((1 << bits) - 1) for s in range(0, 8, bits)], axis=-1)
+
     def weight(n):
         attrs = {a.name: a.i for a in n.attribute}
-        k, cols, bs = attrs["K"], attrs["N"], attrs["block_size"]
+        k, cols, bs, bits = attrs["K"], attrs["N"], attrs["block_size"], attrs.get("bits", 4)
         packed = nh.to_array(inits[n.input[1]])
         blocks = packed.shape[1]
-        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(cols, blocks * bs)
+        codes = unpacked(packed, bits).reshape(cols, blocks * bs)
         scales = nh.to_array(inits[n.input[2]]).astype(np.float32).reshape(cols, blocks)
         if len(n.input) > 3 and n.input[3]:
             zp = nh.to_array(inits[n.input[3]])
-            if zp.dtype == np.uint8:  # (packed two to a byte, each row to whole bytes)
-                zp = np.ascontiguousarray(np.stack([zp & 15, zp >> 4], axis=-1).reshape(cols, -1)[:, :blocks])
+            if zp.dtype == np.uint8:  # (packed 8 / bits to a byte, each row to whole bytes)
+                zp = np.ascontiguousarray(unpacked(zp, bits).reshape(cols, -1)[:, :blocks])
         else:
-            zp = np.full((cols, blocks), 8, np.uint8)
+            zp = np.full((cols, blocks), 1 << (bits - 1), np.uint8)
         if zp.dtype == np.uint8:
             w = dyndq.dynamic_dequantize(codes, scales, zp, qtype="per_group", group_shape=[1, bs])
         else:
@@ -146,7 +149,7 @@ def matmulnbits_weights(model: onnx.ModelProto) -> dict:
             w = (codes.astype(np.float32) - np.repeat(zp, bs, axis=1)) * np.repeat(scales, bs, axis=1)
         return np.ascontiguousarray(w[:, :k].T)
 
-    return {n.input[1].rsplit("_Q4", 1)[0]: (lambda n=n: weight(n)) for n in model.graph.node if n.op_type == "MatMulNBits"}
+    return {n.input[1].rsplit("_Q", 1)[0]: (lambda n=n: weight(n)) for n in model.graph.node if n.op_type == "MatMulNBits"}
 
 
 def dyndq_weights(model: onnx.ModelProto) -> dict:
@@ -156,11 +159,75 @@ def dyndq_weights(model: onnx.ModelProto) -> dict:
 
     inits = {t.name: t for t in model.graph.initializer}
 
-    def weight(n):
-        return dyndq.dynamic_dequantize(*[nh.to_array(inits[i]) for i in n.input], **attribute_values(n))
+    produced = {n.output[0]: n for n in model.graph.node}
 
+    def value(name):  # (an initializer, or the output of a DynamicDequantize: NVFP4's block scales)
+        if name in inits:
+            return nh.to_array(inits[name])
+        return weight(produced[name])
+
+    def weight(n):
+        return dyndq.dynamic_dequantize(*[value(i) for i in n.input], **attribute_values(n))
+
+    # (the node writing W_dequantized: every weight here, whose axes are whole groups; NVFP4's
+    # node dequantizing block scales writes W_scales)
     return {n.output[0].removesuffix("_dequantized"): (lambda n=n: weight(n))
-            for n in model.graph.node if n.op_type == "DynamicDequantize"}
+            for n in model.graph.node if n.op_type == "DynamicDequantize" and n.output[0].endswith("_dequantized")}
+
+
+# -- the low-bit formats ---------------------------------------------------------------------
+
+
+def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> None:
+    """2 bits in groups of 128 (dyndq rtn and search, ONNX Runtime's 2-bit RTN: MatMul only, as it
+    quantizes no Gather at 2 bits), MXFP4 and NVFP4 (MatMul only, to compare like with like): time,
+    the model's tensors after / before, the reconstruction error over the MatMul weights, whether
+    dyndq's 2-bit rtn is ONNX Runtime's value for value, and the output error."""
+    from dyndq.runner import clear_cache
+
+    only = dict(ops=("MatMul",), evaluate=False)
+    runs = {
+        "ORT RTN, 2 bits": lambda: ort_quantize(model, "rtn", bits=2),
+        "dyndq rtn, 2 bits": lambda: dyndq.quantize(model, bits=2, **only)[0],
+        "dyndq search, 2 bits": lambda: dyndq.quantize(model, bits=2, method="search", **only)[0],
+        "dyndq mxfp4": lambda: dyndq.quantize(model, format="mxfp4", **only)[0],
+        "dyndq nvfp4": lambda: dyndq.quantize(model, format="nvfp4", **only)[0],
+        "dyndq rtn, 4 bits (beside)": lambda: dyndq.quantize(model, **only)[0],
+    }
+    inits = {t.name: t for t in model.graph.initializer}
+    ids = np.random.default_rng(2).integers(0, inits["embed.weight"].dims[0], size=(1, 16), dtype=np.int64)
+    want = ort_session(model).run(None, {"ids": ids})[0]
+    print("\nlow-bit formats, MatMul weights only (groups of 128 for the integer codes; MXFP4 blocks of 32, NVFP4 of 16):")
+    print(f"  {'':28s} {'time':>8s}  {'tensors':>8s}  {'rel. error':>10s}  {'max abs':>8s}  {'cosine':>8s}  output rel. / cosine")
+    theirs_2 = None  # (ONNX Runtime's 2-bit model, until dyndq's 2-bit rtn is compared with it)
+    for label, run in runs.items():
+        t, quantized = timed(run, repeat)
+        ratio = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
+                    for x in quantized.graph.initializer) / floats
+        weights = matmulnbits_weights(quantized) if label.startswith("ORT") else dyndq_weights(quantized)
+        stats = ErrorStats()
+        same = True
+        for name in matmuls:  # (one float weight in memory at a time)
+            w, dq = nh.to_array(inits[name]), weights[name]()
+            stats.add(w.ravel(), dq.ravel())
+            if label == "dyndq rtn, 2 bits":
+                same &= bool(np.array_equal(theirs_2[name](), dq))
+            del w, dq
+        if label.startswith("ORT"):
+            got = ort_session(quantized).run(None, {"ids": ids})[0]
+        else:
+            got = dyndq.run(quantized, {"ids": ids}, engine="onnxruntime")["logits"]
+            clear_cache()
+        out = compare(want, got)
+        print(f"  {label:28s} {t:7.2f}s  {ratio:7.3f}x  {stats.relative:10.5f}  {stats.max_abs:8.4g}  {stats.cosine:.6f}"
+              f"  {out.relative:.4f} / {out.cosine:.4f}")
+        if label == "ORT RTN, 2 bits":
+            theirs_2 = weights
+        elif label == "dyndq rtn, 2 bits":
+            print(f"  {'':28s} (dyndq rtn at 2 bits gives ONNX Runtime's 2-bit RTN weights, value for value: "
+                  f"{'yes' if same else 'NO'})")
+            theirs_2 = None
+        del quantized, weights, got
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -267,6 +334,7 @@ def main(argv=None) -> int:
     p.add_argument("--scales", type=int, default=1000, help="scales per zero point the exhaustive search tries")
     p.add_argument("--no-hqq", action="store_true", help="leave out ONNX Runtime's HQQ (it needs torch)")
     p.add_argument("--no-files", action="store_true", help="leave out the external-data runs in fresh processes")
+    p.add_argument("--no-low-bit", action="store_true", help="leave out the 2-bit, MXFP4 and NVFP4 rows")
     args = p.parse_args(argv)
     print(f"machine: {machine()}")
     model = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads)
@@ -391,7 +459,11 @@ def main(argv=None) -> int:
     del ours_rtn, ours_search, ours_matmul, ort_rtn, ort_hqq
 
     print(f"  ({memory()})")
-    # 7. the external-data path, each in a fresh process
+    # 7. the low-bit formats: 2 bits (rtn, search, ONNX Runtime's 2-bit RTN), MXFP4, NVFP4
+    if not args.no_low_bit:
+        low_bit(model, matmuls, floats, args.repeat)
+        print(f"  ({memory()})")
+    # 8. the external-data path, each in a fresh process
     if not args.no_files:
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "float.onnx")

@@ -601,10 +601,17 @@ def _short_block_check(node: onnx.NodeProto, view: GraphView):
         return Refusal("its Slice does not cut the last group's padding", mine=False)
     s_spec, z_spec = view.spec(scales), view.spec(zps) if zps else None
     src_type = dtypes.name_of(codes.dtype)
+    if any(a.name == "output_dtype" for a in node.attribute):
+        # (version 3 writing a dtype of its own: its own lowering, which writes it, takes the node)
+        return Refusal("an output_dtype of its own", mine=False)
     if src_type not in OP2.allowed_dtypes("src"):
         # (DequantizeLinear-21's codes: version 3's others need a newer opset, and some engine
         # lacks them, which a rule cannot see; the op's own lowering, then the Slice, chooses per target)
         return Refusal(f"{src_type} codes: not DequantizeLinear-21's", mine=False)
+    e = engine(view.options.get("target", "onnx"))
+    if src_type not in e.dql_codes or not e.holds(src_type) or not e.short_last_block:
+        # (the op's own lowering then takes the node, in a form the engine runs, and the Slice stays)
+        return Refusal(f"{e.title}'s DequantizeLinear takes no {src_type} codes with a short last block", mine=False)
     if s_spec is None or s_spec.dtype not in _T2 or (zps and (z_spec is None or z_spec.dtype != src_type)):
         return Refusal("the scales' dtype is unknown, or the zero points' dtype is not the codes' "
                        "(DequantizeLinear needs both)")

@@ -47,6 +47,9 @@ class Engine:
     dql_e8m0_scales: bool  # whether its DequantizeLinear takes float8e8m0 scales
     lacks: frozenset = frozenset()  # dtypes it has no tensors of (nor Casts from)
     rank1_blocked: bool = True  # whether it runs a blocked DequantizeLinear on a rank-1 x
+    # whether its DequantizeLinear takes a blocked x whose last block is short (OpenVINO's ONNX
+    # reader checks x.shape[axis] % block_size == 0)
+    short_last_block: bool = True
     # whether its Mul of two NaNs of one shape gives the second's (ONNX Runtime: then Mul(scales,
     # codes) keeps the codes' NaN, as the kernel does; where one operand is broadcast it gives the
     # other's, whatever the order)
@@ -69,6 +72,7 @@ ENGINES = {
                nan_of_second=True),
         Engine("openvino", "OpenVINO", _EVERY_CODE - _FLOAT6 - _FNUZ - {"int2", "uint2"}, True,
                lacks=frozenset({"int2", "uint2"}) | _FLOAT6 | _FNUZ, rank1_blocked=False, dql_zero_points=False,
+               short_last_block=False,
                deviations=("a bfloat16 output: its constant folding truncates float32 to bfloat16",
                            "subnormal constants and results: flushed to zero, and -0 constants made +0",
                            "NaN codes: their own payload (float8e5m2's)",

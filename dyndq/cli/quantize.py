@@ -12,18 +12,23 @@ from dyndq.cli.exits import OK
 
 
 def _add_parser(sub) -> None:
-    from dyndq.quantization import EMITS, METHODS, OPS, SCALE_DTYPES
+    from dyndq.quantization import EMITS, FORMATS, METHODS, OPS, SCALE_DTYPES
 
-    q = sub.add_parser("quantize", help="weight-only quantization of a float model (int4/int8, per group)",
-                       description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int4/int8 "
-                                   "codes with per-group scales feeding DynamicDequantize (docs/quantize.md). Prints a "
+    q = sub.add_parser("quantize", help="weight-only quantization of a float model (int2/int4/int8 per group, MXFP4, NVFP4)",
+                       description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int2/int4/int8 "
+                                   "codes with per-group scales, or as MXFP4 or NVFP4, feeding DynamicDequantize "
+                                   "(docs/quantize.md). Prints a "
                                    "table: per weight its form and error, the sizes, the output error on seeded random "
                                    "inputs, and the weights left alone. Exit 1 when nothing could be quantized.")
     q.add_argument("input", metavar="IN")
     q.add_argument("output", metavar="OUT")
-    q.add_argument("--bits", type=int, choices=(4, 8), default=4, help="4 (default) or 8")
-    q.add_argument("--group-size", type=int, default=128, metavar="N",
-                   help="elements per group along the reduction axis (default 128); -1: one per whole axis (per channel)")
+    q.add_argument("--format", choices=FORMATS, default="int",
+                   help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
+                        "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale")
+    q.add_argument("--bits", type=int, choices=(2, 4, 8), default=4, help="2, 4 (default) or 8 (--format int)")
+    q.add_argument("--group-size", type=int, metavar="N",
+                   help="elements per group along the reduction axis (default 128; mxfp4 and nvfp4: their blocks, "
+                        "32 and 16, and no other); -1: one per whole axis (per channel)")
     q.add_argument("--symmetric", action="store_true", help="signed codes, no zero points")
     q.add_argument("--scale-dtype", choices=SCALE_DTYPES, help="the scales' dtype (default: each weight's own)")
     q.add_argument("--method", choices=METHODS, default="rtn",
@@ -52,7 +57,7 @@ def cmd_quantize(args) -> int:
         strict=args.strict, progress=progress if sys.stderr.isatty() else None,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
         bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
-        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
+        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method, format=args.format)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
     if args.json:

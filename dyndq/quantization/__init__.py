@@ -1,4 +1,4 @@
-"""Weight-only quantization of float ONNX models into DynamicDequantize-2 graphs.
+"""Weight-only quantization of float ONNX models into DynamicDequantize-2 graphs (-3 for 2-bit, MXFP4, NVFP4).
 
     import dyndq
     out, report = dyndq.quantize(model, bits=4, group_size=128, method="search")
@@ -10,12 +10,12 @@ The numerics are pure NumPy functions of one weight (`rtn`, `search`, `numerics`
 graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), and
 `quantizer` ties them together; docs/quantize.md tells the whole story.
 """
-from dyndq.quantization.options import SCALE_DTYPES, OptionError, QuantizeOptions
+from dyndq.quantization.options import FORMATS, SCALE_DTYPES, OptionError, QuantizeOptions
 from dyndq.quantization.quantizer import NothingToQuantize, quantize
 from dyndq.quantization.on_disk import EMITS, onednn_graph, quantize_file
 from dyndq.quantization.numerics import METHODS
 from dyndq.quantization.plan import OPS
 from dyndq.quantization.report import LayerReport, OutputDifference, QuantizeReport
 
-__all__ = ["EMITS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputDifference",
+__all__ = ["EMITS", "FORMATS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputDifference",
            "QuantizeOptions", "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]

@@ -81,13 +81,16 @@ class ErrorStats:
 
 @dataclass
 class QuantizedWeight:
-    codes: np.ndarray  # int4/uint4/int8/uint8, the weight's shape with `axis` padded to whole groups
+    codes: np.ndarray  # int2/uint2/int4/uint4/int8/uint8/float4e2m1, the weight's shape with `axis` padded to whole groups
     scales: np.ndarray  # the weight's rank, `axis` holding one entry per group; the scale dtype
     zero_points: np.ndarray | None  # the shape of scales, the codes' dtype; None when symmetric
     axis: int
     group: int  # elements per group along axis
     length: int  # the axis' length in the weight
     stats: ErrorStats = field(default_factory=ErrorStats)
+    # NVFP4's float32 tensor scale g (fp4.py): then `scales` are float8e4m3fn codes of the block
+    # scales, which dequantize with g before the codes dequantize with them
+    tensor_scale: np.float32 | None = None
 
     @property
     def padded_to(self) -> int | None:
@@ -101,7 +104,8 @@ class QuantizedWeight:
 
 
 def code_dtype(bits: int, symmetric: bool) -> np.dtype:
-    return np.dtype({(4, True): ml_dtypes.int4, (4, False): ml_dtypes.uint4,
+    return np.dtype({(2, True): ml_dtypes.int2, (2, False): ml_dtypes.uint2,
+                     (4, True): ml_dtypes.int4, (4, False): ml_dtypes.uint4,
                      (8, True): np.int8, (8, False): np.uint8}[bits, symmetric])
 
 
@@ -115,7 +119,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     axis = axis % weight.ndim
     length = weight.shape[axis]
     group = length if group_size == -1 else group_size
-    assert 1 <= group <= length and bits in (4, 8) and method in METHODS, (group, length, bits, method)
+    assert 1 <= group <= length and bits in (2, 4, 8) and method in METHODS, (group, length, bits, method)
     scale_dtype = np.dtype(scale_dtype or weight.dtype)
     outer = int(np.prod(weight.shape[:axis], dtype=np.int64))
     inner = int(np.prod(weight.shape[axis + 1:], dtype=np.int64))
@@ -145,7 +149,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     codes = codes.reshape(shape)
     shape[axis] = n_groups
     dtype = code_dtype(bits, symmetric)
-    zero_points = None if symmetric else zeros3.reshape(shape).view(dtype) if bits == 4 else zeros3.reshape(shape)
+    zero_points = None if symmetric else zeros3.reshape(shape).astype(dtype)
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
 
 
@@ -202,10 +206,8 @@ def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels
 
 
 def _codes(levels, zeros, group, bits, symmetric) -> np.ndarray:
-    """Levels as stored: unsigned as they are; signed as level - half (two's complement in
-    a byte; an int4 array holds the low nibble of it, as ml_dtypes and onnx keep int4)."""
+    """Levels as stored: unsigned as they are; signed as level - half."""
     dtype = code_dtype(bits, symmetric)
     if not symmetric:
-        return levels.view(dtype) if bits == 4 else levels
-    signed = (levels.astype(np.int16) - half_of(bits)).astype(np.int8)
-    return (signed.view(np.uint8) & 0x0F).view(dtype) if bits == 4 else signed
+        return levels.astype(dtype)
+    return (levels.astype(np.int16) - half_of(bits)).astype(np.int8).astype(dtype)

@@ -14,9 +14,12 @@ import numpy as np
 
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.quantization import plan as planning
+from dyndq.quantization.fp4 import BLOCK as FP4_BLOCK
 from dyndq.quantization.numerics import METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
+FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
+DEFAULT_GROUP = 128  # integer codes' group size when none is given
 
 
 class OptionError(ValidationError):
@@ -29,7 +32,8 @@ class QuantizeOptions:
     """How to quantize a model (see `dyndq.quantize` for each)."""
 
     bits: int = 4
-    group_size: int = 128  # -1: one group per whole axis (per channel)
+    group_size: int = DEFAULT_GROUP  # -1: one group per whole axis (per channel)
+    format: str = "int"
     symmetric: bool = False
     scale_dtype: str | None = None  # None: each weight's own dtype
     ops: tuple[str, ...] = planning.OPS
@@ -38,8 +42,8 @@ class QuantizeOptions:
     seed: int = 0  # of the random inputs the output error is measured on
 
     @classmethod
-    def checked(cls, model, *, bits=4, group_size=128, symmetric=False, scale_dtype=None, ops=planning.OPS,
-                exclude=(), method="rtn", seed=0) -> QuantizeOptions:
+    def checked(cls, model, *, bits=4, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
+                exclude=(), method="rtn", seed=0, format="int") -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
         OptionError naming every bad one."""
         problems = []
@@ -47,11 +51,27 @@ class QuantizeOptions:
         def bad(argument, found, allowed):
             problems.append(Problem(argument, found, allowed))
 
-        if isinstance(bits, bool) or bits not in (4, 8):
-            bad("bits", repr(bits), "4 or 8")
-        if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or \
-                not (group_size >= 1 or group_size == -1):
+        if isinstance(bits, bool) or bits not in (2, 4, 8):
+            bad("bits", repr(bits), "2, 4 or 8")
+        if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or
+                                       not (group_size >= 1 or group_size == -1)):
             bad("group_size", repr(group_size), "a whole number >= 1, or -1 for one group per whole axis (per channel)")
+        if not isinstance(format, str) or format not in FORMATS:
+            bad("format", repr(format), ", ".join(FORMATS))
+        elif format != "int":  # (its block, scales and rounding are the format's own: what differs is a mistake)
+            block = FP4_BLOCK[format]
+            if group_size is not None and group_size != block:
+                bad("group_size", f"{group_size!r} with format {format!r}",
+                    f"{block} (its blocks) or none given")
+            if bits != 4 and bits in (2, 8):
+                bad("bits", f"{bits!r} with format {format!r}", f"4 (its codes are float4e2m1) or none given")
+            if scale_dtype is not None:
+                bad("scale_dtype", f"{scale_dtype!r} with format {format!r}",
+                    "none (its scales are " + ("float8e8m0" if format == "mxfp4" else "float8e4m3fn times a float32")
+                    + ")")
+            if method != "rtn":
+                bad("method", f"{method!r} with format {format!r}", "'rtn' (the format's rule is the only method)")
+            group_size = block
         if not isinstance(symmetric, (bool, np.bool_)):
             bad("symmetric", repr(symmetric), "True or False")
         name = None
@@ -79,11 +99,12 @@ class QuantizeOptions:
             bad("seed", repr(seed), "a whole number >= 0")
         if problems:
             raise OptionError(problems)
+        group_size = DEFAULT_GROUP if group_size is None else group_size
         return cls(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name, ops=ops,
-                   exclude=exclude, method=method, seed=int(seed))
+                   exclude=exclude, method=method, seed=int(seed), format=format)
 
     def settings(self) -> dict:
         """The options that shape the quantized model, as the report writes them (the seed, which
         only the output error uses, left out)."""
-        return dict(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric, scale_dtype=self.scale_dtype,
-                    ops=list(self.ops), exclude=list(self.exclude), method=self.method)
+        return dict(format=self.format, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
+                    scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method)

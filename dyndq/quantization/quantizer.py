@@ -22,6 +22,7 @@ from dyndq.plumbing.names import NameScope, all_names
 from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
 from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.quantization import plan as planning
+from dyndq.quantization.fp4 import quantize_fp4
 from dyndq.quantization.numerics import QuantizedWeight, ScaleOutOfRange, quantize_weight
 from dyndq.quantization.options import QuantizeOptions
 from dyndq.quantization.report import LayerReport, QuantizeReport
@@ -49,13 +50,17 @@ class NothingToQuantize(ValidationError):
         return "\n".join([f"nothing to quantize: {self.reason}"] + [f"  - {p}" for p in self.problems])
 
 
-def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = False, scale_dtype=None,
+def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
-             strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+             strict: bool = False, progress=None, format: str = "int") -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
-    scales (and zero points unless `symmetric`) feeding DynamicDequantize-2, and a report.
+    scales (and zero points unless `symmetric`) feeding DynamicDequantize-2 (-3 for 2 bits),
+    and a report.
 
-    group_size: elements per group along the reduction axis (-1: the whole axis, per channel).
+    format: "int" (integer codes of `bits` bits: 2, 4 or 8), "mxfp4" or "nvfp4" (float4e2m1
+    codes with the format's block scales, DynamicDequantize-3; docs/quantize.md states the rules).
+    group_size: elements per group along the reduction axis (-1: the whole axis, per channel;
+    default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
     method: "rtn" (ONNX Runtime's own rounding, code for code) or "search" (lower error).
     exclude: node or weight names to leave alone.  evaluate: run both models on seeded random
@@ -67,7 +72,8 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
 
     model = model_of(model, "quantize")
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
-                                      scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed)
+                                      scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed,
+                                      format=format)
     out, report = quantize_model(model, options, strict=strict, progress=progress)
     if evaluate:
         from dyndq.quantization.evaluate import output_error
@@ -178,8 +184,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:
-            import_at_least(scope.top.imports, DOMAIN, 2)  # (2: a superset of 1)
-    _set_imports(out)
+            import_at_least(scope.top.imports, DOMAIN, _version(options))  # (a superset of the older ones)
+    _set_imports(out, _version(options))
     report.seconds = time.perf_counter() - started
     return out, report
 
@@ -199,10 +205,13 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     try:
-        q: QuantizedWeight = quantize_weight(
-            weight, axis=target.axis, group_size=options.group_size, bits=options.bits,
-            symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
-            method=options.method, rule=target.rule)
+        if options.format != "int":
+            q = quantize_fp4(weight, axis=target.axis, format=options.format)
+        else:
+            q: QuantizedWeight = quantize_weight(
+                weight, axis=target.axis, group_size=options.group_size, bits=options.bits,
+                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
+                method=options.method, rule=target.rule)
     except ScaleOutOfRange as e:
         u = target.uses[0]
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", e.found, e.allowed,
@@ -250,7 +259,12 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
             graph.input.remove(vi)
 
 
-def _set_imports(model: onnx.ModelProto) -> None:
-    """Our domain at version 2, and the IR version what the model now holds needs (int4 codes: 10)."""
-    import_at_least(model.opset_import, DOMAIN, 2)
+def _version(options: QuantizeOptions) -> int:
+    """The DynamicDequantize version the nodes need: 3 for 2-bit and float4 codes (rewrite.version_of)."""
+    return 3 if options.bits == 2 or options.format != "int" else 2
+
+
+def _set_imports(model: onnx.ModelProto, version: int) -> None:
+    """Our domain at `version`, and the IR version what the model now holds needs (int4 codes: 10)."""
+    import_at_least(model.opset_import, DOMAIN, version)
     model.ir_version = max(model.ir_version, model_ir(model))

@@ -1,7 +1,7 @@
 """The nodes and tensors that stand for one quantized weight.
 
 A weight W becomes its codes, scales and zero points (initializers) and one
-DynamicDequantize-2 node whose output replaces W in every node that read it:
+DynamicDequantize-2 node (or -3, below) whose output replaces W in every node that read it:
 
     W_quantized, W_scales[, W_zero_points] -> DynamicDequantize -> [Slice] -> [Cast] -> W_dequantized
 
@@ -12,6 +12,15 @@ DynamicDequantize-2 node whose output replaces W in every node that read it:
   groups (DynamicDequantize-2's per_group needs them);
 - a Cast to the weight's dtype when the scales have another (the op's output has the
   scales' dtype).
+
+Codes version 2 does not take (int2/uint2, float4e2m1) make DynamicDequantize-3 nodes. The
+float4 ones write the weight's dtype themselves (output_dtype: their scales are float8, so no
+Cast): MXFP4 one node (float8e8m0 scales), NVFP4 two (`QuantizedWeight.tensor_scale`): the
+first dequantizes the float8e4m3fn block scales with the float32 tensor scale g (per_tensor)
+into float32 block scales, the second the float4 codes with those:
+
+    W_block_scales, W_tensor_scale -> DynamicDequantize -> W_scales
+    W_quantized, W_scales -> DynamicDequantize -> [Slice] -> W_dequantized
 """
 from __future__ import annotations
 
@@ -35,35 +44,61 @@ class Placed:
     form: str  # in a few words, for the report
 
 
+VERSION_2_CODES = ("int4", "uint4", "int8", "uint8")
+
+
 def per_channel(q: QuantizedWeight) -> bool:
     return q.codes.ndim == 2 and q.group == q.length
+
+
+def version_of(q: QuantizedWeight) -> int:
+    """The DynamicDequantize version its nodes are: 2 where it takes the codes, else 3."""
+    return 2 if q.codes.dtype.name in VERSION_2_CODES and q.tensor_scale is None else 3
 
 
 def placed(name: str, dtype: str, q: QuantizedWeight, names: NameScope, opset: int) -> Placed:
     """The tensors and nodes for weight `name` (of `dtype`) quantized as `q`, named after it."""
     codes = names.fresh(f"{name}_quantized")
     scales = names.fresh(f"{name}_scales")
+    version = version_of(q)
     tensors = [numpy_helper.from_array(q.codes, codes)]
     inputs = [codes, scales]
+    nodes = []
     if per_channel(q):
         channel = 1 - q.axis
         attrs = dict(qtype="per_channel", axis=channel)
-        tensors.append(numpy_helper.from_array(q.scales.reshape(-1), scales))
+        scale_array = q.scales.reshape(-1)
         form = f"per_channel (axis {channel})"
     else:
         attrs = dict(qtype="per_group", group_shape=q.group_shape)
-        tensors.append(numpy_helper.from_array(q.scales, scales))
+        scale_array = q.scales
         form = f"per_group {q.group_shape}"
+    if q.tensor_scale is None:
+        tensors.append(numpy_helper.from_array(scale_array, scales))
+    else:  # NVFP4: the block scales dequantized first (see the module doc)
+        block_scales = names.fresh(f"{name}_block_scales")
+        tensor_scale = names.fresh(f"{name}_tensor_scale")
+        tensors += [numpy_helper.from_array(scale_array, block_scales),
+                    numpy_helper.from_array(np.array([q.tensor_scale], np.float32), tensor_scale)]
+        nodes.append(make_node([block_scales, tensor_scale], [scales], name=names.fresh(f"{name}_scales_DynamicDequantize"),
+                               version=3, qtype="per_tensor", output_dtype=elem_type("float32")))
     if q.zero_points is not None:
         zps = names.fresh(f"{name}_zero_points")
         inputs.append(zps)
         tensors.append(numpy_helper.from_array(q.zero_points.reshape(-1) if per_channel(q) else q.zero_points, zps))
-    form = f"{q.codes.dtype.name} {form}"
-    cast = np.dtype(q.scales.dtype).name != dtype
+    fp4 = q.codes.dtype.name == "float4_e2m1fn"
+    if fp4:  # (the formats' names say their codes and scales: fp4.py)
+        form = f"{'mxfp4' if q.tensor_scale is None else 'nvfp4'} {form}"
+    else:
+        form = f"{q.codes.dtype.name} {form}"
+    if fp4:  # (its scales are not of the weight's dtype: the node writes the weight's dtype itself)
+        attrs["output_dtype"] = elem_type(dtype)
+    cast = not fp4 and np.dtype(q.scales.dtype).name != dtype
     steps = ["DynamicDequantize"] + ["Slice"] * bool(q.padded_to) + ["Cast"] * cast
     out = names.fresh(f"{name}_dequantized")
     outputs = [names.fresh(f"{name}_{step}_out") for step in steps[:-1]] + [out]
-    nodes = [make_node(inputs, [outputs[0]], name=names.fresh(f"{name}_DynamicDequantize"), version=2, **attrs)]
+    nodes.append(make_node(inputs, [outputs[0]], name=names.fresh(f"{name}_DynamicDequantize"), version=version,
+                           **attrs))
     if q.padded_to:
         nodes.append(_slice(outputs[0], outputs[1], q.axis, q.length, names, opset, tensors))
         form += f", padded {q.length} -> {q.padded_to} + Slice"

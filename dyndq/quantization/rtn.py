@@ -26,7 +26,7 @@ follow each, because the issue asks for its very codes (docs/quantize.md states 
   half for an all-zero group.
   symmetric: m as above; scale = m / -half; level = clamp(round_half_even(w / scale)) + half,
   half for an all-zero group.
-Here qmax = 2^bits - 1 and half = 2^(bits - 1): 15 and 8 for 4 bits, 255 and 128 for 8.
+Here qmax = 2^bits - 1 and half = 2^(bits - 1): 3 and 2 for 2 bits, 15 and 8 for 4, 255 and 128 for 8.
 
 Where ONNX Runtime's arithmetic overflows (a group spanning more than the largest value of
 the dtype it computes (hi - lo) in: +-3e38 in float32, +-40000 in a float16 Gather table), it

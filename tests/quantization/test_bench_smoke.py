@@ -18,3 +18,5 @@ def test_bench_quantize_runs_small(tmp_path):
     assert "dyndq rtn gives ONNX Runtime's RTN weights, value for value: yes" in text
     assert "dyndq search" in text and "the bound on 16 sampled groups" in text
     assert "on the reference engine" in text and "dyndq quantize (rtn)" in text
+    assert "dyndq rtn at 2 bits gives ONNX Runtime's 2-bit RTN weights, value for value: yes" in text
+    assert "dyndq search, 2 bits" in text and "dyndq mxfp4" in text and "dyndq nvfp4" in text

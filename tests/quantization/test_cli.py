@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import onnx
 import pytest
 
 import dyndq
@@ -139,6 +140,13 @@ def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, 
     (["--ops", "Conv", "--exclude", "nope"], 2, "dyndq: --ops: found 'Conv'; allowed: MatMul, Gemm, Gather\n"
                                                 "dyndq: --exclude: found 'nope'"),
     (["--bits", "3"], 2, "argument --bits: invalid choice"),
+    (["--format", "mxfp4", "--group-size", "64"], 2,
+     "dyndq: --group-size: found 64 with format 'mxfp4'; allowed: 32 (its blocks) or none given\n"),
+    (["--format", "nvfp4", "--bits", "2", "--method", "search"], 2,
+     "dyndq: --bits: found 2 with format 'nvfp4'; allowed: 4 (its codes are float4e2m1) or none given\n"
+     "dyndq: --method: found 'search' with format 'nvfp4'; allowed: 'rtn' (the format's rule is the only method)\n"),
+    (["--format", "mxfp4", "--scale-dtype", "float16"], 2, "dyndq: --scale-dtype: found 'float16' with format 'mxfp4'"),
+    (["--format", "fp8"], 2, "argument --format: invalid choice"),
     (["--group-size", "512"], 1, "nothing to quantize (nothing written): 3 weights left alone\n"),
 ])
 def test_mistakes_are_told_plainly(float_model, tmp_path, capsys, argv, code, said):
@@ -201,3 +209,18 @@ def test_strict_refuses_to_leave_a_weight_alone(float_model, tmp_path, capsys):
     assert main(["quantize", float_model, str(tmp_path / "r.onnx"), "--group-size", "200", "--strict"]) == 1
     assert "shorter than the group size 200" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r.onnx")
+
+
+@pytest.mark.parametrize("argv,form,settings", [
+    (["--bits", "2", "--group-size", "32"], "uint2 per_group [32, 1]", dict(format="int", bits=2, group_size=32)),
+    (["--format", "mxfp4"], "mxfp4 per_group [32, 1]", dict(format="mxfp4", bits=4, group_size=32)),
+    (["--format", "nvfp4", "--group-size", "16"], "nvfp4 per_group [16, 1]", dict(format="nvfp4", bits=4, group_size=16)),
+])
+def test_two_bits_and_the_fp4_formats(float_model, tmp_path, capsys, argv, form, settings):
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", float_model, str(out), "--json", "--ops", "MatMul", *argv]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {k: doc["settings"][k] for k in settings} == settings
+    assert [layer["form"].startswith(form) for layer in doc["layers"]] == [True]
+    model = onnx.load(out)
+    assert {o.domain: o.version for o in model.opset_import}["org.dyndq"] == 3
