@@ -32,10 +32,12 @@ from dyndq.wording import plural
 
 class NothingToQuantize(ValidationError):
     """No weight of the chosen ops could be quantized: its problems say why for each (none: the
-    model has no such node reading a constant float weight)."""
+    model has no such node reading a constant float weight; `activations` says how many read an
+    activation, a value computed by the graph or fed at run time, where a weight would be)."""
 
-    def __init__(self, problems, ops):
+    def __init__(self, problems, ops, activations: str | None = None):
         self.ops = list(ops)
+        self.activations = activations
         super().__init__(problems)
 
     @property
@@ -43,7 +45,8 @@ class NothingToQuantize(ValidationError):
         if self.problems:
             return f"{plural(len(self.problems), 'weight')} left alone"
         names = self.ops[:-2] + [" or ".join(self.ops[-2:])]
-        return f"no {', '.join(names)} node reads a constant float weight"
+        reason = f"no {', '.join(names)} node reads a constant float weight"
+        return f"{reason} ({self.activations})" if self.activations else reason
 
     def _message(self) -> str:
         return "\n".join([f"nothing to quantize: {self.reason}"] + [f"  - {p}" for p in self.problems])
@@ -110,12 +113,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     the output error not measured."""
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
-    found = planning.plan(model, ops=options.ops, exclude=options.exclude, group_size=options.group_size)
-    report = QuantizeReport(options, left_alone=list(found.problems))
+    found = planning.plan(model, ops=options.ops, exclude=options.exclude)
+    report = QuantizeReport(options, left_alone=list(found.problems), activations=found.activation_line())
     if strict and found.problems:
         raise ValidationError(found.problems)
     if not found.targets:
-        raise NothingToQuantize(found.problems, options.ops)
+        raise NothingToQuantize(found.problems, options.ops, found.activation_line())
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
@@ -123,7 +126,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     every = {scope.path: scope for scope in scopes(out)}  # (the model's scopes, by the paths the plan named)
     targets = {(t.graph, t.name): t for t in found.targets}
     new_nodes: dict[str, list] = {}  # scope path -> the nodes standing for its weights (put first)
-    gone: dict[str, list] = {}  # scope path -> the Constant nodes whose weights no node reads as floats any more
+    gone: dict[str, list] = {}  # scope path -> the Constant (and Identity) nodes whose weights no node reads as floats any more
+    passing = {key: [(path, every[path].nodes[index]) for path, index in t.via] for key, t in targets.items()}
     done = 0
 
     def quantize_one(target, weight, scope, add) -> bool:
@@ -155,26 +159,32 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
                 if not quantize_one(target, tensors.array(tensor), scope, lambda t: tensors.add(graph, t)) \
                         or target.keep_float:
                     tensors.add(graph, tensor)
-                elif target.listed_as_input:
+                    continue
+                if target.listed_as_input:
                     _drop_input(graph, target.name)
+                for where, identity in passing[(path, tensor.name)]:
+                    gone.setdefault(where, []).append(identity)
         for node in list(scope.nodes):
             target = targets.get((path, node.output[0])) if is_constant_node(node) else None
             if target is None or not target.constant_node:
                 continue
             made = []  # (in a scope of Constant nodes, new weights are Constant nodes too, ahead of the rest)
-            if quantize_one(target, tensors.array(node.attribute[0].t), scope,
+            if quantize_one(target, tensors.array(planning.constant_value(node)), scope,
                             lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))):
                 new_nodes[path][:0] = made
                 if not target.keep_float:
                     gone.setdefault(path, []).append(node)
+                    for where, identity in passing[(path, node.output[0])]:
+                        gone.setdefault(where, []).append(identity)
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
-        raise NothingToQuantize(report.left_alone, options.ops)
+        raise NothingToQuantize(report.left_alone, options.ops, found.activation_line())
+    for path, nodes in gone.items():
+        for node in nodes:
+            del every[path].nodes[next(i for i, n in enumerate(every[path].nodes) if n is node)]
     for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
         scope = every[path]
-        for node in gone.get(path, ()):
-            del scope.nodes[next(i for i, n in enumerate(scope.nodes) if n is node)]
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:

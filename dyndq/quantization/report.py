@@ -47,6 +47,7 @@ class QuantizeReport:
     options: QuantizeOptions  # as `quantize` judged them; `as_dict` writes them as "settings"
     layers: list[LayerReport] = field(default_factory=list)
     left_alone: list[Problem] = field(default_factory=list)  # weights of the chosen ops not quantized, and why
+    activations: str | None = None  # how many nodes of those ops read an activation where a weight would be
     outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
     seconds: float = 0.0
@@ -98,6 +99,8 @@ class QuantizeReport:
         if self.emitted:
             lines.append(f"  {self.emitted[0]}")
             lines += [f"    {line}" for line in self.emitted[1:]]
+        if self.activations:
+            lines.append(f"  not weights: {self.activations}")
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
@@ -113,6 +116,7 @@ class QuantizeReport:
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "outputs_note": self.outputs_note,
             "left_alone": [p.as_dict() | {"message": str(p)} for p in self.left_alone],
+            "activations": self.activations,
             "emitted": self.emitted,
             "data_file": self.data_file,
             "kept_files": self.kept_files,

@@ -91,8 +91,6 @@ def test_matmul_rule_equals_onnxruntime(weight, bits, symmetric, block):
         scales = scales.astype(dtype)
     else:
         codes, scales, zps = ort_matmul(w, bits, block, symmetric)
-    if block > k:  # (ours names a group larger than the axis as a problem; the rule is the same on one short group)
-        block = -1
     q = quantize_weight(w, axis=0, group_size=block, bits=bits, symmetric=symmetric)
     np.testing.assert_array_equal(ours_as_levels(q, bits, symmetric)[:k], codes)
     np.testing.assert_array_equal(bits_of(q.scales), bits_of(scales))
@@ -138,7 +136,7 @@ def test_extreme_weights_equal_onnxruntime_wherever_it_stays_finite(w, bits, sym
         if symmetric:
             zps = np.full(scales.shape, 1 << (bits - 1))
     theirs = as_its_dequantization_gives(levels, zps, scales, block, w.dtype)
-    q = quantize_weight(w, axis=0, group_size=block if block <= k else -1, bits=bits, symmetric=symmetric, rule=rule)
+    q = quantize_weight(w, axis=0, group_size=block, bits=bits, symmetric=symmetric, rule=rule)
     if not (finite(scales) and finite(theirs)):
         assert finite(q.scales) and np.isfinite(q.stats.relative)
         return
@@ -154,8 +152,6 @@ def test_extreme_weights_equal_onnxruntime_wherever_it_stays_finite(w, bits, sym
 def test_gather_rule_equals_onnxruntime(weight, symmetric, block):
     k, n, seed, kind, dtype = weight
     table = make_weight(k, n, seed, kind, dtype, block).T.copy()  # [vocabulary, hidden], blocks along hidden
-    if block > table.shape[1]:
-        block = table.shape[1]
     packed, scales, zps = ort_quant.DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block, symmetric)
     q = quantize_weight(table, axis=1, group_size=block, bits=4, symmetric=symmetric, rule="gather")
     n_codes = table.size
@@ -172,10 +168,12 @@ def _initializers(model):
     return {t.name: nh.to_array(t) for t in model.graph.initializer}
 
 
-def _ort_quantized(model, **kw):
+def _ort_quantized(model, op_types=("MatMul", "Gather"), **kw):
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # (it changes the model it is given)
-    quantizer = ort_quant.MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul", "Gather"), **kw)
+    if op_types is not None:
+        kw["op_types_to_quantize"] = op_types
+    quantizer = ort_quant.MatMulNBitsQuantizer(copy, **kw)
     quantizer.process()
     return quantizer.model.model
 
@@ -217,6 +215,41 @@ def test_whole_quantizer_equals_onnxruntime_default_configuration(bits, symmetri
         if not symmetric:
             np.testing.assert_array_equal(ours["E_zero_points"], theirs["E_zero_points"])
     assert {layer.name for layer in report.layers} == {"E", "W1"}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("k", [1, 7, 31, 32, 100, 127, 128, 129, 200, 256, 300])
+@pytest.mark.parametrize("config", ["default", "gather"])
+def test_every_weight_onnxruntime_quantizes_is_quantized_alike_in_every_size(k, config):
+    """ONNX Runtime's quantizer in its default configuration (4 bits, blocks of 128, asymmetric,
+    MatMul only) and with Gather added: every weight it quantizes, ours quantizes too, with its
+    codes (padded to whole blocks as MatMulNBits stores them: a K shorter than a block is one
+    block), scales and zero points, value for value; K from 1 to past two blocks.  (The padding
+    itself is no value: MlasQuantizeBlockwise writes the zero point's code in the nibble after
+    an odd K, ours level 0; both are sliced away.)"""
+    model = mlp(k=k, n=24, vocab=40, seed=k)
+    kw = dict(op_types=None if config == "default" else ("MatMul", "Gather"))
+    theirs = _initializers(_ort_quantized(model, **kw))
+    ours_model, report = dyndq.quantize(model, evaluate=False)  # (our defaults: 4 bits, groups of 128, asymmetric)
+    ours = _initializers(ours_model)
+    taken = {n[: -len("_Q4")] for n in theirs if n.endswith("_Q4")}
+    assert taken == ({"W1"} if config == "default" else {"W1", "E"})
+    assert taken <= {layer.name for layer in report.layers} and not report.left_alone
+    blocks = -(-k // 128)
+    levels = _q(ours, "W1").codes.view(np.uint8).T  # [N, padded K]
+    assert levels.shape == (24, blocks * 128)
+    packed = theirs["W1_Q4"]
+    assert packed.shape == (24, blocks, 64)
+    np.testing.assert_array_equal(levels[:, :k], np.stack([packed & 15, packed >> 4], axis=-1).reshape(24, -1)[:, :k])
+    # (one block per whole axis is our per_channel form: scales [N])
+    np.testing.assert_array_equal(bits_of(ours["W1_scales"].reshape(blocks, 24)), bits_of(theirs["W1_scales"].reshape(24, -1).T))
+    zps = theirs["W1_zero_points"]
+    zps = np.stack([zps & 15, zps >> 4], axis=-1).reshape(24, -1)[:, :blocks].T
+    np.testing.assert_array_equal(ours["W1_zero_points"].view(np.uint8).reshape(blocks, 24), zps)
+    if "E" in taken:  # GatherBlockQuantized's data [vocabulary, hidden], blocks along hidden
+        np.testing.assert_array_equal(ours["E_quantized"][:, :k], theirs["E_Q4"])
+        np.testing.assert_array_equal(bits_of(ours["E_scales"].reshape(40, -1)), bits_of(theirs["E_scales"]))
+        np.testing.assert_array_equal(ours["E_zero_points"].reshape(40, -1), theirs["E_zero_points"])
 
 
 def _q(initializers, name):
