@@ -19,7 +19,7 @@ def _add_parser(sub) -> None:
                                    "codes with per-group scales feeding DynamicDequantize (docs/quantize.md). Prints a "
                                    "table: per weight its form and error, the sizes, the output error on seeded random "
                                    "inputs, and the weights left alone. Exit 1 when nothing could be quantized.")
-    q.add_argument("input", metavar="IN")
+    q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
     q.add_argument("--bits", type=int, choices=(4, 8), default=4, help="4 (default) or 8")
     q.add_argument("--group-size", type=int, default=128, metavar="N",
@@ -33,14 +33,49 @@ def _add_parser(sub) -> None:
     q.add_argument("--emit", choices=EMITS, default="dyndq",
                    help="dyndq: DynamicDequantize (default); onnx: standard ONNX; onnxruntime: its contrib ops; "
                         "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
-    q.add_argument("--seed", type=int, default=0, help="the seed of the random inputs the output error is measured on (default 0)")
+    q.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="measure the output error on this input (repeat for each graph input): one sample, or the "
+                        "same input in every --inputs-dir sample")
+    q.add_argument("--inputs-dir", metavar="DIR", action="append", default=[],
+                   help="one sample: each graph input from DIR/NAME.npy (as run --output-dir writes them); repeat for "
+                        "several samples")
+    q.add_argument("--samples", type=int, default=4, metavar="N",
+                   help="without --input/--inputs-dir: the number of seeded samples to measure on (default 4)")
+    q.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
+    q.add_argument("--report", metavar="FILE", help="also write the report to FILE: JSON (.json) or Markdown (.md, with "
+                                                   "a per-weight error chart FILE-errors.png where matplotlib is installed)")
     q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
     q.add_argument("--strict", action="store_true", help="exit 1, writing nothing, when any weight of those ops is left alone")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _samples(args, model_path: str) -> list[dict] | None:
+    """The feeds of --input and --inputs-dir: one sample per folder (--input's arrays in each),
+    or --input's alone; None when neither is given."""
+    from dyndq.cli.common import parse_inputs
+    from dyndq.cli.run import _inputs_from_dirs
+
+    given = parse_inputs(args.input)
+    if not args.inputs_dir:
+        return [given] if given else None
+    from dyndq.files import read_model
+
+    model = read_model(model_path, load_data=False).model
+    return [{**_inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
+
+
 def cmd_quantize(args) -> int:
+    import os
+
+    from dyndq.cli.exits import UsageError
     from dyndq.quantization import quantize_file
+    from dyndq.quantization.report import write_report
+
+    if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
+        raise UsageError(f"--report {args.report}: a report is written as FILE.json or FILE.md")
+    if (args.input or args.inputs_dir) and args.no_evaluate:
+        raise UsageError("--input and --inputs-dir are for measuring the output error; --no-evaluate measures none")
+    inputs = _samples(args, args.input_)
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
@@ -48,21 +83,28 @@ def cmd_quantize(args) -> int:
     # a bad option value (OptionError), nothing to quantize (NothingToQuantize), and --strict with a weight
     # left alone (ValidationError) are told by the one mapping
     report = quantize_file(
-        args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
+        args.input_, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
+        inputs=inputs, samples=args.samples,
         strict=args.strict, progress=progress if sys.stderr.isatty() else None,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
         bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
         ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
+    head = {"input": args.input_, "output": args.output, "emit": args.emit}
+    if inputs is not None:  # (which files the samples came from)
+        head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]
+    chart = write_report(report, args.report, head) if args.report else None
     if args.json:
-        print(json.dumps({"input": args.input, "output": args.output, "emit": args.emit, **report.as_dict()}, indent=2))
+        print(json.dumps({**head, **report.as_dict()}, indent=2))
     else:
         print(f"wrote {args.output}: {report.summary()}")
         for note in data_notes(report.data_file, report.kept_files):
             print(note)
         print("\n".join(report.table()))
+    if args.report:
+        print(f"wrote {args.report}" + (f"; {chart}" if chart else ""), file=sys.stderr if args.json else sys.stdout)
     return OK
 
 
-QUANTIZE = Command("quantize", _add_parser, cmd_quantize, subject="input")
+QUANTIZE = Command("quantize", _add_parser, cmd_quantize, subject="input_")

@@ -54,28 +54,34 @@ class NothingToQuantize(ValidationError):
 
 def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
-             strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+             strict: bool = False, progress=None, inputs=None,
+             samples: int = 4) -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
     scales (and zero points unless `symmetric`) feeding DynamicDequantize-2, and a report.
 
     group_size: elements per group along the reduction axis (-1: the whole axis, per channel).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
     method: "rtn" (ONNX Runtime's own rounding, code for code) or "search" (lower error).
-    exclude: node or weight names to leave alone.  evaluate: run both models on seeded random
-    inputs (`seed`) and report the output error.  strict: raise ValidationError when a weight
+    exclude: node or weight names to leave alone.  evaluate: run both models and report the
+    output error (and, for logits or distributions, top-1 agreement and KL divergence) on
+    `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
+    not fit), or by default on `samples` seeded samples (`seed`; evaluate.py).  strict: raise ValidationError when a weight
     of the chosen ops cannot be quantized instead of leaving it alone.  progress: called
     with one line per weight quantized.
     """
     from dyndq.files import model_of
 
     model = model_of(model, "quantize")
+    from dyndq.quantization.evaluate import checked_samples, output_error, user_inputs
+
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
                                       scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed)
+    samples = checked_samples(samples)
+    feeds = user_inputs(model, inputs) if evaluate else None  # (before any work: a feed that does not fit is said first)
     out, report = quantize_model(model, options, strict=strict, progress=progress)
     if evaluate:
-        from dyndq.quantization.evaluate import output_error
-
-        report.outputs, report.outputs_note = output_error(model, out, seed=options.seed)
+        report.outputs, report.outputs_note = output_error(model, out, seed=options.seed, inputs=feeds, samples=samples,
+                                                           progress=progress)
     else:
         report.outputs_note = "not measured (evaluate=False)"
     return out, report
