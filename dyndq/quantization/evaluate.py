@@ -10,7 +10,8 @@ first and last row (token ids across every embedding's vocabulary).
 
 Per float output: the relative error, the largest difference and the cosine over every sample;
 for an output whose last axis is a distribution (non-negative, summing to 1: a Softmax's) or
-logits (made by MatMul, Gemm, Add or LogSoftmax), also what a task sees: how often the top-1
+logits (made by LogSoftmax; or made by MatMul, Gemm or Add and named "...logits..." or as long
+on its last axis as an embedding has rows, a language model's head), also what a task sees: how often the top-1
 answer along that axis stays the same, and the mean KL divergence KL(float || quantized) of
 the distributions (of softmax(logits) for logits), in nats.
 
@@ -184,7 +185,11 @@ def task_kind(model: onnx.ModelProto, output: str, values: list[np.ndarray]) -> 
     node = made_by.get(output)
     while node is not None and node.op_type in ("Identity", "Reshape", "Squeeze", "Flatten") and node.input:
         node = made_by.get(node.input[0])
-    return "logits" if node is not None and node.op_type in LOGIT_MAKERS else None
+    if node is None or node.op_type not in LOGIT_MAKERS:
+        return None
+    # (a hidden state is made by the same ops: only a name or a vocabulary-long axis tells logits apart)
+    head = "logit" in output.lower() or values[0].shape[-1] in index_bounds(model).values()
+    return "logits" if node.op_type == "LogSoftmax" or head else None
 
 
 def task_metrics(want: list[np.ndarray], got: list[np.ndarray], kind: str) -> tuple[float, float]:
