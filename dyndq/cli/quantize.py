@@ -42,6 +42,9 @@ def _add_parser(sub) -> None:
     q.add_argument("--samples", type=int, default=4, metavar="N",
                    help="without --input/--inputs-dir: the number of seeded samples to measure on (default 4)")
     q.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
+    q.add_argument("--rank-methods", action="store_true",
+                   help="also quantize with every method (the other options alike) and rank them by what a task would "
+                        "see on the same inputs (the model written is --method's)")
     q.add_argument("--report", metavar="FILE", help="also write the report to FILE: JSON (.json) or Markdown (.md, with "
                                                    "a per-weight error chart FILE-errors.png where matplotlib is installed)")
     q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
@@ -73,9 +76,12 @@ def cmd_quantize(args) -> int:
 
     if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
         raise UsageError(f"--report {args.report}: a report is written as FILE.json or FILE.md")
-    if (args.input or args.inputs_dir) and args.no_evaluate:
-        raise UsageError("--input and --inputs-dir are for measuring the output error; --no-evaluate measures none")
+    if (args.input or args.inputs_dir or args.rank_methods) and args.no_evaluate:
+        raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
+                         "--no-evaluate measures none")
     inputs = _samples(args, args.input_)
+    options = dict(bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
+                   ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
 
     def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
         print(line, file=sys.stderr, flush=True)
@@ -87,10 +93,17 @@ def cmd_quantize(args) -> int:
         inputs=inputs, samples=args.samples,
         strict=args.strict, progress=progress if sys.stderr.isatty() else None,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
-        bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
-        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method)
+        method=args.method, **options)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
+    if args.rank_methods:
+        from dyndq.files import load_model
+        from dyndq.quantization import rank_methods
+        from dyndq.quantization.report import ranking_rows
+
+        report.ranking = ranking_rows(rank_methods(
+            load_model(args.input_), inputs=inputs, samples=args.samples, seed=args.seed,
+            progress=progress if sys.stderr.isatty() else None, **options))
     head = {"input": args.input_, "output": args.output, "emit": args.emit}
     if inputs is not None:  # (which files the samples came from)
         head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]

@@ -127,43 +127,63 @@ def describe_samples(samples: list[dict], given: bool, seed: int) -> str:
     return f"{source}: {shapes}" if shapes else source
 
 
+class Evaluation:
+    """The float model run once on the evaluation's inputs (its session dropped when done), to
+    measure any number of quantized models of it against (`measure`)."""
+
+    def __init__(self, float_model: onnx.ModelProto, *, seed: int = 0, inputs=None, samples: int = SAMPLES,
+                 progress=None):
+        from dyndq.runner import Runner  # (not runner(): its cache would keep the sessions, weights and all)
+
+        started = time.perf_counter()
+        self.model, self.seed, self.progress, self.given = float_model, seed, progress, inputs is not None
+        self.feeds = inputs if self.given else seeded_samples(float_model, seed, samples)
+        self.want = _run_all(Runner(float_model, ENGINE), self.feeds, "float", progress)
+        self.seconds = time.perf_counter() - started
+
+    def measure(self, quantized: onnx.ModelProto) -> tuple[list[OutputDifference], str]:
+        """(per output differences, how they were measured: which inputs, how long) or ([], why
+        they were not)."""
+        from dyndq.runner import Runner
+
+        started = time.perf_counter()
+        try:
+            got = _run_all(Runner(quantized, ENGINE), self.feeds, "quantized", self.progress)
+        except Exception as e:  # noqa: BLE001 - a model the engine cannot run: said, not raised
+            return [], f"not measured: {first_line(e)}"
+        errors, unbounded = [], []
+        for name, w0 in self.want[0].items():
+            if not isinstance(w0, np.ndarray) or w0.dtype.kind != "f" and w0.dtype.name != "bfloat16":
+                continue
+            ws = [w[name].astype(np.float64) for w in self.want]
+            gs = [g[name].astype(np.float64) for g in got]
+            if not all(np.isfinite(w).all() for w in ws):  # (an error against infinity or NaN means nothing)
+                unbounded.append(name)
+                continue
+            stats = ErrorStats()
+            for w, g in zip(ws, gs):
+                stats.add(w.ravel(), g.ravel())
+            difference = OutputDifference(name, stats.relative, stats.max_abs, stats.cosine)
+            kind = task_kind(self.model, name, ws)
+            if kind is not None:
+                difference.task = kind
+                difference.top1_agreement, difference.kl_divergence = task_metrics(ws, gs, kind)
+            errors.append(difference)
+        seconds = self.seconds + time.perf_counter() - started
+        note = f"{describe_samples(self.feeds, self.given, self.seed)}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
+        if unbounded:
+            note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
+        return errors, note if errors else f"not measured: no float output with finite values ({note})"
+
+
 def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, seed: int = 0, inputs=None,
                  samples: int = SAMPLES, progress=None) -> tuple[list[OutputDifference], str]:
-    """(per output differences, how they were measured: which inputs, how long) or ([], why they
-    were not).  `inputs`: feed dicts as `user_inputs` gives them (None: `samples` seeded ones)."""
-    from dyndq.runner import Runner  # (not runner(): its cache would keep both sessions, weights and all)
-
-    started = time.perf_counter()
-    given = inputs is not None
+    """`Evaluation(float_model, ...).measure(quantized)`; ([], why) when the float model cannot run."""
     try:
-        feeds = inputs if given else seeded_samples(float_model, seed, samples)
-        want = _run_all(Runner(float_model, ENGINE), feeds, "float", progress)
-        got = _run_all(Runner(quantized, ENGINE), feeds, "quantized", progress)
+        evaluation = Evaluation(float_model, seed=seed, inputs=inputs, samples=samples, progress=progress)
     except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said, not raised
         return [], f"not measured: {first_line(e)}"
-    errors, unbounded = [], []
-    for name, w0 in want[0].items():
-        if not isinstance(w0, np.ndarray) or w0.dtype.kind != "f" and w0.dtype.name != "bfloat16":
-            continue
-        ws = [w[name].astype(np.float64) for w in want]
-        gs = [g[name].astype(np.float64) for g in got]
-        if not all(np.isfinite(w).all() for w in ws):  # (an error against infinity or NaN means nothing)
-            unbounded.append(name)
-            continue
-        stats = ErrorStats()
-        for w, g in zip(ws, gs):
-            stats.add(w.ravel(), g.ravel())
-        difference = OutputDifference(name, stats.relative, stats.max_abs, stats.cosine)
-        kind = task_kind(float_model, name, ws)
-        if kind is not None:
-            difference.task = kind
-            difference.top1_agreement, difference.kl_divergence = task_metrics(ws, gs, kind)
-        errors.append(difference)
-    seconds = time.perf_counter() - started
-    note = (f"{describe_samples(feeds, given, seed)}; {ENGINE}, {2 * len(feeds)} runs in {seconds:.2f} s")
-    if unbounded:
-        note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
-    return errors, note if errors else f"not measured: no float output with finite values ({note})"
+    return evaluation.measure(quantized)
 
 
 def _run_all(runner, feeds: list[dict], which: str, progress) -> list[dict]:

@@ -87,6 +87,29 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     return out, report
 
 
+def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: int = 0, progress=None,
+                 **options) -> list[tuple[str, QuantizeReport]]:
+    """(method, report) for each of `methods` (default: every one), `model` quantized by it with
+    the same `options` (as `quantize` takes them) and measured on the same inputs (`inputs`, or
+    `samples` seeded ones; the float model run once), best first by what a task would see
+    (`QuantizeReport.task_score`)."""
+    from dyndq.files import model_of
+    from dyndq.quantization.evaluate import Evaluation, checked_samples, user_inputs
+    from dyndq.quantization.numerics import METHODS
+
+    model = model_of(model, "rank_methods")
+    checked = [QuantizeOptions.checked(model, method=m, seed=seed, **options) for m in (methods or METHODS)]
+    evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
+                            progress=progress)
+    runs = []
+    for options_ in checked:
+        out, report = quantize_model(model, options_)
+        report.outputs, report.outputs_note = evaluation.measure(out)
+        del out  # (one quantized model at a time)
+        runs.append((options_.method, report))
+    return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
+
+
 class Tensors:
     """Where weights are read from and the new model's tensors go: kept in the model (the
     default), or, for a model read without its external data, read one at a time and written

@@ -85,7 +85,7 @@ def test_a_distribution_output_is_measured_as_one():
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("p", T.FLOAT, ["batch", 64]))
     _, report = dyndq.quantize(model, group_size=32, samples=3)
     assert [(o.name, o.task) for o in report.outputs] == [("p", "distribution")]
-    assert report.task_score() == (-report.outputs[0].top1_agreement, report.outputs[0].kl_divergence)
+    assert report.task_score() == (report.outputs[0].kl_divergence, -report.outputs[0].top1_agreement)
 
 
 def test_the_command_line_takes_inputs_and_writes_a_report(tmp_path, capsys):
@@ -135,3 +135,26 @@ def test_inputs_that_do_not_fit_are_usage_errors(tmp_path, capsys, argv, said):
     err = capsys.readouterr().err
     assert said.format(**values) in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "q.onnx")
+
+
+def test_methods_are_ranked_on_the_same_inputs_by_what_a_task_sees():
+    model = exported_attention()
+    ids = {"ids": np.arange(0, 50, 3, dtype=np.int64).reshape(1, -1)}
+    runs = dyndq.quantization.rank_methods(model, inputs=[ids])
+    assert sorted(method for method, _ in runs) == ["rtn", "search"]
+    scores = [report.task_score() for _, report in runs]
+    assert scores == sorted(scores) and all(len(s) == 2 for s in scores)
+    for method, report in runs:  # (each the same as quantize with that method measures it)
+        _, alone = dyndq.quantize(model, method=method, inputs=ids)
+        assert [(o.relative_error, o.kl_divergence) for o in alone.outputs] == \
+            [(o.relative_error, o.kl_divergence) for o in report.outputs]
+
+
+def test_the_command_line_ranks_methods_into_the_report(tmp_path, capsys):
+    model = str(tmp_path / "attention.onnx")
+    save_model(exported_attention(), model)
+    assert main(["quantize", model, str(tmp_path / "q.onnx"), "--rank-methods", "--samples", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [row["method"] for row in doc["ranking"]] in (["rtn", "search"], ["search", "rtn"])
+    assert doc["ranking"][0]["task_score"] <= doc["ranking"][1]["task_score"]
+    assert doc["ranking"][0]["inputs"].startswith("2 seeded samples")
