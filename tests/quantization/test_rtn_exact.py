@@ -219,33 +219,49 @@ def test_whole_quantizer_equals_onnxruntime_default_configuration(bits, symmetri
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("k", [1, 7, 31, 32, 100, 127, 128, 129, 200, 256, 300])
-@pytest.mark.parametrize("config", ["default", "gather"])
+@pytest.mark.parametrize("config", ["default", "gather", "symmetric", "8 bits"])
 def test_every_weight_onnxruntime_quantizes_is_quantized_alike_in_every_size(k, config):
     """ONNX Runtime's quantizer in its default configuration (4 bits, blocks of 128, asymmetric,
-    MatMul only) and with Gather added: every weight it quantizes, ours quantizes too, with its
-    codes (padded to whole blocks as MatMulNBits stores them: a K shorter than a block is one
-    block), scales and zero points, value for value; K from 1 to past two blocks.  (The padding
-    itself is no value: MlasQuantizeBlockwise writes the zero point's code in the nibble after
-    an odd K, ours level 0; both are sliced away.)"""
+    MatMul only), with Gather added, symmetric, and at 8 bits: every weight it quantizes, ours
+    quantizes too, with its codes, scales and zero points, value for value, and the bytes of
+    MatMulNBits' B, padding and all (a K shorter than a block is one block), but the nibble
+    after an odd K; K from 1 to past two blocks."""
     model = mlp(k=k, n=24, vocab=40, seed=k)
-    kw = dict(op_types=None if config == "default" else ("MatMul", "Gather"))
-    theirs = _initializers(_ort_quantized(model, **kw))
-    ours_model, report = dyndq.quantize(model, evaluate=False)  # (our defaults: 4 bits, groups of 128, asymmetric)
+    kw = {"default": {}, "gather": dict(op_types=("MatMul", "Gather")), "symmetric": dict(is_symmetric=True),
+          "8 bits": dict(bits=8)}[config]
+    theirs = _initializers(_ort_quantized(model, **{"op_types": None, **kw}))
+    bits, symmetric = kw.get("bits", 4), kw.get("is_symmetric", False)
+    ours_model, report = dyndq.quantize(model, bits=bits, symmetric=symmetric, evaluate=False)  # (groups of 128)
     ours = _initializers(ours_model)
-    taken = {n[: -len("_Q4")] for n in theirs if n.endswith("_Q4")}
-    assert taken == ({"W1"} if config == "default" else {"W1", "E"})
+    taken = {n.rsplit("_Q", 1)[0] for n in theirs if n.endswith(f"_Q{bits}")}
+    assert taken == ({"W1", "E"} if config == "gather" else {"W1"})
     assert taken <= {layer.name for layer in report.layers} and not report.left_alone
     blocks = -(-k // 128)
-    levels = _q(ours, "W1").codes.view(np.uint8).T  # [N, padded K]
+    levels = ours_as_levels(_q(ours, "W1"), bits, symmetric).astype(np.uint8).T  # [N, padded K]
     assert levels.shape == (24, blocks * 128)
-    packed = theirs["W1_Q4"]
-    assert packed.shape == (24, blocks, 64)
-    np.testing.assert_array_equal(levels[:, :k], np.stack([packed & 15, packed >> 4], axis=-1).reshape(24, -1)[:, :k])
+    packed = theirs[f"W1_Q{bits}"]
+    assert packed.shape == (24, blocks, 128 * bits // 8)
+    if bits == 4:
+        mine = levels.reshape(24, blocks, 128)
+        mine = (mine[..., 0::2] | (mine[..., 1::2] << 4)).reshape(24, -1)
+        packed = packed.reshape(24, -1)
+        # the byte holding an odd K's last code holds in its high nibble no value of the weight
+        # (MlasQuantizeBlockwise's varies from column to column, ours is 0): its low nibble compared
+        whole = k // 2
+        np.testing.assert_array_equal(mine[:, :whole], packed[:, :whole])
+        if k % 2:
+            np.testing.assert_array_equal(mine[:, whole] & 15, packed[:, whole] & 15)
+        np.testing.assert_array_equal(mine[:, -(-k // 2):], packed[:, -(-k // 2):])  # (then zeros, both)
+    else:
+        np.testing.assert_array_equal(levels.reshape(24, blocks, 128), packed)
     # (one block per whole axis is our per_channel form: scales [N])
     np.testing.assert_array_equal(bits_of(ours["W1_scales"].reshape(blocks, 24)), bits_of(theirs["W1_scales"].reshape(24, -1).T))
-    zps = theirs["W1_zero_points"]
-    zps = np.stack([zps & 15, zps >> 4], axis=-1).reshape(24, -1)[:, :blocks].T
-    np.testing.assert_array_equal(ours["W1_zero_points"].view(np.uint8).reshape(blocks, 24), zps)
+    if not symmetric:
+        zps = theirs["W1_zero_points"]
+        if bits == 4:
+            zps = np.stack([zps & 15, zps >> 4], axis=-1)
+        zps = zps.reshape(24, -1)[:, :blocks].T
+        np.testing.assert_array_equal(ours["W1_zero_points"].view(np.uint8).reshape(blocks, 24), zps)
     if "E" in taken:  # GatherBlockQuantized's data [vocabulary, hidden], blocks along hidden
         np.testing.assert_array_equal(ours["E_quantized"][:, :k], theirs["E_Q4"])
         np.testing.assert_array_equal(bits_of(ours["E_scales"].reshape(40, -1)), bits_of(theirs["E_scales"]))
