@@ -118,3 +118,33 @@ def test_nothing_to_quantize_on_the_command_line_exits_1(tmp_path, capsys):
     assert err.startswith(f"{tmp_path / 'a.onnx'}: nothing to quantize (nothing written): no MatMul, Gemm or Gather node")
     assert "2 MatMuls whose B is an activation" in err and "Traceback" not in err and "problem" not in err
     assert not (tmp_path / "q.onnx").exists()
+
+
+def _constants(model: onnx.ModelProto) -> dict:
+    out = {t.name: nh.to_array(t) for t in model.graph.initializer}
+    out.update({n.output[0]: nh.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"})
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_constant_node_weights_written_for_onnxruntime_are_its_own_quantizers_bytes():
+    """ONNX Runtime's quantizer (default configuration: MatMul; it reads initializers only) on the
+    model with initializers, and ours on the model as the exporter wrote it (Constant nodes, an
+    Identity, K = 100 < 128) written for ONNX Runtime: every MatMulNBits the same, byte for byte."""
+    ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    model = exported_attention()
+    twin = with_initializers(model)
+    quantizer = ort_quant.MatMulNBitsQuantizer(twin)
+    quantizer.process()
+    theirs_model = quantizer.model.model
+    ours_model = dyndq.export(dyndq.quantize(model, evaluate=False)[0], target="onnxruntime")
+    theirs, ours = _constants(theirs_model), _constants(ours_model)
+
+    theirs_by_k = sorted((n for n in theirs_model.graph.node if n.op_type == "MatMulNBits"), key=lambda n: n.output[0])
+    ours_by_k = sorted((n for n in ours_model.graph.node if n.op_type == "MatMulNBits"), key=lambda n: n.output[0])
+    assert [n.output[0] for n in theirs_by_k] == [n.output[0] for n in ours_by_k] == ["k", "logits", "q", "v"]
+    for t, o in zip(theirs_by_k, ours_by_k):
+        attrs = lambda n: {a.name: a.i for a in n.attribute if a.name in ("K", "N", "bits", "block_size")}  # noqa: E731
+        assert attrs(t) == attrs(o) and attrs(o)["K"] == 100 and attrs(o)["block_size"] == 128
+        for i in (1, 2, 3):  # B, scales, zero points
+            np.testing.assert_array_equal(ours[o.input[i]], theirs[t.input[i]].reshape(ours[o.input[i]].shape))
