@@ -11,9 +11,10 @@ import dyndq
 from dyndq.cli import main
 from dyndq.files import save_model
 from dyndq.quantization import NothingToQuantize
+from dyndq.quantization.numerics import quantize_weight
 
 from engines import run_onnxruntime
-from quantize_models import exported_attention, heavy
+from quantize_models import dequantized, exported_attention, heavy
 
 
 def with_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -148,3 +149,33 @@ def test_constant_node_weights_written_for_onnxruntime_are_its_own_quantizers_by
         assert attrs(t) == attrs(o) and attrs(o)["K"] == 100 and attrs(o)["block_size"] == 128
         for i in (1, 2, 3):  # B, scales, zero points
             np.testing.assert_array_equal(ours[o.input[i]], theirs[t.input[i]].reshape(ours[o.input[i]].shape))
+
+
+def test_constant_nodes_and_identities_in_nested_graphs():
+    """A Constant of the main graph read in an If branch through the branch's own Identity, and
+    a Constant inside the other branch: both quantized where they stand, the Identity gone."""
+    outer, inner = heavy((64, 8), 1), heavy((64, 8), 2)
+    then_branch = helper.make_graph(
+        [helper.make_node("Identity", ["w_outer"], ["w_read"]), helper.make_node("MatMul", ["x", "w_read"], ["y_then"])],
+        "then", [], [helper.make_tensor_value_info("y_then", T.FLOAT, [2, 8])])
+    else_branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["w_inner"], value=nh.from_array(inner, "w_inner")),
+         helper.make_node("MatMul", ["x", "w_inner"], ["y_else"])],
+        "else", [], [helper.make_tensor_value_info("y_else", T.FLOAT, [2, 8])])
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["w_outer"], value=nh.from_array(outer, "w_outer")),
+         helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "g", [helper.make_tensor_value_info("c", T.BOOL, []), helper.make_tensor_value_info("x", T.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [2, 8])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    out, report = dyndq.quantize(model, group_size=32, evaluate=False)
+    assert [(layer.name, layer.graph) for layer in report.layers] == [("w_outer", "main"), ("w_inner", "main/If#1.else_branch")]
+    branches = {a.name: a.g for a in out.graph.node[-1].attribute}
+    assert [n.op_type for n in branches["then_branch"].node] == ["MatMul"]
+    assert "w_outer" not in [n.output[0] for n in out.graph.node]
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    for c, w in ((True, outer), (False, inner)):  # (each branch reads its own weight, quantized)
+        got = dyndq.run(out, {"c": np.array(c), "x": x})["y"]
+        want = x @ dequantized(quantize_weight(w, axis=0, group_size=32))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # (float sums in another order)
