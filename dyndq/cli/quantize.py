@@ -17,8 +17,9 @@ def _add_parser(sub) -> None:
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int4/int8, per group)",
                        description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int4/int8 "
                                    "codes with per-group scales feeding DynamicDequantize (docs/quantize.md). Prints a "
-                                   "table: per weight its form and error, the sizes, the output error on seeded random "
-                                   "inputs, and the weights left alone. Exit 1 when nothing could be quantized.")
+                                   "table: per weight its form and error, the sizes, the output error (on --input/--inputs-dir, "
+                                   "or seeded samples; top-1 agreement and KL divergence for logits), and the weights "
+                                   "left alone. Exit 1 when nothing could be quantized.")
     q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
     q.add_argument("--bits", type=int, choices=(4, 8), default=4, help="4 (default) or 8")
@@ -56,7 +57,7 @@ def _samples(args, model_path: str) -> list[dict] | None:
     """The feeds of --input and --inputs-dir: one sample per folder (--input's arrays in each),
     or --input's alone; None when neither is given."""
     from dyndq.cli.common import parse_inputs
-    from dyndq.cli.run import _inputs_from_dirs
+    from dyndq.cli.run import inputs_from_dirs
 
     given = parse_inputs(args.input)
     if not args.inputs_dir:
@@ -64,7 +65,7 @@ def _samples(args, model_path: str) -> list[dict] | None:
     from dyndq.files import read_model
 
     model = read_model(model_path, load_data=False).model
-    return [{**_inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
+    return [{**inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
 
 
 def cmd_quantize(args) -> int:

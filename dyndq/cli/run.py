@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
     loaded = load(args.model)
     feeds = parse_inputs(args.input)
     if args.inputs_dir:
-        feeds = {**_inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
+        feeds = {**inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError(f"--output-dir {args.output_dir}: exists and is not a folder")
     created = check_writable(args.output_dir) if args.output_dir else []  # before the run, not after it
@@ -99,7 +99,7 @@ def _run(args, loaded, feeds) -> int:
     return OK
 
 
-def _inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np.ndarray]:
+def inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np.ndarray]:
     """Each graph input not in `given`, from its file (NAME.npy, as import-onednn --inputs-dir and
     run --output-dir write them) in the first of `folders` that holds one.  Every input missing
     from all of them is named at once; files for no input are said and left alone."""
