@@ -239,16 +239,17 @@ def error_chart(report: QuantizeReport, path: str) -> str:
         return "no error chart: no weight was quantized"
     matplotlib.use("Agg")  # (no display needed)
     import io
+    import textwrap
 
     import matplotlib.pyplot as plt
 
     from dyndq.files import write_atomically
 
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(report.layers) + 2), 3.5))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(report.layers) + 2), 3.5))
     ax.bar(range(len(report.layers)), [layer.relative_error for layer in report.layers])
     ax.set_xticks(range(len(report.layers)), [layer.name for layer in report.layers], rotation=90, fontsize=7)
     ax.set_ylabel("relative error |W - W'| / |W|")
-    ax.set_title(report.summary(), fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(report.summary(), 60)), fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)

@@ -158,3 +158,17 @@ def test_the_command_line_ranks_methods_into_the_report(tmp_path, capsys):
     assert [row["method"] for row in doc["ranking"]] in (["rtn", "search"], ["search", "rtn"])
     assert doc["ranking"][0]["task_score"] <= doc["ranking"][1]["task_score"]
     assert doc["ranking"][0]["inputs"].startswith("2 seeded samples")
+
+
+def test_without_matplotlib_the_markdown_report_says_why_it_has_no_chart(tmp_path, monkeypatch):
+    import sys
+
+    from dyndq.quantization.report import write_report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib now raises ImportError)
+    _, report = dyndq.quantize(exported_attention(), samples=1)
+    note = write_report(report, tmp_path / "r.md")
+    assert note == "no error chart: matplotlib is not installed (pip install matplotlib draws one)"
+    assert sorted(os.listdir(tmp_path)) == ["r.md"] and "errors.png" not in (tmp_path / "r.md").read_text()
+    with pytest.raises(ValueError, match="as .json or .md"):
+        write_report(report, tmp_path / "r.txt")
