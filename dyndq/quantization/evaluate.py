@@ -2,9 +2,9 @@
 
 The inputs are the user's (`inputs`: one feed dict or a list of them, each a sample; checked
 against the graph's inputs before anything is quantized, a feed that does not fit raising
-`FeedError` naming it), or `samples` seeded samples: `dyndq.parity.example_feeds`'s (floats
-from N(0, 1), booleans at random, a dimension without a fixed size 4 long), with every integer
-input that reaches a Gather's indices (directly or through Cast, Reshape, Unsqueeze, Squeeze,
+`FeedError` naming it), or `samples` seeded samples, drawn as `dyndq.parity.example_feeds`
+draws them (floats from N(0, 1), booleans at random, other integers in 0..3, a dimension
+without a fixed size 4 long), with every integer input that reaches a Gather's indices (directly or through Cast, Reshape, Unsqueeze, Squeeze,
 Flatten, Identity) drawn across the rows of the table it indexes, the first sample holding its
 first and last row (token ids across every embedding's vocabulary).
 
@@ -33,6 +33,8 @@ from dyndq.wording import first_line, plural
 
 ENGINE = "onnxruntime"
 SAMPLES = 4  # seeded samples by default: the evaluation's cost is this many runs of each model
+OPEN_DIM = 4  # the size of a dimension the model leaves open, in a seeded sample (parity's)
+OTHER_INTEGERS = 4  # an integer input that indexes no table: 0..3
 PASS_INDICES = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")  # ops that keep an index an index
 LOGIT_MAKERS = ("MatMul", "Gemm", "Add", "LogSoftmax", "MatMulNBits", "Einsum")
 
@@ -75,20 +77,37 @@ def user_inputs(model: onnx.ModelProto, inputs) -> list[dict] | None:
 
 
 def seeded_samples(model: onnx.ModelProto, seed: int, samples: int = SAMPLES) -> list[dict]:
-    """`samples` seeded feed dicts covering each input's valid range (see the module doc)."""
-    from dyndq.parity import example_feeds
+    """`samples` seeded feed dicts covering each input's valid range (see the module doc).
 
+    (As `dyndq.parity.example_feeds` draws them, but a dimension an exporter writes as -1 or 0,
+    paddle2onnx's dynamic batch, is open here: NumPy refuses a negative size.)"""
+    from dyndq.opdefs import dtypes
+    from dyndq.plumbing.types import spec_of_type
+
+    initializers = {t.name for t in model.graph.initializer}
     bounds = index_bounds(model)
     out = []
     for i in range(samples):
-        feeds = example_feeds(model, seed + i)
         rng = np.random.default_rng([seed, i])
-        for name, rows in bounds.items():
-            if name in feeds and feeds[name].dtype.kind in "iu" and feeds[name].size:
-                ids = rng.integers(0, rows, feeds[name].shape)
-                if i == 0:  # (the first and the last row of the table, always)
+        feeds = {}
+        for vi in model.graph.input:
+            if vi.name in initializers:
+                continue
+            spec = spec_of_type(vi.type)
+            if spec is None or spec.dtype is None:
+                raise ValueError(f"graph input {vi.name!r}: its type is not a known tensor type; give it with --input")
+            shape = tuple(d if isinstance(d, int) and d > 0 else OPEN_DIM for d in (spec.shape or ()))
+            kind = dtypes.by_name(spec.dtype)
+            if kind.name == "bool":
+                feeds[vi.name] = rng.random(shape) < 0.5
+            elif kind.is_integer:
+                rows = bounds.get(vi.name, OTHER_INTEGERS)
+                ids = rng.integers(0, rows, shape)
+                if i == 0 and vi.name in bounds and ids.size:  # (the first and the last row of the table, always)
                     ids.flat[0], ids.flat[-1] = 0, rows - 1
-                feeds[name] = ids.astype(feeds[name].dtype)
+                feeds[vi.name] = ids.astype(kind.numpy)
+            else:
+                feeds[vi.name] = rng.standard_normal(shape).astype(np.float32).astype(kind.numpy)
         out.append(feeds)
     return out
 
@@ -119,11 +138,11 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-def describe_samples(samples: list[dict], given: bool, seed: int) -> str:
+def describe_samples(samples: list[dict], given: bool, seed: int, tables: bool = False) -> str:
     """Which inputs the evaluation used, in a few words."""
     shapes = ", ".join(f"{name} {v.dtype.name}{list(v.shape)}" for name, v in samples[0].items() if hasattr(v, "shape"))
-    source = (f"{plural(len(samples), 'sample')} given" if given else
-              f"{plural(len(samples), 'seeded sample')} (seed {seed}; token ids across each embedding's rows)")
+    ids = "; token ids across each embedding's rows" if tables else ""
+    source = f"{plural(len(samples), 'sample')} given" if given else f"{plural(len(samples), 'seeded sample')} (seed {seed}{ids})"
     return f"{source}: {shapes}" if shapes else source
 
 
@@ -170,7 +189,7 @@ class Evaluation:
                 difference.top1_agreement, difference.kl_divergence = task_metrics(ws, gs, kind)
             errors.append(difference)
         seconds = self.seconds + time.perf_counter() - started
-        note = f"{describe_samples(self.feeds, self.given, self.seed)}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
+        note = f"{describe_samples(self.feeds, self.given, self.seed, bool(index_bounds(self.model)))}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
         if unbounded:
             note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
         return errors, note if errors else f"not measured: no float output with finite values ({note})"

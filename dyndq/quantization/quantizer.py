@@ -197,9 +197,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
             target = targets.get((path, node.output[0])) if is_constant_node(node) else None
             if target is None or not target.constant_node:
                 continue
-            made = []  # (in a scope of Constant nodes, new weights are Constant nodes too, ahead of the rest)
-            if quantize_one(target, tensors.array(planning.constant_value(node)), scope,
-                            lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))):
+            # a graph's new tensors are initializers (a Constant node of int4 codes needs ai.onnx 21, which an
+            # exporter's opset 11 or 12 graph does not import); a function has none: Constant nodes, ahead of the rest
+            made = []
+            add = (lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))) \
+                if scope.graph is None else (lambda t, graph=scope.graph: tensors.add(graph, t))
+            if quantize_one(target, tensors.array(planning.constant_value(node)), scope, add):
                 new_nodes[path][:0] = made
                 if not target.keep_float:
                     gone.setdefault(path, []).append(node)

@@ -172,3 +172,13 @@ def test_without_matplotlib_the_markdown_report_says_why_it_has_no_chart(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["r.md"] and "errors.png" not in (tmp_path / "r.md").read_text()
     with pytest.raises(ValueError, match="as .json or .md"):
         write_report(report, tmp_path / "r.txt")
+
+
+def test_a_dimension_written_as_minus_one_is_open_in_the_seeded_samples():
+    """(paddle2onnx writes a dynamic batch as -1)"""
+    model = mlp(k=64, n=32)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    (sample,) = seeded_samples(model, seed=0, samples=1)
+    assert sample["ids"].shape == (4,)
+    _, report = dyndq.quantize(model, group_size=32, samples=1)
+    assert report.outputs and report.outputs_note.startswith("1 seeded sample")
