@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,7 +100,7 @@ def test_the_command_line_takes_inputs_and_writes_a_report(tmp_path, capsys):
                  "--inputs-dir", str(tmp_path / "s1"), "--report", report]) == 0
     printed = capsys.readouterr().out
     assert "output error (2 samples given: ids int64[1, 10]" in printed and f"wrote {report}" in printed
-    doc = json.load(open(report))
+    doc = json.loads(Path(report).read_text())
     assert doc["samples_from"] == [f"--inputs-dir {tmp_path / 's0'}", f"--inputs-dir {tmp_path / 's1'}"]
     assert doc["settings"]["group_size"] == 128 and [layer["name"] for layer in doc["layers"]] == ["E", "Wq", "Wk", "Wv", "Wo"]
     assert doc["outputs"][0]["task"] == "logits" and len(doc["task_score"]) == 2
@@ -107,7 +108,7 @@ def test_the_command_line_takes_inputs_and_writes_a_report(tmp_path, capsys):
     md = str(tmp_path / "r.md")
     assert main(["quantize", model, str(tmp_path / "q.onnx"), "--input", f"ids={tmp_path / 's1' / 'ids.npy'}",
                  "--report", md]) == 0
-    text = open(md).read()
+    text = Path(md).read_text()
     assert "| logits |" in text and "| Wo | MatMul | 100x50 |" in text and "1 sample given: ids int64[1, 10]" in text
     try:
         import matplotlib  # noqa: F401
