@@ -8,7 +8,7 @@ inputs its light view makes of them.  `dyndq.run(engine="onnxruntime")` and
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -24,9 +24,13 @@ class OrtSession:
 
     `level` is the graph optimization level; `optimized_model_path`, when given, is where ONNX
     Runtime saves the graph it optimized (`boundary.added` names the nodes the boundary added to
-    it, which are not the model's).  Logging is off: ONNX Runtime's errors come back as exceptions."""
+    it, which are not the model's).  `disabled_optimizers`: graph transformers and rewrite rules
+    ONNX Runtime leaves out, by name (it accepts unknown names silently); `config`: session
+    config entries (`SessionOptions.add_session_config_entry`).  Logging is off: ONNX Runtime's
+    errors come back as exceptions."""
 
-    def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None):
+    def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None,
+                 disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None):
         import onnxruntime as ort
 
         from dyndq.plumbing.light import big_initializers, light_view
@@ -41,12 +45,15 @@ class OrtSession:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
         if optimized_model_path is not None:
             options.optimized_model_filepath = optimized_model_path
+        for key, value in (config or {}).items():
+            options.add_session_config_entry(key, value)
         # (the boundary is made on the light view, so that a big int4 or bfloat16 initializer,
         # fed as an input there, passes through it as any input does)
         self.boundary = OrtBoundary(light_view(exported))
         self._big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}
         self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+                                            providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=list(disabled_optimizers))
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = 4
 

@@ -1,7 +1,8 @@
 """The `dyndq` command (also `python -m dyndq`): every job of the package from a shell.
 
     dyndq demo   [--out DIR]
-    dyndq check  MODEL [--json] [--runtime-parity [--level basic|extended|all] [--input NAME=FILE.npy ...]]
+    dyndq check  MODEL [--json] [--runtime-parity [--engine onnxruntime|openvino|all] [--level L ...] [--input NAME=FILE.npy ...]
+                 [--inputs-dir DIR] [--no-diagnosis]]
     dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
     dyndq lift   IN OUT
     dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output NAME ...]

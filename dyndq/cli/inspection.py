@@ -1,8 +1,10 @@
-"""Looking at a model and at the op: `dyndq check` (every problem, or --runtime-parity against ONNX
-Runtime's optimizations) and `dyndq schema`."""
+"""Looking at a model and at the op: `dyndq check` (every problem, or --runtime-parity: each engine
+setting against the model's meaning) and `dyndq schema`."""
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 from dyndq.cli.common import Command, engine_message, load, parse_inputs
 from dyndq.cli.exits import OK, PROBLEMS, ProblemsFound, UsageError
@@ -16,14 +18,24 @@ def _add_check(sub) -> None:
     c.add_argument("model", metavar="MODEL")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
     c.add_argument("--runtime-parity", action="store_true",
-                   help="instead: run MODEL on ONNX Runtime with graph optimizations off and at --level, and name "
-                        "every output that differs beyond MatMul reordering (max |a - b| > 1e-4 * max |b|), "
-                        "with the node types ONNX Runtime rewrote; exit 1 when one does")
-    c.add_argument("--level", choices=("basic", "extended", "all"), default="all",
-                   help="the optimization level compared with none (default: all, ONNX Runtime's default)")
+                   help="instead: run MODEL on each engine setting and compare its outputs with the model's exact "
+                        "meaning (the reference engine; max |a - b| <= 1e-4 * max |b|); for a setting that differs, "
+                        "name the rewrite or setting responsible and the first node that differs; exit 1 when one "
+                        "differs (docs/parity.md)")
+    c.add_argument("--engine", choices=("onnxruntime", "openvino", "all"), default="onnxruntime",
+                   help="with --runtime-parity: the engine checked (default: onnxruntime; all: every one installed)")
+    c.add_argument("--level", choices=("off", "basic", "extended", "all"), action="append",
+                   help="with --runtime-parity: an ONNX Runtime optimization level compared (repeat it for more; "
+                        "default: every level)")
     c.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
                    help="with --runtime-parity: a graph input and the .npy file holding it (others get example "
                         "values: open dims 4, floats N(0, 1), Gather indices in range)")
+    c.add_argument("--inputs-dir", metavar="DIR", action="append", default=[],
+                   help="with --runtime-parity: a folder of NAME.npy files, one per graph input (as `dyndq run "
+                        "--inputs-dir` reads them); --input comes first")
+    c.add_argument("--no-diagnosis", action="store_true",
+                   help="with --runtime-parity: compare only; no search for the rewrite or setting responsible, "
+                        "nor for the first node")
 
 
 def cmd_check(args) -> int:
@@ -31,8 +43,8 @@ def cmd_check(args) -> int:
 
     if args.runtime_parity:
         return _runtime_parity(args)
-    if args.input or args.level != "all":
-        raise UsageError("--input and --level go with --runtime-parity")
+    if args.input or args.inputs_dir or args.level or args.engine != "onnxruntime" or args.no_diagnosis:
+        raise UsageError("--input, --inputs-dir, --level, --engine and --no-diagnosis go with --runtime-parity")
     loaded = load(args.model)
     problems = dyndq.check(loaded.model)
     if args.json:
@@ -46,26 +58,49 @@ def cmd_check(args) -> int:
 
 def _runtime_parity(args) -> int:
     import dyndq
-    from dyndq.parity import ExamplesDoNotFit, runtime_parity
+    from dyndq.cli.run import inputs_from_dirs
+    from dyndq.parity import ENGINES, EngineMissing, ExamplesDoNotFit, runtime_parity
+    from dyndq.parity.engines import openvino_installed
 
-    if args.json:
-        raise UsageError("--json does not go with --runtime-parity")
     loaded = load(args.model)
     feeds = parse_inputs(args.input)
+    if args.inputs_dir:
+        feeds = {**inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
+    engines = ("onnxruntime",) if args.engine == "onnxruntime" else ("openvino",) if args.engine == "openvino" else \
+        tuple(e for e in ENGINES if e != "openvino" or openvino_installed())
+    if args.engine == "all" and "openvino" not in engines:
+        print("note: OpenVINO is not installed: ONNX Runtime only", file=sys.stderr)
+    progress = _progress if sys.stderr.isatty() else None
     try:
-        report = runtime_parity(loaded.model, level=args.level, feeds=feeds)
+        report = runtime_parity(loaded.model, engines=engines, levels=args.level, feeds=feeds,
+                                diagnose=not args.no_diagnosis, progress=progress, label=args.model)
     except dyndq.ValidationError:  # problems in the model, feeds that do not fit its inputs: told by the one mapping
         raise
+    except EngineMissing as e:
+        raise UsageError(f"--engine {args.engine}: {e}") from None
     except ExamplesDoNotFit as e:  # inputs made up for the check that do not fit the model: give them
         raise UsageError(f"{args.model}: {e}: {engine_message(e.__cause__)}") from None
     except ValueError as e:  # an input no example can be made for
         raise UsageError(f"{args.model}: {first_line(e)}") from None
-    except Exception as e:  # ONNX Runtime cannot load or run the model
-        raise ProblemsFound(f"{args.model}: ONNX Runtime cannot run this model: {engine_message(e)}") from None
-    print(f"{args.model}: {report.summary()}")
-    for line in report.lines():
-        print(f"  {line}")
-    return PROBLEMS if report.differing else OK
+    except Exception as e:  # the engine cannot load or run the model at all
+        raise ProblemsFound(f"{args.model}: cannot run this model: {engine_message(e)}") from None
+    finally:
+        if progress is not None:
+            _progress("")
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(f"{args.model}: {report.summary()}")
+        for line in report.lines():
+            print(f"  {line}")
+    return OK if report.agrees else PROBLEMS
+
+
+def _progress(text: str) -> None:
+    """One line on the terminal, written over by the next (stderr only, and only when it is a terminal)."""
+    width = shutil.get_terminal_size().columns - 1
+    sys.stderr.write("\r" + text[:width].ljust(width) + ("\r" if not text else ""))
+    sys.stderr.flush()
 
 
 def _add_schema(sub) -> None:

@@ -240,10 +240,11 @@ def test_cli_lift_names_what_it_left_alone(tmp_path, capsys):
 
 def test_runtime_parity_flags_the_qdq_int4_model_at_the_default_level_only(float_model, tmp_path, capsys):
     onnx.save(quantize(float_model, "QDQ", 4, 32, False), tmp_path / "qdq.onnx")
-    assert main(["check", "--runtime-parity", str(tmp_path / "qdq.onnx")]) == 1
+    assert main(["check", "--runtime-parity", "--level", "all", str(tmp_path / "qdq.onnx")]) == 1
     out = capsys.readouterr().out
-    assert "graph optimizations off vs all: 1 of 1 output(s) differ beyond MatMul reordering" in out
-    assert "logits: differs" in out and "com.microsoft::MatMulNBits 0 -> 15 (accuracy_level 4)" in out
+    assert "1 of 1 engine settings differ with the reference engine" in out and "logits: differs" in out
+    assert "com.microsoft::MatMulNBits 0 -> 15 (accuracy_level 4)" in out
+    assert "cause: transformer QDQSelectorActionTransformer" in out
     assert main(["check", "--runtime-parity", "--level", "basic", str(tmp_path / "qdq.onnx")]) == 0
     out = capsys.readouterr().out
-    assert "every output (1) agrees within MatMul reordering" in out and "rewrote no node type" in out
+    assert "every engine setting (1) agrees" in out
