@@ -183,3 +183,11 @@ def test_a_dimension_written_as_minus_one_is_open_in_the_seeded_samples():
     assert sample["ids"].shape == (4,)
     _, report = dyndq.quantize(model, group_size=32, samples=1)
     assert report.outputs and report.outputs_note.startswith("1 seeded sample")
+
+
+def test_progress_tells_each_run_of_the_evaluation():
+    lines = []
+    dyndq.quantize(exported_attention(), samples=2, progress=lines.append)
+    assert [line for line in lines if line.startswith("evaluating")] == [
+        "evaluating: float model, sample 1/2", "evaluating: float model, sample 2/2",
+        "evaluating: quantized model, sample 1/2", "evaluating: quantized model, sample 2/2"]
