@@ -21,7 +21,7 @@ from dyndq.quantization.numerics import quantize_weight
 ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: in the test extra)
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits  # noqa: E402
 
-from quantize_models import extreme_weights, mlp  # noqa: E402
+from quantize_models import extreme_weights, heavy, mlp  # noqa: E402
 
 
 def ort_matmul(w: np.ndarray, bits: int, block: int, symmetric: bool):
@@ -299,3 +299,22 @@ def test_search_is_no_worse_than_onnxruntime_hqq():
     _, report = dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False)
     assert report.layers[0].name == "W1"
     assert report.layers[0].relative_error <= hqq_error
+
+
+@pytest.mark.parametrize("k", [7, 100, 200])
+def test_a_weight_with_leading_ones_is_quantized_as_onnxruntime_squeezes_it(k):
+    """ONNX Runtime's quantizer takes a MatMul weight [1, 1, K, N] as [K, N]; ours groups it along
+    K the same way, with its codes, scales and zero points."""
+    w = heavy((1, 1, k, 24), seed=k)
+    g = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 3, k])],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 3, 24])],
+                               [nh.from_array(w, "W")])
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    theirs = _initializers(_ort_quantized(model, op_types=None))
+    ours = _initializers(dyndq.quantize(model, evaluate=False)[0])
+    codes, scales, zps = ort_matmul(w.reshape(k, 24), 4, 128, False)
+    np.testing.assert_array_equal(ours["W_quantized"].view(np.uint8).reshape(-1, 24)[:k], codes)
+    np.testing.assert_array_equal(bits_of(ours["W_scales"].reshape(-1, 24)), bits_of(theirs["W_scales"].reshape(24, -1).T))
+    np.testing.assert_array_equal(bits_of(ours["W_scales"].reshape(-1, 24)), bits_of(scales))
+    np.testing.assert_array_equal(ours["W_zero_points"].view(np.uint8).reshape(-1, 24), zps)
