@@ -160,6 +160,12 @@ class Evaluation:
         self.want = _run_all(Runner(float_model, ENGINE), self.feeds, "float", progress)
         self.seconds = time.perf_counter() - started
 
+    def inputs_used(self) -> dict:
+        """Which inputs, for tools: their source, seed (seeded ones), and each sample's arrays as dtype[shape]."""
+        return {"source": "given" if self.given else "seeded", "seed": None if self.given else self.seed,
+                "samples": [{name: f"{v.dtype.name}{list(v.shape)}" for name, v in f.items() if hasattr(v, "shape")}
+                            for f in self.feeds]}
+
     def measure(self, quantized: onnx.ModelProto) -> tuple[list[OutputDifference], str]:
         """(per output differences, how they were measured: which inputs, how long) or ([], why
         they were not)."""
@@ -195,14 +201,16 @@ class Evaluation:
         return errors, note if errors else f"not measured: no float output with finite values ({note})"
 
 
-def output_error(float_model: onnx.ModelProto, quantized: onnx.ModelProto, *, seed: int = 0, inputs=None,
-                 samples: int = SAMPLES, progress=None) -> tuple[list[OutputDifference], str]:
-    """`Evaluation(float_model, ...).measure(quantized)`; ([], why) when the float model cannot run."""
+def evaluate_into(report, float_model: onnx.ModelProto, quantized: onnx.ModelProto, **options) -> None:
+    """`report`'s outputs, outputs_note and inputs: `Evaluation(float_model, **options).measure(quantized)`,
+    or ([], why) when the float model cannot run on the inputs (said, not raised)."""
     try:
-        evaluation = Evaluation(float_model, seed=seed, inputs=inputs, samples=samples, progress=progress)
+        evaluation = Evaluation(float_model, **options)
     except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said, not raised
-        return [], f"not measured: {first_line(e)}"
-    return evaluation.measure(quantized)
+        report.outputs, report.outputs_note = [], f"not measured: {first_line(e)}"
+        return
+    report.outputs, report.outputs_note = evaluation.measure(quantized)
+    report.inputs = evaluation.inputs_used()
 
 
 def _run_all(runner, feeds: list[dict], which: str, progress) -> list[dict]:

@@ -34,7 +34,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     """Quantize the model in file `src` into file `dst` (options as `dyndq.quantize` takes them).
     evaluate: measure the output error (default: when the model's weights are under 2 GiB), on
     `inputs` or `samples` seeded samples as `dyndq.quantize` does."""
-    from dyndq.quantization.evaluate import checked_samples, output_error, user_inputs
+    from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
     from dyndq.files import DataFile, read_model, save_model, staged_write
 
     if emit not in EMITS:
@@ -77,8 +77,8 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     if measure:
         from dyndq.files import load_model
 
-        report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=checked.seed,
-                                                           inputs=feeds, samples=samples, progress=progress)
+        evaluate_into(report, load_model(src), out or load_model(dst), seed=checked.seed, inputs=feeds, samples=samples,
+                      progress=progress)
     else:
         report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
                                else "not measured (evaluate=False)")

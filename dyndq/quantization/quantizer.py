@@ -72,7 +72,7 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     from dyndq.files import model_of
 
     model = model_of(model, "quantize")
-    from dyndq.quantization.evaluate import checked_samples, output_error, user_inputs
+    from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
 
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
                                       scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed)
@@ -80,8 +80,7 @@ def quantize(model, *, bits: int = 4, group_size: int = 128, symmetric: bool = F
     feeds = user_inputs(model, inputs) if evaluate else None  # (before any work: a feed that does not fit is said first)
     out, report = quantize_model(model, options, strict=strict, progress=progress)
     if evaluate:
-        report.outputs, report.outputs_note = output_error(model, out, seed=options.seed, inputs=feeds, samples=samples,
-                                                           progress=progress)
+        evaluate_into(report, model, out, seed=options.seed, inputs=feeds, samples=samples, progress=progress)
     else:
         report.outputs_note = "not measured (evaluate=False)"
     return out, report
@@ -105,6 +104,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     for options_ in checked:
         out, report = quantize_model(model, options_)
         report.outputs, report.outputs_note = evaluation.measure(out)
+        report.inputs = evaluation.inputs_used()
         del out  # (one quantized model at a time)
         runs.append((options_.method, report))
     return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))

@@ -60,6 +60,7 @@ class QuantizeReport:
     ranking: list[dict] = field(default_factory=list)  # (quantize --rank-methods) every method on the same inputs, best first
     outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
+    inputs: dict | None = None  # the inputs it was measured on: source, seed, each sample's arrays (evaluate.py)
     seconds: float = 0.0
     # the export to the form asked for (quantize_file's emit "onnx", "onnxruntime"): "written for
     # FORM: " its summary, then one line per node whose form it decided, and why (the weights left
@@ -149,6 +150,7 @@ class QuantizeReport:
             "size_ratio": self.size_ratio,
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "outputs_note": self.outputs_note,
+            "inputs": self.inputs,
             "task_score": list(self.task_score()),
             "left_alone": [p.as_dict() | {"message": str(p)} for p in self.left_alone],
             "activations": self.activations,

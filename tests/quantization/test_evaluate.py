@@ -66,6 +66,7 @@ def test_the_users_inputs_are_what_is_measured_and_said():
     _, seeded = dyndq.quantize(model, samples=2)
     assert seeded.outputs_note.startswith("2 seeded samples (seed 0; token ids across each embedding's rows): ids int64[1, 4]")
     assert seeded.outputs[0].relative_error != logits.relative_error
+    assert seeded.inputs == {"source": "seeded", "seed": 0, "samples": [{"ids": "int64[1, 4]"}] * 2}
 
 
 def test_a_feed_that_does_not_fit_is_named_before_any_work():
@@ -104,6 +105,7 @@ def test_the_command_line_takes_inputs_and_writes_a_report(tmp_path, capsys):
     assert doc["samples_from"] == [f"--inputs-dir {tmp_path / 's0'}", f"--inputs-dir {tmp_path / 's1'}"]
     assert doc["settings"]["group_size"] == 128 and [layer["name"] for layer in doc["layers"]] == ["E", "Wq", "Wk", "Wv", "Wo"]
     assert doc["outputs"][0]["task"] == "logits" and len(doc["task_score"]) == 2
+    assert doc["inputs"] == {"source": "given", "seed": None, "samples": [{"ids": "int64[1, 10]"}] * 2}
     assert doc["activations"].startswith("2 MatMuls whose B is an activation")
     md = str(tmp_path / "r.md")
     assert main(["quantize", model, str(tmp_path / "q.onnx"), "--input", f"ids={tmp_path / 's1' / 'ids.npy'}",
