@@ -84,15 +84,17 @@ def cmd_quantize(args) -> int:
     options = dict(bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
 
-    def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
+    def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    progress = say if sys.stderr.isatty() else None  # (on a terminal only: quiet when piped or captured)
 
     # a bad option value (OptionError), nothing to quantize (NothingToQuantize), and --strict with a weight
     # left alone (ValidationError) are told by the one mapping
     report = quantize_file(
         args.input_, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
         inputs=inputs, samples=args.samples,
-        strict=args.strict, progress=progress if sys.stderr.isatty() else None,
+        strict=args.strict, progress=progress,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
         method=args.method, **options)
     if args.no_evaluate:
@@ -104,7 +106,7 @@ def cmd_quantize(args) -> int:
 
         report.ranking = ranking_rows(rank_methods(
             load_model(args.input_), inputs=inputs, samples=args.samples, seed=args.seed,
-            progress=progress if sys.stderr.isatty() else None, **options))
+            progress=progress, **options))
     head = {"input": args.input_, "output": args.output, "emit": args.emit}
     if inputs is not None:  # (which files the samples came from)
         head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]
