@@ -19,6 +19,11 @@ from dyndq.quantization.numerics import METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
+
+
+def methods_of(format: str) -> tuple[str, ...]:
+    """The methods a format takes: every one for integer codes; an FP4 format's rule is its only method."""
+    return METHODS if format == "int" else ("rtn",)
 DEFAULT_GROUP = 128  # integer codes' group size when none is given
 
 
@@ -69,7 +74,7 @@ class QuantizeOptions:
                 bad("scale_dtype", f"{scale_dtype!r} with format {format!r}",
                     "none (its scales are " + ("float8e8m0" if format == "mxfp4" else "float8e4m3fn times a float32")
                     + ")")
-            if method != "rtn":
+            if method not in methods_of(format):
                 bad("method", f"{method!r} with format {format!r}", "'rtn' (the format's rule is the only method)")
             group_size = block
         if not isinstance(symmetric, (bool, np.bool_)):
