@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-models bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-models bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -46,15 +46,27 @@ test: $(STAMP)
 test-big: $(STAMP)
 	$(PY) -m pytest -q -m big
 
+# $(call install_extra,NAME): pip installs pyproject.toml's optional extra NAME into .venv, as the extra
+# lists it (pyproject.toml is the one place for its versions; the package itself is installed already)
+define install_extra
+	$(PY) -c "import tomllib; \
+		print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))" \
+		> $(VENV)/$(1).txt
+	$(PY) -m pip install --quiet -r $(VENV)/$(1).txt
+endef
+
 # the tests that run exports on OpenVINO (marked `openvino`; `make test` skips them where it is not
 # installed, saying so): OpenVINO is an optional extra, installed here into .venv at the version
 # pyproject.toml's `openvino` extra asks for (one place for its lower bound)
 test-openvino: $(STAMP)
-	$(PY) -c "import tomllib; \
-		print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['openvino']))" \
-		> $(VENV)/openvino.txt
-	$(PY) -m pip install --quiet -r $(VENV)/openvino.txt
+	$(call install_extra,openvino)
 	$(PY) -m pytest -q -m openvino
+
+# the tests that compare with torch's and torchao's reference functions (marked `torch`; `make test`
+# skips them where torch is not installed, saying so): the `torch` extra of pyproject.toml
+test-torch: $(STAMP)
+	$(call install_extra,torch)
+	$(PY) -m pytest -q -m torch
 
 # Trained ONNX models nobody here wrote, for the quantizer's end-to-end tests: fetched with pip from
 # PyPI (rapidocr-onnxruntime 1.4.4, Apache-2.0: PP-OCR's text recognizer and direction classifier),

@@ -23,7 +23,7 @@ settings.register_profile("explore", database=None)
 settings.load_profile("dyndq")
 
 from cases import REQUIRE_NATIVE_ENV, native_required, needs_native, why_not_native  # noqa: E402
-from engines import needs_openvino  # noqa: E402
+from engines import needs_openvino, needs_torch  # noqa: E402
 from dyndq.kernels import native  # noqa: E402
 
 
@@ -72,3 +72,11 @@ def _openvino_available(request):
     where it is not installed (engines.needs_openvino)."""
     if request.node.get_closest_marker("openvino") is not None:
         needs_openvino()
+
+
+@pytest.fixture(autouse=True)
+def _torch_available(request):
+    """Tests marked `torch` need torch and torchao, an optional extra: skipped, saying how to run
+    them, where they are not installed (engines.needs_torch)."""
+    if request.node.get_closest_marker("torch") is not None:
+        needs_torch()

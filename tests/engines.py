@@ -77,6 +77,17 @@ def needs_openvino() -> None:
         pytest.skip(OPENVINO_MISSING)
 
 
+TORCH_MISSING = "torch and torchao are not installed (an optional extra): make test-torch installs them and runs this"
+
+
+def needs_torch() -> None:
+    """Skip the calling test, saying why, where torch or torchao is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchao") is None:
+        pytest.skip(TORCH_MISSING)
+
+
 def run_openvino(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list:
     """The graph's outputs on OpenVINO's CPU plugin, with OPENVINO_CONFIG."""
     import openvino as ov

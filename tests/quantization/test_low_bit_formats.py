@@ -144,17 +144,18 @@ def test_rounding_ties_go_to_the_even_code_and_beyond_six_saturates():
     assert as_floats(quantize_fp4(y, axis=0, format="mxfp4").codes)[0, 0] == 6
 
 
+@pytest.mark.torch
 def test_torchao_reference_functions():
     """torchao's MX (to_mx, its default FLOOR scale mode) and NVFP4 (NVFP4Tensor.to_nvfp4 with the
     per-tensor scale g) on the same weight: the same scales, and the same weight given back.
     Where they differ from the rules, on weights these are not: torchao's NVFP4 clamps a block
     scale below float8e4m3fn's smallest normal (2^-6) up to it, where the rule rounds it to
-    nearest (subnormal, or 0); and it divides in float32, then rounds to float4 (twice rounded,
-    where the rule rounds the exact quotient).  torch is not in the test extra (a CPU build is
-    hundreds of MB): without torch and torchao this is skipped."""
-    torch = pytest.importorskip("torch")
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    nvfp4_tensor = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    nearest (subnormal, or 0); and it multiplies by a reciprocal in float32, (1 / g) / s, then
+    rounds to float4 (rounded twice, where the rule rounds the exact quotient).  torch and torchao
+    are the `torch` extra (`make test-torch`; a CPU build of torch is hundreds of MB), not the
+    test extra: without them this is skipped, saying so."""
+    import torch
+    from torchao.prototype.mx_formats import mx_tensor, nvfp4_tensor
     w = heavy((128, 64), 3)
     t = torch.from_numpy(w.T.copy())  # torchao blocks along the last axis: [N, K]
     fp4 = torch.float4_e2m1fn_x2
@@ -167,9 +168,9 @@ def test_torchao_reference_functions():
     g = torch.tensor(float(nv.tensor_scale), dtype=torch.float32)
     assert float(nvfp4_tensor.per_tensor_amax_to_scale(t.abs().max())) == float(nv.tensor_scale)
     ours = nvfp4_tensor.NVFP4Tensor.to_nvfp4(t, per_tensor_scale=g)
-    np.testing.assert_array_equal(ours._scale_e4m3.float().numpy().reshape(64, -1).T, as_floats(nv.scales))
+    np.testing.assert_array_equal(ours.scale.float().numpy().reshape(64, -1).T, as_floats(nv.scales))
     divisor = (as_floats(nv.scales).astype(np.float32) * nv.tensor_scale).astype(np.float32)
-    np.testing.assert_array_equal(ours.to_dtype(torch.float32).numpy().T,
+    np.testing.assert_array_equal(ours.dequantize(torch.float32).numpy().T,
                                   as_floats(nv.codes).astype(np.float32) * np.repeat(divisor, 16, axis=0))
 
 

@@ -279,13 +279,13 @@ def _q(initializers, name):
 
 
 @pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")  # (its torch code's)
+@pytest.mark.torch
 def test_search_is_no_worse_than_onnxruntime_hqq():
     """ONNX Runtime's HQQ (same settings: 4 bits, groups of 128, asymmetric; MatMul) against
     dyndq's search, on the same heavy-tailed weights: the relative Frobenius error of the
     weights each gives back.  HQQ needs torch, which the test extra does not install (a CPU
     build is hundreds of MB): without it this test is skipped, and benchmarks/bench_quantize.py
     (run with torch) reports the same comparison."""
-    pytest.importorskip("torch")
     model = mlp(k=512, n=256, seed=11)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
