@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gib", type=float, default=1.9, help="the float model's weights, in GiB (under 2: evaluated by default)")
     p.add_argument("--vocab", type=int, default=32000, help="rows of the embedding and the LM head")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--case", action="append", choices=CASES, help="the cases to run (default: all)")
     p.add_argument("--profile", action="store_true", help="the memory at each step of each case")
     p.add_argument("--folder", help="where to write the models (default: a temporary folder)")
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
     print(machine())
     with tempfile.TemporaryDirectory(dir=args.folder) as d:
         src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "q.onnx")
-        floats, largest = write_model(src, args.gib, vocab=args.vocab)
+        floats, largest = write_model(src, args.gib, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab)
         print(f"float model: {floats / 2**30:.2f} GiB of float32 weights (largest {largest / 2**20:.0f} MiB), external data")
         for case in ("imports", *(c for c in CASES if c != "imports" and (not args.case or c in args.case))):
             r = run_case(case, src, dst, args.profile)
