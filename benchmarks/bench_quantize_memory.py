@@ -192,21 +192,27 @@ def main(argv=None) -> int:
     p.add_argument("--case", action="append", choices=CASES, help="the cases to run (default: all)")
     p.add_argument("--profile", action="store_true", help="the memory at each step of each case")
     p.add_argument("--folder", help="where to write the models (default: a temporary folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON document: the machine, the model's bytes, each case")
     args = p.parse_args(argv)
-    print(machine())
+    say = (lambda *a: None) if args.json else print
+    results = {"machine": machine(), "cases": {}}
+    say(results["machine"])
     with tempfile.TemporaryDirectory(dir=args.folder) as d:
         src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "q.onnx")
         floats, largest = write_model(src, args.gib, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab)
-        print(f"float model: {floats / 2**30:.2f} GiB of float32 weights (largest {largest / 2**20:.0f} MiB), external data")
+        results.update(floats=floats, largest=largest)
+        say(f"float model: {floats / 2**30:.2f} GiB of float32 weights (largest {largest / 2**20:.0f} MiB), external data")
         for case in ("imports", *(c for c in CASES if c != "imports" and (not args.case or c in args.case))):
-            r = run_case(case, src, dst, args.profile)
-            print(f"{case:20s} {r['seconds']:6.1f} s  peak {r['peak'] / 2**20:7.0f} MiB = {r['peak'] / floats:.2f}x the float "
+            r = results["cases"][case] = run_case(case, src, dst, args.profile)
+            say(f"{case:20s} {r['seconds']:6.1f} s  peak {r['peak'] / 2**20:7.0f} MiB = {r['peak'] / floats:.2f}x the float "
                   f"model ({(r['peak'] - largest) / 2**20:.0f} MiB + the largest weight)  {r.get('note', '')[:90]}")
             for name, entered, highest in r.get("phases", []):
-                print(f"    {name:28s} entered at {entered / 2**20:7.0f} MiB, highest {highest / 2**20:7.0f} MiB")
+                say(f"    {name:28s} entered at {entered / 2**20:7.0f} MiB, highest {highest / 2**20:7.0f} MiB")
             for f in os.listdir(d):
                 if f.startswith("q.onnx"):
                     os.remove(os.path.join(d, f))
+    if args.json:
+        print(json.dumps(results))
     return 0
 
 
