@@ -171,6 +171,10 @@ class OnOrt:
         if _standard(model):
             model, weights = _weights_apart(model, loaded)
         else:
+            if loaded is not None:  # (exported whole: its data loaded)
+                from dyndq.files import load_model
+
+                model = load_model(loaded.path)
             _validate_our_nodes(model)
         self.session = OrtSession(exported_for_onnxruntime(model), level="basic", weights=weights, arena=False)
 

@@ -229,3 +229,21 @@ def test_the_evaluation_from_external_data_measures_what_the_in_memory_one_does(
     assert [(o.name, o.relative_error, o.cosine) for o in report.outputs] == \
            [(o.name, o.relative_error, o.cosine) for o in in_memory.outputs]
     assert 0 < report.outputs[0].relative_error < 1
+
+
+def test_a_float_model_the_export_rewrites_is_evaluated_whole_from_external_data(tmp_path):
+    """A model with a function (or ops outside ai.onnx, or nested graphs) is exported whole, as
+    the Runner does: from a file with external data, its data loaded for the run."""
+    from dyndq.quantization import quantize_file
+
+    model = stack(layers=2, hidden=1024)
+    model.graph.node[1].output[0] = "h1_in"
+    model.graph.node.append(helper.make_node("Twice", ["h1_in"], ["h1"], domain="local", name="twice"))
+    model.functions.append(helper.make_function("local", "Twice", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])],
+                                                [helper.make_opsetid("", 21)]))
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", samples=1)
+    _, in_memory = dyndq.quantize(model, samples=1)
+    assert report.outputs_note.startswith("1 seeded sample (seed 0): x float32[4, 1024]; onnxruntime, 2 runs in ")
+    assert [o.relative_error for o in report.outputs] == [o.relative_error for o in in_memory.outputs]
