@@ -163,10 +163,11 @@ class OnOrt:
     def __init__(self, model: onnx.ModelProto, loaded=None):
         from dyndq.ort_session import OrtSession
         from dyndq.run_outputs import exported_for_onnxruntime
-        from dyndq.runner import _validate_our_nodes, graph_inputs
+        from dyndq.runner import _declared, _validate_our_nodes, graph_inputs
 
         self.inputs = graph_inputs(model)
-        self.output_names = [o.name for o in model.graph.output]
+        self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
+        self.output_names = [name for name, _ in self.outputs]
         weights = None
         if _standard(model):
             model, weights = _weights_apart(model, loaded)
@@ -179,10 +180,15 @@ class OnOrt:
         self.session = OrtSession(exported_for_onnxruntime(model), level="basic", weights=weights, arena=False)
 
     def __call__(self, feeds) -> dict:
-        from dyndq.runner import _output, fitting_feeds
+        from dyndq.runner import OutputError, _output, _value_problem, fitting_feeds
 
         values = self.session.run(self.output_names, fitting_feeds(self.inputs, feeds))
-        return {name: _output(value) for name, value in zip(self.output_names, values)}
+        results = {name: _output(value) for name, value in zip(self.output_names, values)}
+        problems = [problem for name, spec in self.outputs if spec is not None  # (a wrong result refused, as the Runner does)
+                    for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
+        if problems:
+            raise OutputError(problems)
+        return results
 
 
 def _standard(model: onnx.ModelProto) -> bool:
