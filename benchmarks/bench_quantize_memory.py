@@ -205,7 +205,8 @@ def main(argv=None) -> int:
         for case in ("imports", *(c for c in CASES if c != "imports" and (not args.case or c in args.case))):
             r = results["cases"][case] = run_case(case, src, dst, args.profile)
             say(f"{case:20s} {r['seconds']:6.1f} s  peak {r['peak'] / 2**20:7.0f} MiB = {r['peak'] / floats:.2f}x the float "
-                  f"model ({(r['peak'] - largest) / 2**20:.0f} MiB + the largest weight)  {r.get('note', '')[:90]}")
+                  f"model (imports + {(r['peak'] - results['cases']['imports']['peak']) / largest:.2f}x the largest weight)  "
+                f"{r.get('note', '')[:90]}")
             for name, entered, highest in r.get("phases", []):
                 say(f"    {name:28s} entered at {entered / 2**20:7.0f} MiB, highest {highest / 2**20:7.0f} MiB")
             for f in os.listdir(d):
