@@ -27,10 +27,17 @@ class OrtSession:
     it, which are not the model's).  `disabled_optimizers`: graph transformers and rewrite rules
     ONNX Runtime leaves out, by name (it accepts unknown names silently); `config`: session
     config entries (`SessionOptions.add_session_config_entry`).  Logging is off: ONNX Runtime's
-    errors come back as exceptions."""
+    errors come back as exceptions.
+
+    `weights`: arrays fed with every run for graph inputs of `exported` that stand for weights
+    held outside it (a model's big initializers made inputs, as `light_view` makes them), so that
+    a caller holding them once passes them without a copy.  `arena=False`: ONNX Runtime's CPU
+    arena off, so each intermediate value's memory goes back when it is freed (with the arena,
+    a run's largest values, a dequantized weight each, stay held until the session goes)."""
 
     def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None,
-                 disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None):
+                 disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None,
+                 weights: Mapping[str, np.ndarray] | None = None, arena: bool = True):
         import onnxruntime as ort
 
         from dyndq.plumbing.light import big_initializers, light_view
@@ -45,12 +52,13 @@ class OrtSession:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
         if optimized_model_path is not None:
             options.optimized_model_filepath = optimized_model_path
+        options.enable_cpu_mem_arena = arena
         for key, value in (config or {}).items():
             options.add_session_config_entry(key, value)
         # (the boundary is made on the light view, so that a big int4 or bfloat16 initializer,
         # fed as an input there, passes through it as any input does)
         self.boundary = OrtBoundary(light_view(exported))
-        self._big = {t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}
+        self._big = {**(weights or {}), **{t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}}
         self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
                                             providers=["CPUExecutionProvider"],
                                             disabled_optimizers=list(disabled_optimizers))

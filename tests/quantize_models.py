@@ -89,3 +89,15 @@ def exported_attention(hidden=100, vocab=50, seed=0, opset=21) -> onnx.ModelProt
     g = helper.make_graph(nodes, "exported_attention", [helper.make_tensor_value_info("ids", T.INT64, [1, "seq"])],
                           [helper.make_tensor_value_info("logits", T.FLOAT, [1, "seq", vocab])])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def stack(layers=6, hidden=512, seed=0) -> onnx.ModelProto:
+    """x -> MatMul -> MatMul -> ...: `layers` float32 weights of hidden x hidden (1 MiB each at 512)."""
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"], name=f"layer{i}"))
+        inits.append(nh.from_array(heavy((hidden, hidden), seed + i, scale=1 / np.sqrt(hidden)), f"w{i}"))
+        prev = f"h{i}"
+    g = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", T.FLOAT, ["n", hidden])],
+                          [helper.make_tensor_value_info(prev, T.FLOAT, ["n", hidden])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)

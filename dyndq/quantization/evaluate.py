@@ -15,10 +15,15 @@ on its last axis as an embedding has rows, a language model's head), also what a
 answer along that axis stays the same, and the mean KL divergence KL(float || quantized) of
 the distributions (of softmax(logits) for logits), in nats.
 
-Both models run on ONNX Runtime through `dyndq.run`'s Runner (the quantized one exported to
-standard ONNX first; its basic graph optimizations only, so the dequantized weights are the
+Both models run on ONNX Runtime as `dyndq.run`'s Runner runs them (the quantized one exported
+to standard ONNX first; its basic graph optimizations only, so the dequantized weights are the
 graph's exactly), one after the other: the float model's session is dropped before the
-quantized one's is made.
+quantized one's is made.  The memory this takes is held to about the float model's weights
+once beside what the caller holds (`OnOrt`): the float model's big weights are fed as arrays
+held once (read from its external data file when it has one, never the whole model loaded),
+ONNX Runtime's arena is off (a dequantized weight's memory goes back after its MatMul), and
+the quantized model's outputs are compared a sample at a time, as they come, against the
+float model's, the only outputs kept.
 """
 from __future__ import annotations
 
@@ -146,18 +151,89 @@ def describe_samples(samples: list[dict], given: bool, seed: int, tables: bool =
     return f"{source}: {shapes}" if shapes else source
 
 
+class OnOrt:
+    """One model on ONNX Runtime for the evaluation (`dyndq.run`'s Runner does the same, less
+    frugally): call it with a feed dict.  A model of standard ops only (the float model, as a
+    rule) has its big initializers fed as arrays, each read once (from `loaded`'s external data
+    when given: `model` is then `loaded.model`, its data on disk), and only its light view (no
+    weights in it) exported and serialized for ONNX Runtime; any other model (ours, or with
+    contrib ops or functions, whose export may read its constants) is exported whole, as the
+    Runner does.  ONNX Runtime's arena is off either way."""
+
+    def __init__(self, model: onnx.ModelProto, loaded=None):
+        from dyndq.ort_session import OrtSession
+        from dyndq.run_outputs import exported_for_onnxruntime
+        from dyndq.runner import _declared, _validate_our_nodes, graph_inputs
+
+        self.inputs = graph_inputs(model)
+        self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
+        self.output_names = [name for name, _ in self.outputs]
+        weights = None
+        if _standard(model):
+            model, weights = _weights_apart(model, loaded)
+        else:
+            if loaded is not None:  # (exported whole: its data loaded)
+                from dyndq.files import load_model
+
+                model = load_model(loaded.path)
+            _validate_our_nodes(model)
+        self.session = OrtSession(exported_for_onnxruntime(model), level="basic", weights=weights, arena=False)
+
+    def __call__(self, feeds) -> dict:
+        from dyndq.runner import OutputError, _output, _value_problem, fitting_feeds
+
+        values = self.session.run(self.output_names, fitting_feeds(self.inputs, feeds))
+        results = {name: _output(value) for name, value in zip(self.output_names, values)}
+        problems = [problem for name, spec in self.outputs if spec is not None  # (a wrong result refused, as the Runner does)
+                    for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
+        if problems:
+            raise OutputError(problems)
+        return results
+
+
+def _standard(model: onnx.ModelProto) -> bool:
+    """No node outside ai.onnx, no function, no nested graph: nothing the export would rewrite."""
+    return not model.functions and all(
+        n.domain in ("", "ai.onnx") and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                 for a in n.attribute) for n in model.graph.node)
+
+
+def _weights_apart(model: onnx.ModelProto, loaded=None) -> tuple[onnx.ModelProto, dict]:
+    """(the model without its big initializers' data, each a graph input instead, as `light_view`
+    makes them; {name: array} of them, each read once); a small tensor with external data is
+    read into the model."""
+    from dyndq.files import tensor_array, tensor_with_data
+    from dyndq.plumbing.light import BIG, copy_fields, nbytes
+
+    light = onnx.ModelProto()
+    copy_fields(model, light, skip={"graph"})
+    copy_fields(model.graph, light.graph, skip={"initializer"})
+    inputs = {vi.name for vi in model.graph.input}
+    weights = {}
+    for t in model.graph.initializer:
+        if nbytes(t) <= BIG:
+            light.graph.initializer.append(t if loaded is None else tensor_with_data(t, loaded))
+            continue
+        weights[t.name] = onnx.numpy_helper.to_array(t) if loaded is None else tensor_array(t, loaded)
+        if t.name not in inputs:  # (IR < 4 lists initializers among the inputs already)
+            light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light, weights
+
+
 class Evaluation:
     """The float model run once on the evaluation's inputs (its session dropped when done), to
-    measure any number of quantized models of it against (`measure`)."""
+    measure any number of quantized models of it against (`measure`).  `loaded`: the float
+    model as `files.read_model(..., load_data=False)` read it (`float_model` its model), its
+    weights read from its external data for the run, never the whole model loaded."""
 
     def __init__(self, float_model: onnx.ModelProto, *, seed: int = 0, inputs=None, samples: int = SAMPLES,
-                 progress=None):
-        from dyndq.runner import Runner  # (not runner(): its cache would keep the sessions, weights and all)
-
+                 progress=None, loaded=None):
         started = time.perf_counter()
         self.model, self.seed, self.progress, self.given = float_model, seed, progress, inputs is not None
         self.feeds = inputs if self.given else seeded_samples(float_model, seed, samples)
-        self.want = _run_all(Runner(float_model, ENGINE), self.feeds, "float", progress)
+        run = OnOrt(float_model, loaded)  # (not runner(): its cache would keep the sessions, weights and all)
+        self.want = [_progress(run, f, "float", i, len(self.feeds), progress) for i, f in enumerate(self.feeds)]
+        del run
         self.seconds = time.perf_counter() - started
 
     def inputs_used(self) -> dict:
@@ -169,30 +245,36 @@ class Evaluation:
     def measure(self, quantized: onnx.ModelProto) -> tuple[list[OutputDifference], str]:
         """(per output differences, how they were measured: which inputs, how long) or ([], why
         they were not)."""
-        from dyndq.runner import Runner
-
         started = time.perf_counter()
+        names = [name for name, w0 in self.want[0].items()
+                 if isinstance(w0, np.ndarray) and (w0.dtype.kind == "f" or w0.dtype.name == "bfloat16")]
+        # (an error against infinity or NaN means nothing)
+        unbounded = [name for name in names if not all(np.isfinite(w[name]).all() for w in self.want)]
+        names = [name for name in names if name not in unbounded]
+        kinds = {name: task_kind(self.model, name, [w[name].astype(np.float64) for w in self.want]) for name in names}
+        stats = {name: ErrorStats() for name in names}
+        tasks = {name: [0, 0, 0.0] for name in names if kinds[name]}  # top-1 agreeing rows, rows, summed KL
         try:
-            got = _run_all(Runner(quantized, ENGINE), self.feeds, "quantized", self.progress)
+            run = OnOrt(quantized)
+            for i, (feeds, want) in enumerate(zip(self.feeds, self.want)):
+                got = _progress(run, feeds, "quantized", i, len(self.feeds), self.progress)
+                for name in names:  # (a sample at a time: only the float model's outputs are kept)
+                    w, g = want[name].astype(np.float64), got[name].astype(np.float64)
+                    stats[name].add(w.ravel(), g.ravel())
+                    if name in tasks:
+                        for k, v in enumerate(task_sums(w, g, kinds[name])):
+                            tasks[name][k] += v
+                del got
+            del run
         except Exception as e:  # noqa: BLE001 - a model the engine cannot run: said, not raised
             return [], f"not measured: {first_line(e)}"
-        errors, unbounded = [], []
-        for name, w0 in self.want[0].items():
-            if not isinstance(w0, np.ndarray) or w0.dtype.kind != "f" and w0.dtype.name != "bfloat16":
-                continue
-            ws = [w[name].astype(np.float64) for w in self.want]
-            gs = [g[name].astype(np.float64) for g in got]
-            if not all(np.isfinite(w).all() for w in ws):  # (an error against infinity or NaN means nothing)
-                unbounded.append(name)
-                continue
-            stats = ErrorStats()
-            for w, g in zip(ws, gs):
-                stats.add(w.ravel(), g.ravel())
-            difference = OutputDifference(name, stats.relative, stats.max_abs, stats.cosine)
-            kind = task_kind(self.model, name, ws)
-            if kind is not None:
-                difference.task = kind
-                difference.top1_agreement, difference.kl_divergence = task_metrics(ws, gs, kind)
+        errors = []
+        for name in names:
+            difference = OutputDifference(name, stats[name].relative, stats[name].max_abs, stats[name].cosine)
+            if name in tasks:
+                agree, rows, kl = tasks[name]
+                difference.task = kinds[name]
+                difference.top1_agreement, difference.kl_divergence = agree / rows, kl / rows
             errors.append(difference)
         seconds = self.seconds + time.perf_counter() - started
         note = f"{describe_samples(self.feeds, self.given, self.seed, bool(index_bounds(self.model)))}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
@@ -213,13 +295,10 @@ def evaluate_into(report, float_model: onnx.ModelProto, quantized: onnx.ModelPro
     report.inputs = evaluation.inputs_used()
 
 
-def _run_all(runner, feeds: list[dict], which: str, progress) -> list[dict]:
-    results = []
-    for i, f in enumerate(feeds):
-        if progress:
-            progress(f"evaluating: {which} model, sample {i + 1}/{len(feeds)}")
-        results.append(runner(f))
-    return results
+def _progress(run, feeds: dict, which: str, i: int, count: int, progress) -> dict:
+    if progress:
+        progress(f"evaluating: {which} model, sample {i + 1}/{count}")
+    return run(feeds)
 
 
 def task_kind(model: onnx.ModelProto, output: str, values: list[np.ndarray]) -> str | None:
@@ -244,13 +323,18 @@ def task_metrics(want: list[np.ndarray], got: list[np.ndarray], kind: str) -> tu
     agree = rows = 0
     kl = 0.0
     for w, g in zip(want, got):
-        w, g = w.reshape(-1, w.shape[-1]), g.reshape(-1, g.shape[-1])
-        agree += int((w.argmax(axis=-1) == g.argmax(axis=-1)).sum())
-        rows += w.shape[0]
-        log_p, log_q = (_log_softmax(w), _log_softmax(g)) if kind == "logits" else (_log_normalized(w), _log_normalized(g))
-        p = np.exp(log_p)
-        kl += float(np.sum(np.where(p > 0, p * (log_p - log_q), 0.0)))
+        a, r, k = task_sums(w, g, kind)
+        agree, rows, kl = agree + a, rows + r, kl + k
     return agree / rows, kl / rows
+
+
+def task_sums(w: np.ndarray, g: np.ndarray, kind: str) -> tuple[int, int, float]:
+    """One sample's (rows whose top-1 answer agrees, rows, summed KL(float || quantized) in nats)."""
+    w, g = w.reshape(-1, w.shape[-1]), g.reshape(-1, g.shape[-1])
+    log_p, log_q = (_log_softmax(w), _log_softmax(g)) if kind == "logits" else (_log_normalized(w), _log_normalized(g))
+    p = np.exp(log_p)
+    return (int((w.argmax(axis=-1) == g.argmax(axis=-1)).sum()), w.shape[0],
+            float(np.sum(np.where(p > 0, p * (log_p - log_q), 0.0))))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

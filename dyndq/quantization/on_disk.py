@@ -77,12 +77,25 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     if measure:
         from dyndq.files import load_model
 
-        evaluate_into(report, load_model(src), out or load_model(dst), seed=checked.seed, inputs=feeds, samples=samples,
-                      progress=progress)
+        if out is None:
+            out = load_model(dst)  # (the quantized model: about bits/32 of the float weights)
+        # the float model's weights read from its data file for its run, never the whole model loaded
+        # (but for external data outside the main graph's initializers, which only a load resolves)
+        apart = loaded.external_data and _data_in_initializers_only(loaded.model)
+        whole = loaded.model if apart or not loaded.external_data else load_model(src)
+        evaluate_into(report, whole, out, seed=checked.seed, inputs=feeds, samples=samples, progress=progress,
+                      loaded=loaded if apart else None)
     else:
         report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
                                else "not measured (evaluate=False)")
     return report
+
+
+def _data_in_initializers_only(model: onnx.ModelProto) -> bool:
+    from onnx import external_data_helper as h
+
+    main = sum(h.uses_external_data(t) for t in model.graph.initializer)
+    return main == sum(h.uses_external_data(t) for t in h._get_all_tensors(model))
 
 
 def _lowered(model: onnx.ModelProto, emit: str):

@@ -20,3 +20,18 @@ def test_bench_quantize_runs_small(tmp_path):
     assert "on the reference engine" in text and "dyndq quantize (rtn)" in text
     assert "dyndq rtn at 2 bits gives ONNX Runtime's 2-bit RTN weights, value for value: yes" in text
     assert "dyndq search, 2 bits" in text and "dyndq mxfp4" in text and "dyndq nvfp4" in text
+
+
+def test_bench_quantize_memory_runs_small(tmp_path):
+    """benchmarks/bench_quantize_memory.py end to end on a tiny model, every case profiled (its
+    figures are never asserted here: tests/quantization/test_memory.py bounds them, `big`)."""
+    bench = BENCH.parent / "bench_quantize_memory.py"
+    p = subprocess.run([sys.executable, str(bench), "--gib", "0.005", "--hidden", "64", "--intermediate", "128",
+                        "--vocab", "200", "--profile"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = p.stdout
+    assert "load average" in text and "float model: " in text
+    for case in ("file-evaluate", "file-no-evaluate", "memory-evaluate", "memory-no-evaluate"):
+        assert f"\n{case} " in text
+    assert text.count("4 seeded samples (seed 0; token ids across each embedding's rows)") == 2
+    assert "Evaluation: float model" in text and "Evaluation: quantized model" in text

@@ -17,7 +17,7 @@ from dyndq.quantization.evaluate import index_bounds, seeded_samples, task_kind,
 from dyndq.quantization.options import OptionError
 from dyndq.runner import FeedError
 
-from quantize_models import exported_attention, mlp
+from quantize_models import exported_attention, mlp, stack
 
 
 def test_seeded_samples_cover_the_vocabulary_through_a_cast():
@@ -193,3 +193,57 @@ def test_progress_tells_each_run_of_the_evaluation():
     assert [line for line in lines if line.startswith("evaluating")] == [
         "evaluating: float model, sample 1/2", "evaluating: float model, sample 2/2",
         "evaluating: quantized model, sample 1/2", "evaluating: quantized model, sample 2/2"]
+
+
+def test_the_float_model_runs_with_its_weights_held_once_and_as_the_runner_runs_it(tmp_path):
+    """The evaluation's float run (OnOrt): its big weights fed as arrays, the model ONNX Runtime
+    gets holding none of them; from a file with external data read from it, never the whole
+    model loaded; the outputs those of `dyndq.run`'s Runner, bit for bit (it feeds them alike)."""
+    from dyndq.files import read_model
+    from dyndq.plumbing.light import BIG
+    from dyndq.quantization.evaluate import OnOrt
+    from dyndq.runner import Runner
+
+    model = stack(layers=3, hidden=1024)  # (4 MiB weights: above BIG)
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 1024)).astype(np.float32)}
+    want = Runner(model, "onnxruntime")(feeds)
+    run = OnOrt(model)
+    assert sorted(run.session._big) == ["w0", "w1", "w2"]
+    assert all(len(t.raw_data) <= BIG for t in run.session.boundary.model.graph.initializer)
+    np.testing.assert_array_equal(run(feeds)["h2"], want["h2"])
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    loaded = read_model(tmp_path / "float.onnx", load_data=False)
+    from_file = OnOrt(loaded.model, loaded)
+    assert all(t.data_location == T.EXTERNAL for t in loaded.model.graph.initializer)  # (still on disk)
+    np.testing.assert_array_equal(from_file(feeds)["h2"], want["h2"])
+
+
+def test_the_evaluation_from_external_data_measures_what_the_in_memory_one_does(tmp_path):
+    from dyndq.quantization import quantize_file
+
+    model = stack(layers=3, hidden=1024)
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", samples=2)
+    _, in_memory = dyndq.quantize(model, samples=2)
+    assert report.outputs_note.startswith("2 seeded samples (seed 0): x float32[4, 1024]; onnxruntime, 4 runs in ")
+    assert [(o.name, o.relative_error, o.cosine) for o in report.outputs] == \
+           [(o.name, o.relative_error, o.cosine) for o in in_memory.outputs]
+    assert 0 < report.outputs[0].relative_error < 1
+
+
+def test_a_float_model_the_export_rewrites_is_evaluated_whole_from_external_data(tmp_path):
+    """A model with a function (or ops outside ai.onnx, or nested graphs) is exported whole, as
+    the Runner does: from a file with external data, its data loaded for the run."""
+    from dyndq.quantization import quantize_file
+
+    model = stack(layers=2, hidden=1024)
+    model.graph.node[1].output[0] = "h1_in"
+    model.graph.node.append(helper.make_node("Twice", ["h1_in"], ["h1"], domain="local", name="twice"))
+    model.functions.append(helper.make_function("local", "Twice", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])],
+                                                [helper.make_opsetid("", 21)]))
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    save_model(model, tmp_path / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", samples=1)
+    _, in_memory = dyndq.quantize(model, samples=1)
+    assert report.outputs_note.startswith("1 seeded sample (seed 0): x float32[4, 1024]; onnxruntime, 2 runs in ")
+    assert [o.relative_error for o in report.outputs] == [o.relative_error for o in in_memory.outputs]

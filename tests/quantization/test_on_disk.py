@@ -14,23 +14,11 @@ import dyndq
 from dyndq.files import save_model
 from dyndq.quantization import quantize_file
 
-from quantize_models import heavy, mlp
+from quantize_models import heavy, mlp, stack
 
 
 def arrays(model):
     return {t.name: nh.to_array(t) for t in model.graph.initializer}
-
-
-def stack(layers=6, hidden=512, seed=0) -> onnx.ModelProto:
-    """x -> MatMul -> MatMul -> ...: `layers` float32 weights of hidden x hidden (1 MiB each at 512)."""
-    nodes, inits, prev = [], [], "x"
-    for i in range(layers):
-        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"], name=f"layer{i}"))
-        inits.append(nh.from_array(heavy((hidden, hidden), seed + i, scale=1 / np.sqrt(hidden)), f"w{i}"))
-        prev = f"h{i}"
-    g = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", T.FLOAT, ["n", hidden])],
-                          [helper.make_tensor_value_info(prev, T.FLOAT, ["n", hidden])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 def test_external_data_in_external_data_out_same_as_in_memory(tmp_path):
