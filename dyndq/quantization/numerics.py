@@ -26,15 +26,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from concurrent.futures import ThreadPoolExecutor
+
 import ml_dtypes
 import numpy as np
 
+from dyndq.kernels import parallel
 from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
 from dyndq.quantization.rtn import Levels, half_of, rtn
 from dyndq.quantization.search import search
 
 METHODS = {"rtn": rtn, "search": search}
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
+TILE_COLUMNS = 256  # columns of a block when the axis is not the last (see quantize_weight)
 
 
 class ScaleOutOfRange(ValueError):
@@ -57,16 +61,28 @@ class ErrorStats:
     max_abs: float = 0.0
 
     def add(self, w: np.ndarray, dq: np.ndarray) -> None:
+        self.merge(ErrorStats.of(w, dq))
+
+    @staticmethod
+    def of(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
+        """The sums of one block (threads compute blocks' sums apart, `merge` adds them in order)."""
         w, dq = w.astype(np.float64), dq.astype(np.float64)
         diff = w - dq
-        self.sq_error += float(np.einsum("i,i->", diff.ravel(), diff.ravel()))
-        self.sq_weight += float(np.einsum("i,i->", w.ravel(), w.ravel()))
-        self.sq_dequantized += float(np.einsum("i,i->", dq.ravel(), dq.ravel()))
-        self.dot += float(np.einsum("i,i->", w.ravel(), dq.ravel()))
-        if diff.size:
+        return ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
+                          float(np.einsum("i,i->", w.ravel(), w.ravel())),
+                          float(np.einsum("i,i->", dq.ravel(), dq.ravel())),
+                          float(np.einsum("i,i->", w.ravel(), dq.ravel())),
+                          float(np.abs(diff).max()) if diff.size else None)
+
+    def merge(self, block: ErrorStats) -> None:
+        self.sq_error += block.sq_error
+        self.sq_weight += block.sq_weight
+        self.sq_dequantized += block.sq_dequantized
+        self.dot += block.dot
+        if block.max_abs is not None:
             # (NumPy's max keeps a NaN, where Python's max(0.0, nan) gives 0.0: a NaN error never
             # shows a max of 0 beside it)
-            self.max_abs = float(np.max([self.max_abs, np.abs(diff).max()]))
+            self.max_abs = float(np.max([self.max_abs, block.max_abs]))
 
     @property
     def relative(self) -> float:
@@ -128,21 +144,35 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     levels3 = np.empty((outer, n_groups * group, inner), np.uint8)
     scales3 = np.empty((outer, n_groups, inner), scale_dtype)
     zeros3 = np.empty((outer, n_groups, inner), np.uint8)
+    # A block is a tile of whole groups along the axis (k) by up to TILE_COLUMNS columns (n), by
+    # as many outer rows (o) as fill BLOCK_ELEMENTS: transposing it to rows of groups reads runs
+    # of TILE_COLUMNS contiguous elements, where the axis' whole length by a few columns would
+    # read a few elements per row of the weight, each a cache miss.  Groups are independent, so
+    # the tiling changes no code, scale or zero point.
+    k_block = min(length, group * max(1, BLOCK_ELEMENTS // (group * min(inner, TILE_COLUMNS))))
+    n_block = max(1, min(inner, BLOCK_ELEMENTS // k_block))
+    o_block = max(1, BLOCK_ELEMENTS // (k_block * n_block))
+
+    def one_block(o: int, k: int, n: int) -> ErrorStats:
+        """Block (o, k, n) quantized into its own parts of levels3, scales3 and zeros3; its error sums."""
+        part = w3[o:o + o_block, k:k + k_block, n:n + n_block]
+        k_len = part.shape[1]
+        rows = np.ascontiguousarray(part.transpose(0, 2, 1)).reshape(-1, k_len)  # (a copy of this block only)
+        q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
+        q, values = _within_range(q, rows, weight.dtype, bits)
+        shape = (part.shape[0], part.shape[2])
+        g = k // group  # (k is a whole number of groups)
+        levels = q.levels.reshape(*shape, -1).transpose(0, 2, 1)
+        levels3[o:o + o_block, k:k + levels.shape[1], n:n + n_block] = levels
+        scales3[o:o + o_block, g:g + q.scales.shape[1], n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
+        zeros3[o:o + o_block, g:g + q.zeros.shape[1], n:n + n_block] = q.zeros.reshape(*shape, -1).transpose(0, 2, 1)
+        return ErrorStats.of(rows, values[:, :k_len])
+
+    starts = [(o, k, n) for o in range(0, outer, o_block) for k in range(0, length, k_block)
+              for n in range(0, inner, n_block)]
     stats = ErrorStats()
-    per_row = max(1, BLOCK_ELEMENTS // length)  # rows of `length` elements per block
-    n_block = min(inner, per_row)
-    o_block = max(1, per_row // n_block)
-    for o in range(0, outer, o_block):
-        for n in range(0, inner, n_block):
-            part = w3[o:o + o_block, :, n:n + n_block]
-            rows = part.transpose(0, 2, 1).reshape(-1, length)  # (a copy of this block only)
-            q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
-            q, values = _within_range(q, rows, weight.dtype, bits)
-            stats.add(rows, values[:, :length])
-            shape = (part.shape[0], part.shape[2])
-            levels3[o:o + o_block, :, n:n + n_block] = q.levels.reshape(*shape, -1).transpose(0, 2, 1)
-            scales3[o:o + o_block, :, n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
-            zeros3[o:o + o_block, :, n:n + n_block] = q.zeros.reshape(*shape, -1).transpose(0, 2, 1)
+    for block in _in_threads(one_block, starts, weight.size):
+        stats.merge(block)  # (in the blocks' order, whichever thread finished first: the same sums)
     shape = list(weight.shape)
     codes = _codes(levels3, zeros3, group, bits, symmetric)
     shape[axis] = n_groups * group
@@ -151,6 +181,27 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     dtype = code_dtype(bits, symmetric)
     zero_points = None if symmetric else zeros3.reshape(shape).astype(dtype)
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
+
+
+def _in_threads(work, starts: list, size: int):
+    """work(*start) for every start, its results in the order of `starts`.
+
+    The blocks are shared among threads (parallel.threads_for: the cores this process may run on,
+    DYNDQ_NUM_THREADS, one thread for a small weight): NumPy's loops and our kernel release the
+    GIL, so a weight's blocks really run at once.  The blocks write disjoint parts of the result,
+    and their sums are merged in order, so the result is the one of a single thread, bit for bit.
+    An error is raised as the first block raising it would raise it alone."""
+    n_threads = parallel.threads_for(size, len(starts), None)
+    if n_threads <= 1:
+        return [work(*s) for s in starts]
+    # (a pool of its own: the kernel's shared pool may be waited on from inside a block)
+    with ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="dyndq-quantize") as pool:
+        futures = [pool.submit(work, *s) for s in starts]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()  # (after an error, the blocks not started yet are not run)
 
 
 def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> Levels:
