@@ -34,6 +34,7 @@ import numpy as np
 from dyndq.kernels import parallel
 from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
 from dyndq.quantization.rtn import Levels, half_of, rtn
+from dyndq.quantization.scratch import release, scratch
 from dyndq.quantization.search import search
 
 METHODS = {"rtn": rtn, "search": search}
@@ -157,7 +158,8 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
         """Block (o, k, n) quantized into its own parts of levels3, scales3 and zeros3; its error sums."""
         part = w3[o:o + o_block, k:k + k_block, n:n + n_block]
         k_len = part.shape[1]
-        rows = np.ascontiguousarray(part.transpose(0, 2, 1)).reshape(-1, k_len)  # (a copy of this block only)
+        rows = scratch("rows", (part.shape[0] * part.shape[2], k_len), weight.dtype)  # (a copy of this block only)
+        np.copyto(rows.reshape(part.shape[0], part.shape[2], k_len), part.transpose(0, 2, 1))
         q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
         q, values = _within_range(q, rows, weight.dtype, bits)
         shape = (part.shape[0], part.shape[2])
@@ -166,13 +168,16 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
         levels3[o:o + o_block, k:k + levels.shape[1], n:n + n_block] = levels
         scales3[o:o + o_block, g:g + q.scales.shape[1], n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
         zeros3[o:o + o_block, g:g + q.zeros.shape[1], n:n + n_block] = q.zeros.reshape(*shape, -1).transpose(0, 2, 1)
-        return ErrorStats.of(rows, values[:, :k_len])
+        return _block_sums(rows, values[:, :k_len])
 
     starts = [(o, k, n) for o in range(0, outer, o_block) for k in range(0, length, k_block)
               for n in range(0, inner, n_block)]
     stats = ErrorStats()
-    for block in _in_threads(one_block, starts, weight.size):
-        stats.merge(block)  # (in the blocks' order, whichever thread finished first: the same sums)
+    try:
+        for block in _in_threads(one_block, starts, weight.size):
+            stats.merge(block)  # (in the blocks' order, whichever thread finished first: the same sums)
+    finally:
+        release()  # (the blocks run on this thread alone keep no scratch beyond the weight)
     shape = list(weight.shape)
     codes = _codes(levels3, zeros3, group, bits, symmetric)
     shape[axis] = n_groups * group
@@ -181,6 +186,22 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     dtype = code_dtype(bits, symmetric)
     zero_points = None if symmetric else zeros3.reshape(shape).astype(dtype)
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
+
+
+def _block_sums(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
+    """ErrorStats.of(w, dq), its float64 copies in this thread's scratch arrays (see scratch.py)."""
+    w64, dq64, diff = (scratch(name, w.shape, np.float64) for name in ("sums.w", "sums.dq", "sums.diff"))
+    np.copyto(w64, w, casting="unsafe")  # (as astype: bfloat16 and float16 weights too)
+    np.copyto(dq64, dq, casting="unsafe")
+    np.subtract(w64, dq64, out=diff)
+    sums = ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
+                      float(np.einsum("i,i->", w64.ravel(), w64.ravel())),
+                      float(np.einsum("i,i->", dq64.ravel(), dq64.ravel())),
+                      float(np.einsum("i,i->", w64.ravel(), dq64.ravel())),
+                      None)
+    if diff.size:
+        sums.max_abs = float(np.abs(diff, out=diff).max())
+    return sums
 
 
 def _in_threads(work, starts: list, size: int):
@@ -228,9 +249,10 @@ def _values(levels, zeros, scales, dtype) -> np.ndarray:
     """Rows of levels as the graph gives them back, padding included: our kernel's values (an
     overflow infinite), cast to the weight's `dtype`."""
     group = levels.shape[1] // scales.shape[1]
-    values = dynamic_dequantize(levels, scales, zeros, qtype="per_group", group_shape=[1, group])
+    out = scratch("values", levels.shape, scales.dtype)  # (the block is one thread's: no threads within)
+    values = dynamic_dequantize(levels, scales, zeros, qtype="per_group", group_shape=[1, group], out=out, threads=1)
     with np.errstate(over="ignore"):
-        return values.astype(dtype)
+        return values.astype(dtype, copy=False)
 
 
 def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels, np.ndarray]:
@@ -247,7 +269,7 @@ def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels
     levels = q.levels
     for _ in range(1 << bits):  # (at most qmax steps: a level at its zero gives 0)
         values = _values(levels, q.zeros, q.scales, dtype)
-        bad = ~np.isfinite(values.astype(np.float32))
+        bad = ~np.isfinite(values.astype(np.float32, copy=False))
         if not bad.any():
             break
         zeros = np.repeat(q.zeros, levels.shape[1] // q.zeros.shape[1], axis=1).astype(np.int16)

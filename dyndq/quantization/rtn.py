@@ -40,6 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dyndq.kernels import native
+from dyndq.quantization.scratch import scratch
+
 RULES = ("matmul", "gather")
 
 
@@ -124,14 +127,20 @@ def matmul_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax)
     """uint8 clamp(roundf(g * reciprocal + zero), 0, qmax) per group, each step in float32, a
     NaN level 0 (as ONNX Runtime's x86-64 build casts NaN; C leaves that cast undefined).
 
-    In place on two float32 temporaries (the weight's hot loop; `round_half_away` makes seven):
+    The compiled kernel's one pass where it is built and on (dyndq.kernels.native.rtn_levels),
+    else NumPy, the same bytes: in place on two float32 scratch arrays (the weight's hot loop; `round_half_away` makes seven
+    new temporaries):
     x >= 0 rounds half away as trunc(x) + (x - trunc(x) >= 0.5), the fraction exact in binary
     floating point; every x < 0 clamps to level 0 whichever way it rounds; fmax sends a NaN to 0."""
+    compiled = native.rtn_levels(g, reciprocal, zero, qmax)  # (kernels/_native.c: one pass)
+    if compiled is not None:
+        return compiled
     f32 = np.float32
+    x, whole = scratch("rtn.x", g.shape, f32), scratch("rtn.whole", g.shape, f32)
     with np.errstate(over="ignore", invalid="ignore"):
-        x = np.multiply(g, reciprocal[..., None], dtype=f32)  # (a subnormal scale's reciprocal is infinite: 0 times it is NaN)
+        np.multiply(g, reciprocal[..., None], out=x)  # (a subnormal scale's reciprocal is infinite: 0 times it is NaN)
         x += zero[..., None]
-        whole = np.trunc(x)
+        np.trunc(x, out=whole)
         x -= whole  # (the fraction; inf - inf is NaN, whose comparison is False: inf stays inf)
         whole += x >= f32(0.5)
         np.fmax(whole, f32(0), out=whole)
