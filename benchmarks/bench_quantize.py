@@ -243,6 +243,19 @@ def timed(fn, repeat: int):
     return float(np.median(times)), result
 
 
+def interleaved(runs: dict, repeat: int) -> tuple[dict, dict]:
+    """({label: [seconds of each round]}, {label: the last round's result}): `repeat` rounds,
+    each running every function of `runs` once, in order."""
+    times, results = {k: [] for k in runs}, {}
+    for _ in range(repeat):
+        for label, fn in runs.items():
+            results[label] = None  # (the last round's result let go before the next is made)
+            start = time.perf_counter()
+            results[label] = fn()
+            times[label].append(time.perf_counter() - start)
+    return times, results
+
+
 def ort_session(model: onnx.ModelProto):
     import onnxruntime as ort
 
@@ -354,24 +367,40 @@ def main(argv=None) -> int:
 
     # 1. quantize time, in this process, side by side
     rows = []
-    # (HQQ first: its torch temporaries are the largest, and nothing else is held yet)
-    t_hqq, ort_hqq = timed(lambda: ort_quantize(model, "hqq"), args.repeat) if hqq else (None, None)
-    t_rtn, (ours_rtn, report_rtn) = timed(lambda: dyndq.quantize(model, evaluate=False), args.repeat)
-    t_search, (ours_search, report_search) = timed(lambda: dyndq.quantize(model, method="search", evaluate=False), args.repeat)
-    t_ort, ort_rtn = timed(lambda: ort_quantize(model, "rtn"), args.repeat)
-    t_matmul, (ours_matmul, _) = timed(lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
-                                       args.repeat)
+    # (interleaved rounds: each round runs every quantizer once, so the load other work puts on
+    # the machine falls on all of them alike; HQQ first in a round, its torch temporaries the largest)
+    runs = {"hqq": lambda: ort_quantize(model, "hqq")} if hqq else {}
+    runs.update({
+        "rtn": lambda: dyndq.quantize(model, evaluate=False),
+        "ort": lambda: ort_quantize(model, "rtn"),
+        "rtn+eval": lambda: dyndq.quantize(model)[1],  # (the default: the report's evaluation too)
+        "search": lambda: dyndq.quantize(model, method="search", evaluate=False),
+        "matmul": lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
+    })
+    times, results = interleaved(runs, args.repeat)
+    t = {k: float(np.median(v)) for k, v in times.items()}
+    t_hqq, ort_hqq = t.get("hqq"), results.get("hqq")
+    t_rtn, (ours_rtn, report_rtn) = t["rtn"], results["rtn"]
+    t_search, (ours_search, report_search) = t["search"], results["search"]
+    t_ort, ort_rtn = t["ort"], results["ort"]
+    t_matmul, (ours_matmul, _) = t["matmul"], results["matmul"]
     stored = lambda m: sum(len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
                            for t in m.graph.initializer) / floats
-    rows.append(("dyndq rtn", t_rtn, stored(ours_rtn)))
+    rows.append(("dyndq rtn (--no-evaluate)", t_rtn, stored(ours_rtn)))
+    rows.append(("dyndq rtn, with evaluation (the default)", t["rtn+eval"], stored(ours_rtn)))
     rows.append(("dyndq search", t_search, stored(ours_search)))
     rows.append(("ORT RTN (MatMulNBits, GatherBlockQuantized)", t_ort, stored(ort_rtn)))
     rows.append(("dyndq search, MatMul only (as ORT HQQ)", t_matmul, stored(ours_matmul)))
     if hqq:
         rows.append(("ORT HQQ (MatMulNBits; no Gather)", t_hqq, stored(ort_hqq)))
-    print("\nquantize time (4 bits, groups of 128, asymmetric; median of %d), and the model's tensors after / before:" % args.repeat)
-    for name, t, ratio in rows:
-        print(f"  {name:45s} {t:7.2f} s  ({t / t_ort:.2f}x ORT RTN)  tensors {ratio:.3f}x")
+    print(f"\nquantize time (4 bits, groups of 128, asymmetric; median of {args.repeat} interleaved rounds), "
+          "and the model's tensors after / before:")
+    for name, seconds, ratio in rows:
+        print(f"  {name:45s} {seconds:7.2f} s  ({seconds / t_ort:.2f}x ORT RTN)  tensors {ratio:.3f}x")
+    rounds = "; ".join(f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in times.items())
+    print(f"  (every round, s: {rounds}; load average now {' '.join(open('/proc/loadavg').read().split()[:3])})")
+    if hqq:
+        print(f"  (dyndq search: {t_search / t_hqq:.3f}x ORT HQQ's time; MatMul only {t_matmul / t_hqq:.3f}x)")
     print(f"  (dyndq's report: its quantized weights are {report_rtn.size_ratio:.4f}x the float weights they replace, "
           f"codes {4 / 32:.3f}x + scales and zero points)")
 

@@ -10,6 +10,7 @@ block.
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -22,7 +23,7 @@ def scratch(name: str, shape, dtype) -> np.ndarray:
     the same memory as the last call with that name, grown when it is too small.  A caller
     never holds two arrays of one name at once, nor returns one (it is overwritten later)."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = math.prod(shape) * dtype.itemsize
     pool = getattr(_local, "arrays", None)
     if pool is None:
         pool = _local.arrays = {}
