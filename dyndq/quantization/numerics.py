@@ -2,8 +2,9 @@
 
 `quantize_weight(weight, axis=..., group_size=...)` cuts the weight into groups of
 `group_size` consecutive elements along `axis` (the whole axis for -1), hands them to the
-method block by block (a few MiB at a time, so the memory it takes beyond the weight is
-its codes and small temporaries), and returns the codes, scales and zero points in the
+method block by block (tiles of whole groups, 64K elements: the memory it takes beyond the
+weight is its codes and a few MiB of scratch arrays per thread, scratch.py), the blocks shared
+among the cores (`_in_threads`: one thread's bytes and error sums, bit for bit), and returns the codes, scales and zero points in the
 layout DynamicDequantize-2 takes (`per_group`: src's rank, one scale per block), with the
 error statistics of the dequantized weight against the original.
 
@@ -20,13 +21,13 @@ weight's (float16 weights near 65504, whose scale rounded up) steps toward its g
 level until it is finite (`_within_range`): the value just inside the range, where ONNX
 Runtime's would be infinite.
 
-Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back: no onnx here.
+Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back (and for rtn's
+levels, rtn.matmul_levels): no onnx here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np

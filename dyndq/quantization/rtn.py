@@ -1,6 +1,7 @@
 """Round to nearest (RTN), exactly as ONNX Runtime's weight-only quantizer rounds.
 
-Pure NumPy on one block of groups: `groups` is [rows, n_groups, group_length] (one group is
+NumPy on one block of groups (the matmul rule's levels in our compiled kernel where it is
+built, `matmul_levels`): `groups` is [rows, n_groups, group_length] (one group is
 `group_length` consecutive elements along the quantization axis); the result is the level of
 every element, the zero level and the scale of every group (see `Levels`).
 
@@ -128,10 +129,10 @@ def matmul_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax)
     NaN level 0 (as ONNX Runtime's x86-64 build casts NaN; C leaves that cast undefined).
 
     The compiled kernel's one pass where it is built and on (dyndq.kernels.native.rtn_levels),
-    else NumPy, the same bytes: in place on two float32 scratch arrays (the weight's hot loop; `round_half_away` makes seven
-    new temporaries):
-    x >= 0 rounds half away as trunc(x) + (x - trunc(x) >= 0.5), the fraction exact in binary
-    floating point; every x < 0 clamps to level 0 whichever way it rounds; fmax sends a NaN to 0."""
+    else NumPy, the same bytes, in place on two float32 scratch arrays (the weight's hot loop;
+    `round_half_away` makes seven new temporaries): x >= 0 rounds half away as trunc(x) +
+    (x - trunc(x) >= 0.5), the fraction exact in binary floating point; every x < 0 clamps to
+    level 0 whichever way it rounds; fmax sends a NaN to 0."""
     compiled = native.rtn_levels(g, reciprocal, zero, qmax)  # (kernels/_native.c: one pass)
     if compiled is not None:
         return compiled
