@@ -243,6 +243,22 @@ def timed(fn, repeat: int):
     return float(np.median(times)), result
 
 
+def interleaved(runs: dict, repeat: int, rounds_of: dict) -> tuple[dict, dict]:
+    """({label: [seconds of each round]}, {label: the last round's result}): `repeat` rounds,
+    each running every function of `runs` once, in order (those named in `rounds_of` only in
+    that many first rounds)."""
+    times, results = {k: [] for k in runs}, {}
+    for r in range(repeat):
+        for label, fn in runs.items():
+            if r >= rounds_of.get(label, repeat):
+                continue
+            results[label] = None  # (the last round's result let go before the next is made)
+            start = time.perf_counter()
+            results[label] = fn()
+            times[label].append(time.perf_counter() - start)
+    return times, results
+
+
 def ort_session(model: onnx.ModelProto):
     import onnxruntime as ort
 
@@ -330,12 +346,15 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=16000)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--repeat", type=int, default=1, help="runs of each quantizer; the median is shown")
+    p.add_argument("--slow-rounds", type=int, default=None,
+                   help="rounds HQQ and search run in (default: every round; they take minutes)")
     p.add_argument("--sample-groups", type=int, default=2048, help="groups the exhaustive bound is measured on")
     p.add_argument("--scales", type=int, default=1000, help="scales per zero point the exhaustive search tries")
     p.add_argument("--no-hqq", action="store_true", help="leave out ONNX Runtime's HQQ (it needs torch)")
     p.add_argument("--no-files", action="store_true", help="leave out the external-data runs in fresh processes")
     p.add_argument("--no-low-bit", action="store_true", help="leave out the 2-bit, MXFP4 and NVFP4 rows")
     args = p.parse_args(argv)
+    args.slow_rounds = args.repeat if args.slow_rounds is None else max(1, min(args.slow_rounds, args.repeat))
     print(f"machine: {machine()}")
     model = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads)
     matmuls = [t.name for t in model.graph.initializer if t.name.endswith(".weight") and len(t.dims) == 2
@@ -354,24 +373,41 @@ def main(argv=None) -> int:
 
     # 1. quantize time, in this process, side by side
     rows = []
-    # (HQQ first: its torch temporaries are the largest, and nothing else is held yet)
-    t_hqq, ort_hqq = timed(lambda: ort_quantize(model, "hqq"), args.repeat) if hqq else (None, None)
-    t_rtn, (ours_rtn, report_rtn) = timed(lambda: dyndq.quantize(model, evaluate=False), args.repeat)
-    t_search, (ours_search, report_search) = timed(lambda: dyndq.quantize(model, method="search", evaluate=False), args.repeat)
-    t_ort, ort_rtn = timed(lambda: ort_quantize(model, "rtn"), args.repeat)
-    t_matmul, (ours_matmul, _) = timed(lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
-                                       args.repeat)
+    # (interleaved rounds: each round runs every quantizer once, so the load other work puts on
+    # the machine falls on all of them alike; HQQ first in a round, its torch temporaries the largest)
+    runs = {"hqq": lambda: ort_quantize(model, "hqq")} if hqq else {}
+    runs.update({
+        "rtn": lambda: dyndq.quantize(model, evaluate=False),
+        "ort": lambda: ort_quantize(model, "rtn"),
+        "rtn+eval": lambda: dyndq.quantize(model)[1],  # (the default: the report's evaluation too)
+        "search": lambda: dyndq.quantize(model, method="search", evaluate=False),
+        "matmul": lambda: dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False),
+    })
+    slow = {"hqq", "search", "matmul"}  # (the quantizers of minutes: in the first --slow-rounds rounds only)
+    times, results = interleaved(runs, args.repeat, {k: args.slow_rounds for k in slow})
+    t = {k: float(np.median(v)) for k, v in times.items()}
+    t_hqq, ort_hqq = t.get("hqq"), results.get("hqq")
+    t_rtn, (ours_rtn, report_rtn) = t["rtn"], results["rtn"]
+    t_search, (ours_search, report_search) = t["search"], results["search"]
+    t_ort, ort_rtn = t["ort"], results["ort"]
+    t_matmul, (ours_matmul, _) = t["matmul"], results["matmul"]
     stored = lambda m: sum(len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
                            for t in m.graph.initializer) / floats
-    rows.append(("dyndq rtn", t_rtn, stored(ours_rtn)))
+    rows.append(("dyndq rtn (--no-evaluate)", t_rtn, stored(ours_rtn)))
+    rows.append(("dyndq rtn, with evaluation (the default)", t["rtn+eval"], stored(ours_rtn)))
     rows.append(("dyndq search", t_search, stored(ours_search)))
     rows.append(("ORT RTN (MatMulNBits, GatherBlockQuantized)", t_ort, stored(ort_rtn)))
     rows.append(("dyndq search, MatMul only (as ORT HQQ)", t_matmul, stored(ours_matmul)))
     if hqq:
         rows.append(("ORT HQQ (MatMulNBits; no Gather)", t_hqq, stored(ort_hqq)))
-    print("\nquantize time (4 bits, groups of 128, asymmetric; median of %d), and the model's tensors after / before:" % args.repeat)
-    for name, t, ratio in rows:
-        print(f"  {name:45s} {t:7.2f} s  ({t / t_ort:.2f}x ORT RTN)  tensors {ratio:.3f}x")
+    print(f"\nquantize time (4 bits, groups of 128, asymmetric; median of {args.repeat} interleaved rounds, "
+          f"HQQ and search in the first {args.slow_rounds}), and the model's tensors after / before:")
+    for name, seconds, ratio in rows:
+        print(f"  {name:45s} {seconds:7.2f} s  ({seconds / t_ort:.2f}x ORT RTN)  tensors {ratio:.3f}x")
+    rounds = "; ".join(f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in times.items())
+    print(f"  (every round, s: {rounds}; load average now {' '.join(open('/proc/loadavg').read().split()[:3])})")
+    if hqq:
+        print(f"  (dyndq search: {t_search / t_hqq:.3f}x ORT HQQ's time; MatMul only {t_matmul / t_hqq:.3f}x)")
     print(f"  (dyndq's report: its quantized weights are {report_rtn.size_ratio:.4f}x the float weights they replace, "
           f"codes {4 / 32:.3f}x + scales and zero points)")
 

@@ -420,6 +420,60 @@ static PyObject *py_narrow(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* rtn_levels(g, reciprocal, zero, out, group, qmax): the levels of ONNX Runtime's MatMul RTN
+   (dyndq/quantization/rtn.py, matmul_levels, whose NumPy path gives the same bytes):
+   out[i] = clamp(roundf(g[i] * reciprocal[i / group] + zero[i / group]), 0, qmax), each step
+   rounded to float32 (-ffp-contract=off: no fused multiply-add), a NaN level 0.  g, reciprocal
+   and zero are float32, out uint8.  One pass where NumPy makes seven; no libm: x >= 0.5 rounds
+   half away as trunc(x) + (x - trunc(x) >= 0.5), the fraction exact. */
+static void rtn_levels_loop(const float *g, const float *rec, const float *zero, uint8_t *out,
+                            Py_ssize_t groups, Py_ssize_t group, float qmax) {
+    for (Py_ssize_t i = 0; i < groups; i++) {
+        const float r = rec[i], z = zero[i];
+        const float *gi = g + i * group;
+        uint8_t *oi = out + i * group;
+        for (Py_ssize_t j = 0; j < group; j++) {
+            float x = gi[j] * r;
+            x = x + z;
+            uint8_t level = 0; /* x < 0.5, and a NaN (no comparison holds for it) */
+            if (x >= qmax) {
+                level = (uint8_t)qmax;
+            } else if (x >= 0.5f) {
+                const int whole = (int)x; /* (0 < x < 256: the cast is defined) */
+                level = (uint8_t)(whole + (x - (float)whole >= 0.5f));
+            }
+            oi[j] = level;
+        }
+    }
+}
+
+static PyObject *py_rtn_levels(PyObject *self, PyObject *args) {
+    Py_buffer g = {0}, r = {0}, z = {0}, o = {0};
+    Py_ssize_t group;
+    int qmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*ni", &g, &r, &z, &o, &group, &qmax))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = g.len / 4, groups = group > 0 ? n / group : 0;
+    if (group <= 0 || qmax < 1 || qmax > 255 || g.len % 4 || n % group || r.len != groups * 4 ||
+        z.len != groups * 4 || o.len != n) {
+        PyErr_SetString(PyExc_ValueError, "rtn_levels: g float32 of whole groups, reciprocal and zero a float32 "
+                                          "each per group, out a byte per element, qmax in [1, 255]");
+    } else if (aligned_ok(g.buf, 4, "g") && aligned_ok(r.buf, 4, "reciprocal") && aligned_ok(z.buf, 4, "zero")) {
+        const float fq = (float)qmax;
+        Py_BEGIN_ALLOW_THREADS
+        rtn_levels_loop(g.buf, r.buf, z.buf, o.buf, groups, group, fq);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&r);
+    PyBuffer_Release(&z);
+    PyBuffer_Release(&o);
+    return result;
+}
+
 static PyObject *py_cpu_level(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyLong_FromLong(cpu_level);
@@ -456,6 +510,7 @@ static PyMethodDef methods[] = {
      "src, out, scale, zp, src_kind, dst_kind: one scale and zero point for all of src (see kernels/native.py)."},
     {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (KINDS['widen'])."},
     {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 or bfloat16 bits, as the kernel rounds at its level."},
+    {"rtn_levels", py_rtn_levels, METH_VARARGS, "ONNX Runtime's MatMul RTN levels (dyndq/quantization/rtn.py)."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "The CPU's level: 0 plain C, 1 AVX2/F16C, 2 AVX-512."},
     {"level", py_level, METH_NOARGS, "The level the table is filled for (cpu_level unless set_level lowered it)."},
     {"entries", py_entries, METH_NOARGS, "Each entry's variant in the table: {'dequantize': 'avx512', ...}."},

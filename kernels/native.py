@@ -144,6 +144,21 @@ def handles(src_dtype: np.dtype, dst: np.dtype) -> bool:
     return _native is not None and src_dtype in _SRC and dst in _DST
 
 
+def rtn_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax: int) -> np.ndarray | None:
+    """uint8 levels of ONNX Runtime's MatMul RTN (dyndq/quantization/rtn.py, matmul_levels) for
+    float32 groups `g` [..., group] and float32 `reciprocal` and `zero` [...] (one per group),
+    in one compiled pass; None when the compiled kernel is not built or is switched off
+    (TUNING.native), for the caller's NumPy path, which gives the same bytes."""
+    if _native is None or not T.native:
+        return None
+    g = np.ascontiguousarray(g, np.float32)
+    out = np.empty(g.shape, np.uint8)
+    if g.size:
+        _native.rtn_levels(g, np.ascontiguousarray(reciprocal, np.float32), np.ascontiguousarray(zero, np.float32),
+                           out, g.shape[-1], int(qmax))
+    return out
+
+
 def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None):
     """Fill out (C-contiguous, native, T2) with the dequantization of src viewed as vshape,
     parameters varying along the dims flagged in `varies` (count_p of them, when the caller

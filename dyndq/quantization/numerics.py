@@ -2,8 +2,9 @@
 
 `quantize_weight(weight, axis=..., group_size=...)` cuts the weight into groups of
 `group_size` consecutive elements along `axis` (the whole axis for -1), hands them to the
-method block by block (a few MiB at a time, so the memory it takes beyond the weight is
-its codes and small temporaries), and returns the codes, scales and zero points in the
+method block by block (tiles of whole groups, 64K elements: the memory it takes beyond the
+weight is its codes and a few MiB of scratch arrays per thread, scratch.py), the blocks shared
+among the cores (`_in_threads`: one thread's bytes and error sums, bit for bit), and returns the codes, scales and zero points in the
 layout DynamicDequantize-2 takes (`per_group`: src's rank, one scale per block), with the
 error statistics of the dequantized weight against the original.
 
@@ -22,21 +23,26 @@ weight's (float16 weights near 65504, whose scale rounded up) steps toward its g
 level until it is finite (`_within_range`): the value just inside the range, where ONNX
 Runtime's would be infinite.
 
-Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back: no onnx here.
+Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back (and for rtn's
+levels, rtn.matmul_levels): no onnx here.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
 
+from dyndq.kernels import parallel
 from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
 from dyndq.quantization.rtn import Levels, half_of, rtn
+from dyndq.quantization.scratch import release, scratch
 from dyndq.quantization.search import search
 
 METHODS = {"rtn": rtn, "search": search}
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
+TILE_COLUMNS = 256  # columns of a block when the axis is not the last (see quantize_weight)
 
 
 class ScaleOutOfRange(ValueError):
@@ -59,16 +65,28 @@ class ErrorStats:
     max_abs: float = 0.0
 
     def add(self, w: np.ndarray, dq: np.ndarray) -> None:
+        self.merge(ErrorStats.of(w, dq))
+
+    @staticmethod
+    def of(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
+        """The sums of one block (threads compute blocks' sums apart, `merge` adds them in order)."""
         w, dq = w.astype(np.float64), dq.astype(np.float64)
         diff = w - dq
-        self.sq_error += float(np.einsum("i,i->", diff.ravel(), diff.ravel()))
-        self.sq_weight += float(np.einsum("i,i->", w.ravel(), w.ravel()))
-        self.sq_dequantized += float(np.einsum("i,i->", dq.ravel(), dq.ravel()))
-        self.dot += float(np.einsum("i,i->", w.ravel(), dq.ravel()))
-        if diff.size:
+        return ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
+                          float(np.einsum("i,i->", w.ravel(), w.ravel())),
+                          float(np.einsum("i,i->", dq.ravel(), dq.ravel())),
+                          float(np.einsum("i,i->", w.ravel(), dq.ravel())),
+                          float(np.abs(diff).max()) if diff.size else None)
+
+    def merge(self, block: ErrorStats) -> None:
+        self.sq_error += block.sq_error
+        self.sq_weight += block.sq_weight
+        self.sq_dequantized += block.sq_dequantized
+        self.dot += block.dot
+        if block.max_abs is not None:
             # (NumPy's max keeps a NaN, where Python's max(0.0, nan) gives 0.0: a NaN error never
             # shows a max of 0 beside it)
-            self.max_abs = float(np.max([self.max_abs, np.abs(diff).max()]))
+            self.max_abs = float(np.max([self.max_abs, block.max_abs]))
 
     @property
     def relative(self) -> float:
@@ -130,21 +148,39 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     levels3 = np.empty((outer, n_groups * group, inner), np.uint8)
     scales3 = np.empty((outer, n_groups, inner), scale_dtype)
     zeros3 = np.empty((outer, n_groups, inner), np.uint8)
+    # A block is a tile of whole groups along the axis (k) by up to TILE_COLUMNS columns (n), by
+    # as many outer rows (o) as fill BLOCK_ELEMENTS: transposing it to rows of groups reads runs
+    # of TILE_COLUMNS contiguous elements, where the axis' whole length by a few columns would
+    # read a few elements per row of the weight, each a cache miss.  Groups are independent, so
+    # the tiling changes no code, scale or zero point.
+    k_block = min(length, group * max(1, BLOCK_ELEMENTS // (group * min(inner, TILE_COLUMNS))))
+    n_block = max(1, min(inner, BLOCK_ELEMENTS // k_block))
+    o_block = max(1, BLOCK_ELEMENTS // (k_block * n_block))
+
+    def one_block(o: int, k: int, n: int) -> ErrorStats:
+        """Block (o, k, n) quantized into its own parts of levels3, scales3 and zeros3; its error sums."""
+        part = w3[o:o + o_block, k:k + k_block, n:n + n_block]
+        k_len = part.shape[1]
+        rows = scratch("rows", (part.shape[0] * part.shape[2], k_len), weight.dtype)  # (a copy of this block only)
+        np.copyto(rows.reshape(part.shape[0], part.shape[2], k_len), part.transpose(0, 2, 1))
+        q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
+        q, values = _within_range(q, rows, weight.dtype, bits)
+        shape = (part.shape[0], part.shape[2])
+        g = k // group  # (k is a whole number of groups)
+        levels = q.levels.reshape(*shape, -1).transpose(0, 2, 1)
+        levels3[o:o + o_block, k:k + levels.shape[1], n:n + n_block] = levels
+        scales3[o:o + o_block, g:g + q.scales.shape[1], n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
+        zeros3[o:o + o_block, g:g + q.zeros.shape[1], n:n + n_block] = q.zeros.reshape(*shape, -1).transpose(0, 2, 1)
+        return _block_sums(rows, values[:, :k_len])
+
+    starts = [(o, k, n) for o in range(0, outer, o_block) for k in range(0, length, k_block)
+              for n in range(0, inner, n_block)]
     stats = ErrorStats()
-    per_row = max(1, BLOCK_ELEMENTS // length)  # rows of `length` elements per block
-    n_block = min(inner, per_row)
-    o_block = max(1, per_row // n_block)
-    for o in range(0, outer, o_block):
-        for n in range(0, inner, n_block):
-            part = w3[o:o + o_block, :, n:n + n_block]
-            rows = part.transpose(0, 2, 1).reshape(-1, length)  # (a copy of this block only)
-            q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
-            q, values = _within_range(q, rows, weight.dtype, bits)
-            stats.add(rows, values[:, :length])
-            shape = (part.shape[0], part.shape[2])
-            levels3[o:o + o_block, :, n:n + n_block] = q.levels.reshape(*shape, -1).transpose(0, 2, 1)
-            scales3[o:o + o_block, :, n:n + n_block] = q.scales.reshape(*shape, -1).transpose(0, 2, 1)
-            zeros3[o:o + o_block, :, n:n + n_block] = q.zeros.reshape(*shape, -1).transpose(0, 2, 1)
+    try:
+        for block in _in_threads(one_block, starts, weight.size):
+            stats.merge(block)  # (in the blocks' order, whichever thread finished first: the same sums)
+    finally:
+        release()  # (the blocks run on this thread alone keep no scratch beyond the weight)
     shape = list(weight.shape)
     codes = _codes(levels3, zeros3, group, bits, symmetric)
     shape[axis] = n_groups * group
@@ -153,6 +189,43 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     dtype = code_dtype(bits, symmetric)
     zero_points = None if symmetric else zeros3.reshape(shape).astype(dtype)
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
+
+
+def _block_sums(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
+    """ErrorStats.of(w, dq), its float64 copies in this thread's scratch arrays (see scratch.py)."""
+    w64, dq64, diff = (scratch(name, w.shape, np.float64) for name in ("sums.w", "sums.dq", "sums.diff"))
+    np.copyto(w64, w, casting="unsafe")  # (as astype: bfloat16 and float16 weights too)
+    np.copyto(dq64, dq, casting="unsafe")
+    np.subtract(w64, dq64, out=diff)
+    sums = ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
+                      float(np.einsum("i,i->", w64.ravel(), w64.ravel())),
+                      float(np.einsum("i,i->", dq64.ravel(), dq64.ravel())),
+                      float(np.einsum("i,i->", w64.ravel(), dq64.ravel())),
+                      None)
+    if diff.size:
+        sums.max_abs = float(np.abs(diff, out=diff).max())
+    return sums
+
+
+def _in_threads(work, starts: list, size: int):
+    """work(*start) for every start, its results in the order of `starts`.
+
+    The blocks are shared among threads (parallel.threads_for: the cores this process may run on,
+    DYNDQ_NUM_THREADS, one thread for a small weight): NumPy's loops and our kernel release the
+    GIL, so a weight's blocks really run at once.  The blocks write disjoint parts of the result,
+    and their sums are merged in order, so the result is the one of a single thread, bit for bit.
+    An error is raised as the first block raising it would raise it alone."""
+    n_threads = parallel.threads_for(size, len(starts), None)
+    if n_threads <= 1:
+        return [work(*s) for s in starts]
+    # (a pool of its own: the kernel's shared pool may be waited on from inside a block)
+    with ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="dyndq-quantize") as pool:
+        futures = [pool.submit(work, *s) for s in starts]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()  # (after an error, the blocks not started yet are not run)
 
 
 def _quantize_rows(rows, group, bits, symmetric, scale_dtype, method, rule) -> Levels:
@@ -179,9 +252,10 @@ def _values(levels, zeros, scales, dtype) -> np.ndarray:
     """Rows of levels as the graph gives them back, padding included: our kernel's values (an
     overflow infinite), cast to the weight's `dtype`."""
     group = levels.shape[1] // scales.shape[1]
-    values = dynamic_dequantize(levels, scales, zeros, qtype="per_group", group_shape=[1, group])
+    out = scratch("values", levels.shape, scales.dtype)  # (the block is one thread's: no threads within)
+    values = dynamic_dequantize(levels, scales, zeros, qtype="per_group", group_shape=[1, group], out=out, threads=1)
     with np.errstate(over="ignore"):
-        return values.astype(dtype)
+        return values.astype(dtype, copy=False)
 
 
 def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels, np.ndarray]:
@@ -198,7 +272,7 @@ def _within_range(q: Levels, rows: np.ndarray, dtype, bits: int) -> tuple[Levels
     levels = q.levels
     for _ in range(1 << bits):  # (at most qmax steps: a level at its zero gives 0)
         values = _values(levels, q.zeros, q.scales, dtype)
-        bad = ~np.isfinite(values.astype(np.float32))
+        bad = ~np.isfinite(values.astype(np.float32, copy=False))
         if not bad.any():
             break
         zeros = np.repeat(q.zeros, levels.shape[1] // q.zeros.shape[1], axis=1).astype(np.int16)

@@ -1,6 +1,7 @@
 """Round to nearest (RTN), exactly as ONNX Runtime's weight-only quantizer rounds.
 
-Pure NumPy on one block of groups: `groups` is [rows, n_groups, group_length] (one group is
+NumPy on one block of groups (the matmul rule's levels in our compiled kernel where it is
+built, `matmul_levels`): `groups` is [rows, n_groups, group_length] (one group is
 `group_length` consecutive elements along the quantization axis); the result is the level of
 every element, the zero level and the scale of every group (see `Levels`).
 
@@ -39,6 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from dyndq.kernels import native
+from dyndq.quantization.scratch import scratch
 
 RULES = ("matmul", "gather")
 
@@ -116,11 +120,33 @@ def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
     against = stored.astype(f32) if scale_dtype == np.float16 else scale
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         reciprocal = np.where(against != 0, f32(1) / against, f32(0)).astype(f32)
-        x = g * reciprocal[..., None]  # (a subnormal scale's reciprocal is infinite: 0 times it is NaN)
-        x += zero[..., None]
-        # a NaN is level 0, as its x86-64 build casts NaN (C leaves that cast undefined)
-        levels = np.nan_to_num(np.clip(round_half_away(x), f32(0), qmax), nan=0).astype(np.uint8)
+        levels = matmul_levels(g, reciprocal, zero, qmax)
     return Levels(levels, zero.astype(np.uint8), stored)
+
+
+def matmul_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax) -> np.ndarray:
+    """uint8 clamp(roundf(g * reciprocal + zero), 0, qmax) per group, each step in float32, a
+    NaN level 0 (as ONNX Runtime's x86-64 build casts NaN; C leaves that cast undefined).
+
+    The compiled kernel's one pass where it is built and on (dyndq.kernels.native.rtn_levels),
+    else NumPy, the same bytes, in place on two float32 scratch arrays (the weight's hot loop;
+    `round_half_away` makes seven new temporaries): x >= 0 rounds half away as trunc(x) +
+    (x - trunc(x) >= 0.5), the fraction exact in binary floating point; every x < 0 clamps to
+    level 0 whichever way it rounds; fmax sends a NaN to 0."""
+    compiled = native.rtn_levels(g, reciprocal, zero, qmax)  # (kernels/_native.c: one pass)
+    if compiled is not None:
+        return compiled
+    f32 = np.float32
+    x, whole = scratch("rtn.x", g.shape, f32), scratch("rtn.whole", g.shape, f32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(g, reciprocal[..., None], out=x)  # (a subnormal scale's reciprocal is infinite: 0 times it is NaN)
+        x += zero[..., None]
+        np.trunc(x, out=whole)
+        x -= whole  # (the fraction; inf - inf is NaN, whose comparison is False: inf stays inf)
+        whole += x >= f32(0.5)
+        np.fmax(whole, f32(0), out=whole)
+        np.minimum(whole, f32(qmax), out=whole)
+    return whole.astype(np.uint8)
 
 
 def _gather_rule(groups, bits, symmetric, scale_dtype) -> Levels:

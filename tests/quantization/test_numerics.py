@@ -143,3 +143,55 @@ def test_two_bit_search_lowers_the_error_to_near_the_exhaustive_bound(symmetric,
     e_bound = exhaustive(groups, bits=2, symmetric=symmetric, scales=300).sum()
     assert np.sqrt(e_search / e_rtn) <= at_most
     assert e_bound <= e_search * (1 + 1e-9) and np.sqrt(e_search / e_bound) <= 1.01
+
+
+def _spied(monkeypatch):
+    """native.rtn_levels recording, per call, the path that ran and the thread it ran on."""
+    import threading
+
+    from dyndq.kernels import native
+
+    calls, real = [], native.rtn_levels
+
+    def spy(*args):
+        out = real(*args)
+        calls.append(("compiled" if out is not None else "numpy", threading.current_thread().name))
+        return out
+
+    monkeypatch.setattr(native, "rtn_levels", spy)
+    return calls
+
+
+def _same(a, b):
+    assert a.codes.dtype == b.codes.dtype and a.scales.dtype == b.scales.dtype
+    np.testing.assert_array_equal(a.codes.view(np.uint8), b.codes.view(np.uint8))
+    np.testing.assert_array_equal(a.scales.view(np.uint8), b.scales.view(np.uint8))
+    if a.zero_points is not None:
+        np.testing.assert_array_equal(a.zero_points.view(np.uint8), b.zero_points.view(np.uint8))
+    assert a.stats == b.stats  # (the error sums too, bit for bit)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("shape, axis", [((300, 1000), 0), ((1000, 300), 1), ((4, 260, 300), 1)])
+def test_threads_and_the_compiled_levels_give_one_threads_bytes(monkeypatch, bits, shape, axis):
+    """A weight's blocks on two threads, with the compiled levels (kernels/_native.c) or NumPy's,
+    give the bytes and error sums of one thread on NumPy's (each run checked to take its path)."""
+    from dyndq.kernels import native
+    from dyndq.kernels.parallel import tuned
+
+    w = heavy(shape, seed=bits, df=3)
+    calls = _spied(monkeypatch)
+    kw = dict(axis=axis, group_size=128, bits=bits)
+    with tuned(native=False, cores=1):
+        alone = quantize_weight(w, **kw)
+    assert {path for path, _ in calls} == {"numpy"} and {t for _, t in calls} == {"MainThread"}
+    calls.clear()
+    with tuned(native=False, cores=2):
+        _same(quantize_weight(w, **kw), alone)
+    assert {path for path, _ in calls} == {"numpy"} and any(t.startswith("dyndq-quantize") for _, t in calls)
+    if not native.built():
+        pytest.skip(f"the compiled levels are not here ({native.info()['why']}); NumPy's were checked on threads")
+    calls.clear()
+    with tuned(native=True, cores=2):
+        _same(quantize_weight(w, **kw), alone)
+    assert {path for path, _ in calls} == {"compiled"}
