@@ -26,6 +26,12 @@ def _add_parser(sub) -> None:
                    help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
                         "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale")
     q.add_argument("--bits", type=int, choices=(2, 4, 8), default=4, help="2, 4 (default) or 8 (--format int)")
+    q.add_argument("--budget", type=float, metavar="BITS",
+                   help="mixed formats: the average bits per weight (codes, scales and zero points over the weights "
+                        "quantized) the model may hold; each weight's format is chosen among --format-choices for "
+                        "the least output error (docs/quantize.md)")
+    q.add_argument("--format-choices", metavar="F,F",
+                   help="with --budget: what it chooses among, of int2,int4,int8,mxfp4,nvfp4 (default int2,int4,int8)")
     q.add_argument("--group-size", type=int, metavar="N",
                    help="elements per group along the reduction axis (default 128; mxfp4 and nvfp4: their blocks, "
                         "32 and 16, and no other); -1: one per whole axis (per channel)")
@@ -57,7 +63,8 @@ def cmd_quantize(args) -> int:
         strict=args.strict, progress=progress if sys.stderr.isatty() else None,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
         bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
-        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method, format=args.format)
+        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method, format=args.format,
+        budget=args.budget, format_choices=args.format_choices)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
     if args.json:
