@@ -66,7 +66,8 @@ class WeightChoices:
     elements: int
     candidates: list[Candidate]
     chosen: int = 0  # index into candidates
-    step_gain: float | None = None  # error saved per byte by the step that chose it (None: the cheapest)
+    step_gain: float | None = None  # error saved per byte by the step that chose it (None: not a step's)
+    why: str = ""
 
     @property
     def name(self) -> str:
@@ -105,8 +106,7 @@ class BudgetReport:
         for w in self.weights:
             c = w.candidates[w.chosen]
             each = ", ".join(f"{x.choice} {8 * x.bytes / w.elements:.3f} b/w err {x.error:.3g}" for x in w.candidates)
-            why = ("the cheapest choice" if w.step_gain is None else f"step taken at {w.step_gain:.3g} error saved per byte")
-            out.append(f"  {w.name}: {c.choice} ({why}; {each})")
+            out.append(f"  {w.name}: {c.choice} ({w.why}; {each})")
         out.append("  allocations run jointly (bytes, predicted / measured relative squared output error):")
         out += [f"    {label}: {b} bytes, {p:.4g} / {m:.4g}" for label, b, p, m in self.considered]
         return out
@@ -115,7 +115,7 @@ class BudgetReport:
         return {"budget": self.budget, "choices": list(self.choices), "bits_per_weight": self.bits_per_weight,
                 "bytes": self.bytes, "elements": self.elements, "sensitivity": self.sensitivity, "kept": self.kept,
                 "weights": [{"name": w.name, "graph": w.key[0], "chosen": w.candidates[w.chosen].choice,
-                             "step_gain": w.step_gain,
+                             "step_gain": w.step_gain, "why": w.why,
                              "candidates": [{"choice": c.choice, "bytes": c.bytes, "bits_per_weight": 8 * c.bytes / w.elements,
                                              "relative_error": c.relative, "output_error": c.error}
                                             for c in w.candidates]} for w in self.weights],
@@ -206,6 +206,8 @@ def allocate(model: onnx.ModelProto, targets, arrays: dict, options, feeds: dict
     _, report.kept, picks, step_gains = best
     for w, k, g in zip(weights, picks, step_gains):
         w.chosen, w.step_gain = k, g
+        w.why = (f"{report.kept}, measured best" if report.kept.startswith("uniform") else
+                 "its cheapest choice" if g is None else f"step up taken at {g:.3g} error saved per byte")
     return report
 
 
