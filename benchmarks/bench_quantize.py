@@ -296,8 +296,10 @@ def mixed_widths(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int
                 counts[c] = counts.get(c, 0) + 1
             print(f"  {'':34s} ({', '.join(f'{n} {c}' for c, n in sorted(counts.items()))}; kept: {report.budget.kept}; "
                   f"allocation {report.seconds:.1f} s of it)")
-            for line in report.budget.lines()[2:2 + len(report.budget.weights)]:
-                print(f"  {'':34s}   {line.strip()[:150]}")
+            for w in report.budget.weights:
+                print(f"  {'':34s}   {w.name}: {w.candidates[w.chosen].choice} ({w.why})")
+            print(f"  {'':34s}   allocations run (bytes, predicted / measured relative squared error): " + "; ".join(
+                f"{label} {b} {p:.4g} / {m:.4g}" for label, b, p, m in report.budget.considered))
         del quantized, weights, got
 
 
