@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-models bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -55,6 +55,14 @@ test-openvino: $(STAMP)
 		> $(VENV)/openvino.txt
 	$(PY) -m pip install --quiet -r $(VENV)/openvino.txt
 	$(PY) -m pytest -q -m openvino
+
+# Trained ONNX models nobody here wrote, for the quantizer's end-to-end tests: fetched with pip from
+# PyPI (rapidocr-onnxruntime 1.4.4, Apache-2.0: PP-OCR's text recognizer and direction classifier),
+# checked by SHA-256 and written into .test-models/ (tests/trained_models.py), then their tests
+# run.  `make test` runs them too once they are there, and skips them, saying so, where they are not.
+test-models: $(STAMP)
+	$(PY) tests/trained_models.py fetch
+	$(PY) -m pytest -q tests/quantization/test_trained_models.py
 
 # The compiled kernel built another way, into build/<name>/, and the kernel tests run on that
 # build (DYNDQ_NATIVE_MODULE points the package at it; DYNDQ_REQUIRE_NATIVE=1 fails the run if it

@@ -270,7 +270,7 @@ def _value_problem(name: str, spec: TensorSpec, array, role: str) -> Problem | N
         if array.ndim != len(spec.shape):
             return Problem(name, f"{found} (rank {array.ndim})", f"rank {len(spec.shape)}: {allowed}")
         for i, (want, got) in enumerate(zip(spec.shape, array.shape)):
-            if isinstance(want, int) and want != got:
+            if isinstance(want, int) and want >= 0 and want != got:  # (-1: a dynamic size, as exporters write it)
                 return Problem(name, f"{found} (dimension {i} is {got})", f"dimension {i} = {want}: {allowed}")
     return None
 

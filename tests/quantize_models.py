@@ -62,3 +62,30 @@ def extreme_weights(draw, max_rows=40, max_columns=4):
         flat = np.abs(flat) * (1 if sign == "positive" else -1)
     # (clipped first: a float64 beyond the dtype's largest value would round to infinity)
     return np.clip(flat, -top, top).astype(dtype)
+
+
+def exported_attention(hidden=100, vocab=50, seed=0, opset=21) -> onnx.ModelProto:
+    """A one-head attention block as paddle2onnx, tf2onnx and jax2tf write them: every weight a
+    Constant node (no initializer), the query's behind an Identity, and two MatMuls whose B is an
+    activation (Q @ K^T, attention @ V), with `hidden` (100: shorter than a group of 128) as K:
+    ids [1, seq] -> Gather(E [vocab, hidden]) -> attention -> MatMul(Wo [hidden, vocab]) -> logits [1, seq, vocab]."""
+    def const(name, shape, s):
+        return helper.make_node("Constant", [], [name], name=f"{name}_const", value=nh.from_array(heavy(shape, seed + s), name))
+
+    nodes = [
+        const("E", (vocab, hidden), 0), const("Wq", (hidden, hidden), 1), const("Wk", (hidden, hidden), 2),
+        const("Wv", (hidden, hidden), 3), const("Wo", (hidden, vocab), 4),
+        helper.make_node("Identity", ["Wq"], ["Wq_id"], name="Wq_identity"),
+        helper.make_node("Gather", ["E", "ids"], ["x"], name="embed"),
+        helper.make_node("MatMul", ["x", "Wq_id"], ["q"], name="query"),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"], name="key"),
+        helper.make_node("MatMul", ["x", "Wv"], ["v"], name="value"),
+        helper.make_node("Transpose", ["k"], ["kT"], name="key_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kT"], ["scores"], name="q_kt"),
+        helper.make_node("Softmax", ["scores"], ["attention"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["attention", "v"], ["context"], name="attend"),
+        helper.make_node("MatMul", ["context", "Wo"], ["logits"], name="head"),
+    ]
+    g = helper.make_graph(nodes, "exported_attention", [helper.make_tensor_value_info("ids", T.INT64, [1, "seq"])],
+                          [helper.make_tensor_value_info("logits", T.FLOAT, [1, "seq", vocab])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

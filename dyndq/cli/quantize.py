@@ -18,9 +18,10 @@ def _add_parser(sub) -> None:
                        description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int2/int4/int8 "
                                    "codes with per-group scales, or as MXFP4 or NVFP4, feeding DynamicDequantize "
                                    "(docs/quantize.md). Prints a "
-                                   "table: per weight its form and error, the sizes, the output error on seeded random "
-                                   "inputs, and the weights left alone. Exit 1 when nothing could be quantized.")
-    q.add_argument("input", metavar="IN")
+                                   "table: per weight its form and error, the sizes, the output error (on --input/--inputs-dir, "
+                                   "or seeded samples; top-1 agreement and KL divergence for logits), and the weights "
+                                   "left alone. Exit 1 when nothing could be quantized.")
+    q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
     q.add_argument("--format", choices=FORMATS, default="int",
                    help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
@@ -44,37 +45,96 @@ def _add_parser(sub) -> None:
     q.add_argument("--emit", choices=EMITS, default="dyndq",
                    help="dyndq: DynamicDequantize (default); onnx: standard ONNX; onnxruntime: its contrib ops; "
                         "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
-    q.add_argument("--seed", type=int, default=0, help="the seed of the random inputs the output error is measured on (default 0)")
+    q.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="measure the output error on this input (repeat for each graph input): one sample, or the "
+                        "same input in every --inputs-dir sample")
+    q.add_argument("--inputs-dir", metavar="DIR", action="append", default=[],
+                   help="one sample: each graph input from DIR/NAME.npy (as run --output-dir writes them); repeat for "
+                        "several samples")
+    q.add_argument("--samples", type=int, default=4, metavar="N",
+                   help="without --input/--inputs-dir: the number of seeded samples to measure on (default 4)")
+    q.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
+    q.add_argument("--rank-methods", action="store_true",
+                   help="also quantize with every method (the other options alike) and rank them by what a task would "
+                        "see on the same inputs (the model written is --method's)")
+    q.add_argument("--report", metavar="FILE", help="also write the report to FILE: JSON (.json) or Markdown (.md, with "
+                                                   "a per-weight error chart FILE-errors.png where matplotlib is installed)")
     q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
     q.add_argument("--strict", action="store_true", help="exit 1, writing nothing, when any weight of those ops is left alone")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def cmd_quantize(args) -> int:
-    from dyndq.quantization import quantize_file
+def _samples(args, model_path: str) -> list[dict] | None:
+    """The feeds of --input and --inputs-dir: one sample per folder (--input's arrays in each),
+    or --input's alone; None when neither is given."""
+    from dyndq.cli.common import parse_inputs
+    from dyndq.cli.run import inputs_from_dirs
 
-    def progress(line: str) -> None:  # on a terminal only: quiet when piped or captured
+    given = parse_inputs(args.input)
+    if not args.inputs_dir:
+        return [given] if given else None
+    from dyndq.files import read_model
+
+    model = read_model(model_path, load_data=False).model
+    return [{**inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
+
+
+def cmd_quantize(args) -> int:
+    import os
+
+    from dyndq.cli.exits import UsageError
+    from dyndq.quantization import quantize_file
+    from dyndq.quantization.report import write_report
+
+    if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
+        raise UsageError(f"--report {args.report}: a report is written as FILE.json or FILE.md")
+    # (a budget's widths are chosen on the inputs even when nothing is measured after)
+    if ((args.input or args.inputs_dir) and args.budget is None or args.rank_methods) and args.no_evaluate:
+        raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
+                         "--no-evaluate measures none")
+    inputs = _samples(args, args.input_)
+    options = dict(format=args.format, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
+                   ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
+    if args.budget is not None or args.format_choices is not None:
+        options.update(budget=args.budget, format_choices=args.format_choices)
+
+    def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    progress = say if sys.stderr.isatty() else None  # (on a terminal only: quiet when piped or captured)
 
     # a bad option value (OptionError), nothing to quantize (NothingToQuantize), and --strict with a weight
     # left alone (ValidationError) are told by the one mapping
     report = quantize_file(
-        args.input, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
-        strict=args.strict, progress=progress if sys.stderr.isatty() else None,
+        args.input_, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
+        inputs=inputs, samples=args.samples,
+        strict=args.strict, progress=progress,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
-        bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
-        ops=[op for op in args.ops.split(",") if op], exclude=args.exclude, method=args.method, format=args.format,
-        budget=args.budget, format_choices=args.format_choices)
+        method=args.method, **options)
     if args.no_evaluate:
         report.outputs_note = "not measured (--no-evaluate)"
+    if args.rank_methods:
+        from dyndq.files import load_model
+        from dyndq.quantization import rank_methods
+        from dyndq.quantization.report import ranking_rows
+
+        report.ranking = ranking_rows(rank_methods(
+            load_model(args.input_), inputs=inputs, samples=args.samples, seed=args.seed,
+            progress=progress, **options))
+    head = {"input": args.input_, "output": args.output, "emit": args.emit}
+    if inputs is not None:  # (which files the samples came from)
+        head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]
+    chart = write_report(report, args.report, head) if args.report else None
     if args.json:
-        print(json.dumps({"input": args.input, "output": args.output, "emit": args.emit, **report.as_dict()}, indent=2))
+        print(json.dumps({**head, **report.as_dict()}, indent=2))
     else:
         print(f"wrote {args.output}: {report.summary()}")
         for note in data_notes(report.data_file, report.kept_files):
             print(note)
         print("\n".join(report.table()))
+    if args.report:
+        print(f"wrote {args.report}" + (f"; {chart}" if chart else ""), file=sys.stderr if args.json else sys.stdout)
     return OK
 
 
-QUANTIZE = Command("quantize", _add_parser, cmd_quantize, subject="input")
+QUANTIZE = Command("quantize", _add_parser, cmd_quantize, subject="input_")

@@ -11,11 +11,12 @@ graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), an
 `quantizer` ties them together; docs/quantize.md tells the whole story.
 """
 from dyndq.quantization.options import FORMATS, SCALE_DTYPES, OptionError, QuantizeOptions
-from dyndq.quantization.quantizer import NothingToQuantize, quantize
+from dyndq.quantization.quantizer import NothingToQuantize, quantize, rank_methods
 from dyndq.quantization.on_disk import EMITS, onednn_graph, quantize_file
 from dyndq.quantization.numerics import METHODS
 from dyndq.quantization.plan import OPS
 from dyndq.quantization.report import LayerReport, OutputDifference, QuantizeReport
 
 __all__ = ["EMITS", "FORMATS", "LayerReport", "METHODS", "NothingToQuantize", "OPS", "OptionError", "OutputDifference",
-           "QuantizeOptions", "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file"]
+           "QuantizeOptions", "QuantizeReport", "SCALE_DTYPES", "onednn_graph", "quantize", "quantize_file",
+           "rank_methods"]

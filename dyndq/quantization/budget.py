@@ -9,8 +9,8 @@ How the widths are chosen:
 1. every weight is quantized at every choice (int2, int4, int8 with the options' group size and
    method; mxfp4, nvfp4 when asked), and each candidate's bytes counted as written;
 2. its sensitivity: the model's output error with only that weight at that choice (the others
-   float), on the feeds the evaluation uses (`parity.example_feeds` of the options' seed, the
-   evaluation's own inputs, unless feeds are given) - the squared error of every float output over their squared norm.  One ONNX Runtime
+   float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
+   evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
    session runs them all: the weights quantized are made graph inputs, fed float or
    dequantized.  A weight that cannot be fed so (a Constant node's, a nested graph's) and a
    model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
@@ -37,10 +37,8 @@ from dyndq.plumbing.light import nbytes
 from dyndq.plumbing.names import NameScope
 from dyndq.quantization.fp4 import quantize_fp4
 from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
+from dyndq.quantization.options import CHOICES  # (name -> (bits, format))
 from dyndq.quantization.rewrite import placed
-
-CHOICES = {"int2": (2, "int"), "int4": (4, "int"), "int8": (8, "int"), "mxfp4": (4, "mxfp4"), "nvfp4": (4, "nvfp4")}
-DEFAULT_CHOICES = ("int2", "int4", "int8")
 
 
 class BudgetError(ValueError):
@@ -123,22 +121,12 @@ class BudgetReport:
                                for label, b, p, m in self.considered]}
 
 
-def parse_choices(choices) -> tuple[tuple[str, ...], list[Problem]]:
-    """The choices as a tuple of names (a comma-separated string or a sequence), and problems."""
-    items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(choices)
-    bad = [c for c in items if c not in CHOICES]
-    if bad or not items:
-        return tuple(items), [Problem("format_choices", repr(",".join(map(str, items))),
-                                      "two or more of " + ", ".join(CHOICES) + ", comma separated")]
-    return tuple(dict.fromkeys(items)), []
-
-
-def allocate(model: onnx.ModelProto, targets, arrays: dict, options, feeds: dict | None = None,
+def allocate(model: onnx.ModelProto, targets, arrays: dict, options, feeds: list[dict] | None = None,
              array_of=numpy_helper.to_array) -> BudgetReport:
     """The choice of each target (plan.Target) whose float weight is `arrays[(graph, name)]`, under
     options.budget bits per weight; raises BudgetError when the budget is out of the model's range.
-    feeds: the inputs the sensitivities and allocations are measured on (default: the evaluation's
-    seeded random ones); array_of: reads the model's other initializers (a model read without its
+    feeds: the samples (feed dicts) the sensitivities and allocations are measured on (default:
+    the evaluation's seeded ones, evaluate.seeded_samples); array_of: reads the model's other initializers (a model read without its
     external data)."""
     weights = []
     for t in targets:
@@ -279,7 +267,7 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
     main = [k for k in keys if k[0] == "main" and any(t.name == k[1] for t in model.graph.initializer)]
     own = "; the others by their own squared reconstruction error" if len(main) < len(keys) else ""
     try:
-        from dyndq.parity import example_feeds
+        from dyndq.quantization.evaluate import SAMPLES, seeded_samples
         from dyndq.runner import Runner
 
         if not main:
@@ -298,12 +286,11 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
             a = arrays[k]
             probe.graph.input.append(helper.make_tensor_value_info(
                 k[1], helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
-        given = feeds is not None
-        feeds = dict(example_feeds(model, seed) if feeds is None else feeds)
+        samples = seeded_samples(model, seed, SAMPLES) if feeds is None else list(feeds)
         floats = {k[1]: arrays[k] for k in main}
         session = Runner(probe, "onnxruntime")
-        want = session({**feeds, **floats})
-        norm = sum(float(np.sum(v.astype(np.float64) ** 2)) for v in want.values() if _is_float(v))
+        want = [session({**f, **floats}) for f in samples]
+        norm = sum(float(np.sum(v.astype(np.float64) ** 2)) for w in want for v in w.values() if _is_float(v))
     except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot run: the data-free fallback, said
         from dyndq.wording import first_line
 
@@ -316,13 +303,15 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
                 fed[k[1]] = dequantized(q, arrays[k].dtype)
             else:  # (not fed: its own squared error, over the outputs' squared norm)
                 own_errors += _own_error(arrays[k], Candidate("", q, 0, q.stats.relative)) / max(norm, 1e-30)
-        got = session({**feeds, **fed})
-        err = sum(float(np.sum((got[n].astype(np.float64) - v.astype(np.float64)) ** 2))
-                  for n, v in want.items() if _is_float(v))
+        err = 0.0
+        for f, w in zip(samples, want):
+            got = session({**f, **fed})
+            err += sum(float(np.sum((got[n].astype(np.float64) - v.astype(np.float64)) ** 2))
+                       for n, v in w.items() if _is_float(v))
         return (err / norm if norm else err) + own_errors
 
     return run, (f"the model's relative squared output error with only that weight quantized so, "
-                 f"on {'the inputs given' if given else 'seeded random inputs'}, ONNX Runtime{own}")
+                 f"on the evaluation's {len(samples)} samples, ONNX Runtime{own}")
 
 
 def dequantized(q, dtype) -> np.ndarray:

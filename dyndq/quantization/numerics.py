@@ -11,7 +11,9 @@ A last group shorter than `group_size` (the axis not a multiple of it) is quanti
 own elements; the codes are then padded along `axis` to whole groups with level 0 (the bytes
 ONNX Runtime's MatMulNBits holds there), and `padded_to` says how long the padded axis is:
 the graph takes the first `length` elements back with a Slice (DynamicDequantize's per_group
-needs whole groups, as MatMulNBits stores them).
+needs whole groups, as MatMulNBits stores them).  An axis shorter than the group is one such
+group: ONNX Runtime's quantizer pads K to a whole block with zeros and quantizes the block on
+its K real elements (MlasQuantizeBlockwise is given the real K), which is the same rule.
 
 Nothing it writes dequantizes to a value the weight did not hold: a scale its dtype cannot
 hold (float32 weights of 1e6 with float16 scales) raises `ScaleOutOfRange`, and a level whose
@@ -119,7 +121,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     axis = axis % weight.ndim
     length = weight.shape[axis]
     group = length if group_size == -1 else group_size
-    assert 1 <= group <= length and bits in (2, 4, 8) and method in METHODS, (group, length, bits, method)
+    assert 1 <= group and bits in (2, 4, 8) and method in METHODS, (group, length, bits, method)
     scale_dtype = np.dtype(scale_dtype or weight.dtype)
     outer = int(np.prod(weight.shape[:axis], dtype=np.int64))
     inner = int(np.prod(weight.shape[axis + 1:], dtype=np.int64))

@@ -22,7 +22,7 @@ import onnx
 from dyndq.plumbing.light import nbytes
 from dyndq.opdefs import Problem
 from dyndq.quantization.options import OptionError, QuantizeOptions
-from dyndq.quantization.quantizer import Tensors, quantize_model
+from dyndq.quantization.quantizer import Tensors, budget_feeds, quantize_model
 from dyndq.quantization.report import QuantizeReport
 
 EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
@@ -30,17 +30,23 @@ EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to 
 
 
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
-                  progress=None, save_weights=None, **options) -> QuantizeReport:
+                  progress=None, save_weights=None, inputs=None, samples: int = 4, **options) -> QuantizeReport:
     """Quantize the model in file `src` into file `dst` (options as `dyndq.quantize` takes them).
-    evaluate: measure the output error (default: when the model's weights are under 2 GiB)."""
+    evaluate: measure the output error (default: when the model's weights are under 2 GiB), on
+    `inputs` or `samples` seeded samples as `dyndq.quantize` does."""
+    from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
     from dyndq.files import DataFile, read_model, save_model, staged_write
 
     if emit not in EMITS:
         raise OptionError([Problem("emit", repr(emit), ", ".join(EMITS))])
     loaded = read_model(src, load_data=False)
     checked = QuantizeOptions.checked(loaded.model, seed=seed, **options)
+    samples = checked_samples(samples)
     too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
     measure = not too_big if evaluate is None else evaluate
+    # (a feed that does not fit: said before any work; a budget is chosen on them too)
+    feeds = user_inputs(loaded.model, inputs) if measure or checked.budget is not None else None
+    chosen_on = budget_feeds(loaded.model, checked, feeds, samples)
     out = None
     written = None  # the external data file written
     if emit == "dyndq" and loaded.external_data:
@@ -48,11 +54,12 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             written = stage.location
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
                 quantized, report = quantize_model(loaded.model, checked, Tensors(loaded, DataFile(f, stage.location)),
-                                                   strict=strict, progress=progress)
+                                                   strict=strict, progress=progress, feeds=chosen_on)
             onnx.save_model(quantized, stage.model)
             del quantized
     else:
-        out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress)
+        out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress,
+                                     feeds=chosen_on)
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 
@@ -72,9 +79,9 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
         report.kept_files = [location for location in loaded.locations if location != written]
     if measure:
         from dyndq.files import load_model
-        from dyndq.quantization.evaluate import output_error
 
-        report.outputs, report.outputs_note = output_error(load_model(src), out or load_model(dst), seed=checked.seed)
+        evaluate_into(report, load_model(src), out or load_model(dst), seed=checked.seed, inputs=feeds, samples=samples,
+                      progress=progress)
     else:
         report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
                                else "not measured (evaluate=False)")

@@ -19,7 +19,15 @@ from dyndq.quantization.numerics import METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
+
+
+def methods_of(format: str) -> tuple[str, ...]:
+    """The methods a format takes: every one for integer codes; an FP4 format's rule is its only method."""
+    return METHODS if format == "int" else ("rtn",)
 DEFAULT_GROUP = 128  # integer codes' group size when none is given
+# what a budget chooses among (budget.py): name -> (bits, format)
+CHOICES = {"int2": (2, "int"), "int4": (4, "int"), "int8": (8, "int"), "mxfp4": (4, "mxfp4"), "nvfp4": (4, "nvfp4")}
+DEFAULT_CHOICES = ("int2", "int4", "int8")
 
 
 class OptionError(ValidationError):
@@ -72,7 +80,7 @@ class QuantizeOptions:
                 bad("scale_dtype", f"{scale_dtype!r} with format {format!r}",
                     "none (its scales are " + ("float8e8m0" if format == "mxfp4" else "float8e4m3fn times a float32")
                     + ")")
-            if method != "rtn":
+            if method not in methods_of(format):
                 bad("method", f"{method!r} with format {format!r}", "'rtn' (the format's rule is the only method)")
             group_size = block
         if not isinstance(symmetric, (bool, np.bool_)):
@@ -102,8 +110,6 @@ class QuantizeOptions:
             bad("seed", repr(seed), "a whole number >= 0")
         choices = ()
         if budget is not None:
-            from dyndq.quantization.budget import DEFAULT_CHOICES, parse_choices
-
             if isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not budget > 0:
                 bad("budget", repr(budget), "a number of bits per weight > 0 (e.g. 4.2)")
             if bits != 4 or format != "int":
@@ -126,3 +132,12 @@ class QuantizeOptions:
         return dict(format=self.format, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
                     scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
                     **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))))
+
+
+def parse_choices(choices) -> tuple[tuple[str, ...], list[Problem]]:
+    """A budget's choices as a tuple of names (from a comma-separated string or a sequence), and problems."""
+    items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(choices)
+    if not items or any(c not in CHOICES for c in items):
+        return tuple(items), [Problem("format_choices", repr(",".join(map(str, items))),
+                                      "one or more of " + ", ".join(CHOICES) + ", comma separated")]
+    return tuple(dict.fromkeys(items)), []

@@ -4,10 +4,15 @@ The weight of MatMul is B (quantized along its rows, the reduction axis -2; a 1-
 only axis), of Gemm B (along axis 0, or 1 with transB=1), of Gather its data (along the last
 axis, as ONNX Runtime quantizes it: for an embedding table [vocabulary, hidden], groups run
 along hidden).  A weight is a constant of the node's scope or of a scope enclosing it, as ONNX
-resolves names: an initializer, or a Constant node's value (the only constants a model-local
-function holds).  Anything else (a value computed by the graph, a graph or function input, an
-initializer that is also a graph input and so can be fed at run time, an integer or float64
-tensor, an empty one, an axis shorter than the group) is left alone and named as a `Problem`.
+resolves names: an initializer, or a Constant node's value (`value`, `value_float`,
+`value_floats`; the only constants a model-local function holds, and where paddle2onnx, tf2onnx
+and jax2tf put every weight), read directly or through Identity nodes (which go with it).  A
+value computed by the graph or fed at run time (the K of an attention's Q @ K^T) is an
+activation, not a weight: it is counted (`Plan.activations`), never named as a weight left
+alone.  A weight that cannot be quantized (a function input, an initializer that is also a
+graph input and so can be fed at run time, an integer or float64 tensor, an empty one, one
+quantized already) is left alone and named as a `Problem`.  An axis shorter than the group is
+one short group, padded as ONNX Runtime's quantizer pads it (numerics.py).
 
 A weight read by several nodes is one `Target`, quantized once along the axis of its first
 reader in graph order; a reader of it that is not quantized (another op, an excluded node, a
@@ -22,7 +27,7 @@ import onnx
 from dyndq.plumbing.types import attribute_values, dtype_name
 from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.opdefs import Problem
-from dyndq.wording import a as article
+from dyndq.wording import a as article, plural
 
 OPS = ("MatMul", "Gemm", "Gather")
 WEIGHT_INPUT = {"MatMul": (1, "B"), "Gemm": (1, "B"), "Gather": (0, "data")}
@@ -54,6 +59,7 @@ class Target:
     rule: str  # ONNX Runtime's rounding rule for its op: "matmul" or "gather" (rtn.py)
     uses: list[Use] = field(default_factory=list)
     keep_float: list[str] = field(default_factory=list)  # readers that still need the float weight
+    via: list[tuple[str, int]] = field(default_factory=list)  # (graph, index) of Identity nodes between it and a use
     listed_as_input: bool = False  # (IR < 4) also among the graph inputs: drop it there with it
     constant_node: bool = False  # held by a Constant node (in a function, the only constants there are)
 
@@ -66,6 +72,19 @@ class Target:
 class Plan:
     targets: list[Target]
     problems: list[Problem]  # weights left alone, and why
+    activations: list[Use] = field(default_factory=list)  # nodes whose weight input is computed or fed: not weights
+
+    def activation_line(self) -> str | None:
+        """"2 MatMuls whose B is an activation ..., not a weight", per op; None when there are none."""
+        if not self.activations:
+            return None
+        counts: dict[str, int] = {}
+        for u in self.activations:
+            counts[u.op] = counts.get(u.op, 0) + 1
+        parts = [f"{plural(n, op)} whose {WEIGHT_INPUT[op][1]} is" if n == 1 else f"{n} {op}s whose {WEIGHT_INPUT[op][1]} is"
+                 for op, n in counts.items()]
+        return (f"{' and '.join(parts)} an activation (computed by the graph or fed at run time), not a weight: "
+                "left as they are")
 
 
 def label(node: onnx.NodeProto, index: int) -> str:
@@ -83,22 +102,60 @@ def names_of(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
     return nodes, weights
 
 
-def plan(model: onnx.ModelProto, *, ops, exclude, group_size: int) -> Plan:
+def plan(model: onnx.ModelProto, *, ops, exclude) -> Plan:
     """The weights of `model` to quantize (see the module doc)."""
     targets: dict[tuple[str, str], Target] = {}
     problems: list[Problem] = []
+    activations: list[Use] = []
     constant_inputs = model.ir_version < IR_INPUTS_ARE_CONSTANT
     every = scopes(model)
     exclude = set(exclude)
     for scope in every:
         for i, node in enumerate(scope.nodes):
             if node.domain in ("", "ai.onnx") and node.op_type in ops and label(node, i) not in exclude:
-                _judge(scope, i, node, exclude, group_size, constant_inputs, targets, problems)
+                _judge(scope, i, node, exclude, constant_inputs, targets, problems, activations)
     _find_other_readers(every, targets)
-    return Plan(list(targets.values()), problems)
+    return Plan(list(targets.values()), problems, activations)
 
 
-def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, problems) -> None:
+def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor a Constant node holds in `value`, `value_float(s)` or `value_int(s)` (None for
+    the sparse and string forms, which hold no weight)."""
+    if not node.attribute:
+        return None
+    attr = node.attribute[0]
+    name = node.output[0]
+    if attr.name == "value":
+        return attr.t
+    if attr.name in ("value_float", "value_int"):
+        kind = onnx.TensorProto.FLOAT if attr.name == "value_float" else onnx.TensorProto.INT64
+        return onnx.helper.make_tensor(name, kind, [], [attr.f if attr.name == "value_float" else attr.i])
+    if attr.name in ("value_floats", "value_ints"):
+        kind = onnx.TensorProto.FLOAT if attr.name == "value_floats" else onnx.TensorProto.INT64
+        values = list(attr.floats if attr.name == "value_floats" else attr.ints)
+        return onnx.helper.make_tensor(name, kind, [len(values)], values)
+    return None
+
+
+def _source(scope, name: str):
+    """(holder scope, name, tensor or None, Identity nodes passed) for the value `name` read in
+    `scope`: followed back through Identity nodes to the constant (or not) they pass on."""
+    via = []
+    holder = scope.resolve(name)
+    while holder is not None:
+        made = holder.maker(name)
+        if made is None or made[1].op_type != "Identity" or made[1].domain not in ("", "ai.onnx") or not made[1].input:
+            break
+        via.append((holder.path, made[0]))
+        name = made[1].input[0]
+        holder = holder.resolve(name)
+    tensor = holder.constant(name) if holder is not None else None
+    if tensor is None and holder is not None and (made := holder.maker(name)) is not None and is_constant_node(made[1]):
+        tensor = constant_value(made[1])
+    return holder, name, tensor, via
+
+
+def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activations) -> None:
     """Make the weight `node` reads a target (or a use of one), or say why it is not one."""
     k, arg = WEIGHT_INPUT[node.op_type]
     name = node.input[k] if len(node.input) > k else ""
@@ -109,8 +166,9 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
 
     if name in exclude or not name:
         return
-    holder = scope.resolve(name)
-    tensor = holder.constant(name) if holder is not None else None
+    holder, name, tensor, via = _source(scope, name)
+    if via and name in exclude:
+        return
     is_input = holder is not None and holder.fed(name)
     if tensor is None and is_input and holder.graph is not None:
         tensor = next((t for t in holder.graph.initializer if t.name == name), None)
@@ -121,9 +179,8 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
         elif holder is not None and (maker := _dequantizer(name, holder)) is not None:  # (quantized already)
             problem(f"the output of {maker[1].op_type} {label(maker[1], maker[0])!r}, a weight quantized already",
                     "a constant float weight (an initializer or a Constant node)")
-        else:
-            problem("a value computed by the graph or fed at run time, not an initializer",
-                    "a constant weight (an initializer or a Constant node)")
+        else:  # (an activation: Q @ K^T's K, a weight fed at run time; not a weight to quantize)
+            activations.append(Use(scope.path, i, label(node, i), node.op_type, -1))
         return
     if is_input and not constant_inputs:
         problem("an initializer that is also a graph input (it can be fed at run time)",
@@ -141,18 +198,14 @@ def _judge(scope, i, node, exclude, group_size, constant_inputs, targets, proble
     if axis is None:
         problem(f"a tensor of shape {list(dims)}", "a 2-D B for Gemm")
         return
-    if group_size != -1 and group_size > dims[axis]:
-        problem(f"shape {list(dims)}: its axis {axis} ({dims[axis]} long) is shorter than the group size {group_size}",
-                "a group size no larger than the axis (or -1: one group per whole axis)")
-        return
     key = (holder.path, name)
     if key not in targets:
         rule = "gather" if node.op_type == "Gather" else "matmul"
-        in_node = holder.constant(name) is not None and not any(t.name == name for t in (
-            holder.graph.initializer if holder.graph is not None else ()))
+        in_node = not any(t.name == name for t in (holder.graph.initializer if holder.graph is not None else ()))
         targets[key] = Target(name, holder.path, dims, dtype, axis, rule, listed_as_input=is_input,
                               constant_node=in_node)
     targets[key].uses.append(Use(scope.path, i, label(node, i), node.op_type, axis))
+    targets[key].via.extend(v for v in via if v not in targets[key].via)
 
 
 def _dequantizer(name: str, scope):
@@ -173,25 +226,31 @@ def _axis(node: onnx.NodeProto, rank: int) -> int | None:
 
 
 def _find_other_readers(every, targets) -> None:
-    """Note in each target every reader that is not one of its quantized uses (the same name
-    read where it resolves to the target's scope)."""
-    by_name: dict[str, list[Target]] = {}
+    """Note in each target every reader that is not one of its quantized uses nor an Identity
+    passing it on to them (the same name, or an Identity's output, read where it resolves to
+    where the target or that Identity is)."""
+    makers = {scope.path: scope for scope in every}
+    aliases: dict[str, list[tuple[Target, str]]] = {}  # name -> (target, path of the scope defining it)
     for t in targets.values():
-        by_name.setdefault(t.name, []).append(t)
-    uses = {(u.graph, u.index, t.name) for t in targets.values() for u in t.uses}
+        aliases.setdefault(t.name, []).append((t, t.graph))
+        for path, index in t.via:
+            aliases.setdefault(makers[path].nodes[index].output[0], []).append((t, path))
+    uses = {id(t): {(u.graph, u.index) for u in t.uses} for t in targets.values()}
+    passing = {id(t): set(t.via) for t in targets.values()}
     for scope in every:
         for i, node in enumerate(scope.nodes):
             k = WEIGHT_INPUT.get(node.op_type, (None,))[0]
             for j, name in enumerate(node.input):
-                for t in by_name.get(name, ()):
-                    if not (j == k and (scope.path, i, name) in uses) and _resolves_to(scope, name, t):
+                for t, path in aliases.get(name, ()):
+                    mine = (j == k and (scope.path, i) in uses[id(t)]) or (scope.path, i) in passing[id(t)]
+                    if not mine and _resolves_to(scope, name, path):
                         t.keep_float.append(f"{label(node, i)} ({node.op_type})")
         for out in scope.outputs:
-            for t in by_name.get(out, ()):
-                if _resolves_to(scope, out, t):
+            for t, path in aliases.get(out, ()):
+                if _resolves_to(scope, out, path):
                     t.keep_float.append(f"graph output {out!r}")
 
 
-def _resolves_to(scope, name: str, target: Target) -> bool:
+def _resolves_to(scope, name: str, path: str) -> bool:
     holder = scope.resolve(name)
-    return holder is not None and holder.path == target.graph
+    return holder is not None and holder.path == path

@@ -33,10 +33,12 @@ from dyndq.wording import plural
 
 class NothingToQuantize(ValidationError):
     """No weight of the chosen ops could be quantized: its problems say why for each (none: the
-    model has no such node reading a constant float weight)."""
+    model has no such node reading a constant float weight; `activations` says how many read an
+    activation, a value computed by the graph or fed at run time, where a weight would be)."""
 
-    def __init__(self, problems, ops):
+    def __init__(self, problems, ops, activations: str | None = None):
         self.ops = list(ops)
+        self.activations = activations
         super().__init__(problems)
 
     @property
@@ -44,7 +46,8 @@ class NothingToQuantize(ValidationError):
         if self.problems:
             return f"{plural(len(self.problems), 'weight')} left alone"
         names = self.ops[:-2] + [" or ".join(self.ops[-2:])]
-        return f"no {', '.join(names)} node reads a constant float weight"
+        reason = f"no {', '.join(names)} node reads a constant float weight"
+        return f"{reason} ({self.activations})" if self.activations else reason
 
     def _message(self) -> str:
         return "\n".join([f"nothing to quantize: {self.reason}"] + [f"  - {p}" for p in self.problems])
@@ -52,8 +55,8 @@ class NothingToQuantize(ValidationError):
 
 def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
-             strict: bool = False, progress=None, format: str = "int", budget: float | None = None,
-             format_choices=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+             strict: bool = False, progress=None, format: str = "int", inputs=None,
+             samples: int = 4, budget: float | None = None, format_choices=None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
     scales (and zero points unless `symmetric`) feeding DynamicDequantize-2 (-3 for 2 bits),
     and a report.
@@ -64,8 +67,10 @@ def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: 
     default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
     method: "rtn" (ONNX Runtime's own rounding, code for code) or "search" (lower error).
-    exclude: node or weight names to leave alone.  evaluate: run both models on seeded random
-    inputs (`seed`) and report the output error.  strict: raise ValidationError when a weight
+    exclude: node or weight names to leave alone.  evaluate: run both models and report the
+    output error (and, for logits or distributions, top-1 agreement and KL divergence) on
+    `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
+    not fit), or by default on `samples` seeded samples (`seed`; evaluate.py).  strict: raise ValidationError when a weight
     of the chosen ops cannot be quantized instead of leaving it alone.  progress: called
     with one line per weight quantized.
     budget: bits per weight (codes, scales and zero points over the weights quantized): each
@@ -76,17 +81,47 @@ def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: 
     from dyndq.files import model_of
 
     model = model_of(model, "quantize")
+    from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
+
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
                                       scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed,
                                       format=format, budget=budget, format_choices=format_choices)
-    out, report = quantize_model(model, options, strict=strict, progress=progress)
+    samples = checked_samples(samples)
+    # (before any work: a feed that does not fit is said first; a budget is chosen on them too)
+    feeds = user_inputs(model, inputs) if evaluate or options.budget is not None else None
+    out, report = quantize_model(model, options, strict=strict, progress=progress,
+                                 feeds=budget_feeds(model, options, feeds, samples))
     if evaluate:
-        from dyndq.quantization.evaluate import output_error
-
-        report.outputs, report.outputs_note = output_error(model, out, seed=options.seed)
+        evaluate_into(report, model, out, seed=options.seed, inputs=feeds, samples=samples, progress=progress)
     else:
         report.outputs_note = "not measured (evaluate=False)"
     return out, report
+
+
+def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: int = 0, progress=None,
+                 **options) -> list[tuple[str, QuantizeReport]]:
+    """(method, report) for each of `methods` (default: every one), `model` quantized by it with
+    the same `options` (as `quantize` takes them) and measured on the same inputs (`inputs`, or
+    `samples` seeded ones; the float model run once), best first by what a task would see
+    (`QuantizeReport.task_score`)."""
+    from dyndq.files import model_of
+    from dyndq.quantization.evaluate import Evaluation, checked_samples, user_inputs
+    from dyndq.quantization.options import methods_of
+
+    model = model_of(model, "rank_methods")
+    # (by default every method the format takes: an FP4 format has its rule alone)
+    checked = [QuantizeOptions.checked(model, method=m, seed=seed, **options)
+               for m in (methods or methods_of(options.get("format", "int")))]
+    evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
+                            progress=progress)
+    runs = []
+    for options_ in checked:
+        out, report = quantize_model(model, options_)
+        report.outputs, report.outputs_note = evaluation.measure(out)
+        report.inputs = evaluation.inputs_used()
+        del out  # (one quantized model at a time)
+        runs.append((options_.method, report))
+    return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
 
 
 class Tensors:
@@ -115,21 +150,22 @@ class Tensors:
 
 
 def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Tensors | None = None, *,
-                   strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+                   strict: bool = False, progress=None, feeds=None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """`quantize`'s work on a model and its options judged (`QuantizeOptions.checked`), the
     weights read from and the new tensors written to `tensors` (default: the models themselves),
+    a budget's widths chosen on `feeds` (a list of feed dicts: `budget_feeds`),
     the output error not measured."""
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
-    found = planning.plan(model, ops=options.ops, exclude=options.exclude, group_size=options.group_size)
-    report = QuantizeReport(options, left_alone=list(found.problems))
+    found = planning.plan(model, ops=options.ops, exclude=options.exclude)
+    report = QuantizeReport(options, left_alone=list(found.problems), activations=found.activation_line())
     if strict and found.problems:
         raise ValidationError(found.problems)
     if not found.targets:
-        raise NothingToQuantize(found.problems, options.ops)
+        raise NothingToQuantize(found.problems, options.ops, found.activation_line())
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
     if options.budget is not None:
-        report.budget = _allocated(model, found.targets, options, tensors)
+        report.budget = _allocated(model, found.targets, options, tensors, feeds)
         chosen = report.budget.chosen()
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
@@ -138,7 +174,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     every = {scope.path: scope for scope in scopes(out)}  # (the model's scopes, by the paths the plan named)
     targets = {(t.graph, t.name): t for t in found.targets}
     new_nodes: dict[str, list] = {}  # scope path -> the nodes standing for its weights (put first)
-    gone: dict[str, list] = {}  # scope path -> the Constant nodes whose weights no node reads as floats any more
+    gone: dict[str, list] = {}  # scope path -> the Constant (and Identity) nodes whose weights no node reads as floats any more
+    passing = {key: [(path, every[path].nodes[index]) for path, index in t.via] for key, t in targets.items()}
     done = 0
 
     def quantize_one(target, weight, scope, add) -> bool:
@@ -171,26 +208,35 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
                 if not quantize_one(target, tensors.array(tensor), scope, lambda t: tensors.add(graph, t)) \
                         or target.keep_float:
                     tensors.add(graph, tensor)
-                elif target.listed_as_input:
+                    continue
+                if target.listed_as_input:
                     _drop_input(graph, target.name)
+                for where, identity in passing[(path, tensor.name)]:
+                    gone.setdefault(where, []).append(identity)
         for node in list(scope.nodes):
             target = targets.get((path, node.output[0])) if is_constant_node(node) else None
             if target is None or not target.constant_node:
                 continue
-            made = []  # (in a scope of Constant nodes, new weights are Constant nodes too, ahead of the rest)
-            if quantize_one(target, tensors.array(node.attribute[0].t), scope,
-                            lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))):
+            # a graph's new tensors are initializers (a Constant node of int4 codes needs ai.onnx 21, which an
+            # exporter's opset 11 or 12 graph does not import); a function has none: Constant nodes, ahead of the rest
+            made = []
+            add = (lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))) \
+                if scope.graph is None else (lambda t, graph=scope.graph: tensors.add(graph, t))
+            if quantize_one(target, tensors.array(planning.constant_value(node)), scope, add):
                 new_nodes[path][:0] = made
                 if not target.keep_float:
                     gone.setdefault(path, []).append(node)
+                    for where, identity in passing[(path, node.output[0])]:
+                        gone.setdefault(where, []).append(identity)
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
-        raise NothingToQuantize(report.left_alone, options.ops)
+        raise NothingToQuantize(report.left_alone, options.ops, found.activation_line())
+    for path, nodes in gone.items():
+        for node in nodes:
+            del every[path].nodes[next(i for i, n in enumerate(every[path].nodes) if n is node)]
     for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
         scope = every[path]
-        for node in gone.get(path, ()):
-            del scope.nodes[next(i for i, n in enumerate(scope.nodes) if n is node)]
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:
@@ -206,14 +252,23 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return t
 
 
-def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors):
+def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samples: int) -> list[dict] | None:
+    """The inputs a budget is chosen on: the evaluation's (the user's, or its seeded samples)."""
+    if options.budget is None:
+        return None
+    from dyndq.quantization.evaluate import seeded_samples
+
+    return given if given is not None else seeded_samples(model, options.seed, samples)
+
+
+def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds):
     """The budget's allocation (budget.BudgetReport), its weights read from `tensors`; a budget
     out of the model's range is an OptionError saying what is possible."""
     from dyndq.quantization.budget import BudgetError, allocate, weight_arrays
     from dyndq.quantization.options import OptionError
 
     try:
-        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, None, tensors.array)
+        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array)
     except BudgetError as e:
         raise OptionError([e.problem]) from None
 

@@ -40,6 +40,15 @@ class OutputDifference:
     relative_error: float
     max_abs_error: float
     cosine: float
+    task: str | None = None  # "logits" or "distribution": its last axis is one, and the next two are measured
+    top1_agreement: float | None = None  # the share of rows whose top-1 answer (argmax of the last axis) is the same
+    kl_divergence: float | None = None  # mean KL(float || quantized) of the rows' distributions, nats
+
+    def line(self) -> str:
+        text = f"{self.name}: rel. error {self.relative_error:.5f}, max abs {self.max_abs_error:.3g}, cosine {self.cosine:.6f}"
+        if self.task:
+            text += f"; as {self.task}: top-1 agreement {self.top1_agreement:.2%}, KL {self.kl_divergence:.3g}"
+        return text
 
 
 @dataclass
@@ -47,8 +56,11 @@ class QuantizeReport:
     options: QuantizeOptions  # as `quantize` judged them; `as_dict` writes them as "settings"
     layers: list[LayerReport] = field(default_factory=list)
     left_alone: list[Problem] = field(default_factory=list)  # weights of the chosen ops not quantized, and why
+    activations: str | None = None  # how many nodes of those ops read an activation where a weight would be
+    ranking: list[dict] = field(default_factory=list)  # (quantize --rank-methods) every method on the same inputs, best first
     outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
+    inputs: dict | None = None  # the inputs it was measured on: source, seed, each sample's arrays (evaluate.py)
     seconds: float = 0.0
     # the export to the form asked for (quantize_file's emit "onnx", "onnxruntime"): "written for
     # FORM: " its summary, then one line per node whose form it decided, and why (the weights left
@@ -104,15 +116,41 @@ class QuantizeReport:
         if self.budget is not None:
             lines += [f"  {line}" for line in self.budget.lines()]
         lines.append(f"  output error ({self.outputs_note}):" if self.outputs else f"  output error: {self.outputs_note}")
-        lines += [f"    {o.name}: rel. error {o.relative_error:.5f}, max abs {o.max_abs_error:.3g}, cosine {o.cosine:.6f}"
-                  for o in self.outputs]
+        lines += [f"    {o.line()}" for o in self.outputs]
+        if self.outputs:
+            lines.append(f"  task score: {self.task_score_line()}")
         if self.emitted:
             lines.append(f"  {self.emitted[0]}")
             lines += [f"    {line}" for line in self.emitted[1:]]
+        if self.ranking:
+            lines.append(f"  methods ranked on the same inputs, best first ({self.ranking[0]['inputs']}):")
+            lines += [f"    {i}. {row['method']}: {row['score']}" for i, row in enumerate(self.ranking, 1)]
+        if self.activations:
+            lines.append(f"  not weights: {self.activations}")
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
         return lines
+
+    def task_score(self) -> tuple:
+        """What a task would see, as a key that sorts better runs first (the same model quantized
+        by several methods or settings, on the same inputs): with outputs of logits or
+        distributions, their mean KL divergence (lower first), then their mean top-1 agreement
+        (higher first); else the mean relative error of the outputs.  () when nothing was
+        measured.  KL leads: on a few dozen rows the top-1 agreement moves by whole rows, the
+        KL divergence by how far each answer's distribution moved."""
+        tasks = [o for o in self.outputs if o.task]
+        if tasks:
+            return (sum(o.kl_divergence for o in tasks) / len(tasks), -sum(o.top1_agreement for o in tasks) / len(tasks))
+        if self.outputs:
+            return (sum(o.relative_error for o in self.outputs) / len(self.outputs),)
+        return ()
+
+    def task_score_line(self) -> str:
+        score = self.task_score()
+        if len(score) == 2:
+            return f"KL {score[0]:.3g}, top-1 agreement {-score[1]:.2%} (mean over the outputs of logits or distributions)"
+        return f"rel. error {score[0]:.5f} (mean over the outputs; none is logits or a distribution)" if score else "none"
 
     def as_dict(self) -> dict:
         return {
@@ -123,7 +161,11 @@ class QuantizeReport:
             "size_ratio": self.size_ratio,
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "outputs_note": self.outputs_note,
+            "inputs": self.inputs,
+            "task_score": list(self.task_score()),
             "left_alone": [p.as_dict() | {"message": str(p)} for p in self.left_alone],
+            "activations": self.activations,
+            "ranking": self.ranking,
             "emitted": self.emitted,
             "data_file": self.data_file,
             "kept_files": self.kept_files,
@@ -134,3 +176,97 @@ class QuantizeReport:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
+
+
+def ranking_rows(runs) -> list[dict]:
+    """`rank_methods`' (method, report) pairs as the rows of `QuantizeReport.ranking`."""
+    return [{"method": method, "score": r.task_score_line(), "task_score": list(r.task_score()), "inputs": r.outputs_note,
+             "outputs": [dataclasses.asdict(o) for o in r.outputs]} for method, r in runs]
+
+
+def write_report(report: QuantizeReport, path, extra: dict | None = None) -> str | None:
+    """Write `report` to `path`: JSON for a .json file, Markdown for .md (atomically), and beside a
+    Markdown one a per-weight error chart (PATH minus .md + "-errors.png") where matplotlib is
+    installed.  Returns a note on the chart (written, or why not); ValueError for another suffix."""
+    import json
+    import os
+
+    from dyndq.files import write_atomically
+
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".json", ".md"):
+        raise ValueError(f"{path}: a report is written as .json or .md, not {suffix or 'a file without a suffix'}")
+    doc = {**(extra or {}), **report.as_dict()}
+    if suffix == ".json":
+        text = json.dumps(doc, indent=2)
+        write_atomically(path, lambda f: f.write(text.encode()))
+        return None
+    chart = os.path.splitext(path)[0] + "-errors.png"
+    note = error_chart(report, chart)
+    text = markdown(report, extra or {}, os.path.basename(chart) if note.startswith("wrote") else None)
+    write_atomically(path, lambda f: f.write(text.encode()))
+    return note
+
+
+def markdown(report: QuantizeReport, extra: dict, chart: str | None) -> str:
+    """The report as a Markdown page: settings, inputs, output metrics, the per-weight table."""
+    lines = ["# dyndq quantize report", ""]
+    lines += [f"- {k}: `{v}`" for k, v in extra.items()]
+    lines += [f"- {report.summary()}", f"- {report.size_line()}", f"- time: {report.seconds:.2f} s", "", "## Settings", "",
+              "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | `{v}` |" for k, v in report.options.settings().items()]
+    lines += ["", "## Output metrics", "", f"Inputs: {report.outputs_note}", ""]
+    if report.outputs:
+        lines += ["| output | rel. error | max abs | cosine | task | top-1 agreement | KL divergence |", "|---|---|---|---|---|---|---|"]
+        for o in report.outputs:
+            task = [o.task, f"{o.top1_agreement:.2%}", f"{o.kl_divergence:.4g}"] if o.task else ["", "", ""]
+            lines.append(f"| {o.name} | {o.relative_error:.5f} | {o.max_abs_error:.3g} | {o.cosine:.6f} | " + " | ".join(task) + " |")
+        lines += ["", f"Task score: {report.task_score_line()}"]
+    lines += ["", "## Weights", "", "| weight | op | shape | form | rel. error | max abs | cosine | bytes before | bytes after |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for layer in report.layers:
+        lines.append(f"| {layer.name} | {'/'.join(layer.ops)} | {'x'.join(map(str, layer.shape))} | {layer.form} | "
+                     f"{layer.relative_error:.5f} | {layer.max_abs_error:.3g} | {layer.cosine:.6f} | {layer.bytes_before} | "
+                     f"{layer.bytes_after} |")
+    if chart:
+        lines += ["", f"![relative error per weight]({chart})"]
+    if report.ranking:
+        lines += ["", "## Methods ranked", "", f"On the same inputs ({report.ranking[0]['inputs']}), best first:", "",
+                  "| rank | method | task score |", "|---|---|---|"]
+        lines += [f"| {i} | {row['method']} | {row['score']} |" for i, row in enumerate(report.ranking, 1)]
+    if report.activations:
+        lines += ["", f"Not weights: {report.activations}."]
+    if report.left_alone:
+        lines += ["", "## Left alone", ""] + [f"- {p}" for p in report.left_alone]
+    return "\n".join(lines) + "\n"
+
+
+def error_chart(report: QuantizeReport, path: str) -> str:
+    """A bar chart of each weight's relative error as a PNG (written atomically); what was done, in
+    words: "wrote PATH", or why no chart was drawn (matplotlib not installed, no weight)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "no error chart: matplotlib is not installed (pip install matplotlib draws one)"
+    if not report.layers:
+        return "no error chart: no weight was quantized"
+    matplotlib.use("Agg")  # (no display needed)
+    import io
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    from dyndq.files import write_atomically
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(report.layers) + 2), 3.5))
+    ax.bar(range(len(report.layers)), [layer.relative_error for layer in report.layers])
+    ax.set_xticks(range(len(report.layers)), [layer.name for layer in report.layers], rotation=90, fontsize=7)
+    ax.set_ylabel("relative error |W - W'| / |W|")
+    ax.set_title("\n".join(textwrap.wrap(report.summary(), 60)), fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    write_atomically(path, lambda f: f.write(buffer.getvalue()))
+    return f"wrote {path}"

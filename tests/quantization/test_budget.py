@@ -155,3 +155,32 @@ def test_cli_budget_out_of_range(tmp_path, capsys):
     assert "dyndq: --budget: found 1.5 bits per weight; allowed: from 2." in err and "Traceback" not in err
     assert "(every weight at its cheapest of int2,int4,int8) to 8." in err
     assert not os.path.exists(dst)
+
+
+def two_branches() -> onnx.ModelProto:
+    """y = a @ P + b @ Q: two alike weights, each on an input of its own."""
+    inits = [nh.from_array(heavy((128, 64), 0), "P"), nh.from_array(heavy((128, 64), 1), "Q")]
+    nodes = [helper.make_node("MatMul", ["a", "P"], ["pa"], name="p"), helper.make_node("MatMul", ["b", "Q"], ["qb"], name="q"),
+             helper.make_node("Add", ["pa", "qb"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info(n, T.FLOAT, ["batch", 128]) for n in "ab"],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 64])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_the_users_inputs_choose_the_widths(tmp_path, capsys):
+    """Where the user's inputs leave b at 0, Q's error never reaches the output: Q gets 2 bits, P 8."""
+    rng = np.random.default_rng(0)
+    feeds = [{"a": rng.standard_normal((3, 128)).astype(np.float32), "b": np.zeros((3, 128), np.float32)}]
+    _, report = dyndq.quantize(two_branches(), budget=5.3, inputs=feeds)
+    chosen = {w.name: w.candidates[w.chosen].choice for w in report.budget.weights}
+    assert chosen == {"P": "int8", "Q": "int2"} and "the evaluation's 1 samples" in report.budget.sensitivity
+    _, seeded = dyndq.quantize(two_branches(), budget=5.3)  # (seeded samples: both branches alike)
+    assert {w.candidates[w.chosen].choice for w in seeded.budget.weights} != {"int8", "int2"}
+    src, dst = str(tmp_path / "two.onnx"), str(tmp_path / "q.onnx")
+    save_model(two_branches(), src)
+    np.save(tmp_path / "a.npy", feeds[0]["a"])
+    np.save(tmp_path / "b.npy", feeds[0]["b"])
+    assert main(["quantize", src, dst, "--budget", "5.3", "--input", f"a={tmp_path / 'a.npy'}",
+                 "--input", f"b={tmp_path / 'b.npy'}", "--no-evaluate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {w["name"]: w["chosen"] for w in doc["budget"]["weights"]} == {"P": "int8", "Q": "int2"}

@@ -147,7 +147,8 @@ def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, 
      "dyndq: --method: found 'search' with format 'nvfp4'; allowed: 'rtn' (the format's rule is the only method)\n"),
     (["--format", "mxfp4", "--scale-dtype", "float16"], 2, "dyndq: --scale-dtype: found 'float16' with format 'mxfp4'"),
     (["--format", "fp8"], 2, "argument --format: invalid choice"),
-    (["--group-size", "512"], 1, "nothing to quantize (nothing written): 3 weights left alone\n"),
+    (["--exclude", "E", "--exclude", "W1", "--exclude", "W2"], 1,
+     "nothing to quantize (nothing written): no MatMul, Gemm or Gather node reads a constant float weight\n"),
 ])
 def test_mistakes_are_told_plainly(float_model, tmp_path, capsys, argv, code, said):
     assert main(["quantize", float_model, str(tmp_path / "q.onnx"), *argv]) == code
@@ -204,10 +205,16 @@ def test_a_file_that_is_not_a_model(tmp_path, capsys):
 
 
 def test_strict_refuses_to_leave_a_weight_alone(float_model, tmp_path, capsys):
-    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--group-size", "200"]) == 0
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--scale-dtype", "float16"]) == 0
+    assert "left alone" not in capsys.readouterr().out
+    huge = str(tmp_path / "huge.onnx")
+    model = dyndq.load_model(float_model)
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(np.full((256, 192), 1e6, np.float32), "W1"))
+    onnx.save(model, huge)
+    assert main(["quantize", huge, str(tmp_path / "q.onnx"), "--scale-dtype", "float16"]) == 0
     assert "left alone: 1 weight" in capsys.readouterr().out
-    assert main(["quantize", float_model, str(tmp_path / "r.onnx"), "--group-size", "200", "--strict"]) == 1
-    assert "shorter than the group size 200" in capsys.readouterr().err
+    assert main(["quantize", huge, str(tmp_path / "r.onnx"), "--scale-dtype", "float16", "--strict"]) == 1
+    assert "scales beyond the largest float16" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "r.onnx")
 
 

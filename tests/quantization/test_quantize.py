@@ -219,14 +219,15 @@ def test_every_weight_that_cannot_be_quantized_is_named():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     model.graph.node[4].input[1] = "short"
     out, report = dyndq.quantize(model, group_size=128, evaluate=False)
-    assert [layer.name for layer in report.layers] == ["good"]
+    # (an axis shorter than the group is one padded group, as ONNX Runtime quantizes it; a B fed
+    # at run time is an activation, counted, not a weight left alone)
+    assert [layer.name for layer in report.layers] == ["short", "good"]
     said = [str(p) for p in report.left_alone]
-    assert len(said) == 5
-    assert "'not_constant' (MatMul): B ('fed'): found a value computed by the graph or fed at run time" in said[0]
-    assert "'overridable' (MatMul): B ('override'): found an initializer that is also a graph input" in said[1]
-    assert "'integer' (Gather): data ('ints'): found an int8 tensor; allowed: a float32, float16 or bfloat16 weight" in said[2]
-    assert "B ('wide'): found a float64 tensor" in said[3]
-    assert "B ('short'): found shape [64, 8]: its axis 0 (64 long) is shorter than the group size 128" in said[4]
+    assert len(said) == 3
+    assert "'overridable' (MatMul): B ('override'): found an initializer that is also a graph input" in said[0]
+    assert "'integer' (Gather): data ('ints'): found an int8 tensor; allowed: a float32, float16 or bfloat16 weight" in said[1]
+    assert "B ('wide'): found a float64 tensor" in said[2]
+    assert report.activations.startswith("1 MatMul whose B is an activation")
     with pytest.raises(dyndq.ValidationError) as e:  # strict: every one of them, and no model
         dyndq.quantize(model, group_size=128, strict=True)
     assert problems_of(e) == said

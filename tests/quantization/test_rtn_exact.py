@@ -22,7 +22,7 @@ ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer
 from onnxruntime.capi._pybind_state import (  # noqa: E402
     quantize_matmul_2bits, quantize_matmul_4bits, quantize_matmul_8bits)
 
-from quantize_models import extreme_weights, mlp  # noqa: E402
+from quantize_models import extreme_weights, heavy, mlp  # noqa: E402
 
 
 def ort_matmul(w: np.ndarray, bits: int, block: int, symmetric: bool):
@@ -95,8 +95,6 @@ def test_matmul_rule_equals_onnxruntime(weight, bits, symmetric, block):
         scales = scales.astype(dtype)
     else:
         codes, scales, zps = ort_matmul(w, bits, block, symmetric)
-    if block > k:  # (ours names a group larger than the axis as a problem; the rule is the same on one short group)
-        block = -1
     q = quantize_weight(w, axis=0, group_size=block, bits=bits, symmetric=symmetric)
     np.testing.assert_array_equal(ours_as_levels(q, bits, symmetric)[:k], codes)
     np.testing.assert_array_equal(bits_of(q.scales), bits_of(scales))
@@ -142,7 +140,7 @@ def test_extreme_weights_equal_onnxruntime_wherever_it_stays_finite(w, bits, sym
         if symmetric:
             zps = np.full(scales.shape, 1 << (bits - 1))
     theirs = as_its_dequantization_gives(levels, zps, scales, block, w.dtype)
-    q = quantize_weight(w, axis=0, group_size=block if block <= k else -1, bits=bits, symmetric=symmetric, rule=rule)
+    q = quantize_weight(w, axis=0, group_size=block, bits=bits, symmetric=symmetric, rule=rule)
     if not (finite(scales) and finite(theirs)):
         assert finite(q.scales) and np.isfinite(q.stats.relative)
         return
@@ -158,8 +156,6 @@ def test_extreme_weights_equal_onnxruntime_wherever_it_stays_finite(w, bits, sym
 def test_gather_rule_equals_onnxruntime(weight, symmetric, block):
     k, n, seed, kind, dtype = weight
     table = make_weight(k, n, seed, kind, dtype, block).T.copy()  # [vocabulary, hidden], blocks along hidden
-    if block > table.shape[1]:
-        block = table.shape[1]
     packed, scales, zps = ort_quant.DefaultWeightOnlyQuantizer.quantize_ndarray(table, 1, block, symmetric)
     q = quantize_weight(table, axis=1, group_size=block, bits=4, symmetric=symmetric, rule="gather")
     n_codes = table.size
@@ -176,10 +172,12 @@ def _initializers(model):
     return {t.name: nh.to_array(t) for t in model.graph.initializer}
 
 
-def _ort_quantized(model, **kw):
+def _ort_quantized(model, op_types=("MatMul", "Gather"), **kw):
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # (it changes the model it is given)
-    quantizer = ort_quant.MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul", "Gather"), **kw)
+    if op_types is not None:
+        kw["op_types_to_quantize"] = op_types
+    quantizer = ort_quant.MatMulNBitsQuantizer(copy, **kw)
     quantizer.process()
     return quantizer.model.model
 
@@ -223,6 +221,57 @@ def test_whole_quantizer_equals_onnxruntime_default_configuration(bits, symmetri
     assert {layer.name for layer in report.layers} == {"E", "W1"}
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("k", [1, 7, 31, 32, 100, 127, 128, 129, 200, 256, 300])
+@pytest.mark.parametrize("config", ["default", "gather", "symmetric", "8 bits"])
+def test_every_weight_onnxruntime_quantizes_is_quantized_alike_in_every_size(k, config):
+    """ONNX Runtime's quantizer in its default configuration (4 bits, blocks of 128, asymmetric,
+    MatMul only), with Gather added, symmetric, and at 8 bits: every weight it quantizes, ours
+    quantizes too, with its codes, scales and zero points, value for value, and the bytes of
+    MatMulNBits' B, padding and all (a K shorter than a block is one block), but the nibble
+    after an odd K; K from 1 to past two blocks."""
+    model = mlp(k=k, n=24, vocab=40, seed=k)
+    kw = {"default": {}, "gather": dict(op_types=("MatMul", "Gather")), "symmetric": dict(is_symmetric=True),
+          "8 bits": dict(bits=8)}[config]
+    theirs = _initializers(_ort_quantized(model, **{"op_types": None, **kw}))
+    bits, symmetric = kw.get("bits", 4), kw.get("is_symmetric", False)
+    ours_model, report = dyndq.quantize(model, bits=bits, symmetric=symmetric, evaluate=False)  # (groups of 128)
+    ours = _initializers(ours_model)
+    taken = {n.rsplit("_Q", 1)[0] for n in theirs if n.endswith(f"_Q{bits}")}
+    assert taken == ({"W1", "E"} if config == "gather" else {"W1"})
+    assert taken <= {layer.name for layer in report.layers} and not report.left_alone
+    blocks = -(-k // 128)
+    levels = ours_as_levels(_q(ours, "W1"), bits, symmetric).astype(np.uint8).T  # [N, padded K]
+    assert levels.shape == (24, blocks * 128)
+    packed = theirs[f"W1_Q{bits}"]
+    assert packed.shape == (24, blocks, 128 * bits // 8)
+    if bits == 4:
+        mine = levels.reshape(24, blocks, 128)
+        mine = (mine[..., 0::2] | (mine[..., 1::2] << 4)).reshape(24, -1)
+        packed = packed.reshape(24, -1)
+        # the byte holding an odd K's last code holds in its high nibble no value of the weight
+        # (MlasQuantizeBlockwise's varies from column to column, ours is 0): its low nibble compared
+        whole = k // 2
+        np.testing.assert_array_equal(mine[:, :whole], packed[:, :whole])
+        if k % 2:
+            np.testing.assert_array_equal(mine[:, whole] & 15, packed[:, whole] & 15)
+        np.testing.assert_array_equal(mine[:, -(-k // 2):], packed[:, -(-k // 2):])  # (then zeros, both)
+    else:
+        np.testing.assert_array_equal(levels.reshape(24, blocks, 128), packed)
+    # (one block per whole axis is our per_channel form: scales [N])
+    np.testing.assert_array_equal(bits_of(ours["W1_scales"].reshape(blocks, 24)), bits_of(theirs["W1_scales"].reshape(24, -1).T))
+    if not symmetric:
+        zps = theirs["W1_zero_points"]
+        if bits == 4:
+            zps = np.stack([zps & 15, zps >> 4], axis=-1)
+        zps = zps.reshape(24, -1)[:, :blocks].T
+        np.testing.assert_array_equal(ours["W1_zero_points"].view(np.uint8).reshape(blocks, 24), zps)
+    if "E" in taken:  # GatherBlockQuantized's data [vocabulary, hidden], blocks along hidden
+        np.testing.assert_array_equal(ours["E_quantized"][:, :k], theirs["E_Q4"])
+        np.testing.assert_array_equal(bits_of(ours["E_scales"].reshape(40, -1)), bits_of(theirs["E_scales"]))
+        np.testing.assert_array_equal(ours["E_zero_points"].reshape(40, -1), theirs["E_zero_points"])
+
+
 def _q(initializers, name):
     class Q:
         codes = initializers[f"{name}_quantized"]
@@ -254,3 +303,22 @@ def test_search_is_no_worse_than_onnxruntime_hqq():
     _, report = dyndq.quantize(model, method="search", ops=("MatMul",), evaluate=False)
     assert report.layers[0].name == "W1"
     assert report.layers[0].relative_error <= hqq_error
+
+
+@pytest.mark.parametrize("k", [7, 100, 200])
+def test_a_weight_with_leading_ones_is_quantized_as_onnxruntime_squeezes_it(k):
+    """ONNX Runtime's quantizer takes a MatMul weight [1, 1, K, N] as [K, N]; ours groups it along
+    K the same way, with its codes, scales and zero points."""
+    w = heavy((1, 1, k, 24), seed=k)
+    g = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 3, k])],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 3, 24])],
+                               [nh.from_array(w, "W")])
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    theirs = _initializers(_ort_quantized(model, op_types=None))
+    ours = _initializers(dyndq.quantize(model, evaluate=False)[0])
+    codes, scales, zps = ort_matmul(w.reshape(k, 24), 4, 128, False)
+    np.testing.assert_array_equal(ours["W_quantized"].view(np.uint8).reshape(-1, 24)[:k], codes)
+    np.testing.assert_array_equal(bits_of(ours["W_scales"].reshape(-1, 24)), bits_of(theirs["W_scales"].reshape(24, -1).T))
+    np.testing.assert_array_equal(bits_of(ours["W_scales"].reshape(-1, 24)), bits_of(scales))
+    np.testing.assert_array_equal(ours["W_zero_points"].view(np.uint8).reshape(-1, 24), zps)
