@@ -12,7 +12,7 @@ How the widths are chosen:
    float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
    evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
    session runs them all: the weights quantized are made graph inputs, fed float or
-   dequantized.  A weight that cannot be fed so (a Constant node's, a nested graph's) and a
+   dequantized.  A weight that cannot be fed so (a nested graph's, a function's) and a
    model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
 3. each weight's choices on their lower convex hull (bytes against error), and the steps up the
    hulls ordered by error saved per byte: the allocation at a budget is the longest prefix of
@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper
 from dyndq.opdefs import Problem
 from dyndq.plumbing.light import nbytes
 from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.walk import is_constant_node
 from dyndq.quantization.fp4 import quantize_fp4
 from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
 from dyndq.quantization.options import CHOICES  # (name -> (bits, format))
@@ -264,14 +265,15 @@ def _own_error(weight: np.ndarray, c: Candidate) -> float:
 def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
     """(run(weights) -> relative squared output error with `weights` ({key: QuantizedWeight})
     dequantized and the rest float, how it is measured), or (None, why it falls back)."""
-    main = [k for k in keys if k[0] == "main" and any(t.name == k[1] for t in model.graph.initializer)]
+    held = {t.name for t in model.graph.initializer} | {n.output[0] for n in model.graph.node if is_constant_node(n)}
+    main = [k for k in keys if k[0] == "main" and k[1] in held]  # (initializers and Constant nodes of the main graph)
     own = "; the others by their own squared reconstruction error" if len(main) < len(keys) else ""
     try:
         from dyndq.quantization.evaluate import SAMPLES, seeded_samples
         from dyndq.runner import Runner
 
         if not main:
-            raise ValueError("no weight is an initializer of the main graph")
+            raise ValueError("no weight is a constant of the main graph")
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
         names = {k[1] for k in main}
@@ -279,6 +281,9 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
                 for t in probe.graph.initializer if t.name not in names]
         del probe.graph.initializer[:]
         probe.graph.initializer.extend(kept)
+        nodes = [n for n in probe.graph.node if not (is_constant_node(n) and n.output[0] in names)]
+        del probe.graph.node[:]
+        probe.graph.node.extend(nodes)
         for vi in list(probe.graph.input):
             if vi.name in names:
                 probe.graph.input.remove(vi)
@@ -339,7 +344,7 @@ def _is_float(v) -> bool:
 def weight_arrays(model: onnx.ModelProto, targets, array_of=numpy_helper.to_array) -> dict:
     """(graph, name) -> the float weight of each target: an initializer of its scope (read with
     `array_of`) or a Constant node's value."""
-    from dyndq.plumbing.walk import is_constant_node, scopes
+    from dyndq.plumbing.walk import scopes
 
     wanted = {(t.graph, t.name) for t in targets}
     out = {}

@@ -184,3 +184,21 @@ def test_the_users_inputs_choose_the_widths(tmp_path, capsys):
                  "--input", f"b={tmp_path / 'b.npy'}", "--no-evaluate", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {w["name"]: w["chosen"] for w in doc["budget"]["weights"]} == {"P": "int8", "Q": "int2"}
+
+
+def test_constant_node_weights_are_measured_as_initializers_are():
+    """An exporter's model holds its weights in Constant nodes (paddle2onnx, torch's): they are fed
+    to the sensitivity runs as the initializers are, and the widths chosen are the same."""
+    model = mixed()
+    as_constants = onnx.ModelProto()
+    as_constants.CopyFrom(model)
+    constants = [helper.make_node("Constant", [], [t.name], value=t) for t in as_constants.graph.initializer]
+    del as_constants.graph.initializer[:]
+    nodes = constants + list(as_constants.graph.node)
+    del as_constants.graph.node[:]
+    as_constants.graph.node.extend(nodes)
+    _, a = dyndq.quantize(model, budget=4.3, method="search")
+    _, b = dyndq.quantize(as_constants, budget=4.3, method="search")
+    assert "reconstruction error" not in b.budget.sensitivity
+    assert [w.candidates[w.chosen].choice for w in b.budget.weights] == [w.candidates[w.chosen].choice for w in a.budget.weights]
+    assert [c.error for w in b.budget.weights for c in w.candidates] == [c.error for w in a.budget.weights for c in w.candidates]
