@@ -16,12 +16,16 @@ How the widths are chosen:
    model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
 3. each weight's choices on their lower convex hull (bytes against error), and the steps up the
    hulls ordered by error saved per byte: the allocation at a budget is the longest prefix of
-   that one order that fits (so a larger budget takes every step a smaller one took);
+   that one order that fits (so a larger budget takes every step a smaller one took), then
+   the later steps that still fit;
 4. the errors of single weights are added (first order: independent errors add in square);
-   since they only nearly do, every prefix that fits and every uniform choice that fits are run
-   jointly on the same feeds, and the one with the least measured error is kept (ties: fewer
+   since they only nearly do, every prefix that fits (when there are more than 8 allocations in
+   all: six spread over the prefixes, the longest two among them), the filled allocation and
+   every uniform choice that fits are run jointly on the same feeds, and the one with the least measured error is kept (ties: fewer
    bytes).  So on those feeds the result is never worse than any uniform width the budget holds
-   (uniform int4 included), and its error never rises as the budget does.
+   (uniform int4 included).  That the error never rises with the budget is measured by the
+   tests, not proven: the filled allocation, and the prefixes left out beyond 8, are not
+   nested from one budget to a larger one.
 """
 from __future__ import annotations
 

@@ -202,3 +202,13 @@ def test_constant_node_weights_are_measured_as_initializers_are():
     assert "reconstruction error" not in b.budget.sensitivity
     assert [w.candidates[w.chosen].choice for w in b.budget.weights] == [w.candidates[w.chosen].choice for w in a.budget.weights]
     assert [c.error for w in b.budget.weights for c in w.candidates] == [c.error for w in a.budget.weights for c in w.candidates]
+
+
+def test_a_model_with_external_data(tmp_path, capsys):
+    """Read without its data, the weights one at a time: the sensitivity runs still see every weight."""
+    save_model(mixed(), tmp_path / "float.onnx", external_data=True)
+    assert main(["quantize", str(tmp_path / "float.onnx"), str(tmp_path / "q.onnx"), "--budget", "4.3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "reconstruction error" not in doc["budget"]["sensitivity"] and doc["data_file"] == "q.onnx.data"
+    _, in_memory = dyndq.quantize(mixed(), budget=4.3)
+    assert [w["chosen"] for w in doc["budget"]["weights"]] == [w.candidates[w.chosen].choice for w in in_memory.budget.weights]
