@@ -102,6 +102,12 @@ class BudgetReport:
         """(graph, name) -> the QuantizedWeight chosen."""
         return {w.key: w.candidates[w.chosen].q for w in self.weights}
 
+    def release(self) -> None:
+        """Drop every candidate's arrays (their figures stay): the model is written."""
+        for w in self.weights:
+            for c in w.candidates:
+                c.q = None
+
     def lines(self) -> list[str]:
         out = [f"budget {self.budget:g} bits per weight (codes, scales and zero points over the weights quantized): "
                f"{self.bits_per_weight:.4f} spent ({self.bytes} bytes over {self.elements} weights); kept: {self.kept}",

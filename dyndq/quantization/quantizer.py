@@ -228,6 +228,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
                     gone.setdefault(path, []).append(node)
                     for where, identity in passing[(path, node.output[0])]:
                         gone.setdefault(where, []).append(identity)
+    if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
+        report.budget.release()
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
