@@ -43,13 +43,22 @@ GROUP = 128
 # -- the model -------------------------------------------------------------------------------
 
 
-def decoder(hidden: int, layers: int, intermediate: int, vocab: int, heads: int, seed: int = 0) -> onnx.ModelProto:
-    """ids [1, S] -> logits [1, S, vocab]: an LLM-shaped float32 graph with seeded heavy-tailed weights."""
+OUTLIER_LAYERS = ("attn.o_proj", "mlp.down_proj")  # (--outliers: the layers given outlier input channels)
+
+
+def decoder(hidden: int, layers: int, intermediate: int, vocab: int, heads: int, seed: int = 0,
+            outliers: bool = False) -> onnx.ModelProto:
+    """ids [1, S] -> logits [1, S, vocab]: an LLM-shaped float32 graph with seeded heavy-tailed weights.
+    outliers: o_proj's and down_proj's weights get outlier input channels, as LLMs' layers fed by
+    attention and the gated MLP have: one row in every 128 (row 5 of each group) 60 times the others."""
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
 
     def weight(name, shape, scale):
-        inits.append(nh.from_array((rng.standard_t(4, size=shape) * scale).astype(np.float32), name))
+        w = (rng.standard_t(4, size=shape) * scale).astype(np.float32)
+        if outliers and any(f".{layer}." in name for layer in OUTLIER_LAYERS):
+            w[5::GROUP] *= 60
+        inits.append(nh.from_array(w, name))
         return name
 
     def const(name, value):
@@ -230,6 +239,70 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
         del quantized, weights, got
 
 
+# -- mixed widths under a budget -------------------------------------------------------------
+
+
+def mixed_widths(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int, label: str) -> None:
+    """`quantize --budget` at uniform 4-bit search's own bits per weight (int2/int4/int8, and with
+    mxfp4 too), beside uniform 4-bit search, RTN and ONNX Runtime's RTN (MatMul and Gather): time,
+    bits per weight over the weights quantized, the model's tensors after / before, the
+    reconstruction error over the MatMul weights, and the output error on the logits: on the
+    inputs the allocation was chosen on (the evaluation's seeded ones, seed 0, 4 tokens) and on 16
+    other seeded token ids (held out)."""
+    from dyndq.runner import clear_cache
+
+    inits = {t.name: t for t in model.graph.initializer}
+    ids = np.random.default_rng(2).integers(0, inits["embed.weight"].dims[0], size=(1, 16), dtype=np.int64)
+    want = ort_session(model).run(None, {"ids": ids})[0]
+    t_u, (uniform, u) = timed(lambda: dyndq.quantize(model, method="search"), repeat)
+    elements = sum(int(np.prod(layer.shape)) for layer in u.layers)
+    bits = 8 * u.bytes_after / elements
+    runs = {"ORT RTN, 4 bits": None, "dyndq rtn, 4 bits": lambda: dyndq.quantize(model),
+            "dyndq search, 4 bits": lambda: (uniform, u),
+            "dyndq --budget (int2,int4,int8)": lambda: dyndq.quantize(model, budget=bits, method="search"),
+            "dyndq --budget (+ mxfp4)": lambda: dyndq.quantize(model, budget=bits, method="search",
+                                                               format_choices="int2,int4,int8,mxfp4")}
+    print(f"\nmixed widths, {label}: the budget {bits:.4f} bits per weight = uniform 4-bit search's (groups of 128, "
+          "MatMul and Gather)")
+    print(f"  {'':34s} {'time':>8s}  {'bits/w':>6s}  {'tensors':>7s}  {'rel. error':>10s}  {'cosine':>8s}  "
+          "output rel.: chosen on / held out")
+    for name, run in runs.items():
+        if run is None:
+            t, quantized = timed(lambda: ort_quantize(model, "rtn"), repeat)
+            report = None
+        else:
+            t, (quantized, report) = timed(run, repeat) if "search" not in name else (t_u, run())
+        tensors = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
+                      for x in quantized.graph.initializer) / floats
+        weights = matmulnbits_weights(quantized) if run is None else dyndq_weights(quantized)
+        stats = ErrorStats()
+        for w_name in matmuls:  # (one float weight in memory at a time)
+            w, dq = nh.to_array(inits[w_name]), weights[w_name]()
+            stats.add(w.ravel(), dq.ravel())
+            del w, dq
+        if run is None:
+            got, own, b = ort_session(quantized).run(None, {"ids": ids})[0], float("nan"), float("nan")
+        else:
+            got = dyndq.run(quantized, {"ids": ids}, engine="onnxruntime")["logits"]
+            clear_cache()
+            own, b = report.outputs[0].relative_error, 8 * report.bytes_after / elements
+        out = compare(want, got)
+        print(f"  {name:34s} {t:7.2f}s  {b:6.4f}  {tensors:6.4f}x  {stats.relative:10.5f}  {stats.cosine:.6f}  "
+              f"{own:.4f} / {out.relative:.4f}")
+        if report is not None and report.budget is not None:
+            counts = {}
+            for w in report.budget.weights:
+                c = w.candidates[w.chosen].choice
+                counts[c] = counts.get(c, 0) + 1
+            print(f"  {'':34s} ({', '.join(f'{n} {c}' for c, n in sorted(counts.items()))}; kept: {report.budget.kept}; "
+                  f"allocation {report.seconds:.1f} s of it)")
+            for w in report.budget.weights:
+                print(f"  {'':34s}   {w.name}: {w.candidates[w.chosen].choice} ({w.why})")
+            print(f"  {'':34s}   allocations run (bytes, predicted / measured relative squared error): " + "; ".join(
+                f"{label} {b} {p:.4g} / {m:.4g}" for label, b, p, m in report.budget.considered))
+        del quantized, weights, got
+
+
 # -- measuring -------------------------------------------------------------------------------
 
 
@@ -353,16 +426,29 @@ def main(argv=None) -> int:
     p.add_argument("--no-hqq", action="store_true", help="leave out ONNX Runtime's HQQ (it needs torch)")
     p.add_argument("--no-files", action="store_true", help="leave out the external-data runs in fresh processes")
     p.add_argument("--no-low-bit", action="store_true", help="leave out the 2-bit, MXFP4 and NVFP4 rows")
+    p.add_argument("--no-mixed", action="store_true", help="leave out the mixed-width (--budget) rows")
+    p.add_argument("--mixed-only", action="store_true",
+                   help="only the mixed-width rows: on the model as is and on the model with --outliers' layers")
+    p.add_argument("--outliers", action="store_true",
+                   help=f"give {' and '.join(OUTLIER_LAYERS)} outlier input channels (one row in 128, 60x)")
     args = p.parse_args(argv)
     args.slow_rounds = args.repeat if args.slow_rounds is None else max(1, min(args.slow_rounds, args.repeat))
     print(f"machine: {machine()}")
-    model = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads)
+    model = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads, outliers=args.outliers)
     matmuls = [t.name for t in model.graph.initializer if t.name.endswith(".weight") and len(t.dims) == 2
                and t.name != "embed.weight"]
     floats = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
     print(f"model: hidden {args.hidden}, {args.layers} blocks, MLP {args.intermediate}, vocabulary {args.vocab}: "
           f"{floats / 2**30:.2f} GiB of float32 weights ({len(matmuls)} MatMul weights and an embedding)")
 
+    if args.mixed_only:
+        mixed_widths(model, matmuls, floats, args.repeat, "the model as is (Student-t weights everywhere)")
+        del model
+        outlying = decoder(args.hidden, args.layers, args.intermediate, args.vocab, args.heads, outliers=True)
+        mixed_widths(outlying, matmuls, floats, args.repeat,
+                     f"the model with outlier input channels in {' and '.join(OUTLIER_LAYERS)}")
+        print(f"  ({memory()})")
+        return 0
     hqq = not args.no_hqq
     if hqq:
         try:
@@ -499,7 +585,12 @@ def main(argv=None) -> int:
     if not args.no_low_bit:
         low_bit(model, matmuls, floats, args.repeat)
         print(f"  ({memory()})")
-    # 8. the external-data path, each in a fresh process
+    # 8. mixed widths under a budget, at uniform 4-bit search's bits per weight
+    if not args.no_mixed:
+        mixed_widths(model, matmuls, floats, args.repeat, "the model " + ("with outlier input channels in " +
+                     " and ".join(OUTLIER_LAYERS) if args.outliers else "as is (Student-t weights everywhere)"))
+        print(f"  ({memory()})")
+    # 9. the external-data path, each in a fresh process
     if not args.no_files:
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "float.onnx")

@@ -27,6 +27,12 @@ def _add_parser(sub) -> None:
                    help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
                         "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale")
     q.add_argument("--bits", type=int, choices=(2, 4, 8), default=4, help="2, 4 (default) or 8 (--format int)")
+    q.add_argument("--budget", type=float, metavar="BITS",
+                   help="mixed formats: the average bits per weight (codes, scales and zero points over the weights "
+                        "quantized) the model may hold; each weight's format is chosen among --format-choices for "
+                        "the least output error (docs/quantize.md)")
+    q.add_argument("--format-choices", metavar="F,F",
+                   help="with --budget: what it chooses among, of int2,int4,int8,mxfp4,nvfp4 (default int2,int4,int8)")
     q.add_argument("--group-size", type=int, metavar="N",
                    help="elements per group along the reduction axis (default 128; mxfp4 and nvfp4: their blocks, "
                         "32 and 16, and no other); -1: one per whole axis (per channel)")
@@ -82,12 +88,15 @@ def cmd_quantize(args) -> int:
 
     if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
         raise UsageError(f"--report {args.report}: a report is written as FILE.json or FILE.md")
-    if (args.input or args.inputs_dir or args.rank_methods) and args.no_evaluate:
+    # (a budget's widths are chosen on the inputs even when nothing is measured after)
+    if ((args.input or args.inputs_dir) and args.budget is None or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")
     inputs = _samples(args, args.input_)
     options = dict(format=args.format, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
+    if args.budget is not None or args.format_choices is not None:
+        options.update(budget=args.budget, format_choices=args.format_choices)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

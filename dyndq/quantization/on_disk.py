@@ -22,7 +22,7 @@ import onnx
 from dyndq.plumbing.light import nbytes
 from dyndq.opdefs import Problem
 from dyndq.quantization.options import OptionError, QuantizeOptions
-from dyndq.quantization.quantizer import Tensors, quantize_model
+from dyndq.quantization.quantizer import Tensors, budget_feeds, quantize_model
 from dyndq.quantization.report import QuantizeReport
 
 EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
@@ -44,7 +44,9 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     samples = checked_samples(samples)
     too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
     measure = not too_big if evaluate is None else evaluate
-    feeds = user_inputs(loaded.model, inputs) if measure else None  # (a feed that does not fit: said before any work)
+    # (a feed that does not fit: said before any work; a budget is chosen on them too)
+    feeds = user_inputs(loaded.model, inputs) if measure or checked.budget is not None else None
+    chosen_on = budget_feeds(loaded.model, checked, feeds, samples)
     out = None
     written = None  # the external data file written
     if emit == "dyndq" and loaded.external_data:
@@ -52,11 +54,12 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             written = stage.location
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
                 quantized, report = quantize_model(loaded.model, checked, Tensors(loaded, DataFile(f, stage.location)),
-                                                   strict=strict, progress=progress)
+                                                   strict=strict, progress=progress, feeds=chosen_on)
             onnx.save_model(quantized, stage.model)
             del quantized
     else:
-        out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress)
+        out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress,
+                                     feeds=chosen_on)
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 

@@ -25,6 +25,9 @@ def methods_of(format: str) -> tuple[str, ...]:
     """The methods a format takes: every one for integer codes; an FP4 format's rule is its only method."""
     return METHODS if format == "int" else ("rtn",)
 DEFAULT_GROUP = 128  # integer codes' group size when none is given
+# what a budget chooses among (budget.py): name -> (bits, format)
+CHOICES = {"int2": (2, "int"), "int4": (4, "int"), "int8": (8, "int"), "mxfp4": (4, "mxfp4"), "nvfp4": (4, "nvfp4")}
+DEFAULT_CHOICES = ("int2", "int4", "int8")
 
 
 class OptionError(ValidationError):
@@ -45,10 +48,13 @@ class QuantizeOptions:
     exclude: tuple[str, ...] = ()  # node or weight names
     method: str = "rtn"
     seed: int = 0  # of the random inputs the output error is measured on
+    budget: float | None = None  # bits per weight: mixed widths chosen among format_choices (budget.py)
+    format_choices: tuple[str, ...] = ()  # (with a budget) int2, int4, int8, mxfp4, nvfp4
 
     @classmethod
     def checked(cls, model, *, bits=4, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
-                exclude=(), method="rtn", seed=0, format="int") -> QuantizeOptions:
+                exclude=(), method="rtn", seed=0, format="int", budget=None,
+                format_choices=None) -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
         OptionError naming every bad one."""
         problems = []
@@ -102,14 +108,36 @@ class QuantizeOptions:
                 bad("exclude", repr(x), "the name of a node or a weight (initializer) of the model")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             bad("seed", repr(seed), "a whole number >= 0")
+        choices = ()
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not budget > 0:
+                bad("budget", repr(budget), "a number of bits per weight > 0 (e.g. 4.2)")
+            if bits != 4 or format != "int":
+                bad("bits" if bits != 4 else "format", repr(bits if bits != 4 else format) + " with a budget",
+                    "none given: the budget chooses each weight's format among format_choices")
+            choices, wrong = parse_choices(DEFAULT_CHOICES if format_choices is None else format_choices)
+            problems += wrong
+        elif format_choices is not None:
+            bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")
         if problems:
             raise OptionError(problems)
         group_size = DEFAULT_GROUP if group_size is None else group_size
         return cls(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name, ops=ops,
-                   exclude=exclude, method=method, seed=int(seed), format=format)
+                   exclude=exclude, method=method, seed=int(seed), format=format,
+                   budget=None if budget is None else float(budget), format_choices=choices)
 
     def settings(self) -> dict:
         """The options that shape the quantized model, as the report writes them (the seed, which
         only the output error uses, left out)."""
         return dict(format=self.format, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
-                    scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method)
+                    scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
+                    **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))))
+
+
+def parse_choices(choices) -> tuple[tuple[str, ...], list[Problem]]:
+    """A budget's choices as a tuple of names (from a comma-separated string or a sequence), and problems."""
+    items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(choices)
+    if not items or any(c not in CHOICES for c in items):
+        return tuple(items), [Problem("format_choices", repr(",".join(map(str, items))),
+                                      "one or more of " + ", ".join(CHOICES) + ", comma separated")]
+    return tuple(dict.fromkeys(items)), []

@@ -56,7 +56,7 @@ class NothingToQuantize(ValidationError):
 def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
              strict: bool = False, progress=None, format: str = "int", inputs=None,
-             samples: int = 4) -> tuple[onnx.ModelProto, QuantizeReport]:
+             samples: int = 4, budget: float | None = None, format_choices=None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
     scales (and zero points unless `symmetric`) feeding DynamicDequantize-2 (-3 for 2 bits),
     and a report.
@@ -73,6 +73,10 @@ def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: 
     not fit), or by default on `samples` seeded samples (`seed`; evaluate.py).  strict: raise ValidationError when a weight
     of the chosen ops cannot be quantized instead of leaving it alone.  progress: called
     with one line per weight quantized.
+    budget: bits per weight (codes, scales and zero points over the weights quantized): each
+    weight's format is chosen among `format_choices` (default int2, int4, int8; also mxfp4,
+    nvfp4) for the least output error within it (budget.py, docs/quantize.md); bits and format
+    are then not given.
     """
     from dyndq.files import model_of
 
@@ -81,10 +85,12 @@ def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: 
 
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
                                       scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed,
-                                      format=format)
+                                      format=format, budget=budget, format_choices=format_choices)
     samples = checked_samples(samples)
-    feeds = user_inputs(model, inputs) if evaluate else None  # (before any work: a feed that does not fit is said first)
-    out, report = quantize_model(model, options, strict=strict, progress=progress)
+    # (before any work: a feed that does not fit is said first; a budget is chosen on them too)
+    feeds = user_inputs(model, inputs) if evaluate or options.budget is not None else None
+    out, report = quantize_model(model, options, strict=strict, progress=progress,
+                                 feeds=budget_feeds(model, options, feeds, samples))
     if evaluate:
         evaluate_into(report, model, out, seed=options.seed, inputs=feeds, samples=samples, progress=progress)
     else:
@@ -144,9 +150,10 @@ class Tensors:
 
 
 def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Tensors | None = None, *,
-                   strict: bool = False, progress=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+                   strict: bool = False, progress=None, feeds=None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """`quantize`'s work on a model and its options judged (`QuantizeOptions.checked`), the
     weights read from and the new tensors written to `tensors` (default: the models themselves),
+    a budget's widths chosen on `feeds` (a list of feed dicts: `budget_feeds`),
     the output error not measured."""
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
@@ -156,6 +163,10 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         raise ValidationError(found.problems)
     if not found.targets:
         raise NothingToQuantize(found.problems, options.ops, found.activation_line())
+    chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
+    if options.budget is not None:
+        report.budget = _allocated(model, found.targets, options, tensors, feeds)
+        chosen = report.budget.chosen()
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     copy_fields(model.graph, out.graph, skip={"initializer"})
@@ -170,7 +181,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     def quantize_one(target, weight, scope, add) -> bool:
         nonlocal done
         opset = ai_onnx_version(scope.imports) or 1
-        layer, nodes = _one_weight(target, weight, options, names, opset, every, add)
+        q = None if chosen is None else chosen.get((target.graph, target.name))
+        layer, nodes = _one_weight(target, weight, options, names, opset, every, add, q)
         done += 1
         if layer is None:
             report.left_alone.append(nodes)
@@ -216,6 +228,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
                     gone.setdefault(path, []).append(node)
                     for where, identity in passing[(path, node.output[0])]:
                         gone.setdefault(where, []).append(identity)
+    if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
+        report.budget.release()
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
@@ -228,8 +242,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:
-            import_at_least(scope.top.imports, DOMAIN, _version(options))  # (a superset of the older ones)
-    _set_imports(out, _version(options))
+            import_at_least(scope.top.imports, DOMAIN, _version(options, chosen))  # (a superset of the older ones)
+    _set_imports(out, _version(options, chosen))
     report.seconds = time.perf_counter() - started
     return out, report
 
@@ -240,16 +254,40 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return t
 
 
-def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_by_path, add):
+def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samples: int) -> list[dict] | None:
+    """The inputs a budget is chosen on: the evaluation's (the user's, or its seeded samples)."""
+    if options.budget is None:
+        return None
+    from dyndq.quantization.evaluate import seeded_samples
+
+    return given if given is not None else seeded_samples(model, options.seed, samples)
+
+
+def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds):
+    """The budget's allocation (budget.BudgetReport), its weights read from `tensors`; a budget
+    out of the model's range is an OptionError saying what is possible."""
+    from dyndq.quantization.budget import BudgetError, allocate, weight_arrays
+    from dyndq.quantization.options import OptionError
+
+    try:
+        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array)
+    except BudgetError as e:
+        raise OptionError([e.problem]) from None
+
+
+def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_by_path, add, chosen=None):
     """(LayerReport, nodes), having added the weight's tensors (`add(tensor)`) and pointed its
-    readers at the dequantized value; or (None, Problem) for a weight that cannot be."""
+    readers at the dequantized value; or (None, Problem) for a weight that cannot be.  chosen: its
+    QuantizedWeight, already made (a budget's allocation)."""
     started = time.perf_counter()
     if not _finite(weight):
         u = target.uses[0]
         return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
                              "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
     try:
-        if options.format != "int":
+        if chosen is not None:
+            q = chosen
+        elif options.format != "int":
             q = quantize_fp4(weight, axis=target.axis, format=options.format)
         else:
             q: QuantizedWeight = quantize_weight(
@@ -303,8 +341,12 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
             graph.input.remove(vi)
 
 
-def _version(options: QuantizeOptions) -> int:
+def _version(options: QuantizeOptions, chosen=None) -> int:
     """The DynamicDequantize version the nodes need: 3 for 2-bit and float4 codes (rewrite.version_of)."""
+    if chosen:
+        from dyndq.quantization.rewrite import version_of
+
+        return max(version_of(q) for q in chosen.values())
     return 3 if options.bits == 2 or options.format != "int" else 2
 
 

@@ -68,6 +68,7 @@ class QuantizeReport:
     emitted: list[str] = field(default_factory=list)
     data_file: str | None = None  # (quantize_file) the external data file written beside the model
     kept_files: list[str] = field(default_factory=list)  # (quantize_file onto its input) the input's data files, kept
+    budget: object = None  # (a budget given) budget.BudgetReport: each weight's choice, and why
 
     @property
     def bytes_before(self) -> int:
@@ -87,12 +88,18 @@ class QuantizeReport:
         kind = f"{'int' if o.symmetric else 'uint'}{o.bits}"
         group = "per channel" if o.group_size == -1 else f"groups of {o.group_size}"
         alone = f"; {len(self.left_alone)} left alone" if self.left_alone else ""
+        if o.budget is not None:
+            return (f"quantized {plural(len(self.layers), 'weight')} to mixed formats ({', '.join(o.format_choices)}) "
+                    f"within {o.budget:g} bits per weight{alone}")
         if o.format != "int":  # (the FP4 formats: their blocks and scales are the format's)
             return f"quantized {plural(len(self.layers), 'weight')} to {o.format} (blocks of {o.group_size}){alone}"
         return (f"quantized {plural(len(self.layers), 'weight')} to {kind} ({group}, "
                 f"{'symmetric' if o.symmetric else 'asymmetric'}, {o.method}){alone}")
 
     def size_line(self) -> str:
+        if self.budget is not None:
+            return (f"weights: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
+                    f"{self.budget.bits_per_weight:.4f} bits per weight, the budget {self.options.budget:g})")
         bits = self.options.bits
         return (f"weights: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
                 f"the codes alone would be {bits}/32 = {bits / 32:.3f}x of float32)")
@@ -106,6 +113,8 @@ class QuantizeReport:
         for layer in self.layers:
             lines += [f"  {layer.name}: {note}" for note in layer.notes]
         lines.append(f"  {self.size_line()}")
+        if self.budget is not None:
+            lines += [f"  {line}" for line in self.budget.lines()]
         lines.append(f"  output error ({self.outputs_note}):" if self.outputs else f"  output error: {self.outputs_note}")
         lines += [f"    {o.line()}" for o in self.outputs]
         if self.outputs:
@@ -161,6 +170,7 @@ class QuantizeReport:
             "data_file": self.data_file,
             "kept_files": self.kept_files,
             "seconds": self.seconds,
+            **({} if self.budget is None else {"budget": self.budget.as_dict()}),
         }
 
 

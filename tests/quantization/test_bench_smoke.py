@@ -20,6 +20,7 @@ def test_bench_quantize_runs_small(tmp_path):
     assert "on the reference engine" in text and "dyndq quantize (rtn)" in text
     assert "dyndq rtn at 2 bits gives ONNX Runtime's 2-bit RTN weights, value for value: yes" in text
     assert "dyndq search, 2 bits" in text and "dyndq mxfp4" in text and "dyndq nvfp4" in text
+    assert "mixed widths, the model as is" in text and "dyndq --budget (int2,int4,int8)" in text
 
 
 def test_bench_quantize_memory_runs_small(tmp_path):
@@ -35,3 +36,11 @@ def test_bench_quantize_memory_runs_small(tmp_path):
         assert f"\n{case} " in text
     assert text.count("4 seeded samples (seed 0; token ids across each embedding's rows)") == 2
     assert "Evaluation: float model" in text and "Evaluation: quantized model" in text
+
+
+def test_bench_quantize_mixed_only_runs_small(tmp_path):
+    p = subprocess.run([sys.executable, str(BENCH), *SMALL, "--mixed-only"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "mixed widths, the model with outlier input channels in attn.o_proj and mlp.down_proj" in p.stdout
+    assert "dyndq --budget (+ mxfp4)" in p.stdout

@@ -1,0 +1,369 @@
+"""Mixed widths under a size budget: which format each weight gets (`quantize(model, budget=BITS)`).
+
+What the budget counts: the bytes of the initializers written for the weights quantized (codes,
+packed as stored, scales, zero points, NVFP4's tensor scale, a padded axis' Slice bounds), times
+8, over the number of elements of those weights.  Weights left alone (and every other
+initializer) are not counted.  The model written holds at most that many bits per weight.
+
+How the widths are chosen:
+1. every weight is quantized at every choice (int2, int4, int8 with the options' group size and
+   method; mxfp4, nvfp4 when asked), and each candidate's bytes counted as written;
+2. its sensitivity: the model's output error with only that weight at that choice (the others
+   float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
+   evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
+   session runs them all: the weights quantized are made graph inputs, fed float or
+   dequantized.  A weight that cannot be fed so (a nested graph's, a function's) and a
+   model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
+3. each weight's choices on their lower convex hull (bytes against error), and the steps up the
+   hulls ordered by error saved per byte: the allocation at a budget is the longest prefix of
+   that one order that fits (so a larger budget takes every step a smaller one took), then
+   the later steps that still fit;
+4. the errors of single weights are added (first order: independent errors add in square);
+   since they only nearly do, every prefix that fits (when there are more than 8 allocations in
+   all: six spread over the prefixes, the longest two among them), the filled allocation and
+   every uniform choice that fits are run jointly on the same feeds, and the one with the least measured error is kept (ties: fewer
+   bytes).  So on those feeds the result is never worse than any uniform width the budget holds
+   (uniform int4 included).  That the error never rises with the budget is measured by the
+   tests, not proven: the filled allocation, and the prefixes left out beyond 8, are not
+   nested from one budget to a larger one.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from dyndq.opdefs import Problem
+from dyndq.plumbing.light import nbytes
+from dyndq.plumbing.names import NameScope
+from dyndq.plumbing.walk import is_constant_node
+from dyndq.quantization.fp4 import quantize_fp4
+from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
+from dyndq.quantization.options import CHOICES  # (name -> (bits, format))
+from dyndq.quantization.rewrite import placed
+
+
+class BudgetError(ValueError):
+    """A budget this model's weights cannot be held to, or buys nothing: `problem` says what is possible."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+@dataclass
+class Candidate:
+    choice: str
+    q: object  # QuantizedWeight
+    bytes: int  # of the initializers written for it
+    relative: float  # reconstruction error |W - W'| / |W|
+    error: float = 0.0  # the model's relative squared output error with only this weight quantized so
+
+
+@dataclass
+class WeightChoices:
+    key: tuple[str, str]  # (graph path, weight name), as plan.Target names it
+    elements: int
+    candidates: list[Candidate]
+    chosen: int = 0  # index into candidates
+    step_gain: float | None = None  # error saved per byte by the step that chose it (None: not a step's)
+    why: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+
+@dataclass
+class BudgetReport:
+    budget: float  # bits per weight asked for
+    choices: tuple[str, ...]
+    weights: list[WeightChoices]
+    sensitivity: str  # how each candidate's error was measured
+    considered: list[tuple[str, int, float, float]] = field(default_factory=list)  # (label, bytes, predicted, measured)
+    kept: str = ""  # which of `considered` was kept
+
+    @property
+    def elements(self) -> int:
+        return sum(w.elements for w in self.weights)
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.candidates[w.chosen].bytes for w in self.weights)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.bytes / self.elements
+
+    def chosen(self) -> dict:
+        """(graph, name) -> the QuantizedWeight chosen."""
+        return {w.key: w.candidates[w.chosen].q for w in self.weights}
+
+    def release(self) -> None:
+        """Drop every candidate's arrays (their figures stay): the model is written."""
+        for w in self.weights:
+            for c in w.candidates:
+                c.q = None
+
+    def lines(self) -> list[str]:
+        out = [f"budget {self.budget:g} bits per weight (codes, scales and zero points over the weights quantized): "
+               f"{self.bits_per_weight:.4f} spent ({self.bytes} bytes over {self.elements} weights); kept: {self.kept}",
+               f"  sensitivity: {self.sensitivity}"]
+        for w in self.weights:
+            c = w.candidates[w.chosen]
+            each = ", ".join(f"{x.choice} {8 * x.bytes / w.elements:.3f} b/w err {x.error:.3g}" for x in w.candidates)
+            out.append(f"  {w.name}: {c.choice} ({w.why}; {each})")
+        out.append("  allocations run jointly (bytes, predicted / measured relative squared output error):")
+        out += [f"    {label}: {b} bytes, {p:.4g} / {m:.4g}" for label, b, p, m in self.considered]
+        return out
+
+    def as_dict(self) -> dict:
+        return {"budget": self.budget, "choices": list(self.choices), "bits_per_weight": self.bits_per_weight,
+                "bytes": self.bytes, "elements": self.elements, "sensitivity": self.sensitivity, "kept": self.kept,
+                "weights": [{"name": w.name, "graph": w.key[0], "chosen": w.candidates[w.chosen].choice,
+                             "step_gain": w.step_gain, "why": w.why,
+                             "candidates": [{"choice": c.choice, "bytes": c.bytes, "bits_per_weight": 8 * c.bytes / w.elements,
+                                             "relative_error": c.relative, "output_error": c.error}
+                                            for c in w.candidates]} for w in self.weights],
+                "considered": [{"label": label, "bytes": b, "predicted": p, "measured": m}
+                               for label, b, p, m in self.considered]}
+
+
+def allocate(model: onnx.ModelProto, targets, arrays: dict, options, feeds: list[dict] | None = None,
+             array_of=numpy_helper.to_array) -> BudgetReport:
+    """The choice of each target (plan.Target) whose float weight is `arrays[(graph, name)]`, under
+    options.budget bits per weight; raises BudgetError when the budget is out of the model's range.
+    feeds: the samples (feed dicts) the sensitivities and allocations are measured on (default:
+    the evaluation's seeded ones, evaluate.seeded_samples); array_of: reads the model's other initializers (a model read without its
+    external data)."""
+    weights = []
+    for t in targets:
+        w = arrays.get((t.graph, t.name))
+        if w is None or not np.isfinite(w.astype(np.float32)).all():
+            continue  # (the quantizer names it as left alone)
+        cands = [c for c in (_candidate(t, w, choice, options) for choice in options.format_choices) if c is not None]
+        if cands:
+            weights.append(WeightChoices((t.graph, t.name), int(w.size), cands))
+    if not weights:
+        return BudgetReport(options.budget, options.format_choices, [], "no weight")
+    elements = sum(w.elements for w in weights)
+    cheapest = sum(min(c.bytes for c in w.candidates) for w in weights)
+    dearest = sum(max(c.bytes for c in w.candidates) for w in weights)
+    lo, hi = 8 * cheapest / elements, 8 * dearest / elements
+    if options.budget < lo or options.budget > hi + 1e-9:
+        raise BudgetError(Problem("budget", f"{options.budget:g} bits per weight",
+                                  f"from {np.ceil(lo * 1e4) / 1e4:.4f} (every weight at its cheapest of "
+                                  f"{','.join(options.format_choices)}) to {np.floor(hi * 1e4) / 1e4:.4f} (every weight "
+                                  "at its dearest; more buys nothing) for these weights"))
+    limit = int(np.floor(options.budget * elements / 8 + 1e-9))
+    run, how = _runner(model, [w.key for w in weights], arrays, feeds, options.seed, array_of)
+    for w in weights:
+        for c in w.candidates:
+            c.error = run({w.key: c.q}) if run else _own_error(arrays[w.key], c)
+    report = BudgetReport(options.budget, options.format_choices, weights, how)
+    steps = _steps(weights)
+    # the allocations to run jointly: every prefix of the steps that fits, and each uniform choice that fits
+    start = [_cheapest(w) for w in weights]
+    allocations = []
+    current, gains, spent = list(start), [None] * len(weights), sum(w.candidates[i].bytes for w, i in zip(weights, start))
+    allocations.append(("greedy, 0 steps", list(current), list(gains)))
+    for n, (gain, i, to) in enumerate(steps, 1):
+        extra = weights[i].candidates[to].bytes - weights[i].candidates[current[i]].bytes
+        if spent + extra > limit:
+            break
+        spent += extra
+        current[i], gains[i] = to, gain
+        allocations.append((f"greedy, {n} steps", list(current), list(gains)))
+    filled, fill_gains, fill_spent = list(current), list(gains), spent
+    for gain, i, to in steps[len(allocations) - 1:]:  # (the steps past the prefix that still fit, in order)
+        frm = filled[i]
+        extra = weights[i].candidates[to].bytes - weights[i].candidates[frm].bytes
+        if fill_spent + extra <= limit and _next_on_hull(weights[i], frm) == to:
+            fill_spent += extra
+            filled[i], fill_gains[i] = to, gain
+    if filled != current:
+        allocations.append(("greedy, filled past the prefix", filled, fill_gains))
+    for choice in options.format_choices:
+        picks = [next((k for k, c in enumerate(w.candidates) if c.choice == choice), None) for w in weights]
+        if None not in picks and sum(w.candidates[k].bytes for w, k in zip(weights, picks)) <= limit:
+            allocations.append((f"uniform {choice}", picks, [None] * len(weights)))
+    if len(allocations) > 8:  # (the prefixes' last few and a spread of the rest: the measured runs stay few)
+        greedy = [a for a in allocations if a[0].startswith("greedy, ") and a[0].endswith("steps")]
+        keep = sorted(set(np.linspace(0, len(greedy) - 1, 6).round().astype(int)) | {len(greedy) - 2})
+        allocations = [greedy[k] for k in keep if k >= 0] + [a for a in allocations if a not in greedy]
+    best = None
+    for label, picks, step_gains in allocations:
+        b = sum(w.candidates[k].bytes for w, k in zip(weights, picks))
+        predicted = sum(w.candidates[k].error for w, k in zip(weights, picks))
+        measured = run({w.key: w.candidates[k].q for w, k in zip(weights, picks)}) if run else predicted
+        report.considered.append((label, b, predicted, measured))
+        if best is None or (measured, b) < best[0]:
+            best = ((measured, b), label, picks, step_gains)
+    _, report.kept, picks, step_gains = best
+    for w, k, g in zip(weights, picks, step_gains):
+        w.chosen, w.step_gain = k, g
+        w.why = (f"{report.kept}, measured best" if report.kept.startswith("uniform") else
+                 "its cheapest choice" if g is None else f"step up taken at {g:.3g} error saved per byte")
+    return report
+
+
+def _candidate(target, weight, choice, options) -> Candidate | None:
+    bits, fmt = CHOICES[choice]
+    try:
+        if fmt == "int":
+            q = quantize_weight(weight, axis=target.axis, group_size=options.group_size, bits=bits,
+                                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
+                                method=options.method, rule=target.rule)
+        else:
+            q = quantize_fp4(weight, axis=target.axis, format=fmt)
+    except ScaleOutOfRange:
+        return None
+    # (the bytes as the quantizer writes them: its tensors, placed under throwaway names)
+    p = placed(target.name, target.dtype, q, NameScope(set()), 21)
+    size = sum(len(t.raw_data) if t.HasField("raw_data") else nbytes(t) for t in p.tensors)
+    return Candidate(choice, q, size, q.stats.relative)
+
+
+def _cheapest(w: WeightChoices) -> int:
+    return min(range(len(w.candidates)), key=lambda k: (w.candidates[k].bytes, w.candidates[k].error))
+
+
+def _steps(weights: list[WeightChoices]) -> list[tuple[float, int, int]]:
+    """(error saved per byte, weight index, candidate index to move to): the steps up each weight's
+    lower convex hull, in one order, most error saved per byte first (a weight's own steps come in
+    hull order since their gains fall)."""
+    out = []
+    for i, w in enumerate(weights):
+        hull = _hull(w)
+        for a, b in zip(hull, hull[1:]):
+            ca, cb = w.candidates[a], w.candidates[b]
+            out.append(((ca.error - cb.error) / (cb.bytes - ca.bytes), i, b))
+    return heapq.nlargest(len(out), out, key=lambda s: (s[0], -s[1]))
+
+
+def _hull(w: WeightChoices) -> list[int]:
+    """The candidates on the weight's lower convex hull (bytes against error), cheapest first."""
+    order = sorted(range(len(w.candidates)), key=lambda k: (w.candidates[k].bytes, w.candidates[k].error))
+    hull = [order[0]]
+    for k in order[1:]:
+        c = w.candidates[k]
+        if c.error >= w.candidates[hull[-1]].error:
+            continue  # (dearer and no better: never chosen)
+        while len(hull) >= 2:
+            a, b = w.candidates[hull[-2]], w.candidates[hull[-1]]
+            if (a.error - b.error) / (b.bytes - a.bytes) <= (b.error - c.error) / (c.bytes - b.bytes):
+                hull.pop()  # (b lies on or above the line from a to c)
+            else:
+                break
+        hull.append(k)
+    return hull
+
+
+def _next_on_hull(w: WeightChoices, k: int) -> int | None:
+    h = _hull(w)
+    return h[h.index(k) + 1] if k in h and h.index(k) + 1 < len(h) else None
+
+
+def _own_error(weight: np.ndarray, c: Candidate) -> float:
+    """The data-free fallback: the weight's squared reconstruction error |W - W'|^2."""
+    return float(c.relative ** 2 * np.sum(weight.astype(np.float64) ** 2))
+
+
+def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
+    """(run(weights) -> relative squared output error with `weights` ({key: QuantizedWeight})
+    dequantized and the rest float, how it is measured), or (None, why it falls back)."""
+    held = {t.name for t in model.graph.initializer} | {n.output[0] for n in model.graph.node if is_constant_node(n)}
+    main = [k for k in keys if k[0] == "main" and k[1] in held]  # (initializers and Constant nodes of the main graph)
+    own = "; the others by their own squared reconstruction error" if len(main) < len(keys) else ""
+    try:
+        from dyndq.quantization.evaluate import SAMPLES, seeded_samples
+        from dyndq.runner import Runner
+
+        if not main:
+            raise ValueError("no weight is a constant of the main graph")
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        names = {k[1] for k in main}
+        kept = [t if t.data_location != onnx.TensorProto.EXTERNAL else numpy_helper.from_array(array_of(t), t.name)
+                for t in probe.graph.initializer if t.name not in names]
+        del probe.graph.initializer[:]
+        probe.graph.initializer.extend(kept)
+        nodes = [n for n in probe.graph.node if not (is_constant_node(n) and n.output[0] in names)]
+        del probe.graph.node[:]
+        probe.graph.node.extend(nodes)
+        for vi in list(probe.graph.input):
+            if vi.name in names:
+                probe.graph.input.remove(vi)
+        for k in main:
+            a = arrays[k]
+            probe.graph.input.append(helper.make_tensor_value_info(
+                k[1], helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
+        samples = seeded_samples(model, seed, SAMPLES) if feeds is None else list(feeds)
+        floats = {k[1]: arrays[k] for k in main}
+        session = Runner(probe, "onnxruntime")
+        want = [session({**f, **floats}) for f in samples]
+        norm = sum(float(np.sum(v.astype(np.float64) ** 2)) for w in want for v in w.values() if _is_float(v))
+    except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot run: the data-free fallback, said
+        from dyndq.wording import first_line
+
+        return None, f"each weight's own squared reconstruction error (the model could not be run: {first_line(e)})"
+
+    def run(chosen: dict) -> float:
+        fed, own_errors = dict(floats), 0.0
+        for k, q in chosen.items():
+            if k in main:
+                fed[k[1]] = dequantized(q, arrays[k].dtype)
+            else:  # (not fed: its own squared error, over the outputs' squared norm)
+                own_errors += _own_error(arrays[k], Candidate("", q, 0, q.stats.relative)) / max(norm, 1e-30)
+        err = 0.0
+        for f, w in zip(samples, want):
+            got = session({**f, **fed})
+            err += sum(float(np.sum((got[n].astype(np.float64) - v.astype(np.float64)) ** 2))
+                       for n, v in w.items() if _is_float(v))
+        return (err / norm if norm else err) + own_errors
+
+    return run, (f"the model's relative squared output error with only that weight quantized so, "
+                 f"on the evaluation's {len(samples)} samples, ONNX Runtime{own}")
+
+
+def dequantized(q, dtype) -> np.ndarray:
+    """The weight the graph gives back for `q` (rewrite.placed's nodes: our kernel, then the Slice
+    and the weight's dtype)."""
+    from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
+    from dyndq.plumbing.types import elem_type
+
+    scales = q.scales
+    if q.tensor_scale is not None:  # NVFP4: the block scales dequantized first, per tensor
+        scales = dynamic_dequantize(scales, np.array([q.tensor_scale], np.float32), qtype="per_tensor",
+                                    output_dtype=elem_type("float32"))
+    fp4 = q.codes.dtype.name == "float4_e2m1fn"
+    values = dynamic_dequantize(q.codes, scales, q.zero_points, qtype="per_group", group_shape=q.group_shape,
+                                output_dtype=elem_type(np.dtype(dtype).name) if fp4 else None)
+    values = np.take(values, np.arange(q.length), axis=q.axis) if q.padded_to else values
+    return values.astype(dtype)
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, np.ndarray) and (v.dtype.kind == "f" or v.dtype.name == "bfloat16") and np.isfinite(
+        v.astype(np.float32)).all()
+
+
+def weight_arrays(model: onnx.ModelProto, targets, array_of=numpy_helper.to_array) -> dict:
+    """(graph, name) -> the float weight of each target: an initializer of its scope (read with
+    `array_of`) or a Constant node's value."""
+    from dyndq.plumbing.walk import scopes
+
+    wanted = {(t.graph, t.name) for t in targets}
+    out = {}
+    for scope in scopes(model):
+        if scope.graph is not None:
+            for t in scope.graph.initializer:
+                if (scope.path, t.name) in wanted:
+                    out[scope.path, t.name] = array_of(t)
+        for node in scope.nodes:
+            if is_constant_node(node) and (scope.path, node.output[0]) in wanted:
+                out[scope.path, node.output[0]] = array_of(node.attribute[0].t)
+    return out
