@@ -2,11 +2,11 @@
 
 The inputs are the user's (`inputs`: one feed dict or a list of them, each a sample; checked
 against the graph's inputs before anything is quantized, a feed that does not fit raising
-`FeedError` naming it), or `samples` seeded samples, drawn as `dyndq.parity.example_feeds`
-draws them (floats from N(0, 1), booleans at random, other integers in 0..3, a dimension
-without a fixed size 4 long), with every integer input that reaches a Gather's indices (directly or through Cast, Reshape, Unsqueeze, Squeeze,
-Flatten, Identity) drawn across the rows of the table it indexes, the first sample holding its
-first and last row (token ids across every embedding's vocabulary).
+`FeedError` naming it), or `samples` seeded samples, drawn as `dyndq.example_inputs` draws
+them for `check --runtime-parity` too (floats from N(0, 1), booleans at random, integers that
+reach a Gather's indices across the rows of the table they index, other integers in 0..3, a
+dimension without a fixed size 4 long), the first sample holding each index input's first and
+last row (token ids across every embedding's vocabulary).
 
 Per float output: the relative error, the largest difference and the cosine over every sample;
 for an output whose last axis is a distribution (non-negative, summing to 1: a Softmax's) or
@@ -32,15 +32,13 @@ import time
 import numpy as np
 import onnx
 
+from dyndq.example_inputs import example_feeds, index_bounds
 from dyndq.quantization.numerics import ErrorStats
 from dyndq.quantization.report import OutputDifference
 from dyndq.wording import first_line, plural
 
 ENGINE = "onnxruntime"
 SAMPLES = 4  # seeded samples by default: the evaluation's cost is this many runs of each model
-OPEN_DIM = 4  # the size of a dimension the model leaves open, in a seeded sample (parity's)
-OTHER_INTEGERS = 4  # an integer input that indexes no table: 0..3
-PASS_INDICES = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")  # ops that keep an index an index
 LOGIT_MAKERS = ("MatMul", "Gemm", "Add", "LogSoftmax", "MatMulNBits", "Einsum")
 
 
@@ -82,65 +80,11 @@ def user_inputs(model: onnx.ModelProto, inputs) -> list[dict] | None:
 
 
 def seeded_samples(model: onnx.ModelProto, seed: int, samples: int = SAMPLES) -> list[dict]:
-    """`samples` seeded feed dicts covering each input's valid range (see the module doc).
-
-    (As `dyndq.parity.example_feeds` draws them, but a dimension an exporter writes as -1 or 0,
-    paddle2onnx's dynamic batch, is open here: NumPy refuses a negative size.)"""
-    from dyndq.opdefs import dtypes
-    from dyndq.plumbing.types import spec_of_type
-
-    initializers = {t.name for t in model.graph.initializer}
+    """`samples` seeded feed dicts covering each input's valid range (`dyndq.example_inputs`),
+    the first holding each index input's first and last row."""
     bounds = index_bounds(model)
-    out = []
-    for i in range(samples):
-        rng = np.random.default_rng([seed, i])
-        feeds = {}
-        for vi in model.graph.input:
-            if vi.name in initializers:
-                continue
-            spec = spec_of_type(vi.type)
-            if spec is None or spec.dtype is None:
-                raise ValueError(f"graph input {vi.name!r}: its type is not a known tensor type; give it with --input")
-            shape = tuple(d if isinstance(d, int) and d > 0 else OPEN_DIM for d in (spec.shape or ()))
-            kind = dtypes.by_name(spec.dtype)
-            if kind.name == "bool":
-                feeds[vi.name] = rng.random(shape) < 0.5
-            elif kind.is_integer:
-                rows = bounds.get(vi.name, OTHER_INTEGERS)
-                ids = rng.integers(0, rows, shape)
-                if i == 0 and vi.name in bounds and ids.size:  # (the first and the last row of the table, always)
-                    ids.flat[0], ids.flat[-1] = 0, rows - 1
-                feeds[vi.name] = ids.astype(kind.numpy)
-            else:
-                feeds[vi.name] = rng.standard_normal(shape).astype(np.float32).astype(kind.numpy)
-        out.append(feeds)
-    return out
-
-
-def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """graph input -> the rows of the smallest table whose Gather it indexes (main graph), through
-    the ops that keep an index an index (PASS_INDICES)."""
-    from dyndq.scopes import value_types
-
-    spec = value_types(model).specs_at("main")
-    made_by = {o: n for n in model.graph.node for o in n.output}
-    inputs = {vi.name for vi in model.graph.input}
-    bounds: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type not in ("Gather", "GatherBlockQuantized") or len(node.input) < 2:
-            continue
-        attrs = {a.name: a.i for a in node.attribute}
-        axis = attrs.get("axis" if node.op_type == "Gather" else "gather_axis", 0)
-        data = spec(node.input[0])
-        if data is None or data.shape is None or not -len(data.shape) <= axis < len(data.shape):
-            continue
-        rows = data.shape[axis]
-        name = node.input[1]
-        while name not in inputs and name in made_by and made_by[name].op_type in PASS_INDICES:
-            name = made_by[name].input[0]
-        if isinstance(rows, int) and rows > 0 and name in inputs:
-            bounds[name] = min(bounds.get(name, rows), rows)
-    return bounds
+    return [example_feeds(model, np.random.default_rng([seed, i]), cover_ends=i == 0, bounds=bounds)
+            for i in range(samples)]
 
 
 def describe_samples(samples: list[dict], given: bool, seed: int, tables: bool = False) -> str:
