@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from dyndq.opdefs import dtypes
+from dyndq.task_metrics import row_sums
 
 TOLERANCE = 1e-4
 
@@ -88,24 +89,9 @@ def compare(name: str, a, b, kind: str | None = None) -> OutputParity:
 
 
 def _rows(a: np.ndarray, b: np.ndarray, kind: str) -> tuple[float, float]:
-    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    top1 = float(np.mean(a.argmax(-1) == b.argmax(-1)))
-    if kind == "logits":
-        log_p, log_q = _log_softmax(b), _log_softmax(a)
-    elif kind == "log-distribution":
-        log_p, log_q = b, a
-    else:  # a distribution: its rows renormalized (an engine's may sum to 1 within rounding only)
-        tiny = np.finfo(np.float64).tiny
-        p, q = np.clip(b, 0, None), np.clip(a, 0, None)
-        log_p = np.log(np.maximum(p / np.maximum(p.sum(-1, keepdims=True), tiny), tiny))
-        log_q = np.log(np.maximum(q / np.maximum(q.sum(-1, keepdims=True), tiny), tiny))
-    kl = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
-    return top1, float(np.mean(kl))
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    """(top-1 agreement, mean KL(reference || engine)) over rows: `b` is the reference."""
+    agree, rows, kl = row_sums(b, a, kind)
+    return agree / rows, kl / rows
 
 
 def _floating(a: np.ndarray) -> bool:

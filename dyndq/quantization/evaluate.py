@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from dyndq.example_inputs import example_feeds, index_bounds
+from dyndq.task_metrics import row_sums
 from dyndq.quantization.numerics import ErrorStats
 from dyndq.quantization.report import OutputDifference
 from dyndq.wording import first_line, plural
@@ -206,7 +207,7 @@ class Evaluation:
                     w, g = want[name].astype(np.float64), got[name].astype(np.float64)
                     stats[name].add(w.ravel(), g.ravel())
                     if name in tasks:
-                        for k, v in enumerate(task_sums(w, g, kinds[name])):
+                        for k, v in enumerate(row_sums(w, g, kinds[name])):
                             tasks[name][k] += v
                 del got
             del run
@@ -267,26 +268,7 @@ def task_metrics(want: list[np.ndarray], got: list[np.ndarray], kind: str) -> tu
     agree = rows = 0
     kl = 0.0
     for w, g in zip(want, got):
-        a, r, k = task_sums(w, g, kind)
+        a, r, k = row_sums(w, g, kind)
         agree, rows, kl = agree + a, rows + r, kl + k
     return agree / rows, kl / rows
 
-
-def task_sums(w: np.ndarray, g: np.ndarray, kind: str) -> tuple[int, int, float]:
-    """One sample's (rows whose top-1 answer agrees, rows, summed KL(float || quantized) in nats)."""
-    w, g = w.reshape(-1, w.shape[-1]), g.reshape(-1, g.shape[-1])
-    log_p, log_q = (_log_softmax(w), _log_softmax(g)) if kind == "logits" else (_log_normalized(w), _log_normalized(g))
-    p = np.exp(log_p)
-    return (int((w.argmax(axis=-1) == g.argmax(axis=-1)).sum()), w.shape[0],
-            float(np.sum(np.where(p > 0, p * (log_p - log_q), 0.0))))
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def _log_normalized(p: np.ndarray) -> np.ndarray:
-    """log of a distribution, a zero probability floored at 1e-12 (KL against an exact 0 is infinite)."""
-    p = np.maximum(p, 1e-12)
-    return np.log(p / p.sum(axis=-1, keepdims=True))
