@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from decoder import decoder_model, ort_quantize
 from onnx import TensorProto, helper, numpy_helper
+from parity_models import our_int4_matmul
 
 import dyndq
 from dyndq.parity import ORT_LEVELS, example_feeds, runtime_parity
@@ -117,17 +118,6 @@ def test_example_feeds_index_within_the_gathered_axis():
     feeds = example_feeds(decoder_model(hidden=64, layers=1, vocab=7), seed=3)
     ids = feeds["input_ids"]
     assert ids.shape == (4, 4) and ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 7
-
-
-def our_int4_matmul():
-    src = np.arange(-8, 8, dtype=np.int8).astype(ml_dtypes.int4).reshape(16, 1).repeat(4, axis=1)
-    graph = helper.make_graph(
-        [dyndq.make_node(["q", "s"], ["w"], qtype="per_group", group_shape=[16, 1], name="dq"),
-         helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        [numpy_helper.from_array(src, "q"), numpy_helper.from_array(np.full((1, 4), 0.5, np.float32), "s")])
-    return dyndq.make_model(graph, opset=21)
 
 
 def test_a_model_with_our_op_is_checked_through_both_exports():

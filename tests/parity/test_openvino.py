@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from parity_models import our_int4_matmul
 
 import dyndq
 from dyndq.parity import example_feeds, runtime_parity
@@ -55,14 +56,7 @@ def test_openvinos_settings_are_named_on_an_int4_matmul():
 
 
 def test_a_model_with_our_op_runs_on_openvino_through_its_export():
-    src = np.arange(-8, 8, dtype=np.int8).astype(ml_dtypes.int4).reshape(16, 1).repeat(4, axis=1)
-    graph = helper.make_graph(
-        [dyndq.make_node(["q", "s"], ["w"], qtype="per_group", group_shape=[16, 1], name="dq"),
-         helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        [numpy_helper.from_array(src, "q"), numpy_helper.from_array(np.full((1, 4), 0.5, np.float32), "s")])
-    report = runtime_parity(dyndq.make_model(graph, opset=21), engines=["openvino"])
+    report = runtime_parity(our_int4_matmul(), engines=["openvino"])
     c, = report.comparisons
     assert c.setting.export == "openvino" and c.error is None
     if not c.agrees:
