@@ -22,14 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import onnx
-from onnx import TensorProto as T, helper, numpy_helper as nh
+from onnx import TensorProto as T, helper
+
+from bench_quantize import machine as quantize_machine  # (beside this script: run as one, its folder is on sys.path)
 
 CASES = ("file-evaluate", "file-no-evaluate", "memory-evaluate", "memory-no-evaluate", "imports")
 
@@ -170,17 +171,9 @@ def run_case(case: str, src: str, dst: str, profile: bool) -> dict:
 
 
 def machine() -> str:
-    model = platform.machine()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import onnxruntime
-
-    memory = next((line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal")), "?")
-    load = " ".join(open("/proc/loadavg").read().split()[:3])
-    return (f"{model}, {os.cpu_count()} CPUs, {int(memory) / 2**20:.0f} GiB, load average {load}; Python "
-            f"{platform.python_version()}, NumPy {np.__version__}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
+    """bench_quantize's machine line, with the memory this machine has (what the peaks are held against)."""
+    memory = next((line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal")), None)
+    return f"{quantize_machine()}; {int(memory) / 2**20:.0f} GiB of memory" if memory else quantize_machine()
 
 
 def main(argv=None) -> int:
