@@ -116,7 +116,9 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
                             progress=progress)
     runs = []
     for options_ in checked:
-        out, report = quantize_model(model, options_)
+        # (a budget chosen on the evaluation's inputs, as `quantize` chooses it: the user's, or the same seeded samples)
+        out, report = quantize_model(model, options_,
+                                     feeds=budget_feeds(model, options_, evaluation.feeds, len(evaluation.feeds)))
         report.outputs, report.outputs_note = evaluation.measure(out)
         report.inputs = evaluation.inputs_used()
         del out  # (one quantized model at a time)

@@ -188,6 +188,14 @@ def test_the_users_inputs_choose_the_widths(tmp_path, capsys):
     assert {w["name"]: w["chosen"] for w in doc["budget"]["weights"]} == {"P": "int8", "Q": "int2"}
 
 
+def test_ranked_methods_choose_their_widths_on_the_users_inputs():
+    rng = np.random.default_rng(0)
+    feeds = [{"a": rng.standard_normal((3, 128)).astype(np.float32), "b": np.zeros((3, 128), np.float32)}]
+    for method, report in dyndq.quantization.rank_methods(two_branches(), budget=5.3, inputs=feeds):
+        chosen = {w.name: w.candidates[w.chosen].choice for w in report.budget.weights}
+        assert chosen == {"P": "int8", "Q": "int2"}, method
+
+
 def test_constant_node_weights_are_measured_as_initializers_are():
     """An exporter's model holds its weights in Constant nodes (paddle2onnx, torch's): they are fed
     to the sensitivity runs as the initializers are, and the widths chosen are the same."""
