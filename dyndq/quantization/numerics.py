@@ -70,13 +70,17 @@ class ErrorStats:
     @staticmethod
     def of(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
         """The sums of one block (threads compute blocks' sums apart, `merge` adds them in order)."""
-        w, dq = w.astype(np.float64), dq.astype(np.float64)
-        diff = w - dq
+        w64, dq64 = w.astype(np.float64), dq.astype(np.float64)
+        return ErrorStats.of_float64(w64, dq64, w64 - dq64)
+
+    @staticmethod
+    def of_float64(w64: np.ndarray, dq64: np.ndarray, diff: np.ndarray) -> ErrorStats:
+        """The sums of float64 `w64`, `dq64` and `diff` = w64 - dq64 (overwritten: |diff|)."""
         return ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
-                          float(np.einsum("i,i->", w.ravel(), w.ravel())),
-                          float(np.einsum("i,i->", dq.ravel(), dq.ravel())),
-                          float(np.einsum("i,i->", w.ravel(), dq.ravel())),
-                          float(np.abs(diff).max()) if diff.size else None)
+                          float(np.einsum("i,i->", w64.ravel(), w64.ravel())),
+                          float(np.einsum("i,i->", dq64.ravel(), dq64.ravel())),
+                          float(np.einsum("i,i->", w64.ravel(), dq64.ravel())),
+                          float(np.abs(diff, out=diff).max()) if diff.size else None)
 
     def merge(self, block: ErrorStats) -> None:
         self.sq_error += block.sq_error
@@ -197,14 +201,7 @@ def _block_sums(w: np.ndarray, dq: np.ndarray) -> ErrorStats:
     np.copyto(w64, w, casting="unsafe")  # (as astype: bfloat16 and float16 weights too)
     np.copyto(dq64, dq, casting="unsafe")
     np.subtract(w64, dq64, out=diff)
-    sums = ErrorStats(float(np.einsum("i,i->", diff.ravel(), diff.ravel())),
-                      float(np.einsum("i,i->", w64.ravel(), w64.ravel())),
-                      float(np.einsum("i,i->", dq64.ravel(), dq64.ravel())),
-                      float(np.einsum("i,i->", w64.ravel(), dq64.ravel())),
-                      None)
-    if diff.size:
-        sums.max_abs = float(np.abs(diff, out=diff).max())
-    return sums
+    return ErrorStats.of_float64(w64, dq64, diff)
 
 
 def _in_threads(work, starts: list, size: int):
