@@ -217,9 +217,9 @@ def _ort_causes(checker: _Checker, comparison: Comparison, optimized: onnx.Model
         comparison.notes.append("with every transformer known disabled it still differs: the cause is not a "
                                 "graph rewrite (or one of a name this ONNX Runtime does not know)")
         return
+    graphs: list = []  # (the graph with every culprit disabled: one session for them all)
+    checker.run(Tweak(disabled=ort_rewrites.disabled_names(found)), extra=graphs)
     for name in found:
-        graphs: list = []
-        checker.run(Tweak(disabled=ort_rewrites.disabled_names(found)), extra=graphs)
         if len(found) > 1:
             with_it: list = []
             checker.run(Tweak(disabled=ort_rewrites.disabled_names([f for f in found if f != name])), extra=with_it)
