@@ -83,7 +83,7 @@ def onnxruntime_differences(q, scales, zero, block: int, K: int, bits: int, doub
     return int(np.count_nonzero(differ[q[:K], rows[:, None], np.arange(q.shape[1])[None, :]]))
 
 
-def doubled_problem(codes, zero, scales, bits: int) -> str | None:
+def doubled_problem(codes, scales, bits: int) -> str | None:
     """Why codes 2q, zero points 2zp and scales / 2 are not (any more) the doubled form of a
     MatMulNBits of `bits`-bit codes with half-integer zero points (None: they are)."""
     q = codes.astype(np.int64)

@@ -312,7 +312,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if zero is None:
         return "zps is not a constant"
     if doubled:
-        why = fzp.doubled_problem(codes, zero, scales, form["bits"])
+        why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
             return _Chain((src, s, z), codes, scales, zero.astype(np.int64), form["bits"], 0, block, nodes, matmul, K,
                           t, doubled=True)
