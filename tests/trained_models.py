@@ -162,9 +162,11 @@ def constants_as_initializers(model):
     out = onnx.ModelProto()
     out.CopyFrom(model)
     keep = [n for n in out.graph.node if not (n.op_type == "Constant" and n.attribute[0].name == "value")]
-    out.graph.initializer.extend(n.attribute[0].t for n in out.graph.node if n not in keep)
-    for t, n in zip(out.graph.initializer, [n for n in out.graph.node if n not in keep]):
-        t.name = n.output[0]
+    for n in out.graph.node:
+        if n not in keep:  # (each tensor named after its Constant's output, after any initializer the model has)
+            tensor = out.graph.initializer.add()
+            tensor.CopyFrom(n.attribute[0].t)
+            tensor.name = n.output[0]
     del out.graph.node[:]
     out.graph.node.extend(keep)
     return out
