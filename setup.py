@@ -51,7 +51,7 @@ setup(
         Extension(
             "dyndq.kernels._native",
             ["kernels/_native.c"],
-            depends=[f"kernels/_native_{h}.h" for h in ("port", "scalar", "variant", "x86", "fused")],
+            depends=[f"kernels/_native_{h}.h" for h in ("port", "scalar", "quantize", "variant", "x86", "fused")],
             define_macros=[("DYNDQ_NO_SIMD", "1")] if no_simd else [],
             optional=True,
         )

@@ -51,7 +51,7 @@ Files: this one (the table, the Python entry points); _native_port.h (all that i
 particular to a compiler or a CPU family); _native_scalar.h (the kinds, the arithmetic
 element by element, the plain loop); _native_variant.h (an entry's body, per variant);
 _native_x86.h (vector conversions, non-temporal stores, emit / emit512); _native_fused.h
-(the fused loops).
+(the fused loops); _native_quantize.h (quantize's rtn, not the op: the levels, a tile in place).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,6 +60,7 @@ _native_x86.h (vector conversions, non-temporal stores, emit / emit512); _native
 #include <string.h>
 
 #include "_native_scalar.h" /* the kinds, the arithmetic element by element, the plain loop */
+#include "_native_quantize.h" /* quantize's rtn: the levels, and a whole tile in place */
 
 /* The staged writer (emit) converts the plain loop's float32 products STAGE at a time, in a
    block that stays in L1; the plain loop's parameters are widened STAGE at a time too. */
@@ -421,32 +422,8 @@ static PyObject *py_narrow(PyObject *self, PyObject *args) {
 }
 
 /* rtn_levels(g, reciprocal, zero, out, group, qmax): the levels of ONNX Runtime's MatMul RTN
-   (dyndq/quantization/rtn.py, matmul_levels, whose NumPy path gives the same bytes):
-   out[i] = clamp(roundf(g[i] * reciprocal[i / group] + zero[i / group]), 0, qmax), each step
-   rounded to float32 (-ffp-contract=off: no fused multiply-add), a NaN level 0.  g, reciprocal
-   and zero are float32, out uint8.  One pass where NumPy makes seven; no libm: x >= 0.5 rounds
-   half away as trunc(x) + (x - trunc(x) >= 0.5), the fraction exact. */
-static void rtn_levels_loop(const float *g, const float *rec, const float *zero, uint8_t *out,
-                            Py_ssize_t groups, Py_ssize_t group, float qmax) {
-    for (Py_ssize_t i = 0; i < groups; i++) {
-        const float r = rec[i], z = zero[i];
-        const float *gi = g + i * group;
-        uint8_t *oi = out + i * group;
-        for (Py_ssize_t j = 0; j < group; j++) {
-            float x = gi[j] * r;
-            x = x + z;
-            uint8_t level = 0; /* x < 0.5, and a NaN (no comparison holds for it) */
-            if (x >= qmax) {
-                level = (uint8_t)qmax;
-            } else if (x >= 0.5f) {
-                const int whole = (int)x; /* (0 < x < 256: the cast is defined) */
-                level = (uint8_t)(whole + (x - (float)whole >= 0.5f));
-            }
-            oi[j] = level;
-        }
-    }
-}
-
+   (dyndq/quantization/rtn.py, matmul_levels, whose NumPy path gives the same bytes) in one
+   pass (_native_quantize.h); g, reciprocal and zero are float32, out uint8. */
 static PyObject *py_rtn_levels(PyObject *self, PyObject *args) {
     Py_buffer g = {0}, r = {0}, z = {0}, o = {0};
     Py_ssize_t group;
@@ -471,6 +448,45 @@ static PyObject *py_rtn_levels(PyObject *self, PyObject *args) {
     PyBuffer_Release(&r);
     PyBuffer_Release(&z);
     PyBuffer_Release(&o);
+    return result;
+}
+
+/* rtn_tile(w, levels, scales, zeros, length, padded, inner, group, qmax, symmetric,
+            o0, o1, k0, k1, n0, n1) -> (finite, sq_error, sq_weight, sq_dequantized, dot, max_abs):
+   ONNX Runtime's MatMul RTN on a tile of a float32 weight [outer, length, inner], in place
+   (_native_quantize.h, rtn_tile; dyndq/quantization/numerics.py calls it per block). */
+static PyObject *py_rtn_tile(PyObject *self, PyObject *args) {
+    Py_buffer w = {0}, l = {0}, s = {0}, z = {0};
+    Py_ssize_t length, padded, inner, group, o0, o1, k0, k1, n0, n1;
+    int qmax, symmetric;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*w*w*nnnnipnnnnnn", &w, &l, &s, &z, &length, &padded, &inner, &group, &qmax,
+                          &symmetric, &o0, &o1, &k0, &k1, &n0, &n1))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t row = length * inner, outer = row > 0 ? w.len / 4 / row : 0;
+    const Py_ssize_t n_groups = group > 0 ? padded / group : 0;
+    if (length <= 0 || inner <= 0 || group <= 0 || padded % group || padded < length || padded - length >= group ||
+        qmax < 1 || qmax > 255 || w.len != outer * row * 4 || l.len != outer * padded * inner ||
+        s.len != outer * n_groups * inner * 4 || z.len != outer * n_groups * inner || o0 < 0 || o1 > outer ||
+        o0 > o1 || k0 < 0 || k0 % group || k1 > length || k0 > k1 || (k1 % group && k1 != length) || n0 < 0 ||
+        n1 > inner || n0 > n1) {
+        PyErr_SetString(PyExc_ValueError, "rtn_tile: w float32 [outer, length, inner], levels uint8 [outer, padded, "
+                                          "inner], scales float32 and zeros uint8 [outer, padded / group, inner], "
+                                          "the tile within them, whole groups along length, qmax in [1, 255]");
+    } else if (aligned_ok(w.buf, 4, "w") && aligned_ok(s.buf, 4, "scales")) {
+        TileSums t;
+        Py_BEGIN_ALLOW_THREADS
+        t = rtn_tile(w.buf, l.buf, s.buf, z.buf, length, padded, inner, group, (float)qmax, symmetric, o0, o1, k0,
+                     k1, n0, n1);
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("(Oddddd)", t.finite ? Py_True : Py_False, t.sq_error, t.sq_weight, t.sq_dequantized,
+                               t.dot, t.max_abs);
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&l);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&z);
     return result;
 }
 
@@ -511,6 +527,7 @@ static PyMethodDef methods[] = {
     {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (KINDS['widen'])."},
     {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 or bfloat16 bits, as the kernel rounds at its level."},
     {"rtn_levels", py_rtn_levels, METH_VARARGS, "ONNX Runtime's MatMul RTN levels (dyndq/quantization/rtn.py)."},
+    {"rtn_tile", py_rtn_tile, METH_VARARGS, "ONNX Runtime's MatMul RTN on a tile of a float32 weight, in place."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "The CPU's level: 0 plain C, 1 AVX2/F16C, 2 AVX-512."},
     {"level", py_level, METH_NOARGS, "The level the table is filled for (cpu_level unless set_level lowered it)."},
     {"entries", py_entries, METH_NOARGS, "Each entry's variant in the table: {'dequantize': 'avx512', ...}."},

@@ -159,6 +159,22 @@ def rtn_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax: in
     return out
 
 
+def rtn_tile(w3: np.ndarray, levels3: np.ndarray, scales3: np.ndarray, zeros3: np.ndarray, group: int, qmax: int,
+             symmetric: bool, o: tuple, k: tuple, n: tuple) -> tuple | None:
+    """ONNX Runtime's MatMul RTN on the tile [o0, o1) x [k0, k1) x [n0, n1) of the C-contiguous
+    float32 weight `w3` [outer, length, inner], quantized along its middle axis in groups of
+    `group` (dyndq/quantization/numerics.py), in one compiled pass read in place: its levels
+    written into `levels3` [outer, padded, inner] (uint8), its scales and zero levels into
+    `scales3` (float32) and `zeros3` (uint8) [outer, padded / group, inner]; returns (every value
+    finite, sq_error, sq_weight, sq_dequantized, dot, max_abs), or None when the compiled kernel
+    is not built or is switched off (TUNING.native)."""
+    if _native is None or not T.native:
+        return None
+    _, length, inner = w3.shape
+    return _native.rtn_tile(w3, levels3, scales3, zeros3, length, levels3.shape[1], inner, group, int(qmax),
+                            bool(symmetric), *o, *k, *n)
+
+
 def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None):
     """Fill out (C-contiguous, native, T2) with the dequantization of src viewed as vshape,
     parameters varying along the dims flagged in `varies` (count_p of them, when the caller

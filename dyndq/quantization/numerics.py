@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from dyndq.kernels import parallel
+from dyndq.kernels import native, parallel
 from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
-from dyndq.quantization.rtn import Levels, half_of, rtn
+from dyndq.quantization.rtn import Levels, half_of, qmax_of, rtn
 from dyndq.quantization.scratch import release, scratch
 from dyndq.quantization.search import search
 
@@ -91,6 +91,11 @@ class ErrorStats:
             # (NumPy's max keeps a NaN, where Python's max(0.0, nan) gives 0.0: a NaN error never
             # shows a max of 0 beside it)
             self.max_abs = float(np.max([self.max_abs, block.max_abs]))
+
+    @property
+    def finite(self) -> bool:
+        """Whether every sum is finite (a NaN or an infinity in either weight makes one not)."""
+        return bool(np.isfinite([self.sq_error, self.sq_weight, self.sq_dequantized, self.dot, self.max_abs]).all())
 
     @property
     def relative(self) -> float:
@@ -161,8 +166,23 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     n_block = max(1, min(inner, BLOCK_ELEMENTS // k_block))
     o_block = max(1, BLOCK_ELEMENTS // (k_block * n_block))
 
+    # ONNX Runtime's MatMul RTN on a float32 weight with float32 scales, the common case, runs in
+    # place in one compiled pass per block (native.rtn_tile: no transposing copy, no float64
+    # copies for the sums); every other case, and a block with a value beyond float32's range
+    # (which `_within_range` steps back), takes the NumPy path below, the same bytes.
+    in_place = (method == "rtn" and rule == "matmul" and weight.dtype == np.float32 and scale_dtype == np.float32
+                and native.built())
+    if in_place:
+        w3 = np.ascontiguousarray(w3)
+
     def one_block(o: int, k: int, n: int) -> ErrorStats:
         """Block (o, k, n) quantized into its own parts of levels3, scales3 and zeros3; its error sums."""
+        if in_place:
+            sums = native.rtn_tile(w3, levels3, scales3, zeros3, group, qmax_of(bits), symmetric,
+                                   (o, min(o + o_block, outer)), (k, min(k + k_block, length)),
+                                   (n, min(n + n_block, inner)))
+            if sums is not None and sums[0]:
+                return ErrorStats(*sums[1:])
         part = w3[o:o + o_block, k:k + k_block, n:n + n_block]
         k_len = part.shape[1]
         rows = scratch("rows", (part.shape[0] * part.shape[2], k_len), weight.dtype)  # (a copy of this block only)

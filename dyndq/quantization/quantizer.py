@@ -282,10 +282,9 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
     readers at the dequantized value; or (None, Problem) for a weight that cannot be.  chosen: its
     QuantizedWeight, already made (a budget's allocation)."""
     started = time.perf_counter()
-    if not _finite(weight):
-        u = target.uses[0]
-        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", "NaN or infinity among its values",
-                             "finite weights", op=u.op, node=u.node, node_index=u.index, graph=u.graph)
+    # (a weight with NaN or infinity is told so, whatever else its quantization found: it is
+    # looked for only where the quantization's error sums are not finite, or it failed, as a
+    # NaN or an infinity makes them: a pass over every weight less)
     try:
         if chosen is not None:
             q = chosen
@@ -297,9 +296,11 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
                 symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
                 method=options.method, rule=target.rule)
     except ScaleOutOfRange as e:
-        u = target.uses[0]
-        return None, Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", e.found, e.allowed,
-                             op=u.op, node=u.node, node_index=u.index, graph=u.graph)
+        if not _finite(weight):
+            return None, _weight_problem(target, *NOT_FINITE)
+        return None, _weight_problem(target, e.found, e.allowed)
+    if not q.stats.finite and not _finite(weight):
+        return None, _weight_problem(target, *NOT_FINITE)
     del weight
     p = placed(target.name, target.dtype, q, names, opset)
     after = 0
@@ -320,6 +321,16 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
         q.stats.relative, q.stats.max_abs, q.stats.cosine, _float_bytes(target), after,
         time.perf_counter() - started, notes)
     return layer, p.nodes
+
+
+NOT_FINITE = ("NaN or infinity among its values", "finite weights")
+
+
+def _weight_problem(target, found: str, allowed: str) -> Problem:
+    """A Problem naming the weight's input of its first reader."""
+    u = target.uses[0]
+    return Problem(f"{planning.WEIGHT_INPUT[u.op][1]} ({target.name!r})", found, allowed,
+                   op=u.op, node=u.node, node_index=u.index, graph=u.graph)
 
 
 def _finite(weight: np.ndarray) -> bool:

@@ -146,52 +146,68 @@ def test_two_bit_search_lowers_the_error_to_near_the_exhaustive_bound(symmetric,
 
 
 def _spied(monkeypatch):
-    """native.rtn_levels recording, per call, the path that ran and the thread it ran on."""
+    """native.rtn_levels and native.rtn_tile recording, per call, the path that ran ("numpy" where
+    the compiled kernel left the work to NumPy) and the thread it ran on."""
     import threading
 
     from dyndq.kernels import native
 
-    calls, real = [], native.rtn_levels
+    calls = []
+    for name in ("rtn_levels", "rtn_tile"):
+        def spy(*args, real=getattr(native, name), name=name):
+            out = real(*args)
+            calls.append((name if out is not None else "numpy", threading.current_thread().name))
+            return out
 
-    def spy(*args):
-        out = real(*args)
-        calls.append(("compiled" if out is not None else "numpy", threading.current_thread().name))
-        return out
-
-    monkeypatch.setattr(native, "rtn_levels", spy)
+        monkeypatch.setattr(native, name, spy)
     return calls
 
 
-def _same(a, b):
+def _same(a, b, sums: str = "bit for bit"):
+    """The same codes, scales and zero points, byte for byte; the error sums bit for bit, or
+    (sums="close") to 1e-12 relative: float64 sums added in another order (the compiled tile adds
+    per column, NumPy's einsum in its own order), the largest difference the same."""
     assert a.codes.dtype == b.codes.dtype and a.scales.dtype == b.scales.dtype
     np.testing.assert_array_equal(a.codes.view(np.uint8), b.codes.view(np.uint8))
     np.testing.assert_array_equal(a.scales.view(np.uint8), b.scales.view(np.uint8))
     if a.zero_points is not None:
         np.testing.assert_array_equal(a.zero_points.view(np.uint8), b.zero_points.view(np.uint8))
-    assert a.stats == b.stats  # (the error sums too, bit for bit)
+    if sums == "bit for bit":
+        assert a.stats == b.stats
+    else:
+        for name in ("sq_error", "sq_weight", "sq_dequantized", "dot"):
+            assert getattr(a.stats, name) == pytest.approx(getattr(b.stats, name), rel=1e-12), name
+        assert a.stats.max_abs == b.stats.max_abs
 
 
+@pytest.mark.parametrize("scale_dtype, compiled", [(np.float32, "rtn_tile"), (np.float16, "rtn_levels")])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("shape, axis", [((300, 1000), 0), ((1000, 300), 1), ((4, 260, 300), 1)])
-def test_threads_and_the_compiled_levels_give_one_threads_bytes(monkeypatch, bits, shape, axis):
-    """A weight's blocks on two threads, with the compiled levels (kernels/_native.c) or NumPy's,
-    give the bytes and error sums of one thread on NumPy's (each run checked to take its path)."""
+def test_threads_and_the_compiled_path_give_one_threads_bytes(monkeypatch, bits, shape, axis, scale_dtype, compiled):
+    """A weight's blocks on two threads give the bytes and error sums of one thread, on NumPy's
+    path and on the compiled one (kernels/_native_quantize.h: the whole tile in place for float32
+    scales, the levels alone for float16 ones); the two paths the same bytes, their sums to 1e-12
+    (each run checked to take its path, on the threads it says)."""
     from dyndq.kernels import native
     from dyndq.kernels.parallel import tuned
 
     w = heavy(shape, seed=bits, df=3)
     calls = _spied(monkeypatch)
-    kw = dict(axis=axis, group_size=128, bits=bits)
-    with tuned(native=False, cores=1):
-        alone = quantize_weight(w, **kw)
-    assert {path for path, _ in calls} == {"numpy"} and {t for _, t in calls} == {"MainThread"}
-    calls.clear()
-    with tuned(native=False, cores=2):
-        _same(quantize_weight(w, **kw), alone)
-    assert {path for path, _ in calls} == {"numpy"} and any(t.startswith("dyndq-quantize") for _, t in calls)
+    kw = dict(axis=axis, group_size=128, bits=bits, scale_dtype=scale_dtype)
+
+    def run(native_on: bool, cores: int, path: str):
+        calls.clear()
+        with tuned(native=native_on, cores=cores):
+            q = quantize_weight(w, **kw)
+        assert {p for p, _ in calls} == {path}
+        threads = {t for _, t in calls}
+        assert threads == {"MainThread"} if cores == 1 else any(t.startswith("dyndq-quantize") for t in threads)
+        return q
+
+    alone = run(False, 1, "numpy")
+    _same(run(False, 2, "numpy"), alone)
     if not native.built():
-        pytest.skip(f"the compiled levels are not here ({native.info()['why']}); NumPy's were checked on threads")
-    calls.clear()
-    with tuned(native=True, cores=2):
-        _same(quantize_weight(w, **kw), alone)
-    assert {path for path, _ in calls} == {"compiled"}
+        pytest.skip(f"the compiled kernel is not here ({native.info()['why']}); NumPy's path was checked on threads")
+    compiled_alone = run(True, 1, compiled)
+    _same(run(True, 2, compiled), compiled_alone)
+    _same(compiled_alone, alone, sums="bit for bit" if compiled == "rtn_levels" else "close")
