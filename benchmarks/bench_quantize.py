@@ -6,7 +6,7 @@ Builds a decoder-like float32 model (token embedding, blocks of RMSNorm, attenti
 projections, a SiLU-gated MLP, residual adds, an LM head; Student-t weights with 4 degrees of
 freedom, seeded) and measures, side by side:
 - quantize time: dyndq (rtn, search) and ONNX Runtime's MatMulNBitsQuantizer (its default RTN,
-  and HQQ when torch is installed: `pip install torch`), 4 bits, groups of 128, asymmetric,
+  and HQQ when torch is installed: `make test-torch` installs it), 4 bits, groups of 128, asymmetric,
   MatMul and Gather (HQQ: MatMul only, it quantizes no Gather);
 - that dyndq's rtn gives ONNX Runtime's very codes, scales and zero points;
 - the size ratio, the reconstruction error over the MatMul weights (relative Frobenius, max
@@ -187,9 +187,10 @@ def dyndq_weights(model: onnx.ModelProto) -> dict:
 # -- the low-bit formats ---------------------------------------------------------------------
 
 
-def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> None:
-    """2 bits in groups of 128 (dyndq rtn and search, ONNX Runtime's 2-bit RTN: MatMul only, as it
-    quantizes no Gather at 2 bits), MXFP4 and NVFP4 (MatMul only, to compare like with like): time,
+def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int, slow_rounds: int, hqq: bool) -> None:
+    """2 bits in groups of 128 (dyndq rtn and search, ONNX Runtime's 2-bit RTN and, with torch, its
+    2-bit HQQ: MatMul only, as it quantizes no Gather at 2 bits), MXFP4 and NVFP4 (MatMul only, to
+    compare like with like; search and HQQ timed in `slow_rounds` runs, the others in `repeat`): time,
     the model's tensors after / before, the reconstruction error over the MatMul weights, whether
     dyndq's 2-bit rtn is ONNX Runtime's value for value, and the output error."""
     from dyndq.runner import clear_cache
@@ -199,6 +200,7 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
         "ORT RTN, 2 bits": lambda: ort_quantize(model, "rtn", bits=2),
         "dyndq rtn, 2 bits": lambda: dyndq.quantize(model, bits=2, **only)[0],
         "dyndq search, 2 bits": lambda: dyndq.quantize(model, bits=2, method="search", **only)[0],
+        **({"ORT HQQ, 2 bits": lambda: ort_quantize(model, "hqq", bits=2)} if hqq else {}),
         "dyndq mxfp4": lambda: dyndq.quantize(model, format="mxfp4", **only)[0],
         "dyndq nvfp4": lambda: dyndq.quantize(model, format="nvfp4", **only)[0],
         "dyndq rtn, 4 bits (beside)": lambda: dyndq.quantize(model, **only)[0],
@@ -210,7 +212,7 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int) -> 
     print(f"  {'':28s} {'time':>8s}  {'tensors':>8s}  {'rel. error':>10s}  {'max abs':>8s}  {'cosine':>8s}  output rel. / cosine")
     theirs_2 = None  # (ONNX Runtime's 2-bit model, until dyndq's 2-bit rtn is compared with it)
     for label, run in runs.items():
-        t, quantized = timed(run, repeat)
+        t, quantized = timed(run, slow_rounds if "search" in label or "HQQ" in label else repeat)
         ratio = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
                     for x in quantized.graph.initializer) / floats
         weights = matmulnbits_weights(quantized) if label.startswith("ORT") else dyndq_weights(quantized)
@@ -583,7 +585,7 @@ def main(argv=None) -> int:
     print(f"  ({memory()})")
     # 7. the low-bit formats: 2 bits (rtn, search, ONNX Runtime's 2-bit RTN), MXFP4, NVFP4
     if not args.no_low_bit:
-        low_bit(model, matmuls, floats, args.repeat)
+        low_bit(model, matmuls, floats, args.repeat, args.slow_rounds, hqq)
         print(f"  ({memory()})")
     # 8. mixed widths under a budget, at uniform 4-bit search's bits per weight
     if not args.no_mixed:
