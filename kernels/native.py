@@ -159,20 +159,25 @@ def rtn_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax: in
     return out
 
 
+RTN_RULES = {"matmul": 0, "gather": 1}  # (kernels/_native_quantize.h, RULE_*)
+
+
 def rtn_tile(w3: np.ndarray, levels3: np.ndarray, scales3: np.ndarray, zeros3: np.ndarray, group: int, qmax: int,
-             symmetric: bool, o: tuple, k: tuple, n: tuple) -> tuple | None:
-    """ONNX Runtime's MatMul RTN on the tile [o0, o1) x [k0, k1) x [n0, n1) of the C-contiguous
-    float32 weight `w3` [outer, length, inner], quantized along its middle axis in groups of
-    `group` (dyndq/quantization/numerics.py), in one compiled pass read in place: its levels
-    written into `levels3` [outer, padded, inner] (uint8), its scales and zero levels into
-    `scales3` (float32) and `zeros3` (uint8) [outer, padded / group, inner]; returns (every value
-    finite, sq_error, sq_weight, sq_dequantized, dot, max_abs), or None when the compiled kernel
-    is not built or is switched off (TUNING.native)."""
+             symmetric: bool, rule: str, o: tuple, k: tuple, n: tuple) -> tuple | None:
+    """ONNX Runtime's RTN by `rule` ("matmul" or "gather", dyndq/quantization/rtn.py) on the tile
+    [o0, o1) x [k0, k1) x [n0, n1) of the C-contiguous float32 weight `w3` [outer, length, inner],
+    quantized along its middle axis in groups of `group` (dyndq/quantization/numerics.py), in one
+    compiled pass read in place: its levels written into `levels3` [outer, padded, inner]
+    (uint8), its scales and zero levels into `scales3` (float32) and `zeros3` (uint8) [outer,
+    padded / group, inner].  Returns (done, sq_error, sq_weight, sq_dequantized, dot, max_abs):
+    done False where the caller's NumPy path must redo the tile (a value beyond float32's range,
+    or a group of zeros with a -0 in it: kernels/_native_quantize.h, TileSums); None when the
+    compiled kernel is not built or is switched off (TUNING.native)."""
     if _native is None or not T.native:
         return None
     _, length, inner = w3.shape
     return _native.rtn_tile(w3, levels3, scales3, zeros3, length, levels3.shape[1], inner, group, int(qmax),
-                            bool(symmetric), *o, *k, *n)
+                            bool(symmetric), RTN_RULES[rule], *o, *k, *n)
 
 
 def dequantize(src, scales, zps, vshape, varies, out, threads=None, count_p=None):

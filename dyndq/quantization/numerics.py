@@ -166,11 +166,12 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     n_block = max(1, min(inner, BLOCK_ELEMENTS // k_block))
     o_block = max(1, BLOCK_ELEMENTS // (k_block * n_block))
 
-    # ONNX Runtime's MatMul RTN on a float32 weight with float32 scales, the common case, runs in
+    # ONNX Runtime's RTN (either rule) on a float32 weight with float32 scales, the common case, runs in
     # place in one compiled pass per block (native.rtn_tile: no transposing copy, no float64
-    # copies for the sums); every other case, and a block with a value beyond float32's range
-    # (which `_within_range` steps back), takes the NumPy path below, the same bytes.
-    in_place = (method == "rtn" and rule == "matmul" and weight.dtype == np.float32 and scale_dtype == np.float32
+    # copies for the sums); every other case, and a block the tile hands back (a value beyond
+    # float32's range, which `_within_range` steps back; a group of zeros with a -0, whose scale's
+    # sign NumPy's min and max decide), takes the NumPy path below, the same bytes.
+    in_place = (method == "rtn" and weight.dtype == np.float32 and scale_dtype == np.float32
                 and native.built())
     if in_place:
         w3 = np.ascontiguousarray(w3)
@@ -178,7 +179,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     def one_block(o: int, k: int, n: int) -> ErrorStats:
         """Block (o, k, n) quantized into its own parts of levels3, scales3 and zeros3; its error sums."""
         if in_place:
-            sums = native.rtn_tile(w3, levels3, scales3, zeros3, group, qmax_of(bits), symmetric,
+            sums = native.rtn_tile(w3, levels3, scales3, zeros3, group, qmax_of(bits), symmetric, rule,
                                    (o, min(o + o_block, outer)), (k, min(k + k_block, length)),
                                    (n, min(n + n_block, inner)))
             if sums is not None and sums[0]:
