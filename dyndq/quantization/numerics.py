@@ -24,7 +24,8 @@ level until it is finite (`_within_range`): the value just inside the range, whe
 Runtime's would be infinite.
 
 Pure NumPy and ml_dtypes, and our kernel for the values the graph gives back (and for rtn's
-levels, rtn.matmul_levels): no onnx here.
+levels, rtn.matmul_levels; for rtn on a float32 weight with float32 scales, the whole tile,
+native.rtn_tile): no onnx here.
 """
 from __future__ import annotations
 

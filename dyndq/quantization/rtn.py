@@ -1,7 +1,9 @@
 """Round to nearest (RTN), exactly as ONNX Runtime's weight-only quantizer rounds.
 
 NumPy on one block of groups (the matmul rule's levels in our compiled kernel where it is
-built, `matmul_levels`): `groups` is [rows, n_groups, group_length] (one group is
+built, `matmul_levels`); for a float32 weight with float32 scales both rules run instead in
+the compiled kernel on the weight in place (kernels/_native_quantize.h, rtn_tile, called by
+numerics.py), the same bytes: `groups` is [rows, n_groups, group_length] (one group is
 `group_length` consecutive elements along the quantization axis); the result is the level of
 every element, the zero level and the scale of every group (see `Levels`).
 
