@@ -63,14 +63,12 @@ from ..rewrite import GraphView, Rewrite
 from ..rules import LIFT, WRITE, rule, says_why
 from . import float_zero_points as fzp
 from . import shared
-from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
+from .shared import ACCURACY_LEVEL, CODE_TYPES, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
 OP = "MatMulNBits"
 QUALNAME = f"{MS_DOMAIN}::{OP}"
 
 
-# The codes' type of each width MatMulNBits takes (half-integer zero points: float_zero_points).
-CODE_TYPES = {2: "uint2", 4: "uint4", 8: "uint8"}
 # the bits each code type of ours is written back with (signed codes shifted by 2^(bits-1))
 BITS_OF = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
 
