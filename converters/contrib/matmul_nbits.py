@@ -252,7 +252,7 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
 @dataclass(frozen=True)
 class _Chain:
     """What the write of one MatMulNBits found: the codes, scales and zero points (unsigned),
-    and the nodes from the DynamicDequantize to the MatMul."""
+    the nodes from the DynamicDequantize to the MatMul, and the form the lift remembered."""
 
     inputs: tuple
     codes: np.ndarray
@@ -265,6 +265,7 @@ class _Chain:
     matmul: onnx.NodeProto
     K: int
     t: str
+    form: dict  # (shared.lifted_from's: empty when the node was not lifted from MatMulNBits)
     doubled: bool = False  # the lifted form of half-integer zero points: codes 2q, zero points 2zp, scales / 2
 
 
@@ -313,7 +314,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
         why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
             return _Chain((src, s, z), codes, scales, zero.astype(np.int64), form["bits"], 0, block, nodes, matmul, K,
-                          t, doubled=True)
+                          t, form, doubled=True)
         if src_type not in BITS_OF:
             return f"the doubled form of half-integer zero points no longer holds: {why}"
     bits = BITS_OF[src_type]
@@ -321,7 +322,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     zero = zero.astype(np.int64) + shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
-    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t)
+    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form)
 
 
 def _accuracy_level_problem(value) -> str | None:
@@ -337,13 +338,12 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the MatMul it feeds) as one MatMulNBits."""
     (src, s, z), codes, scales, zero, bits, shift, block = \
         found.inputs, found.codes, found.scales, found.zero, found.bits, found.shift, found.block
-    nodes, matmul, K, t = found.nodes, found.matmul, found.K, found.t
+    nodes, matmul, K, t, form = found.nodes, found.matmul, found.K, found.t, found.form
     if found.doubled:  # back to q, zp and scales: exact (the lift halved exactly what it doubles now)
         codes, zero, scales = codes.astype(np.int64) // 2, zero / 2, (scales * 2).astype(scales.dtype)
     k_pad, N = codes.shape
     blocks = k_pad // block
     a = matmul.input[0]
-    form = shared.lifted_from(node, QUALNAME)
 
     bias, last = _bias(view, matmul, N, t)
     replaced = rw.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
