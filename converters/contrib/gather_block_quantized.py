@@ -161,10 +161,7 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     ctx.output_as(out, node.output[0])
     shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    lifted = rw.lifted(node, ctx, new, shown, padded=padded)
-    if code_type == "uint2":
-        lifted.domains[DOMAIN] = 3  # (2-bit codes: version 3's)
-    return lifted
+    return rw.lifted(node, ctx, new, shown, padded=padded)
 
 
 # == writing for ONNX Runtime ==================================================================================

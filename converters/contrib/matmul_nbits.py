@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
@@ -204,10 +204,7 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     before = sum(view.constant(n).nbytes for n in (b, s, z) if n)
     notes = [fzp.cost(f"{QUALNAME} {node.name or node.output[0]!r}", before, new.tensors, code_type, zps_type)] \
         if doubled else []
-    lifted = rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
-    v2 = code_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("src") and zps_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("zps")
-    lifted.domains[DOMAIN] = 2 if v2 else 3  # (2-bit codes, uint16 or int16: version 3's types)
-    return lifted
+    return rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
