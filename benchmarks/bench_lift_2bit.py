@@ -74,10 +74,10 @@ def half_zero_points(size: int, block: int = 32) -> onnx.ModelProto:
 
 
 def stored_bytes(model: onnx.ModelProto) -> int:
-    from dyndq.opdefs import dtypes
+    """The model's initializers' bytes, sub-byte codes packed."""
+    from dyndq.converters.contrib.float_zero_points import packed_bytes
 
-    return sum(-(-int(np.prod(t.dims, dtype=np.int64)) * dtypes.by_onnx(t.data_type).bits // 8)
-               for t in model.graph.initializer)
+    return sum(packed_bytes(t) for t in model.graph.initializer)
 
 
 def session(model: onnx.ModelProto):

@@ -34,6 +34,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.files import save_model
 from dyndq.quantization.numerics import ErrorStats
+from dyndq.quantization.quantizer import stored_bytes
 from dyndq.quantization.rtn import rtn
 from dyndq.quantization.search import exhaustive, search, squared_error
 
@@ -213,8 +214,7 @@ def low_bit(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int, slo
     theirs_2 = None  # (ONNX Runtime's 2-bit model, until dyndq's 2-bit rtn is compared with it)
     for label, run in runs.items():
         t, quantized = timed(run, slow_rounds if "search" in label or "HQQ" in label else repeat)
-        ratio = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
-                    for x in quantized.graph.initializer) / floats
+        ratio = sum(stored_bytes(x) for x in quantized.graph.initializer) / floats
         weights = matmulnbits_weights(quantized) if label.startswith("ORT") else dyndq_weights(quantized)
         stats = ErrorStats()
         same = True
@@ -274,8 +274,7 @@ def mixed_widths(model: onnx.ModelProto, matmuls: list, floats: int, repeat: int
             report = None
         else:
             t, (quantized, report) = timed(run, repeat) if "search" not in name else (t_u, run())
-        tensors = sum(len(x.raw_data) if x.HasField("raw_data") else nh.to_array(x).nbytes
-                      for x in quantized.graph.initializer) / floats
+        tensors = sum(stored_bytes(x) for x in quantized.graph.initializer) / floats
         weights = matmulnbits_weights(quantized) if run is None else dyndq_weights(quantized)
         stats = ErrorStats()
         for w_name in matmuls:  # (one float weight in memory at a time)
@@ -479,8 +478,7 @@ def main(argv=None) -> int:
     t_search, (ours_search, report_search) = t["search"], results["search"]
     t_ort, ort_rtn = t["ort"], results["ort"]
     t_matmul, (ours_matmul, _) = t["matmul"], results["matmul"]
-    stored = lambda m: sum(len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
-                           for t in m.graph.initializer) / floats
+    stored = lambda m: sum(stored_bytes(t) for t in m.graph.initializer) / floats  # noqa: E731
     rows.append(("dyndq rtn (--no-evaluate)", t_rtn, stored(ours_rtn)))
     rows.append(("dyndq rtn, with evaluation (the default)", t["rtn+eval"], stored(ours_rtn)))
     rows.append(("dyndq search", t_search, stored(ours_search)))

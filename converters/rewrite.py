@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, TensorSpec
+from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, DYNAMIC_DEQUANTIZE_3, TensorSpec, dtypes
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.types import attribute_values
 
@@ -118,15 +118,37 @@ def context(view: GraphView, base: str) -> LoweringContext:
 
 def lifted(node: onnx.NodeProto, ctx: LoweringContext, new: Constants, form: str, *, padded: bool,
            broadcast: bool = False, notes=()) -> Rewrite:
-    """The Rewrite of a lift: `node` replaced by the context's nodes (DynamicDequantize-2 and
-    standard ops, a Slice among them when `padded`, an Add broadcasting a bias when `broadcast`)."""
+    """The Rewrite of a lift: `node` replaced by the context's nodes (DynamicDequantize and
+    standard ops, a Slice among them when `padded`, an Add broadcasting a bias when `broadcast`),
+    importing the DynamicDequantize version their dtypes need (`lifted_version`)."""
     need, why = 1, ""
     if broadcast:
         need, why = BROADCAST_OPSET, "Add broadcasting the bias"
     if padded:
         need, why = SLICE_OPSET, "Slice with its bounds as inputs, cutting the padding"
-    return Rewrite([node], list(ctx.nodes), new.tensors, form, list(notes), domains={DOMAIN: 2, "": need},
-                   derived=new.derived, needs_why=why)
+    return Rewrite([node], list(ctx.nodes), new.tensors, form, list(notes),
+                   domains={DOMAIN: lifted_version(ctx, new), "": need}, derived=new.derived, needs_why=why)
+
+
+def lifted_version(ctx: LoweringContext, new: Constants) -> int:
+    """The DynamicDequantize version a lift's nodes need: 2 (every lift makes per_group nodes),
+    3 where an input's dtype is only version 3's (2-bit or 16-bit codes, int32 zero points beside
+    uint16 codes...) or a node sets output_dtype. Each input's dtype is its new constant's, else
+    the model's; one unknown takes version 3, which holds every node version 2 does."""
+    made = {t.name: dtypes.by_onnx(t.data_type).name for t in new.tensors}
+    for n in ctx.nodes:
+        if n.domain != DOMAIN or n.op_type != "DynamicDequantize":
+            continue
+        if "output_dtype" in attribute_values(n):
+            return 3
+        for param, name in zip(("src", "scales", "zps"), n.input):
+            if not name:
+                continue
+            spec = None if name in made else ctx.spec(name)
+            dtype = made.get(name, spec.dtype if spec is not None else None)
+            if dtype not in DYNAMIC_DEQUANTIZE_2.allowed_dtypes(param):
+                return DYNAMIC_DEQUANTIZE_3.since_version
+    return DYNAMIC_DEQUANTIZE_2.since_version
 
 
 def slice_to(ctx: LoweringContext, value: str, axis: int, length: int) -> str:

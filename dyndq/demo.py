@@ -135,14 +135,14 @@ def demo_input(seed: int = SEED, batch: int = BATCH) -> np.ndarray:
 
 def describe_node(node: onnx.NodeProto, types: dict[str, str] | None = None) -> str:
     """One line: op, inputs (with types when known) -> outputs, attributes."""
+    from dyndq.plumbing.names import op_name
     from dyndq.plumbing.types import attribute_values
 
     types = types or {}
-    op = node.op_type if not node.domain else f"{node.domain}::{node.op_type}"
     ins = ", ".join(f"{n} {types[n]}" if n in types else (n or "''") for n in node.input)
     outs = ", ".join(node.output)
     shown = " ".join(f"{k}={_attribute_text(v)}" for k, v in attribute_values(node).items())
-    return f"{op}({ins}) -> {outs}" + (f"  {shown}" if shown else "")
+    return f"{op_name(node)}({ins}) -> {outs}" + (f"  {shown}" if shown else "")
 
 
 def _attribute_text(value) -> str:

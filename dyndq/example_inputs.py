@@ -4,8 +4,8 @@ run a model on where the user gives no inputs (one piece for both, so that both 
 Floats are drawn from N(0, 1), booleans at random, integers that reach a Gather's indices
 (directly or through Cast, Reshape, Unsqueeze, Squeeze, Flatten, Identity) across the rows of
 the table they index (token ids across an embedding's vocabulary), other integers in 0..3; a
-dimension without a fixed size (a symbol, or -1 or 0 as exporters such as paddle2onnx write a
-dynamic one) is OPEN_DIM long.
+dimension without a fixed size (`plumbing.types.open_dim`: a symbol, none, or -1 as exporters
+such as paddle2onnx write a dynamic one) is OPEN_DIM long; a dim_value of 0 is a fixed, empty one.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def example_feeds(model: onnx.ModelProto, rng: np.random.Generator, skip=(), cov
     """One array per graph input (not an initializer, nor named in `skip`), drawn from `rng` as
     the module doc says; `cover_ends`: an index input holds its table's first and last row too.
     `bounds`: `index_bounds(model)`, when the caller has it already."""
-    from dyndq.plumbing.types import spec_of_type
+    from dyndq.plumbing.types import open_dim, spec_of_type
 
     initializers = {t.name for t in model.graph.initializer}
     bounds = index_bounds(model) if bounds is None else bounds
@@ -35,8 +35,7 @@ def example_feeds(model: onnx.ModelProto, rng: np.random.Generator, skip=(), cov
         spec = spec_of_type(vi.type)
         if spec is None or spec.dtype is None:
             raise ValueError(f"graph input {vi.name!r}: its type is not a known tensor type; give it with --input")
-        # (NumPy refuses a negative size: -1 and 0 are an exporter's dynamic dimension)
-        shape = tuple(d if isinstance(d, int) and d > 0 else OPEN_DIM for d in (spec.shape or ()))
+        shape = tuple(OPEN_DIM if open_dim(d) else d for d in (spec.shape or ()))
         kind = dtypes.by_name(spec.dtype)
         if kind.name == "bool":
             feeds[vi.name] = rng.random(shape) < 0.5

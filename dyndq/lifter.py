@@ -44,7 +44,7 @@ from dyndq.converters.rules import LIFT, apply, rules
 from dyndq.files import model_of
 from dyndq.opdefs import all_versions
 from dyndq.plumbing.ir import model_ir
-from dyndq.plumbing.names import NameScope, all_names
+from dyndq.plumbing.names import NameScope, all_names, op_name
 from dyndq.plumbing.opsets import import_at_least
 
 log = logging.getLogger("dyndq.lift")
@@ -96,7 +96,7 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
     report = LiftReport()
     outcomes = apply(out, rules(LIFT), value_types(out), NameScope(all_names(out)))
     for o in outcomes:
-        op = f"{o.node.domain}::{o.node.op_type}" if o.node.domain not in ("", "ai.onnx") else o.node.op_type
+        op = op_name(o.node)
         if o.rewrite is None:
             report.skipped.append(SkippedNode(o.graph, o.name, o.reason, op))
             continue

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import onnx
 
+from dyndq.plumbing.names import op_name
 from dyndq.plumbing.walk import graphs
 from dyndq.opdefs import Problem, ValidationError
 
@@ -176,5 +177,4 @@ def _maker(model: onnx.ModelProto, name: str) -> str:
     node = next((n for n in model.graph.node if name in n.output), None)
     if node is None:
         return "not made by a node"
-    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-    return f"made by {op} {node.name!r}" if node.name else f"made by {op}"
+    return f"made by {op_name(node)} {node.name!r}" if node.name else f"made by {op_name(node)}"

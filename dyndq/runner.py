@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from dyndq.plumbing.types import spec_of_type
+from dyndq.plumbing.types import open_dim, spec_of_type
 from dyndq.opdefs import Problem, TensorSpec, ValidationError, dtypes
 from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtBoundary, where it was first defined)
 from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
@@ -270,7 +270,7 @@ def _value_problem(name: str, spec: TensorSpec, array, role: str) -> Problem | N
         if array.ndim != len(spec.shape):
             return Problem(name, f"{found} (rank {array.ndim})", f"rank {len(spec.shape)}: {allowed}")
         for i, (want, got) in enumerate(zip(spec.shape, array.shape)):
-            if isinstance(want, int) and want >= 0 and want != got:  # (-1: a dynamic size, as exporters write it)
+            if not open_dim(want) and want != got:
                 return Problem(name, f"{found} (dimension {i} is {got})", f"dimension {i} = {want}: {allowed}")
     return None
 

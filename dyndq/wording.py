@@ -1,6 +1,7 @@
 """Small helpers for messages in plain English."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 
@@ -44,6 +45,18 @@ def first_line(e: BaseException) -> str:
     """An exception's message, first line only (its type's name when it has none)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def engine_error(e: BaseException) -> str:
+    """An engine's error in one line, for a user: ONNX Runtime's without its "[ONNXRuntimeError] :
+    1 : FAIL :" prefix; OpenVINO's (many lines: where it was thrown, the check, then what failed)
+    its last line that says what failed. The one cleaner for the parity check and the CLI."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    frames = ("Exception from", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:", "-- Conversion",
+              "While validating")
+    said = [line for line in lines if not line.startswith(frames)]
+    text = said[-1] if said and len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
 
 
 def table(header: list[str], rows: list[list[str]], wrap: int = 56) -> list[str]:

@@ -136,7 +136,7 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     rank, length = codes.ndim, codes.shape[qa]
     blocks = -(-length // block)
     new = rw.Constants(view.names)
-    code_type = {2: "uint2", 4: "uint4"}.get(bits, kind) if kind == "uint8" else kind
+    code_type = shared.CODE_TYPES[bits] if kind == "uint8" else kind
     zero_name = None
     padded = blocks * block != length
     if kind == "uint8" or padded:
@@ -161,10 +161,7 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     ctx.output_as(out, node.output[0])
     shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    lifted = rw.lifted(node, ctx, new, shown, padded=padded)
-    if code_type == "uint2":
-        lifted.domains[DOMAIN] = 3  # (2-bit codes: version 3's)
-    return lifted
+    return rw.lifted(node, ctx, new, shown, padded=padded)
 
 
 # == writing for ONNX Runtime ==================================================================================
@@ -236,12 +233,13 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
                     f"quantize_axis last, not {ga} and {qa}")
         if bits == 2 and length % 4:
             return f"2-bit codes: rows of {length} codes, not whole bytes of 4 (uint8 data holds 4 codes a byte)"
-    lo, hi = (0, 3) if bits == 2 else dtypes.integer_range(dtypes.by_name(data_type))
+    code_type = shared.CODE_TYPES[bits] if data_type == "uint8" else data_type  # (uint8 data: codes of `bits` bits)
+    lo, hi = dtypes.integer_range(code_type)
     values = codes.astype(np.int64)[keep] + shift
     # the zero points as the contrib op's codes; absent (ours: 0) becomes explicit where its default differs
     zero_values = (np.zeros(scales.shape, np.int64) if zero is None else zero.astype(np.int64)) + shift
     if zero_values.min(initial=lo) < lo or zero_values.max(initial=hi) > hi:
-        return f"zero points outside {data_type}'s range"
+        return f"zero points outside {code_type}'s range"
     return _Chain((src, s, z), codes, values, zero, zero_values, data_type, bits, shift, block, qa, ga, length, nodes,
                   gather)
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, DYNAMIC_DEQUANTIZE_2, PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
@@ -63,14 +63,12 @@ from ..rewrite import GraphView, Rewrite
 from ..rules import LIFT, WRITE, rule, says_why
 from . import float_zero_points as fzp
 from . import shared
-from .shared import ACCURACY_LEVEL, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
+from .shared import ACCURACY_LEVEL, CODE_TYPES, MS_DOMAIN, MS_OPSET, RUNTIME_FLOATS
 
 OP = "MatMulNBits"
 QUALNAME = f"{MS_DOMAIN}::{OP}"
 
 
-# The codes' type of each width MatMulNBits takes (half-integer zero points: float_zero_points).
-CODE_TYPES = {2: "uint2", 4: "uint4", 8: "uint8"}
 # the bits each code type of ours is written back with (signed codes shifted by 2^(bits-1))
 BITS_OF = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
 
@@ -206,10 +204,7 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     before = sum(view.constant(n).nbytes for n in (b, s, z) if n)
     notes = [fzp.cost(f"{QUALNAME} {node.name or node.output[0]!r}", before, new.tensors, code_type, zps_type)] \
         if doubled else []
-    lifted = rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
-    v2 = code_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("src") and zps_type in DYNAMIC_DEQUANTIZE_2.allowed_dtypes("zps")
-    lifted.domains[DOMAIN] = 2 if v2 else 3  # (2-bit codes, uint16 or int16: version 3's types)
-    return lifted
+    return rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
@@ -254,7 +249,7 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
 @dataclass(frozen=True)
 class _Chain:
     """What the write of one MatMulNBits found: the codes, scales and zero points (unsigned),
-    and the nodes from the DynamicDequantize to the MatMul."""
+    the nodes from the DynamicDequantize to the MatMul, and the form the lift remembered."""
 
     inputs: tuple
     codes: np.ndarray
@@ -267,6 +262,7 @@ class _Chain:
     matmul: onnx.NodeProto
     K: int
     t: str
+    form: dict  # (shared.lifted_from's: empty when the node was not lifted from MatMulNBits)
     doubled: bool = False  # the lifted form of half-integer zero points: codes 2q, zero points 2zp, scales / 2
 
 
@@ -315,7 +311,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
         why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
             return _Chain((src, s, z), codes, scales, zero.astype(np.int64), form["bits"], 0, block, nodes, matmul, K,
-                          t, doubled=True)
+                          t, form, doubled=True)
         if src_type not in BITS_OF:
             return f"the doubled form of half-integer zero points no longer holds: {why}"
     bits = BITS_OF[src_type]
@@ -323,7 +319,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     zero = zero.astype(np.int64) + shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
-    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t)
+    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form)
 
 
 def _accuracy_level_problem(value) -> str | None:
@@ -339,13 +335,12 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     """A DynamicDequantize-2 (and the MatMul it feeds) as one MatMulNBits."""
     (src, s, z), codes, scales, zero, bits, shift, block = \
         found.inputs, found.codes, found.scales, found.zero, found.bits, found.shift, found.block
-    nodes, matmul, K, t = found.nodes, found.matmul, found.K, found.t
+    nodes, matmul, K, t, form = found.nodes, found.matmul, found.K, found.t, found.form
     if found.doubled:  # back to q, zp and scales: exact (the lift halved exactly what it doubles now)
         codes, zero, scales = codes.astype(np.int64) // 2, zero / 2, (scales * 2).astype(scales.dtype)
     k_pad, N = codes.shape
     blocks = k_pad // block
     a = matmul.input[0]
-    form = shared.lifted_from(node, QUALNAME)
 
     bias, last = _bias(view, matmul, N, t)
     replaced = rw.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))

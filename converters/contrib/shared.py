@@ -31,6 +31,9 @@ LIFTED_FROM = "dyndq.lifted_from"
 ACCURACY_LEVEL = "dyndq.accuracy_level"
 # The scales (and A) types ONNX Runtime 1.32's CPU kernels of both contrib ops take.
 RUNTIME_FLOATS = ("float32", "float16")
+# Our code type of each width ONNX Runtime's contrib ops pack into uint8 (MatMulNBits' B,
+# GatherBlockQuantized's uint8 data); half-integer zero points: float_zero_points.
+CODE_TYPES = {2: "uint2", 4: "uint4", 8: "uint8"}
 
 def int_attributes(node: onnx.NodeProto, wanted: dict[str, int | None]) -> dict[str, int] | str:
     """The node's integer attributes among `wanted` (name -> default; None: required), or why not:

@@ -1,19 +1,18 @@
 """What the commands share: the Command record, the stdout that survives a closed pipe, loading
-and saving models as they came, the .npy files they write and read, and an engine's error in
-one line. The helpers that are not about the command line (naming .npy files, reading them,
-summaries, the schema as text) live in the API: dyndq.files, dyndq.arrays, dyndq.schema."""
+and saving models as they came, the .npy files they write and read. The helpers that are not
+about the command line (naming .npy files, reading them, summaries, the schema as text, an
+engine's error in one line) live in the API: dyndq.files, dyndq.arrays, dyndq.schema,
+dyndq.wording."""
 from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from dyndq.cli.exits import UsageError
-from dyndq.wording import first_line
 
 
 @dataclass(frozen=True)
@@ -136,8 +135,3 @@ def output_files(folder: str, arrays: dict) -> list[tuple[str, str, np.ndarray]]
         return npy_files(folder, arrays)
     except NpyNameClash as e:
         raise UsageError(f"--output-dir {e}") from None
-
-
-def engine_message(e: BaseException) -> str:
-    """An engine's error in one line, without ONNX Runtime's "[ONNXRuntimeError] : 1 : FAIL :" prefix."""
-    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line(e))

@@ -6,9 +6,9 @@ import json
 import shutil
 import sys
 
-from dyndq.cli.common import Command, engine_message, load, parse_inputs
+from dyndq.cli.common import Command, load, parse_inputs
 from dyndq.cli.exits import OK, PROBLEMS, ProblemsFound, UsageError
-from dyndq.wording import first_line, problem_list
+from dyndq.wording import engine_error, first_line, problem_list
 
 
 def _add_check(sub) -> None:
@@ -79,11 +79,11 @@ def _runtime_parity(args) -> int:
     except EngineMissing as e:
         raise UsageError(f"--engine {args.engine}: {e}") from None
     except ExamplesDoNotFit as e:  # inputs made up for the check that do not fit the model: give them
-        raise UsageError(f"{args.model}: {e}: {engine_message(e.__cause__)}") from None
+        raise UsageError(f"{args.model}: {e}: {engine_error(e.__cause__)}") from None
     except ValueError as e:  # an input no example can be made for
         raise UsageError(f"{args.model}: {first_line(e)}") from None
     except Exception as e:  # the engine cannot load or run the model at all
-        raise ProblemsFound(f"{args.model}: cannot run this model: {engine_message(e)}") from None
+        raise ProblemsFound(f"{args.model}: cannot run this model: {engine_error(e)}") from None
     finally:
         if progress is not None:
             _progress("")

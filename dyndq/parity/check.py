@@ -27,6 +27,7 @@ from dyndq.parity.engines import ORT_LEVELS, OPENVINO_EXACT, Setting, Tweak
 from dyndq.parity.feeds import ExamplesDoNotFit, example_feeds
 from dyndq.parity.metrics import compare, last_axis_kind
 from dyndq.parity.report import Cause, Comparison, ParityReport
+from dyndq.wording import engine_error, first_line
 
 ENGINES = ("onnxruntime", "openvino")
 
@@ -149,7 +150,7 @@ def _meaning(model, ours, fed, runs, examples) -> tuple[dict, str, bool]:
             if examples:
                 raise ExamplesDoNotFit(list(examples)) from e
             raise
-        why = _first_line(e)
+        why = first_line(e)
     try:
         values = _ort_off_everything(next(iter(runs["onnxruntime"].values())), fed)
     except Exception as e:
@@ -202,7 +203,7 @@ def _diagnose(checker: _Checker, comparison: Comparison, say) -> None:
         found, why = divergence.first_divergence(checker.model, lambda names: checker.run(Tweak(), names),
                                                  checker.reference, candidates, optimized)
     except Exception as e:  # (the engine refuses the model with values exposed)
-        found, why = None, f"the engine cannot run the model with its values exposed: {_first_line(e)}"
+        found, why = None, f"the engine cannot run the model with its values exposed: {first_line(e)}"
     comparison.first_divergence = found
     if why:
         comparison.notes.append(why)
@@ -268,23 +269,3 @@ def _ort_off_everything(model: onnx.ModelProto, feeds) -> dict:
         exposed = model
     asked = [o.name for o in exposed.graph.output]
     return engine_runs.run_onnxruntime(exposed, "off", feeds, asked)
-
-
-def engine_error(e: BaseException) -> str:
-    """An engine's error in one line: ONNX Runtime's without its "[ONNXRuntimeError] : 1 : FAIL :"
-    prefix; OpenVINO's (many lines: where it was thrown, the check, then what failed) its last line
-    that says what failed."""
-    import re
-
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    frames = ("Exception from", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:", "-- Conversion",
-              "While validating")
-    said = [line for line in lines if not line.startswith(frames)]
-    text = said[-1] if said and len(lines) > 1 else (lines[0] if lines else type(e).__name__)
-    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
-
-
-def _first_line(e: BaseException) -> str:
-    from dyndq.wording import first_line
-
-    return first_line(e)

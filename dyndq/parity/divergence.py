@@ -17,6 +17,7 @@ import onnx
 
 from dyndq.parity.metrics import compare
 from dyndq.parity.report import FirstDivergence
+from dyndq.plumbing.names import op_name
 
 
 def node_outputs(model: onnx.ModelProto) -> list[str]:
@@ -50,9 +51,6 @@ def first_divergence(model: onnx.ModelProto, run_exposed: Callable[[Sequence[str
             parity = compare(out, values[out], reference[out])
             if not parity.agrees:
                 engine_node = made_by.get(out)
-                became = None
-                if engine_node is not None:
-                    became = engine_node.op_type if engine_node.domain in ("", "ai.onnx") else \
-                        f"{engine_node.domain}::{engine_node.op_type}"
+                became = op_name(engine_node) if engine_node is not None else None
                 return FirstDivergence(node.name or out, node.op_type, out, tuple(node.input), became, parity), None
     return None, "no value inside the graph differs, only its outputs as the engine returns them"

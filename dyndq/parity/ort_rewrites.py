@@ -13,6 +13,8 @@ import collections
 
 import onnx
 
+from dyndq.plumbing.names import op_name
+
 BY_LEVEL = {
     "basic": (  # level 1: the rewrite rules first, then the transformers
         "EliminateIdentity", "EliminateSlice", "UnsqueezeElimination", "EliminateDropout", "ExpandElimination",
@@ -64,8 +66,7 @@ def disabled_names(names) -> tuple[str, ...]:
 
 
 def node_types(graph: onnx.GraphProto) -> collections.Counter:
-    return collections.Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-                               for n in graph.node)
+    return collections.Counter(op_name(n) for n in graph.node)
 
 
 def changes(before: onnx.ModelProto, after: onnx.ModelProto) -> str:

@@ -21,6 +21,12 @@ class NameScope:
         return name
 
 
+def op_name(node: onnx.NodeProto) -> str:
+    """How a message names a node's op: its type alone in the default domain ("" or "ai.onnx"),
+    else "domain::type" ("com.microsoft::MatMulNBits")."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
 def all_names(model: onnx.ModelProto) -> set[str]:
     """Every value and node name used anywhere in the model (graphs, bodies, functions)."""
     names = set()

@@ -54,6 +54,15 @@ def spec_of_type(tp: onnx.TypeProto | None) -> TensorSpec | None:
     return TensorSpec(dtype_name(tt.elem_type), tuple(dims))
 
 
+def open_dim(dim) -> bool:
+    """Whether a dimension of a spec (`spec_of_type`'s) leaves its size open: a symbol (dim_param),
+    no value at all, or a negative dim_value (-1, as exporters such as paddle2onnx write a dynamic
+    one, and ONNX Runtime reads it). A dim_value of 0 is a fixed size: ONNX's IR gives a
+    dim_value as the dimension's size and empty tensors are valid, and ONNX Runtime refuses a
+    feed of any other size there."""
+    return not isinstance(dim, int) or dim < 0
+
+
 def type_of_spec(spec: TensorSpec, like: onnx.TypeProto | None = None) -> onnx.TypeProto:
     """A tensor TypeProto for a spec; dims are copied from `like` (keeping denotations) when given."""
     tp = onnx.TypeProto()

@@ -37,3 +37,24 @@ def test_parity_and_the_evaluation_draw_alike():
     assert all(np.array_equal(ours[k], again[k]) for k in ours)
     first = seeded_samples(model, seed=7, samples=2)[0]
     assert first["ids"].shape == ours["ids"].shape  # (the same shapes: an exporter's -1 open in both)
+
+
+def test_a_zero_dim_is_a_fixed_empty_size_that_the_made_up_feeds_keep_and_onnx_runtime_runs():
+    """(ONNX's IR gives a dim_value as the size: 0 is an empty dimension, not an open one; ONNX
+    Runtime refuses a feed of another size there, and the feed check says so too)"""
+    import pytest
+
+    import dyndq
+    from dyndq.runner import FeedError
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, -1, "n", None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = example_feeds(model, np.random.default_rng(0))
+    assert feeds["x"].shape == (0, OPEN_DIM, OPEN_DIM, OPEN_DIM)
+    for engine in ("reference", "onnxruntime"):
+        assert dyndq.run(model, feeds, engine=engine)["y"].shape == (0, OPEN_DIM, OPEN_DIM, OPEN_DIM)
+        with pytest.raises(FeedError, match="dimension 0 = 0"):
+            dyndq.run(model, {"x": np.zeros((2, 1, 1, 1), np.float32)}, engine=engine)

@@ -92,6 +92,23 @@ def test_engine_build_failures_are_one_line(capsys, tmp_path):
             assert "cannot run this model" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_an_engine_error_of_many_lines_is_told_by_the_line_that_says_what_failed(capsys, tmp_path, monkeypatch):
+    from dyndq import runner
+    from dyndq.files import save_model
+
+    def refuses(*args, **kwargs):  # (as OpenVINO words it: where it was thrown first, what failed last)
+        raise RuntimeError("Exception from src/inference/src/cpp/core.cpp:112:\n"
+                           "OpenVINO does not support the following ONNX operations: acme.Quarter\n")
+
+    save_model(matmul_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", X)
+    monkeypatch.setattr(runner, "runner", refuses)
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path / 'x.npy'}")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("cannot run this model: OpenVINO does not support the following ONNX "
+                                "operations: acme.Quarter"), err
+
+
 # -- run names the node and the value; one exit code for both engines; no ORT log lines ------------
 
 def _scales_too_long(tmp_path):

@@ -168,6 +168,28 @@ def test_two_bit_rows_of_partial_bytes_are_not_written_as_uint8_data():
     assert any("2-bit codes: rows of 18 codes, not whole bytes of 4" in line for line in report.lines()), report.lines()
 
 
+def test_zero_points_outside_the_two_bit_codes_range_are_not_written():
+    """int32 zero points beside uint2 codes: one of 5 has no 2-bit code, and export says so naming
+    the codes' range (not the uint8 data's, which would take it)."""
+    zps = np.zeros((3, 2), np.int32)
+    inits = [numpy_helper.from_array(np.zeros((3, 32), np.uint8).astype(ml_dtypes.uint2), "codes"),
+             numpy_helper.from_array(np.ones((3, 2), np.float32), "scales"), numpy_helper.from_array(zps, "zps")]
+    nodes = [helper.make_node("DynamicDequantize", ["codes", "scales", "zps"], ["table"], domain=dyndq.DOMAIN,
+                              qtype="per_group", group_shape=[1, 16]),
+             helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("idx", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(dyndq.DOMAIN, 3)],
+                              ir_version=11)
+    written = dyndq.export(model, target="onnxruntime")
+    assert "GatherBlockQuantized" in {n.op_type for n in written.graph.node}  # (3 is a 2-bit code: taken)
+    zps[1, 0] = 5
+    model.graph.initializer[2].CopyFrom(numpy_helper.from_array(zps, "zps"))
+    back, report = dyndq.export_with_report(model, target="onnxruntime")
+    assert "GatherBlockQuantized" not in {n.op_type for n in back.graph.node}
+    assert any("zero points outside uint2's range" in line for line in report.lines()), report.lines()
+
+
 def test_float8_data_is_left_alone():
     data = numpy_helper.from_array(np.zeros((4, 32), np.float32).astype(ml_dtypes.float8_e4m3fn), "data")
     scales = numpy_helper.from_array(np.ones((4, 1), np.float32), "scales")

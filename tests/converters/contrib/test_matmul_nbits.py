@@ -176,6 +176,18 @@ def test_absent_zero_point_is_written_out_as_two_to_the_bits_minus_one():
         assert dyndq.export(lifted, target="onnxruntime").graph.node[0].input[3:] == []  # absent again
 
 
+@pytest.mark.parametrize("bits, zp, version", [(4, "packed", 2), (8, "absent", 2), (2, "packed", 3), (2, "half", 2),
+                                               (4, "half", 2)])
+def test_the_lift_imports_the_version_its_dtypes_need(bits, zp, version):
+    """Version 2 where its types hold the lifted node (the doubled form of 2-bit codes with
+    half-integer zero points is uint4 codes and int8 zero points), version 3 where they do not
+    (uint2 codes)."""
+    model, _, _ = matmul_nbits(64, 8, bits, 32, zp=zp, power_of_two_scales=True)
+    lifted = dyndq.lift(model)
+    assert {o.domain: o.version for o in lifted.opset_import}[dyndq.DOMAIN] == version
+    assert dyndq.check(lifted) == []
+
+
 def test_padded_k_is_kept_in_the_codes_and_cut_by_a_slice():
     model, q, _ = matmul_nbits(40, 5, 4, 32)
     lifted = dyndq.lift(model)
