@@ -305,7 +305,7 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
     p = placed(target.name, target.dtype, q, names, opset)
     after = 0
     for t in p.tensors:
-        after += _stored_bytes(t)
+        after += stored_bytes(t)
         add(t)
     for u in target.uses:
         node = scopes_by_path[u.graph].nodes[u.index]
@@ -346,7 +346,6 @@ def stored_bytes(t: onnx.TensorProto) -> int:
     return len(t.raw_data) if t.HasField("raw_data") else nbytes(t)
 
 
-_stored_bytes = stored_bytes  # (the name _one_weight calls, kept while that function is being edited elsewhere)
 
 
 def _float_bytes(target) -> int:
