@@ -34,7 +34,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.files import save_model
 from dyndq.quantization.numerics import ErrorStats
-from dyndq.quantization.quantizer import stored_bytes
+from dyndq.plumbing.light import stored_bytes
 from dyndq.quantization.rtn import rtn
 from dyndq.quantization.search import exhaustive, search, squared_error
 

@@ -65,3 +65,9 @@ def copy_fields(src, dst, skip: set[str]) -> None:
             getattr(dst, fd.name).CopyFrom(value)
         else:
             setattr(dst, fd.name, value)
+
+
+def stored_bytes(t: onnx.TensorProto) -> int:
+    """A tensor's bytes as the model stores them: its raw_data (sub-byte codes packed), else its
+    size from dims and dtype (nbytes). The benchmarks measure sizes with it too."""
+    return len(t.raw_data) if t.HasField("raw_data") else nbytes(t)

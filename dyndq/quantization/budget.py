@@ -37,7 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem
-from dyndq.plumbing.light import nbytes
+from dyndq.plumbing.light import stored_bytes
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.walk import is_constant_node
 from dyndq.quantization.fp4 import quantize_fp4
@@ -223,7 +223,7 @@ def _candidate(target, weight, choice, options) -> Candidate | None:
         return None
     # (the bytes as the quantizer writes them: its tensors, placed under throwaway names)
     p = placed(target.name, target.dtype, q, NameScope(set()), 21)
-    size = sum(len(t.raw_data) if t.HasField("raw_data") else nbytes(t) for t in p.tensors)
+    size = sum(stored_bytes(t) for t in p.tensors)
     return Candidate(choice, q, size, q.stats.relative)
 
 

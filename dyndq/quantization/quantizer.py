@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
 from dyndq.plumbing.ir import model_ir
-from dyndq.plumbing.light import copy_fields, nbytes
+from dyndq.plumbing.light import copy_fields, stored_bytes
 from dyndq.plumbing.names import NameScope, all_names
 from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
 from dyndq.plumbing.walk import is_constant_node, scopes
@@ -28,7 +28,6 @@ from dyndq.quantization.options import QuantizeOptions
 from dyndq.quantization.report import LayerReport, QuantizeReport
 from dyndq.quantization.rewrite import placed
 from dyndq.wording import plural
-
 
 
 class NothingToQuantize(ValidationError):
@@ -338,14 +337,6 @@ def _finite(weight: np.ndarray) -> bool:
     flat = weight.reshape(-1)
     step = 1 << 22
     return all(np.isfinite(flat[i:i + step].astype(np.float32)).all() for i in range(0, flat.size, step))
-
-
-def stored_bytes(t: onnx.TensorProto) -> int:
-    """A tensor's bytes as the model stores them: its raw_data (sub-byte codes packed), else its
-    size from dims and dtype (`plumbing.light.nbytes`). The benchmarks measure sizes with it too."""
-    return len(t.raw_data) if t.HasField("raw_data") else nbytes(t)
-
-
 
 
 def _float_bytes(target) -> int:

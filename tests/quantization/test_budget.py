@@ -16,6 +16,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.cli import main
 from dyndq.files import save_model
+from dyndq.plumbing.light import stored_bytes
 from dyndq.quantization import OptionError
 
 from quantize_models import heavy, mlp
@@ -40,10 +41,9 @@ def mixed(seed=0) -> onnx.ModelProto:
 
 def quantized_bytes(float_model, out, report) -> int:
     """Bytes of the written model's initializers beyond the float model's weights that stayed."""
-    stored = lambda t: len(t.raw_data) if t.HasField("raw_data") else nh.to_array(t).nbytes  # noqa: E731
     done = {layer.name for layer in report.layers}
-    kept = sum(stored(t) for t in float_model.graph.initializer if t.name not in done)
-    return sum(stored(t) for t in out.graph.initializer) - kept
+    kept = sum(stored_bytes(t) for t in float_model.graph.initializer if t.name not in done)
+    return sum(stored_bytes(t) for t in out.graph.initializer) - kept
 
 
 def elements(report) -> int:
