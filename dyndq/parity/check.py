@@ -27,6 +27,7 @@ from dyndq.parity.engines import ORT_LEVELS, OPENVINO_EXACT, Setting, Tweak
 from dyndq.parity.feeds import ExamplesDoNotFit, example_feeds
 from dyndq.parity.metrics import compare, last_axis_kind
 from dyndq.parity.report import Cause, Comparison, ParityReport
+from dyndq.plumbing.types import open_dim
 from dyndq.wording import engine_error, first_line
 
 ENGINES = ("onnxruntime", "openvino")
@@ -66,7 +67,13 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     model = model_of(model, "runtime_parity")
     given = dict(feeds or {})
     examples = example_feeds(model, seed, skip=given)
-    fed = fitting_feeds(graph_inputs(model), {**examples, **given})
+    inputs = graph_inputs(model)
+    fed = fitting_feeds(inputs, {**examples, **given})
+    # the made-up inputs whose sizes were guessed (a dim the model leaves open): where the engine
+    # fails, those may be why, and the user is asked for inputs; with none guessed the failure is
+    # the engine's own, told as such
+    examples = {name: examples[name] for name, spec, _ in inputs if name in examples
+                and (spec is None or spec.shape is None or any(open_dim(d) for d in spec.shape))}
 
     ours = any(o.domain in domains() for o in model.opset_import)
     runs = _runs(model, ours, engines)

@@ -117,6 +117,26 @@ def test_example_inputs_that_do_not_fit_are_named_with_the_way_out(tmp_path, cap
     assert code == 0 and "every engine setting (8) agrees" in out, err
 
 
+def unknown_op_model(dims):
+    graph = helper.make_graph([helper.make_node("Quarter", ["x"], ["y"], domain="acme")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("acme", 1)])
+
+
+def test_a_model_no_engine_runs_is_told_so_not_blamed_on_example_inputs(tmp_path, capsys):
+    """Example inputs whose sizes were all given by the model (no open dim) cannot be why an
+    engine fails: the failure is the engine's, exit 1; with an open dim the user is asked for
+    inputs, exit 2."""
+    dyndq.save_model(unknown_op_model([3]), tmp_path / "fixed.onnx")
+    code, out, err = call(capsys, "check", "--runtime-parity", tmp_path / "fixed.onnx")
+    assert code == 1 and "cannot run this model" in err and "acme:Quarter" in err, (code, err)
+    assert "example inputs" not in err, err
+    dyndq.save_model(unknown_op_model(["n"]), tmp_path / "open.onnx")
+    code, out, err = call(capsys, "check", "--runtime-parity", tmp_path / "open.onnx")
+    assert code == 2 and "example inputs made for 'x'" in err, (code, err)
+
+
 def test_openvino_asked_for_where_it_is_not_installed_is_a_usage_error(tmp_path, capsys, monkeypatch):
     from dyndq.parity import engines
 
