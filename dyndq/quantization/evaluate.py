@@ -179,6 +179,15 @@ class Evaluation:
         run = OnOrt(float_model, loaded)  # (not runner(): its cache would keep the sessions, weights and all)
         self.want = [_progress(run, f, "float", i, len(self.feeds), progress) for i, f in enumerate(self.feeds)]
         del run
+        # what is measured depends on the float model alone: found once, for every measure()
+        names = [name for name, w0 in self.want[0].items()
+                 if isinstance(w0, np.ndarray) and (w0.dtype.kind == "f" or w0.dtype.name == "bfloat16")]
+        # (an error against infinity or NaN means nothing)
+        self.unbounded = [name for name in names if not all(np.isfinite(w[name]).all() for w in self.want)]
+        self.names = [name for name in names if name not in self.unbounded]
+        self.kinds = {name: task_kind(float_model, name, [w[name].astype(np.float64) for w in self.want])
+                      for name in self.names}
+        self.described = describe_samples(self.feeds, self.given, seed, bool(index_bounds(float_model)))
         self.seconds = time.perf_counter() - started
 
     def inputs_used(self) -> dict:
@@ -191,12 +200,7 @@ class Evaluation:
         """(per output differences, how they were measured: which inputs, how long) or ([], why
         they were not)."""
         started = time.perf_counter()
-        names = [name for name, w0 in self.want[0].items()
-                 if isinstance(w0, np.ndarray) and (w0.dtype.kind == "f" or w0.dtype.name == "bfloat16")]
-        # (an error against infinity or NaN means nothing)
-        unbounded = [name for name in names if not all(np.isfinite(w[name]).all() for w in self.want)]
-        names = [name for name in names if name not in unbounded]
-        kinds = {name: task_kind(self.model, name, [w[name].astype(np.float64) for w in self.want]) for name in names}
+        names, kinds, unbounded = self.names, self.kinds, self.unbounded
         stats = {name: ErrorStats() for name in names}
         tasks = {name: [0, 0, 0.0] for name in names if kinds[name]}  # top-1 agreeing rows, rows, summed KL
         try:
@@ -222,7 +226,7 @@ class Evaluation:
                 difference.top1_agreement, difference.kl_divergence = agree / rows, kl / rows
             errors.append(difference)
         seconds = self.seconds + time.perf_counter() - started
-        note = f"{describe_samples(self.feeds, self.given, self.seed, bool(index_bounds(self.model)))}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
+        note = f"{self.described}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
         if unbounded:
             note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
         return errors, note if errors else f"not measured: no float output with finite values ({note})"
