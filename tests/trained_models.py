@@ -350,6 +350,16 @@ def decoded(probabilities: np.ndarray, chars: list[str]) -> str:
     return "".join(chars[i] for i in keep)
 
 
+def weights(model) -> dict:
+    """{name: array} of the main graph's initializers and Constant nodes' values."""
+    from onnx import numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+                if n.op_type == "Constant" and n.attribute[0].name == "value"})
+    return out
+
+
 def constants_as_initializers(model):
     """A copy of `model` whose main graph's Constant nodes (`value`) are initializers: the form
     ONNX Runtime's quantizer reads weights in (it looks for initializers only)."""
