@@ -1,12 +1,17 @@
-"""`quantize --budget` on a trained model: PP-OCR's text recognizer (tests/trained_models.py; `make
-test-models` fetches it), beside uniform 4-bit search at the same bits per weight.
+"""`quantize --budget` on a trained model, beside uniform 4-bit search at the same bits per weight:
+PP-OCR's text recognizer (`--model ppocr`, `make test-models` fetches it) or sentence-transformers'
+all-MiniLM-L6-v2 (`--model minilm`, `make bench-trained` exports it; tests/trained_models.py).
 
-    .venv/bin/python benchmarks/bench_budget_trained.py [--samples 8] [--held-out 16]
+    .venv/bin/python benchmarks/bench_budget_trained.py [--model ppocr|minilm] [--samples 8] [--held-out 16]
 
-The widths are chosen on `--samples` lines of text drawn by tests/trained_models.py (seed 0), the
-model's own inputs, given as `inputs=`; the output error (relative Frobenius of the softmax
-output) and the text read are also measured on `--held-out` other lines (seed 1), which the
-allocation never saw.  Times are one run each, with the machine and its load.
+PP-OCR: the widths are chosen on `--samples` lines of text drawn by tests/trained_models.py (seed
+0), the model's own inputs, given as `inputs=`; the output error (relative Frobenius of the
+softmax output) and the text read are also measured on `--held-out` other lines (seed 1), which
+the allocation never saw.  MiniLM: chosen on the first `--samples` (up to 32) of
+trained_models.SENTENCES, held out on its last 16, each sentence a feed of its own (no padding);
+the output error is the relative Frobenius of the sentence embeddings (all sentences' together)
+and the mean cosine between each sentence's quantized and float embedding.  Times are one run
+each, with the machine and its load.
 """
 from __future__ import annotations
 
@@ -31,7 +36,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--held-out", type=int, default=16)
+    p.add_argument("--model", choices=("ppocr", "minilm"), default="ppocr")
     args = p.parse_args(argv)
+    if args.model == "minilm":
+        return minilm(args)
     if tm.missing():
         print(tm.missing())
         return 1
@@ -73,6 +81,68 @@ def main(argv=None) -> int:
         if report.budget is not None:
             picks = ", ".join(f"{w.name} {w.candidates[w.chosen].choice}" for w in report.budget.weights)
             print(f"  {'':34s} kept: {report.budget.kept}; {picks}")
+    return 0
+
+
+def minilm(args) -> int:
+    if tm.minilm_missing():
+        print(tm.minilm_missing())
+        return 1
+    if not 0 < args.samples <= 32 or not 0 < args.held_out <= 16:
+        print("--samples: 1 to 32 sentences, --held-out: 1 to 16 (trained_models.SENTENCES)")
+        return 2
+    print(f"machine: {machine()}")
+    model = dyndq.load_model(tm.path_of("minilm"))
+    feeds = tm.minilm_inputs("chosen", args.samples)
+    held = tm.minilm_inputs("held", args.held_out)
+    float_run = Runner(model, "onnxruntime")
+    want = {"chosen": [float_run(f)[tm.MINILM_OUTPUT] for f in feeds],
+            "held": [float_run(f)[tm.MINILM_OUTPUT] for f in held]}
+    del float_run
+    layer_of = {i: n.name for n in model.graph.node for i in n.input}  # weight -> the node reading it
+
+    def errors(quantized):
+        """{part: (relative Frobenius of the sentence embeddings, mean cosine)} on both parts."""
+        run = Runner(quantized, "onnxruntime")
+        out = {}
+        for part, part_feeds in (("chosen", feeds), ("held", held)):
+            got = np.concatenate([run(f)[tm.MINILM_OUTPUT] for f in part_feeds]).astype(np.float64)
+            ref = np.concatenate(want[part]).astype(np.float64)
+            cosine = np.sum(got * ref, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+            out[part] = (float(np.linalg.norm(got - ref) / np.linalg.norm(ref)), float(cosine.mean()))
+        return out
+
+    t = time.perf_counter()
+    uniform, u = dyndq.quantize(model, method="search", inputs=feeds)
+    seconds = time.perf_counter() - t
+    elements = sum(int(np.prod(layer.shape)) for layer in u.layers)
+    bits = 8 * u.bytes_after / elements
+    print(f"all-MiniLM-L6-v2: {len(u.layers)} weights ({elements} elements: MatMul B and Gather tables, groups of "
+          f"128) quantized; budget = uniform 4-bit search's {bits:.4f} bits per weight; chosen on {len(feeds)} "
+          f"sentences, held out {len(held)}")
+    print(f"  {'':34s} {'time':>7s}  {'bits/w':>6s}  {'bytes':>8s}  rel. Frobenius: chosen on / held out   "
+          f"mean cosine: chosen on / held out")
+    rows = [("dyndq search, 4 bits", seconds, uniform, u)]
+    for choices in ("int2,int4,int8", "int2,int4,int8,mxfp4"):
+        t = time.perf_counter()
+        out, report = dyndq.quantize(model, method="search", inputs=feeds, budget=bits, format_choices=choices)
+        rows.append((f"dyndq --budget ({choices})", time.perf_counter() - t, out, report))
+    base = None
+    for label, seconds, quantized, report in rows:
+        e = errors(quantized)
+        base = base or e
+        gain = "" if e is base else (f"   error against uniform search's: {e['chosen'][0] / base['chosen'][0] - 1:+.1%} "
+                                     f"chosen on, {e['held'][0] / base['held'][0] - 1:+.1%} held out")
+        print(f"  {label:34s} {seconds:6.1f}s  {8 * report.bytes_after / elements:6.4f}  {report.bytes_after:8d}  "
+              f"{e['chosen'][0]:.4f} / {e['held'][0]:.4f}{'':17s} {e['chosen'][1]:.6f} / {e['held'][1]:.6f}{gain}")
+        if report.budget is not None:
+            counts = {}
+            for w in report.budget.weights:
+                counts[w.candidates[w.chosen].choice] = counts.get(w.candidates[w.chosen].choice, 0) + 1
+            print(f"  {'':34s} kept: {report.budget.kept}; {', '.join(f'{n} {c}' for c, n in sorted(counts.items()))}")
+            for w in report.budget.weights:
+                c = w.candidates[w.chosen]
+                print(f"  {'':36s} {c.choice:5s} {layer_of.get(w.name, w.name)} ({w.elements} elements, {c.error:.3g} alone)")
     return 0
 
 

