@@ -60,20 +60,11 @@ def main(argv=None) -> int:
         same = sum(tm.decoded(g, chars) == tm.decoded(w, chars) for g, w in zip(got, want))
         return float(np.sqrt(e / n)), same
 
-    t = time.perf_counter()
-    uniform, u = dyndq.quantize(rec, method="search", inputs=feeds)
-    seconds = time.perf_counter() - t
-    elements = sum(int(np.prod(layer.shape)) for layer in u.layers)
-    bits = 8 * u.bytes_after / elements
-    print(f"PP-OCRv4 recognizer: {len(u.layers)} MatMul weights ({elements} elements) quantized; budget = uniform 4-bit "
+    rows, elements, bits = uniform_and_budgets(rec, feeds)
+    print(f"PP-OCRv4 recognizer: {len(rows[0][3].layers)} MatMul weights ({elements} elements) quantized; budget = uniform 4-bit "
           f"search's {bits:.4f} bits per weight; chosen on {args.samples} lines, held out {args.held_out}")
     print(f"  {'':34s} {'time':>7s}  {'bits/w':>6s}  {'bytes':>7s}  output rel.: chosen on / held out  "
           f"held-out text as the float model's")
-    rows = [("dyndq search, 4 bits", seconds, uniform, u)]
-    for choices in ("int2,int4,int8", "int2,int4,int8,mxfp4"):
-        t = time.perf_counter()
-        out, report = dyndq.quantize(rec, method="search", inputs=feeds, budget=bits, format_choices=choices)
-        rows.append((f"dyndq --budget ({choices})", time.perf_counter() - t, out, report))
     for label, seconds, model, report in rows:
         rel, same = held_out(model)
         print(f"  {label:34s} {seconds:6.1f}s  {8 * report.bytes_after / elements:6.4f}  {report.bytes_after:7d}  "
@@ -82,6 +73,22 @@ def main(argv=None) -> int:
             picks = ", ".join(f"{w.name} {w.candidates[w.chosen].choice}" for w in report.budget.weights)
             print(f"  {'':34s} kept: {report.budget.kept}; {picks}")
     return 0
+
+
+def uniform_and_budgets(model, feeds) -> tuple[list, int, float]:
+    """([(label, seconds, quantized model, report)], elements quantized, bits per weight): uniform
+    4-bit search chosen on `feeds`, then `--budget` at its bits per weight with int2/int4/int8, and
+    with mxfp4 among them too."""
+    t = time.perf_counter()
+    uniform, u = dyndq.quantize(model, method="search", inputs=feeds)
+    rows = [("dyndq search, 4 bits", time.perf_counter() - t, uniform, u)]
+    elements = sum(int(np.prod(layer.shape)) for layer in u.layers)
+    bits = 8 * u.bytes_after / elements
+    for choices in ("int2,int4,int8", "int2,int4,int8,mxfp4"):
+        t = time.perf_counter()
+        out, report = dyndq.quantize(model, method="search", inputs=feeds, budget=bits, format_choices=choices)
+        rows.append((f"dyndq --budget ({choices})", time.perf_counter() - t, out, report))
+    return rows, elements, bits
 
 
 def minilm(args) -> int:
@@ -112,21 +119,12 @@ def minilm(args) -> int:
             out[part] = (float(np.linalg.norm(got - ref) / np.linalg.norm(ref)), float(cosine.mean()))
         return out
 
-    t = time.perf_counter()
-    uniform, u = dyndq.quantize(model, method="search", inputs=feeds)
-    seconds = time.perf_counter() - t
-    elements = sum(int(np.prod(layer.shape)) for layer in u.layers)
-    bits = 8 * u.bytes_after / elements
-    print(f"all-MiniLM-L6-v2: {len(u.layers)} weights ({elements} elements: MatMul B and Gather tables, groups of "
+    rows, elements, bits = uniform_and_budgets(model, feeds)
+    print(f"all-MiniLM-L6-v2: {len(rows[0][3].layers)} weights ({elements} elements: MatMul B and Gather tables, groups of "
           f"128) quantized; budget = uniform 4-bit search's {bits:.4f} bits per weight; chosen on {len(feeds)} "
           f"sentences, held out {len(held)}")
     print(f"  {'':34s} {'time':>7s}  {'bits/w':>6s}  {'bytes':>8s}  rel. Frobenius: chosen on / held out   "
           f"mean cosine: chosen on / held out")
-    rows = [("dyndq search, 4 bits", seconds, uniform, u)]
-    for choices in ("int2,int4,int8", "int2,int4,int8,mxfp4"):
-        t = time.perf_counter()
-        out, report = dyndq.quantize(model, method="search", inputs=feeds, budget=bits, format_choices=choices)
-        rows.append((f"dyndq --budget ({choices})", time.perf_counter() - t, out, report))
     base = None
     for label, seconds, quantized, report in rows:
         e = errors(quantized)
