@@ -453,8 +453,9 @@ static PyObject *py_rtn_levels(PyObject *self, PyObject *args) {
 
 /* rtn_tile(w, levels, scales, zeros, length, padded, inner, group, qmax, symmetric, rule,
             o0, o1, k0, k1, n0, n1) -> (done, sq_error, sq_weight, sq_dequantized, dot, max_abs):
-   ONNX Runtime's RTN (rule 0 matmul, 1 gather) on a tile of a float32 weight [outer, length, inner], in place
-   (_native_quantize.h, rtn_tile; dyndq/quantization/numerics.py calls it per block). */
+   ONNX Runtime's RTN (rule 0 matmul, 1 gather) on a tile of a float32 weight [outer, length,
+   inner], in place (_native_quantize.h, rtn_tile; dyndq/quantization/numerics.py calls it per
+   block). */
 static PyObject *py_rtn_tile(PyObject *self, PyObject *args) {
     Py_buffer w = {0}, l = {0}, s = {0}, z = {0};
     Py_ssize_t length, padded, inner, group, o0, o1, k0, k1, n0, n1;
@@ -467,8 +468,8 @@ static PyObject *py_rtn_tile(PyObject *self, PyObject *args) {
     const Py_ssize_t row = length * inner, outer = row > 0 ? w.len / 4 / row : 0;
     const Py_ssize_t n_groups = group > 0 ? padded / group : 0;
     if (length <= 0 || inner <= 0 || group <= 0 || padded % group || padded < length || padded - length >= group ||
-        qmax < 1 || qmax > 255 || (rule != RULE_MATMUL && rule != RULE_GATHER) || w.len != outer * row * 4 || l.len != outer * padded * inner ||
-        s.len != outer * n_groups * inner * 4 || z.len != outer * n_groups * inner || o0 < 0 || o1 > outer ||
+        qmax < 1 || qmax > 255 || (rule != RULE_MATMUL && rule != RULE_GATHER) || w.len != outer * row * 4 ||
+        l.len != outer * padded * inner || s.len != outer * n_groups * inner * 4 || z.len != outer * n_groups * inner || o0 < 0 || o1 > outer ||
         o0 > o1 || k0 < 0 || k0 % group || k1 > length || k0 > k1 || (k1 % group && k1 != length) || n0 < 0 ||
         n1 > inner || n0 > n1) {
         PyErr_SetString(PyExc_ValueError, "rtn_tile: w float32 [outer, length, inner], levels uint8 [outer, padded, "
@@ -528,7 +529,8 @@ static PyMethodDef methods[] = {
     {"widen", py_widen, METH_VARARGS, "float16/bfloat16 -> float32, int8/uint8/int4/uint4 -> int32 (KINDS['widen'])."},
     {"narrow", py_narrow, METH_VARARGS, "float32 -> float16 or bfloat16 bits, as the kernel rounds at its level."},
     {"rtn_levels", py_rtn_levels, METH_VARARGS, "ONNX Runtime's MatMul RTN levels (dyndq/quantization/rtn.py)."},
-    {"rtn_tile", py_rtn_tile, METH_VARARGS, "ONNX Runtime's RTN (matmul or gather rule) on a tile of a float32 weight, in place."},
+    {"rtn_tile", py_rtn_tile, METH_VARARGS,
+     "ONNX Runtime's RTN (matmul or gather rule) on a tile of a float32 weight, in place."},
     {"cpu_level", py_cpu_level, METH_NOARGS, "The CPU's level: 0 plain C, 1 AVX2/F16C, 2 AVX-512."},
     {"level", py_level, METH_NOARGS, "The level the table is filled for (cpu_level unless set_level lowered it)."},
     {"entries", py_entries, METH_NOARGS, "Each entry's variant in the table: {'dequantize': 'avx512', ...}."},

@@ -172,6 +172,7 @@ def export_minilm() -> None:
                 (got,) = session.run(None, f)
                 worst = max(worst, float(np.abs(got - want).max()))
         if worst > MINILM_EXPORT_TOLERANCE:
+            staged.unlink()  # (nothing half-checked left in the folder)
             raise SystemExit(f"the exported MiniLM's sentence embeddings differ from torch's by {worst:.3g} "
                              f"(more than {MINILM_EXPORT_TOLERANCE}): not written")
         staged.replace(path_of("minilm"))

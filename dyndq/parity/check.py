@@ -72,14 +72,14 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     # the made-up inputs whose sizes were guessed (a dim the model leaves open): where the engine
     # fails, those may be why, and the user is asked for inputs; with none guessed the failure is
     # the engine's own, told as such
-    examples = {name: examples[name] for name, spec, _ in inputs if name in examples
-                and (spec is None or spec.shape is None or any(open_dim(d) for d in spec.shape))}
+    guessed = [name for name, spec, _ in inputs if name in examples
+               and (spec is None or spec.shape is None or any(open_dim(d) for d in spec.shape))]
 
     ours = any(o.domain in domains() for o in model.opset_import)
     runs = _runs(model, ours, engines)
     say("reference: running")
     t0 = time.perf_counter()
-    reference, what, stand_in = _meaning(model, ours, fed, runs, examples)
+    reference, what, stand_in = _meaning(model, ours, fed, runs, guessed)
     reference_seconds = time.perf_counter() - t0
     if stand_in and len(runs["onnxruntime"]) == 1:  # (ONNX Runtime off is the meaning: not compared with itself)
         levels = tuple(level for level in levels if level != "off")
@@ -108,8 +108,8 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
         try:
             comparison.outputs = checker.compare(Tweak())
         except Exception as e:  # (the engine cannot load or run it: said, and counted as differing)
-            if examples and setting.engine == "onnxruntime" and setting.name == "off":
-                raise ExamplesDoNotFit(list(examples)) from e
+            if guessed and setting.engine == "onnxruntime" and setting.name == "off":
+                raise ExamplesDoNotFit(guessed) from e
             comparison.error = engine_error(e)
         comparison.seconds = time.perf_counter() - t0
         sessions += 1
@@ -141,7 +141,7 @@ def _runs(model: onnx.ModelProto, ours: bool, engines: Sequence[str]) -> dict[st
             "openvino": {"openvino": export(model, target="openvino")} if "openvino" in engines else {}}
 
 
-def _meaning(model, ours, fed, runs, examples) -> tuple[dict, str, bool]:
+def _meaning(model, ours, fed, runs, guessed) -> tuple[dict, str, bool]:
     """Every value of the main graph as the model means it, what computed them, and whether ONNX Runtime
     with optimizations off stood in for the reference engine."""
     import onnxruntime as ort
@@ -154,15 +154,15 @@ def _meaning(model, ours, fed, runs, examples) -> tuple[dict, str, bool]:
     except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
         if isinstance(e, ValidationError) and not isinstance(e, NotRunnable):
             # our kernel names a problem in the values it was given: never compared past
-            if examples:
-                raise ExamplesDoNotFit(list(examples)) from e
+            if guessed:
+                raise ExamplesDoNotFit(guessed) from e
             raise
         why = first_line(e)
     try:
         values = _ort_off_everything(next(iter(runs["onnxruntime"].values())), fed)
     except Exception as e:
-        if examples:
-            raise ExamplesDoNotFit(list(examples)) from e
+        if guessed:
+            raise ExamplesDoNotFit(guessed) from e
         raise
     return values, (f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine cannot "
                     f"run it: {why})"), True
