@@ -58,7 +58,7 @@ def _options(e, subject):  # a bad option value of quantize: each named by its f
 
 
 def _nothing_to_quantize(e, subject):
-    return "\n".join([f"{subject}: nothing to quantize (nothing written): {e.reason}"] + [f"  - {p}" for p in e.problems])
+    return "\n".join([f"{subject}: nothing to quantize (nothing written): {e.because('--exclude')}"] + [f"  - {p}" for p in e.problems])
 
 
 def _interrupted(e, subject):

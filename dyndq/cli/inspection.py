@@ -59,6 +59,7 @@ def cmd_check(args) -> int:
 def _runtime_parity(args) -> int:
     import dyndq
     from dyndq.cli.run import inputs_from_dirs
+    from dyndq.engine_failures import explained
     from dyndq.parity import ENGINES, EngineMissing, ExamplesDoNotFit, runtime_parity
     from dyndq.parity.engines import openvino_installed
 
@@ -83,7 +84,7 @@ def _runtime_parity(args) -> int:
     except ValueError as e:  # an input no example can be made for
         raise UsageError(f"{args.model}: {first_line(e)}") from None
     except Exception as e:  # the engine cannot load or run the model at all
-        raise ProblemsFound(f"{args.model}: cannot run this model: {engine_error(e)}") from None
+        raise ProblemsFound(f"{args.model}: cannot run this model: {explained(e, loaded.model)}") from None
     finally:
         if progress is not None:
             _progress("")

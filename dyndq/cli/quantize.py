@@ -23,10 +23,11 @@ def _add_parser(sub) -> None:
                                    "left alone. Exit 1 when nothing could be quantized.")
     q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
-    q.add_argument("--format", choices=FORMATS, default="int",
+    q.add_argument("--format", choices=FORMATS,  # (None: not given, which a --budget requires; int by default)
                    help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
-                        "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale")
-    q.add_argument("--bits", type=int, choices=(2, 4, 8), default=4, help="2, 4 (default) or 8 (--format int)")
+                        "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale; not with --budget")
+    q.add_argument("--bits", type=int, choices=(2, 4, 8),  # (None: not given, which a --budget requires)
+                   help="2, 4 (default) or 8 (--format int; not with --budget)")
     q.add_argument("--budget", type=float, metavar="BITS",
                    help="mixed formats: the average bits per weight (codes, scales and zero points over the weights "
                         "quantized) the model may hold; each weight's format is chosen among --format-choices for "

@@ -9,7 +9,8 @@ import numpy as np
 
 from dyndq.cli.common import Command, load, output_files, parse_inputs, say_saved
 from dyndq.cli.exits import OK, ProblemsFound, UsageError
-from dyndq.wording import engine_error, os_error, problem_list
+from dyndq.engine_failures import explained
+from dyndq.wording import os_error, problem_list
 
 
 def _add_parser(sub) -> None:
@@ -74,7 +75,8 @@ def _run(args, loaded, feeds) -> int:
     except dyndq.ValidationError:  # problems in the model: told by the one mapping
         raise
     except Exception as e:  # the engine cannot be built for this model (an op it lacks, a model it refuses)
-        raise ProblemsFound(f"{args.model}: the {args.engine} engine cannot run this model: {engine_error(e)}") from None
+        raise ProblemsFound(f"{args.model}: the {args.engine} engine cannot run this model: "
+                            f"{explained(e, loaded.model)}") from None
     try:
         outputs = r(feeds)
     except FeedError:  # the feeds do not fit the graph's inputs: told by the one mapping
@@ -88,7 +90,7 @@ def _run(args, loaded, feeds) -> int:
         lines = [f"{w}{dataclasses.replace(p, op=None)}" for w, p in zip(where, e.problems)]
         raise ProblemsFound(f"{args.model}: the {args.engine} engine failed: " + "; ".join(lines)) from None
     except Exception as e:  # the engine failed on this model
-        raise ProblemsFound(f"{args.model}: the {args.engine} engine failed: {engine_error(e)}") from None
+        raise ProblemsFound(f"{args.model}: the {args.engine} engine failed: {explained(e, loaded.model)}") from None
     if args.output_dir:
         _save_arrays(args.output_dir, outputs, "--output-dir")
     else:

@@ -12,7 +12,8 @@ BROADCAST = Attr("auto_broadcast", "string", "numpy", ("numpy", "none"))
 def axis_of(e: OpEmitter, key: str, value, rank: int) -> int:
     """`value` as an axis in [0, rank), or Refused naming `key`."""
     if isinstance(value, bool) or not isinstance(value, int) or not -rank <= value < max(rank, 1):
-        e.refuse(key, show(value), f"an integer in [{-rank}, {rank - 1}]")
+        e.refuse(key, show(value), f"an integer in [{-rank}, {rank - 1}]" if rank else
+                 "0 (its tensor is of rank 0, a scalar: no other axis)")
     return value % rank if rank else 0
 
 

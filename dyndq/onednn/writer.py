@@ -116,6 +116,12 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
         if spec is None or spec.dtype is None:
             problems.append(blame(name, "a value of unknown type", "a tensor whose dtype ONNX can infer"))
             return {}
+        if spec.shape is None:  # (a rank written as none would be a rank-0 shape: every check after it untrue)
+            unranked[0] = True
+            if name not in unranked_said:
+                unranked_said.add(name)
+                problems.append(blame(name, "a value of unknown rank (ONNX's shape inference cannot find it)",
+                                      "a tensor of known rank: oneDNN's graph JSON writes each tensor's dims"))
         row = dtypes.by_name(spec.dtype)
         if row.onednn is None:
             problems.append(blame(name, f"dtype {spec.dtype}", "a dtype oneDNN has: " +
@@ -142,10 +148,12 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
     next_op = [max([int(k) for k in groups] or [-1]) + 1]
     named = written_ops = 0
     troubled: set[int] = set()  # ops with problems named already (their tensors may be missing)
+    unranked_said: set[str] = set()  # values of unknown rank, each named once (at the first op reading or making it)
+    unranked = [False]  # whether the last node's op reads or makes one (its checks after would judge a made-up rank)
     for index, node in enumerate(g.node):
-        if len(ops) > written_ops and len(problems) > named:  # the last node's op, and problems with it
+        if len(ops) > written_ops and (len(problems) > named or unranked[0]):  # the last node's op, and problems with it
             troubled.add(ops[-1]["id"])
-        named, written_ops = len(problems), len(ops)
+        named, written_ops, unranked[0] = len(problems), len(ops), False
         props = {p.key: p.value for p in node.metadata_props}
         blame = blame_node(index, node)
         if props.get("onednn.id") in broken:  # (named above)
@@ -189,7 +197,7 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
                     "outputs": [tensor(n, blame) for n in node.output]})
         next_op[0] += 1
     graph_inputs = [vi.name for vi in g.input if vi.name not in initializers] + weight_names
-    if len(ops) > written_ops and len(problems) > named:
+    if len(ops) > written_ops and (len(problems) > named or unranked[0]):
         troubled.add(ops[-1]["id"])
     for name in graph_inputs + [vi.name for vi in g.output]:
         if name not in ids and name not in refused:

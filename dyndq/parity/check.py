@@ -28,6 +28,7 @@ from dyndq.parity.feeds import ExamplesDoNotFit, example_feeds
 from dyndq.parity.metrics import compare, last_axis_kind
 from dyndq.parity.report import Cause, Comparison, ParityReport
 from dyndq.plumbing.types import open_dim
+from dyndq.engine_failures import explained, lacking
 from dyndq.wording import engine_error, first_line
 
 ENGINES = ("onnxruntime", "openvino")
@@ -108,9 +109,10 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
         try:
             comparison.outputs = checker.compare(Tweak())
         except Exception as e:  # (the engine cannot load or run it: said, and counted as differing)
-            if guessed and setting.engine == "onnxruntime" and setting.name == "off":
+            # (an op it has no kernel for is no fault of the inputs made up)
+            if guessed and setting.engine == "onnxruntime" and setting.name == "off" and lacking(e) is None:
                 raise ExamplesDoNotFit(guessed) from e
-            comparison.error = engine_error(e)
+            comparison.error = explained(e, checker.model)
         comparison.seconds = time.perf_counter() - t0
         sessions += 1
         if not comparison.agrees and comparison.error is None and diagnose:
@@ -157,11 +159,12 @@ def _meaning(model, ours, fed, runs, guessed) -> tuple[dict, str, bool]:
             if guessed:
                 raise ExamplesDoNotFit(guessed) from e
             raise
-        why = first_line(e)
+        missing = lacking(e)
+        why = missing.what() if missing is not None else first_line(e)
     try:
         values = _ort_off_everything(next(iter(runs["onnxruntime"].values())), fed)
     except Exception as e:
-        if guessed:
+        if guessed and lacking(e) is None:  # (an op it has no kernel for is no fault of the inputs made up)
             raise ExamplesDoNotFit(guessed) from e
         raise
     return values, (f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine cannot "

@@ -74,7 +74,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
             written = save_model(lowered, dst, external_data=loaded.external_data)
             del lowered
-    report.data_file = written
+    report.data_file, report.emit = written, emit
     if os.path.realpath(dst) == os.path.realpath(src):  # (the model replaced: its data files stay, see files.py)
         report.kept_files = [location for location in loaded.locations if location != written]
     if measure:

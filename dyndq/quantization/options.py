@@ -21,9 +21,10 @@ SCALE_DTYPES = ("float32", "float16", "bfloat16")
 FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
 
 
-def methods_of(format: str) -> tuple[str, ...]:
-    """The methods a format takes: every one for integer codes; an FP4 format's rule is its only method."""
-    return METHODS if format == "int" else ("rtn",)
+def methods_of(format: str | None) -> tuple[str, ...]:
+    """The methods a format takes: every one for integer codes (None: the default); an FP4 format's rule is its
+    only method."""
+    return METHODS if format in (None, "int") else ("rtn",)
 DEFAULT_GROUP = 128  # integer codes' group size when none is given
 # what a budget chooses among (budget.py): name -> (bits, format)
 CHOICES = {"int2": (2, "int"), "int4": (4, "int"), "int8": (8, "int"), "mxfp4": (4, "mxfp4"), "nvfp4": (4, "nvfp4")}
@@ -52,12 +53,16 @@ class QuantizeOptions:
     format_choices: tuple[str, ...] = ()  # (with a budget) int2, int4, int8, mxfp4, nvfp4
 
     @classmethod
-    def checked(cls, model, *, bits=4, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
-                exclude=(), method="rtn", seed=0, format="int", budget=None,
+    def checked(cls, model, *, bits=None, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
+                exclude=(), method="rtn", seed=0, format=None, budget=None,
                 format_choices=None) -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
-        OptionError naming every bad one."""
+        OptionError naming every bad one.  bits and format None: not given (4 and "int"; with a
+        budget, which chooses them, neither may be given, whatever its value)."""
         problems = []
+        given = {name: value for name, value in (("bits", bits), ("format", format)) if value is not None}
+        bits = 4 if bits is None else bits
+        format = "int" if format is None else format
 
         def bad(argument, found, allowed):
             problems.append(Problem(argument, found, allowed))
@@ -112,9 +117,9 @@ class QuantizeOptions:
         if budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not budget > 0:
                 bad("budget", repr(budget), "a number of bits per weight > 0 (e.g. 4.2)")
-            if bits != 4 or format != "int":
-                bad("bits" if bits != 4 else "format", repr(bits if bits != 4 else format) + " with a budget",
-                    "none given: the budget chooses each weight's format among format_choices")
+            for name, value in given.items():  # (4 or "int" given too: a budget never reads them)
+                bad(name, f"{value!r} with a budget", "none given: the budget chooses each weight's format among "
+                                                      "format_choices")
             choices, wrong = parse_choices(DEFAULT_CHOICES if format_choices is None else format_choices)
             problems += wrong
         elif format_choices is not None:

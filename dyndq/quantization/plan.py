@@ -31,6 +31,8 @@ from dyndq.wording import a as article, plural
 
 OPS = ("MatMul", "Gemm", "Gather")
 WEIGHT_INPUT = {"MatMul": (1, "B"), "Gemm": (1, "B"), "Gather": (0, "data")}
+# the weights of ops quantize never takes (weight-only quantization of OPS): counted, to say so
+OTHER_WEIGHTS = {"Conv": (1,), "ConvTranspose": (1,), "LSTM": (1, 2), "GRU": (1, 2), "RNN": (1, 2)}
 FLOATS = ("float32", "float16", "bfloat16")
 QUANTIZED = ("DynamicDequantize", "DequantizeLinear")  # a weight made by one of these is quantized already
 IR_INPUTS_ARE_CONSTANT = 4  # below IR 4 every initializer is also listed among the graph inputs
@@ -73,6 +75,26 @@ class Plan:
     targets: list[Target]
     problems: list[Problem]  # weights left alone, and why
     activations: list[Use] = field(default_factory=list)  # nodes whose weight input is computed or fed: not weights
+    excluded: list[str] = field(default_factory=list)  # the nodes of those ops `exclude` left alone, by it
+    # op -> how many of its nodes read a constant float weight quantize does not take (Conv's; an op of OPS not
+    # among `ops`)
+    other_weights: dict[str, int] = field(default_factory=dict)
+
+    def other_weights_line(self, ops) -> str | None:
+        """"3 Conv nodes read a constant float weight, which quantize does not quantize (...)"; None when none do."""
+        if not self.other_weights:
+            return None
+        out = []
+        for taken in (False, True):  # (ops quantize never takes, then those left out of `ops`)
+            counts = {op: n for op, n in self.other_weights.items() if (op in OPS) == taken}
+            if counts:
+                why = (f"not among the ops asked for ({', '.join(ops)})" if taken else
+                       f"which quantize does not quantize: it quantizes the weights of {', '.join(OPS[:-1])} and "
+                       f"{OPS[-1]} only")
+                verb = "reads" if sum(counts.values()) == 1 else "read"
+                out.append(f"{' and '.join(plural(n, f'{op} node') for op, n in counts.items())} {verb} a constant "
+                           f"float weight, {why}")
+        return "; ".join(out)
 
     def activation_line(self) -> str | None:
         """"2 MatMuls whose B is an activation ..., not a weight", per op; None when there are none."""
@@ -108,14 +130,39 @@ def plan(model: onnx.ModelProto, *, ops, exclude) -> Plan:
     problems: list[Problem] = []
     activations: list[Use] = []
     constant_inputs = model.ir_version < IR_INPUTS_ARE_CONSTANT
+    excluded: list[str] = []
     every = scopes(model)
     exclude = set(exclude)
     for scope in every:
         for i, node in enumerate(scope.nodes):
-            if node.domain in ("", "ai.onnx") and node.op_type in ops and label(node, i) not in exclude:
-                _judge(scope, i, node, exclude, constant_inputs, targets, problems, activations)
+            if node.domain in ("", "ai.onnx") and node.op_type in ops:
+                if label(node, i) in exclude or _judge(scope, i, node, exclude, constant_inputs, targets,
+                                                       problems, activations):
+                    excluded.append(label(node, i))
     _find_other_readers(every, targets)
-    return Plan(list(targets.values()), problems, activations)
+    return Plan(list(targets.values()), problems, activations, excluded, _other_weights(every, ops))
+
+
+def _other_weights(every, ops) -> dict[str, int]:
+    """op -> its nodes that read a constant float weight (rank 2 or more) and are not of `ops`."""
+    positions = {**OTHER_WEIGHTS, **{op: (k,) for op, (k, _) in WEIGHT_INPUT.items() if op not in ops}}
+    counts: dict[str, int] = {}
+    for scope in every:
+        for node in scope.nodes:
+            if node.domain not in ("", "ai.onnx") or node.op_type not in positions:
+                continue
+            for k in positions[node.op_type]:
+                if k < len(node.input) and node.input[k] and _float_constant(scope, node.input[k]):
+                    counts[node.op_type] = counts.get(node.op_type, 0) + 1
+                    break
+    return counts
+
+
+def _float_constant(scope, name: str) -> bool:
+    holder, name, tensor, _ = _source(scope, name)
+    if tensor is None and holder is not None and holder.graph is not None:  # (IR < 4: listed among the inputs too)
+        tensor = next((t for t in holder.graph.initializer if t.name == name), None)
+    return tensor is not None and dtype_name(tensor.data_type) in FLOATS and len(tensor.dims) >= 2
 
 
 def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
@@ -155,8 +202,9 @@ def _source(scope, name: str):
     return holder, name, tensor, via
 
 
-def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activations) -> None:
-    """Make the weight `node` reads a target (or a use of one), or say why it is not one."""
+def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activations) -> bool:
+    """Make the weight `node` reads a target (or a use of one), or say why it is not one; True when
+    `exclude` names its weight (nothing said: it is left alone as asked)."""
     k, arg = WEIGHT_INPUT[node.op_type]
     name = node.input[k] if len(node.input) > k else ""
 
@@ -164,11 +212,13 @@ def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activati
         problems.append(Problem(f"{arg} ({name!r})", found, allowed, op=node.op_type,
                                 node=node.name or None, node_index=i, graph=scope.path))
 
-    if name in exclude or not name:
-        return
+    if not name:
+        return False
+    if name in exclude:
+        return True
     holder, name, tensor, via = _source(scope, name)
     if via and name in exclude:
-        return
+        return True
     is_input = holder is not None and holder.fed(name)
     if tensor is None and is_input and holder.graph is not None:
         tensor = next((t for t in holder.graph.initializer if t.name == name), None)
@@ -181,23 +231,23 @@ def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activati
                     "a constant float weight (an initializer or a Constant node)")
         else:  # (an activation: Q @ K^T's K, a weight fed at run time; not a weight to quantize)
             activations.append(Use(scope.path, i, label(node, i), node.op_type, -1))
-        return
+        return False
     if is_input and not constant_inputs:
         problem("an initializer that is also a graph input (it can be fed at run time)",
                 "a constant weight (an initializer that is not a graph input)")
-        return
+        return False
     dtype = dtype_name(tensor.data_type)
     dims = tuple(tensor.dims)
     if dtype not in FLOATS:
         problem(f"{article(dtype or tensor.data_type)} tensor", "a float32, float16 or bfloat16 weight")
-        return
+        return False
     if not dims or 0 in dims:
         problem(f"a tensor of shape {list(dims)}", "a weight with at least one element along every axis")
-        return
+        return False
     axis = _axis(node, len(dims))
     if axis is None:
         problem(f"a tensor of shape {list(dims)}", "a 2-D B for Gemm")
-        return
+        return False
     key = (holder.path, name)
     if key not in targets:
         rule = "gather" if node.op_type == "Gather" else "matmul"
@@ -206,6 +256,7 @@ def _judge(scope, i, node, exclude, constant_inputs, targets, problems, activati
                               constant_node=in_node)
     targets[key].uses.append(Use(scope.path, i, label(node, i), node.op_type, axis))
     targets[key].via.extend(v for v in via if v not in targets[key].via)
+    return False
 
 
 def _dequantizer(name: str, scope):

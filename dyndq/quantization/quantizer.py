@@ -32,35 +32,53 @@ from dyndq.wording import plural
 
 class NothingToQuantize(ValidationError):
     """No weight of the chosen ops could be quantized: its problems say why for each (none: the
-    model has no such node reading a constant float weight; `activations` says how many read an
-    activation, a value computed by the graph or fed at run time, where a weight would be)."""
+    model has no such node reading a constant float weight, or `exclude` named every one);
+    `activations` says how many read an activation, a value computed by the graph or fed at run
+    time, where a weight would be; `other_weights` which nodes of other ops (Conv) read a
+    constant float weight, which quantize does not take; `excluded` the nodes `exclude` left
+    alone."""
 
-    def __init__(self, problems, ops, activations: str | None = None):
+    def __init__(self, problems, ops, activations: str | None = None, *, excluded=(), other_weights: str | None = None):
         self.ops = list(ops)
         self.activations = activations
+        self.excluded = list(excluded)
+        self.other_weights = other_weights
         super().__init__(problems)
 
     @property
     def reason(self) -> str:
-        if self.problems:
-            return f"{plural(len(self.problems), 'weight')} left alone"
+        return self.because()
+
+    def because(self, exclude_flag: str = "exclude") -> str:
+        """The reason, naming the option that excluded weights as `exclude_flag` (the CLI: --exclude)."""
         names = self.ops[:-2] + [" or ".join(self.ops[-2:])]
-        reason = f"no {', '.join(names)} node reads a constant float weight"
-        return f"{reason} ({self.activations})" if self.activations else reason
+        if self.problems:
+            reason = f"{plural(len(self.problems), 'weight')} left alone"
+        elif self.excluded:
+            shown = ", ".join(map(repr, self.excluded[:5])) + (", ..." if len(self.excluded) > 5 else "")
+            reason = (f"every {', '.join(names)} node's weight is excluded by {exclude_flag} "
+                      f"({plural(len(self.excluded), 'node')}: {shown})")
+        else:
+            reason = f"no {', '.join(names)} node reads a constant float weight"
+        if self.excluded and self.problems:
+            reason += f"; {plural(len(self.excluded), 'node')} excluded ({exclude_flag})"
+        notes = [note for note in (self.activations, self.other_weights) if note]
+        return f"{reason} ({'; '.join(notes)})" if notes else reason
 
     def _message(self) -> str:
         return "\n".join([f"nothing to quantize: {self.reason}"] + [f"  - {p}" for p in self.problems])
 
 
-def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
+def quantize(model, *, bits: int | None = None, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
-             strict: bool = False, progress=None, format: str = "int", inputs=None,
+             strict: bool = False, progress=None, format: str | None = None, inputs=None,
              samples: int = 4, budget: float | None = None, format_choices=None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
     scales (and zero points unless `symmetric`) feeding DynamicDequantize-2 (-3 for 2 bits),
     and a report.
 
-    format: "int" (integer codes of `bits` bits: 2, 4 or 8), "mxfp4" or "nvfp4" (float4e2m1
+    format: "int" (integer codes of `bits` bits: 2, 4 or 8; both the default, None meaning not
+    given: 4 and "int"), "mxfp4" or "nvfp4" (float4e2m1
     codes with the format's block scales, DynamicDequantize-3; docs/quantize.md states the rules).
     group_size: elements per group along the reduction axis (-1: the whole axis, per channel;
     default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
@@ -75,7 +93,7 @@ def quantize(model, *, bits: int = 4, group_size: int | None = None, symmetric: 
     budget: bits per weight (codes, scales and zero points over the weights quantized): each
     weight's format is chosen among `format_choices` (default int2, int4, int8; also mxfp4,
     nvfp4) for the least output error within it (budget.py, docs/quantize.md); bits and format
-    are then not given.
+    are then not given (OptionError names either, whatever its value).
     """
     from dyndq.files import model_of
 
@@ -159,11 +177,13 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
     found = planning.plan(model, ops=options.ops, exclude=options.exclude)
-    report = QuantizeReport(options, left_alone=list(found.problems), activations=found.activation_line())
+    report = QuantizeReport(options, left_alone=list(found.problems), activations=found.activation_line(),
+                            other_weights=found.other_weights_line(options.ops))
     if strict and found.problems:
         raise ValidationError(found.problems)
     if not found.targets:
-        raise NothingToQuantize(found.problems, options.ops, found.activation_line())
+        raise NothingToQuantize(found.problems, options.ops, found.activation_line(), excluded=found.excluded,
+                                other_weights=found.other_weights_line(options.ops))
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
@@ -234,7 +254,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if strict and len(report.left_alone) > len(found.problems):
         raise ValidationError(report.left_alone)
     if not report.layers:
-        raise NothingToQuantize(report.left_alone, options.ops, found.activation_line())
+        raise NothingToQuantize(report.left_alone, options.ops, found.activation_line(), excluded=found.excluded,
+                                other_weights=found.other_weights_line(options.ops))
     for path, nodes in gone.items():
         for node in nodes:
             del every[path].nodes[next(i for i, n in enumerate(every[path].nodes) if n is node)]
@@ -245,8 +266,27 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         if scope.in_function:
             import_at_least(scope.top.imports, DOMAIN, _version(options, chosen))  # (a superset of the older ones)
     _set_imports(out, _version(options, chosen))
+    report.model_bytes_before, report.model_bytes_after = constant_bytes(model), constant_bytes(out)
     report.seconds = time.perf_counter() - started
     return out, report
+
+
+def constant_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of every constant of the model (initializers and Constant values, every scope), sub-byte codes
+    packed, from dims and dtype (the data may be on disk)."""
+    from dyndq.opdefs import dtypes
+
+    total = 0
+    for scope in scopes(model):
+        tensors = list(scope.graph.initializer) if scope.graph is not None else []
+        tensors += [t for n in scope.nodes if is_constant_node(n) for t in [planning.constant_value(n)] if t is not None]
+        for t in tensors:
+            try:
+                bits = dtypes.by_onnx(t.data_type).bits
+            except (KeyError, LookupError, TypeError, ValueError):  # (strings and the like: one byte each)
+                bits = 8
+            total += -(-int(np.prod(t.dims, dtype=np.int64)) * bits // 8)
+    return total
 
 
 def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:

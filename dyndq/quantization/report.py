@@ -69,6 +69,12 @@ class QuantizeReport:
     data_file: str | None = None  # (quantize_file) the external data file written beside the model
     kept_files: list[str] = field(default_factory=list)  # (quantize_file onto its input) the input's data files, kept
     budget: object = None  # (a budget given) budget.BudgetReport: each weight's choice, and why
+    # every constant of the model (initializers and Constant values, every graph and function; codes packed), before
+    # and after: the weights quantized and the rest (a Conv's weights, biases), as the files hold them
+    model_bytes_before: int = 0
+    model_bytes_after: int = 0
+    other_weights: str | None = None  # nodes of other ops (Conv) that read a constant float weight, not quantized
+    emit: str | None = None  # (quantize_file) the form written: "dyndq", "onnx", "onnxruntime", "onednn-json"
 
     @property
     def bytes_before(self) -> int:
@@ -96,13 +102,41 @@ class QuantizeReport:
         return (f"quantized {plural(len(self.layers), 'weight')} to {kind} ({group}, "
                 f"{'symmetric' if o.symmetric else 'asymmetric'}, {o.method}){alone}")
 
+    @property
+    def model_ratio(self) -> float:
+        """Every constant of the model after over before: what the weights left as they are weigh too."""
+        return self.model_bytes_after / self.model_bytes_before if self.model_bytes_before else 1.0
+
     def size_line(self) -> str:
+        head = f"weights quantized: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
         if self.budget is not None:
-            return (f"weights: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
-                    f"{self.budget.bits_per_weight:.4f} bits per weight, the budget {self.options.budget:g})")
+            return head + f"{self.budget.bits_per_weight:.4f} bits per weight, the budget {self.options.budget:g})"
         bits = self.options.bits
-        return (f"weights: {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} ({self.size_ratio:.3f}x; "
-                f"the codes alone would be {bits}/32 = {bits / 32:.3f}x of float32)")
+        return head + f"the codes alone would be {bits}/32 = {bits / 32:.3f}x of float32)"
+
+    def model_size_line(self) -> str:
+        """The whole model's constants, the weights left alone with them (a Conv's, biases)."""
+        return (f"the whole model's constants (initializers and Constant nodes, quantized or not): "
+                f"{_mib(self.model_bytes_before)} -> {_mib(self.model_bytes_after)} ({self.model_ratio:.3f}x)")
+
+    def inputs_note(self) -> str | None:
+        """What the output error is worth when measured on inputs made up for it (None: the user's, or none)."""
+        if not self.outputs or (self.inputs or {}).get("source") != "seeded":
+            return None
+        return ("these inputs are made up (seeded random values, not data the model was made for): the figures "
+                "say how far the quantized model strays from the float one on them, not how well it does its task "
+                "(a top-1 agreement on made-up inputs can be far lower or higher than on real ones); measure on "
+                "real inputs with --input NAME=FILE.npy or --inputs-dir DIR (inputs= in Python)")
+
+    def engines_note(self) -> str | None:
+        """Where the file written runs, when it holds our op (emit "dyndq"): not in ONNX Runtime as it is."""
+        if self.emit != "dyndq":
+            return None
+        return ("the file holds org.dyndq::DynamicDequantize nodes, which ONNX Runtime and OpenVINO cannot load "
+                "(neither has the op): dyndq runs it (dyndq run: the reference engine with dyndq's kernel; "
+                "--engine onnxruntime exports it on the way); for a file ONNX Runtime loads write --emit onnxruntime "
+                "(MatMulNBits where exact) or --emit onnx (standard ONNX), or dyndq export OUT FILE --target "
+                "onnxruntime (openvino for OpenVINO)")
 
     def table(self) -> list[str]:
         """The report as lines: per layer, sizes, the output error, what was left alone."""
@@ -113,12 +147,17 @@ class QuantizeReport:
         for layer in self.layers:
             lines += [f"  {layer.name}: {note}" for note in layer.notes]
         lines.append(f"  {self.size_line()}")
+        lines.append(f"  {self.model_size_line()}")
         if self.budget is not None:
             lines += [f"  {line}" for line in self.budget.lines()]
         lines.append(f"  output error ({self.outputs_note}):" if self.outputs else f"  output error: {self.outputs_note}")
         lines += [f"    {o.line()}" for o in self.outputs]
         if self.outputs:
             lines.append(f"  task score: {self.task_score_line()}")
+        if self.inputs_note():
+            lines.append(f"  note: {self.inputs_note()}")
+        if self.engines_note():
+            lines.append(f"  where it runs: {self.engines_note()}")
         if self.emitted:
             lines.append(f"  {self.emitted[0]}")
             lines += [f"    {line}" for line in self.emitted[1:]]
@@ -127,6 +166,8 @@ class QuantizeReport:
             lines += [f"    {i}. {row['method']}: {row['score']}" for i, row in enumerate(self.ranking, 1)]
         if self.activations:
             lines.append(f"  not weights: {self.activations}")
+        if self.other_weights:
+            lines.append(f"  not quantized: {self.other_weights}")
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
@@ -159,13 +200,19 @@ class QuantizeReport:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
             "size_ratio": self.size_ratio,
+            "model_bytes_before": self.model_bytes_before,
+            "model_bytes_after": self.model_bytes_after,
+            "model_ratio": self.model_ratio,
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "outputs_note": self.outputs_note,
             "inputs": self.inputs,
+            "inputs_note": self.inputs_note(),
             "task_score": list(self.task_score()),
             "left_alone": [p.as_dict() | {"message": str(p)} for p in self.left_alone],
             "activations": self.activations,
+            "other_weights": self.other_weights,
             "ranking": self.ranking,
+            "where_it_runs": self.engines_note(),
             "emitted": self.emitted,
             "data_file": self.data_file,
             "kept_files": self.kept_files,
@@ -213,10 +260,14 @@ def markdown(report: QuantizeReport, extra: dict, chart: str | None) -> str:
     """The report as a Markdown page: settings, inputs, output metrics, the per-weight table."""
     lines = ["# dyndq quantize report", ""]
     lines += [f"- {k}: `{v}`" for k, v in extra.items()]
-    lines += [f"- {report.summary()}", f"- {report.size_line()}", f"- time: {report.seconds:.2f} s", "", "## Settings", "",
+    lines += [f"- {report.summary()}", f"- {report.size_line()}", f"- {report.model_size_line()}"]
+    lines += [f"- where it runs: {report.engines_note()}"] if report.engines_note() else []
+    lines += [f"- time: {report.seconds:.2f} s", "", "## Settings", "",
               "| setting | value |", "|---|---|"]
     lines += [f"| {k} | `{v}` |" for k, v in report.options.settings().items()]
     lines += ["", "## Output metrics", "", f"Inputs: {report.outputs_note}", ""]
+    if report.inputs_note():
+        lines += [f"Note: {report.inputs_note()}.", ""]
     if report.outputs:
         lines += ["| output | rel. error | max abs | cosine | task | top-1 agreement | KL divergence |", "|---|---|---|---|---|---|---|"]
         for o in report.outputs:
@@ -237,6 +288,8 @@ def markdown(report: QuantizeReport, extra: dict, chart: str | None) -> str:
         lines += [f"| {i} | {row['method']} | {row['score']} |" for i, row in enumerate(report.ranking, 1)]
     if report.activations:
         lines += ["", f"Not weights: {report.activations}."]
+    if report.other_weights:
+        lines += ["", f"Not quantized: {report.other_weights}."]
     if report.left_alone:
         lines += ["", "## Left alone", ""] + [f"- {p}" for p in report.left_alone]
     return "\n".join(lines) + "\n"

@@ -128,6 +128,8 @@ def test_the_report_says_each_weights_choice_and_why():
     (dict(budget=12.0), "budget: found 12 bits per weight; allowed: from 2."),
     (dict(budget=0), "budget: found 0; allowed: a number of bits per weight > 0"),
     (dict(budget=4, bits=2), "bits: found 2 with a budget; allowed: none given"),
+    (dict(budget=4, bits=4), "bits: found 4 with a budget; allowed: none given"),  # (its default value, given)
+    (dict(budget=4, format="int"), "format: found 'int' with a budget; allowed: none given"),
     (dict(budget=4, format_choices="int4,fp8"), "format_choices: found 'int4,fp8'"),
     (dict(format_choices="int4,int8"), "format_choices: found 'int4,int8'; allowed: none without a budget"),
 ])

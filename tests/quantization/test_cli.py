@@ -30,7 +30,7 @@ def test_prints_a_table_and_writes_the_model(float_model, tmp_path, capsys):
     assert printed[0] == f"wrote {out}: quantized 3 weights to uint4 (groups of 128, asymmetric, search)"
     assert printed[1].split() == ["weight", "op", "shape", "form", "rel.", "error", "max", "abs", "cosine"]
     assert printed[3].split()[:4] == ["E", "Gather", "64x256", "uint4"]
-    assert any(line.strip().startswith("weights: 0.44 MiB -> 0.07 MiB") for line in printed)
+    assert any(line.strip().startswith("weights quantized: 0.44 MiB -> 0.07 MiB") for line in printed)
     assert any(line.strip().startswith("y: rel. error") for line in printed)
     assert dyndq.check(dyndq.load_model(out)) == []
 
@@ -147,8 +147,14 @@ def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, 
      "dyndq: --method: found 'search' with format 'nvfp4'; allowed: 'rtn' (the format's rule is the only method)\n"),
     (["--format", "mxfp4", "--scale-dtype", "float16"], 2, "dyndq: --scale-dtype: found 'float16' with format 'mxfp4'"),
     (["--format", "fp8"], 2, "argument --format: invalid choice"),
+    # every weight excluded: said so, naming the flag (not "no node reads a weight")
     (["--exclude", "E", "--exclude", "W1", "--exclude", "W2"], 1,
-     "nothing to quantize (nothing written): no MatMul, Gemm or Gather node reads a constant float weight\n"),
+     "nothing to quantize (nothing written): every MatMul, Gemm or Gather node's weight is excluded by --exclude "
+     "(3 nodes: 'embed', 'fc1', 'fc2')\n"),
+    # a budget chooses bits and format: either given is refused, its default value too
+    (["--budget", "4.3", "--bits", "4"], 2, "dyndq: --bits: found 4 with a budget; allowed: none given"),
+    (["--budget", "4.3", "--bits", "2"], 2, "dyndq: --bits: found 2 with a budget; allowed: none given"),
+    (["--budget", "4.3", "--format", "int"], 2, "dyndq: --format: found 'int' with a budget; allowed: none given"),
 ])
 def test_mistakes_are_told_plainly(float_model, tmp_path, capsys, argv, code, said):
     assert main(["quantize", float_model, str(tmp_path / "q.onnx"), *argv]) == code
@@ -231,3 +237,85 @@ def test_two_bits_and_the_fp4_formats(float_model, tmp_path, capsys, argv, form,
     assert [layer["form"].startswith(form) for layer in doc["layers"]] == [True]
     model = onnx.load(out)
     assert {o.domain: o.version for o in model.opset_import}["org.dyndq"] == 3
+
+
+def conv_model(with_matmul: bool) -> onnx.ModelProto:
+    """x [1, 3, 8, 8] -> Conv(C [16, 3, 3, 3]) -> (with_matmul: Flatten -> MatMul(W [576, 32]))."""
+    from onnx import TensorProto as T, helper, numpy_helper as nh
+
+    from quantize_models import heavy
+
+    nodes = [helper.make_node("Conv", ["x", "C"], ["c"], name="conv")]
+    inits = [nh.from_array(heavy((16, 3, 3, 3), 3), "C")]
+    out = helper.make_tensor_value_info("c", T.FLOAT, [1, 16, 6, 6])
+    if with_matmul:
+        nodes += [helper.make_node("Flatten", ["c"], ["f"], name="flatten"),
+                  helper.make_node("MatMul", ["f", "W"], ["y"], name="fc")]
+        inits.append(nh.from_array(heavy((576, 32), 4), "W"))
+        out = helper.make_tensor_value_info("y", T.FLOAT, [1, 32])
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])], [out], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_conv_weights_are_said_to_be_left_as_they_are(tmp_path, capsys):
+    """A Conv-only model has nothing to quantize, and says its Conv weights are not of the ops
+    quantize takes; with a MatMul beside, the report gives the quantized weights' size and the
+    whole model's, the Conv weight in it."""
+    save_model(conv_model(False), tmp_path / "conv.onnx")
+    assert main(["quantize", str(tmp_path / "conv.onnx"), str(tmp_path / "q.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"{tmp_path / 'conv.onnx'}: nothing to quantize (nothing written): no MatMul, Gemm or Gather node "
+                   "reads a constant float weight (1 Conv node reads a constant float weight, which quantize does not "
+                   "quantize: it quantizes the weights of MatMul, Gemm and Gather only)\n")
+    save_model(conv_model(True), tmp_path / "both.onnx")
+    assert main(["quantize", str(tmp_path / "both.onnx"), str(tmp_path / "q.onnx"), "--no-evaluate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    conv, matmul = 16 * 3 * 3 * 3 * 4, 576 * 32 * 4
+    assert doc["bytes_before"] == matmul and doc["model_bytes_before"] == conv + matmul
+    assert doc["model_bytes_after"] == conv + doc["bytes_after"]
+    assert doc["other_weights"].startswith("1 Conv node reads a constant float weight, which quantize does not")
+    assert main(["quantize", str(tmp_path / "both.onnx"), str(tmp_path / "q.onnx"), "--no-evaluate"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    ratio = (conv + doc["bytes_after"]) / (conv + matmul)
+    assert f"  weights quantized: 0.07 MiB -> 0.01 MiB ({doc['size_ratio']:.3f}x; the codes alone would be 4/32 = " \
+           "0.125x of float32)" in printed
+    assert ("  the whole model's constants (initializers and Constant nodes, quantized or not): 0.07 MiB -> 0.01 MiB "
+            f"({ratio:.3f}x)") in printed
+    assert "  not quantized: 1 Conv node reads a constant float weight, which quantize does not quantize: it " \
+           "quantizes the weights of MatMul, Gemm and Gather only" in printed
+
+
+def test_made_up_inputs_are_said_to_be_made_up(float_model, tmp_path, capsys):
+    """Measured on seeded samples, the table and the JSON say the inputs are made up, what the
+    figures are worth and how to give real ones; measured on the user's inputs, they do not."""
+    out = str(tmp_path / "q.onnx")
+    assert main(["quantize", float_model, out]) == 0
+    note, = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  note: ")]
+    assert note.startswith("  note: these inputs are made up (seeded random values, not data the model was made "
+                           "for): the figures say how far the quantized model strays from the float one on them, "
+                           "not how well it does its task")
+    assert "--input NAME=FILE.npy or --inputs-dir DIR" in note
+    assert main(["quantize", float_model, out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs_note"] == note[len("  note: "):]
+    np.save(tmp_path / "ids.npy", np.arange(10, dtype=np.int64))
+    assert main(["quantize", float_model, out, "--json", "--input", f"ids={tmp_path / 'ids.npy'}"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"]["source"] == "given" and doc["inputs_note"] is None
+
+
+def test_the_default_form_says_where_it_runs(float_model, tmp_path, capsys):
+    """The DynamicDequantize model (--emit dyndq) does not load in ONNX Runtime: the report says
+    so, and which engines and forms do; a form ONNX Runtime loads says nothing of the kind."""
+    import onnxruntime as ort
+
+    out = str(tmp_path / "q.onnx")
+    assert main(["quantize", float_model, out, "--no-evaluate"]) == 0
+    where, = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  where it runs: ")]
+    assert "ONNX Runtime and OpenVINO cannot load" in where and "dyndq run" in where
+    assert "--emit onnxruntime" in where and "dyndq export OUT FILE --target onnxruntime" in where
+    with pytest.raises(Exception, match="DynamicDequantize"):  # (what the note says, measured)
+        ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+    assert main(["quantize", float_model, out, "--no-evaluate", "--emit", "onnxruntime", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["where_it_runs"] is None
+    assert main(["quantize", float_model, out, "--no-evaluate", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["where_it_runs"] == where[len("  where it runs: "):]

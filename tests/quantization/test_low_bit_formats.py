@@ -292,6 +292,9 @@ def test_quantized_models_give_the_rule_s_weights_on_the_reference_engine_and_on
         return  # (ONNX Runtime's CPU provider has no bfloat16 MatMul)
     exported = dyndq.export(out, target="onnxruntime")
     bits_equal(run_onnxruntime(exported, feeds(dtype)), want)
+    if "bits" in kw:  # 2-bit codes go back to ONNX Runtime's own 2-bit MatMulNBits, exactly (above)
+        written = [n for n in exported.graph.node if n.op_type == "MatMulNBits"]
+        assert [next(a.i for a in n.attribute if a.name == "bits") for n in written] == [2], exported.graph.node
 
 
 @pytest.mark.openvino
