@@ -16,8 +16,9 @@ STAMP := $(VENV)/.installed
 # `pip install` fails with "No module named pip") is removed and made again: $(call venv,DIR).
 VENV_WORKS = $(1)/bin/python -c 'import pip' >/dev/null 2>&1
 define venv
-	@$(call VENV_WORKS,$(1)) || { test ! -e $(1) || \
+	@$(call VENV_WORKS,$(1)) || { if test -e $(1); then \
 		echo "$(1) does not work (its python does not run, or has no pip): making it again"; \
+		else echo "making the virtual environment $(1) ($(PYTHON) -m venv $(1))"; fi; \
 		rm -rf $(1) && $(PYTHON) -m venv $(1); }
 endef
 # (and a broken .venv makes its stamp out of date, however new the stamp is)
@@ -26,21 +27,40 @@ $(STAMP): venv-broken
 endif
 venv-broken:
 
+# The set-up says what each step does as it goes, one line a step (a first `make demo` on a busy
+# machine sat silent for minutes): making the venv, upgrading pip, installing, which kernel the
+# install gave.  pip stays quiet (-qq on the install also hides the build backend's 14-line notice
+# that compat mode is transitional, a mode chosen on purpose: docs/house.md; errors still show).
+# pip compiles the kernel inside its install, so the line before it says so: KERNEL_BUILD asks the
+# venv's python what setuptools will find, the compiler it takes (CC, else the one Python was
+# built with) and Python's headers, and says what follows from it.
+KERNEL_BUILD = $(PY) -c 'import os, shlex, shutil, sysconfig; \
+	cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc") or ["cc"]; \
+	headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")); \
+	print("no C compiler found (" + cc[0] + "): the NumPy kernel will run, with the same bits" if not shutil.which(cc[0]) \
+	else "Python.h not found, so the kernel cannot be compiled: the NumPy kernel will run, with the same bits" if not headers \
+	else "this includes compiling the kernel (kernels/_native.c) with " + os.path.basename(cc[0]) + ": minutes on a busy machine")'
+
 $(STAMP): pyproject.toml setup.py kernels/_native.c $(wildcard kernels/_native_*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "dyndq needs Python 3.11 or newer; try: make PYTHON=python3.11 ..."; exit 1; }
 	$(call venv,$(VENV))
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
-	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
-	touch $(STAMP)
+	@echo "upgrading pip and setuptools in $(VENV)"
+	@$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
+	@echo "installing dyndq with its dependencies and test tools into $(VENV); $$($(KERNEL_BUILD))"
+	@$(PY) -m pip install --quiet --quiet -e '.[test]' --config-settings editable_mode=compat
+	@$(PY) -c 'from dyndq.kernels import native; print("installed;", native.summary())'
+	@touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/dyndq demo
+	@echo "running the demo ($(VENV)/bin/dyndq demo)"
+	@$(VENV)/bin/dyndq demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@echo "running the tests ($(PY) -m pytest -q)"
+	@$(PY) -m pytest -q
 
 # the tests that need more than 2 GiB of memory (models over 2 GiB; about 15 GiB at peak)
 test-big: $(STAMP)

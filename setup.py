@@ -1,4 +1,13 @@
-"""The optional compiled kernel (kernels/_native.c); everything else is in pyproject.toml.
+"""The packages, found in the tree, and the optional compiled kernel (kernels/_native.c);
+everything else is in pyproject.toml.
+
+The packages are what setuptools' own discovery (find_packages) finds: dyndq/ and every package
+under it, and the design card's four part folders at the top of the repository, each installed
+under dyndq (a bare top-level `kernels` or `converters` would collide with unrelated PyPI
+packages) with its own subpackages (converters/contrib/ as dyndq.converters.contrib).  Nothing
+else installs at the top level.  (Found rather than listed: a hand-kept list in pyproject.toml
+left dyndq.parity out of `pip install .`; pyproject's find table cannot put a folder under another
+name, and its package-dir would be half of a mapping whose other half lives here.)
 
 optional=True: a machine without a C compiler still installs, and the NumPy kernel
 runs (kernels/native.py says which runs and why).  The flags depend on the compiler:
@@ -16,8 +25,13 @@ table, which setuptools still calls experimental, and cannot choose flags per co
 import os
 import shutil
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+
+PARTS = ("opdefs", "shape_inference", "kernels", "converters")  # the design card's part folders
+PACKAGE_DIR = {"dyndq": "dyndq", **{f"dyndq.{part}": part for part in PARTS}}
+PACKAGES = find_packages(include=["dyndq", "dyndq.*"]) + [
+    f"dyndq.{part}{sub}" for part in PARTS for sub in ["", *(f".{p}" for p in find_packages(part))]]
 
 FLAGS = {
     "msvc": ["/O2", "/fp:precise"],
@@ -46,6 +60,8 @@ class BuildExt(build_ext):
 no_simd = os.environ.get("DYNDQ_NO_SIMD", "").lower() not in {"", "0", "off", "false", "no"}
 
 setup(
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(

@@ -1,8 +1,10 @@
-"""`pip install .` and `pip install -e .` both give one `dyndq` namespace, and nothing else.
+"""`pip install .` and `pip install -e .` both give one `dyndq` namespace, every package of the
+tree in it, and nothing else; a regular install runs every command.
 
 The wheel is built from a copy of the source tree (no test writes into the repository), with
 the compiled kernel `make test`'s install already compiled put in it (setup.py,
-DYNDQ_PREBUILT_NATIVE): the C module is compiled once per `make test`."""
+DYNDQ_PREBUILT_NATIVE): the C module is compiled once per `make test`.  It is installed once,
+into a fresh venv (the `installed` fixture), which the tests of a regular install share."""
 import json
 import os
 import shutil
@@ -57,17 +59,85 @@ def test_wheel_installs_only_under_dyndq(wheel):
         assert any(n.startswith("dyndq/kernels/_native.") and n.endswith((".so", ".pyd")) for n in names), names
 
 
-def test_regular_install_imports_from_site_packages(wheel, tmp_path):
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
-    env = dict(os.environ, PYTHONPATH=str(target))
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
-    mods = json.loads(out.stdout)
-    assert mods.pop("registered") is True
-    for name, path in mods.items():
-        assert path.startswith(str(target / "dyndq")), (name, path)
-    assert not (target / "kernels").exists()
+def tree_packages() -> set[str]:
+    """Every package of the source tree, found by walking it: each folder holding Python under
+    dyndq/ or under a part folder (a folder at the top with an __init__.py, installed under
+    dyndq), so a new folder is covered here without editing this test."""
+    tops = {"dyndq": "dyndq"} | {d.name: f"dyndq.{d.name}" for d in ROOT.iterdir()
+                                 if d.name != "dyndq" and (d / "__init__.py").is_file()}
+    found = set()
+    for top, package in tops.items():
+        for folder, dirs, files in os.walk(ROOT / top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if any(f.endswith(".py") for f in files):
+                found.add(".".join([package, *Path(folder).relative_to(ROOT / top).parts]))
+    return found
+
+
+def test_the_tree_has_the_part_folders_and_subpackages():  # (so the walk above finds something to check)
+    assert {"dyndq", "dyndq.parity", "dyndq.converters.contrib"} | {f"dyndq.{p}" for p in PARTS} <= tree_packages()
+
+
+def test_the_wheel_holds_every_package_of_the_tree(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {os.path.dirname(n).replace("/", ".") for n in names if n.endswith(".py")}
+    assert packages == tree_packages()
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """(venv folder, environment): the wheel installed into a fresh venv, as `pip install .` would.
+
+    The venv is made without pip (fast), and the running environment's pip installs the wheel into
+    it (`pip --python`).  Its dependencies (numpy, onnx, onnxruntime, ...; pytest for the tests
+    run from it) are not fetched again: a .pth file in its site-packages names the running
+    environment's site-packages, written after the install (pip would otherwise see the editable
+    dyndq there).  A .pth line adds that folder to sys.path, after the venv's own site-packages,
+    without reading the .pth files in it, so the editable install's (the clone's root on sys.path)
+    stays out: `import dyndq` finds only the wheel's files, and the bare part names nothing."""
+    import site
+
+    venv = tmp_path_factory.mktemp("venv") / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    "--no-index", str(wheel)], check=True, capture_output=True)
+    ask = "import site, sys; print(site.getsitepackages()[0])"
+    venv_site = subprocess.run([python, "-c", ask], check=True, capture_output=True, text=True).stdout.strip()
+    deps = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    (Path(venv_site) / "dependencies_from_the_test_environment.pth").write_text("\n".join(deps) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    return venv, env
+
+
+# Imports every module of every package named on the command line, and prints where each came from.
+IMPORT_ALL = """import importlib, importlib.util, json, pkgutil, sys
+files = {}
+for package in sys.argv[1:]:
+    p = importlib.import_module(package)
+    files[package] = p.__file__
+    for m in pkgutil.iter_modules(p.__path__, package + "."):
+        if not m.ispkg and not m.name.endswith(".__main__"):
+            files[m.name] = importlib.import_module(m.name).__file__
+bare = [name for name in ("opdefs", "shape_inference", "kernels", "converters") if importlib.util.find_spec(name)]
+print(json.dumps({"files": files, "bare": bare}))
+"""
+
+
+def test_regular_install_imports_every_package_from_the_venv(installed, tmp_path):
+    venv, env = installed
+    packages = sorted(tree_packages())
+    out = subprocess.run([venv / "bin" / "python", "-c", IMPORT_ALL, *packages], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout)
+    assert found["bare"] == []  # (no part installed, or reachable, under its bare name)
+    assert set(packages) <= set(found["files"])
+    for name, path in found["files"].items():
+        assert path.startswith(str(venv)) and "site-packages" in path, (name, path)
+    probe = subprocess.run([venv / "bin" / "python", "-c", PROBE], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True)
+    assert json.loads(probe.stdout)["registered"] is True
 
 
 def test_editable_install_maps_the_parts_to_the_repository_folders(tmp_path):
@@ -81,6 +151,37 @@ def test_editable_install_maps_the_parts_to_the_repository_folders(tmp_path):
     assert mods["dyndq"] == str(ROOT / "dyndq" / "__init__.py")
     for part in PARTS:
         assert mods[part] == str(ROOT / part / "__init__.py")
+
+
+def test_regular_install_runs_every_command(installed, tmp_path):
+    """Each command of the installed console script once, on the demo's small models: exit 0,
+    and no internal error (an install missing a module fails here, as dyndq.parity did)."""
+    from dyndq.cli import COMMANDS
+    from dyndq.demo import float_model
+    from dyndq.files import save_model
+
+    venv, env = installed
+    save_model(float_model(), tmp_path / "float.onnx")  # (the one input no command writes)
+    commands = [  # in order: the demo writes the models the others read
+        ["demo", "--out", "demo"],
+        ["schema"],
+        ["check", "demo/model.onnx"],
+        ["check", "--runtime-parity", "demo/model.onnx"],
+        ["export", "demo/model.onnx", "exported.onnx"],
+        ["lift", "demo/model.exported.onnx", "lifted.onnx"],
+        ["run", "demo/model.onnx", "-i", "x=demo/x.npy"],
+        ["export-onednn", "--weights-as-inputs", "demo/model.onnx", "graph.json"],
+        ["import-onednn", "graph.json", "imported.onnx"],
+        ["quantize", "float.onnx", "quantized.onnx"],
+    ]
+    assert {c[0] for c in commands} == set(COMMANDS)  # (a new command gets a line here)
+    for command in commands:
+        out = subprocess.run([venv / "bin" / "dyndq", *command], cwd=tmp_path, env=env, capture_output=True,
+                             text=True)
+        said = out.stdout + out.stderr
+        assert out.returncode == 0 and "internal error" not in said, (command, out.returncode, said[-3000:])
+    for written in ("demo/model.onnx", "exported.onnx", "lifted.onnx", "graph.json", "imported.onnx", "quantized.onnx"):
+        assert (tmp_path / written).is_file(), written
 
 
 # -- importable from the clone: its root, and its parent folder (the clone named dyndq) -------------
@@ -97,22 +198,11 @@ def parent(tmp_path_factory):
     return folder
 
 
-def _regular(wheel, tmp_path_factory):
-    """A regular install of the wheel, and the command that runs Python on it without this
-    environment's editable install (-S: no .pth files; the dependencies by PYTHONPATH)."""
-    import numpy
-
-    target = tmp_path_factory.mktemp("regular")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
-    deps = os.path.dirname(os.path.dirname(numpy.__file__))
-    return [sys.executable, "-S"], dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), deps]))
-
-
 @pytest.fixture(scope="module")
-def installs(wheel, tmp_path_factory):
+def installs(installed):
     """(name, python command, environment) for each way dyndq is installed here."""
-    found = [("regular", *_regular(wheel, tmp_path_factory))]
+    venv, env = installed
+    found = [("regular", [str(venv / "bin" / "python")], env)]
     urls = [d.read_text("direct_url.json") for d in metadata.distributions(name="dyndq")]
     if any(u and json.loads(u).get("dir_info", {}).get("editable") for u in urls):
         found.append(("editable", [sys.executable], dict(os.environ)))
@@ -158,11 +248,16 @@ def test_the_readme_quick_start_from_the_clone_and_its_parent(installs, parent, 
 FAKE_PYTHON = """#!/bin/sh
 echo "python $*" >> "{log}"
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
-    mkdir -p "$3/bin" && cp "{venv_python}" "$3/bin/python" && chmod +x "$3/bin/python"
+    mkdir -p "$3/bin" && cp "{venv_python}" "$3/bin/python" && cp "{folder}/dyndq" "$3/bin/dyndq"
 fi
 """
+# (the question what the kernel's build will find goes to a real Python: it reads only sysconfig and PATH)
 VENV_PYTHON = """#!/bin/sh
 echo "venv $*" >> "{log}"
+case "$*" in *sysconfig*) exec "{real_python}" "$@";; esac
+"""
+DYNDQ = """#!/bin/sh
+echo "dyndq $*" >> "{log}"
 """
 NO_PIP_PYTHON = """#!/bin/sh
 case "$*" in *"import pip"*) echo "No module named pip" >&2; exit 1;; esac
@@ -182,18 +277,20 @@ def makefile_folder(tmp_path):
         (tmp_path / name).write_text("")
         os.utime(tmp_path / name, (1_000_000_000, 1_000_000_000))  # (older than any stamp made here)
     log = tmp_path / "log"
-    for name, text in (("python", FAKE_PYTHON), ("venv-python", VENV_PYTHON), ("no-pip-python", NO_PIP_PYTHON)):
-        (tmp_path / name).write_text(text.format(log=log, venv_python=tmp_path / "venv-python"))
+    for name, text in (("python", FAKE_PYTHON), ("venv-python", VENV_PYTHON), ("no-pip-python", NO_PIP_PYTHON),
+                       ("dyndq", DYNDQ)):
+        (tmp_path / name).write_text(text.format(log=log, venv_python=tmp_path / "venv-python", folder=tmp_path,
+                                                 real_python=sys.executable))
         (tmp_path / name).chmod(0o755)
     return tmp_path
 
 
-def _make(folder, target="install"):
-    """Runs `make TARGET` with the stand-in Python; (exit code, what the Pythons were asked, output)."""
+def _make(folder, target="install", **env):
+    """Runs `make TARGET` with the stand-in Python (and ENV); (exit code, what the Pythons were asked, output)."""
     log = folder / "log"
     log.write_text("")
     out = subprocess.run(["make", "--no-print-directory", target, f"PYTHON={folder / 'python'}"], cwd=folder,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dict(os.environ, **env))
     return out.returncode, log.read_text().splitlines(), out.stdout + out.stderr
 
 
@@ -238,3 +335,25 @@ def test_a_fresh_clone_gets_its_venv(makefile_folder):
     assert code == 0, output
     assert "python -m venv .venv" in asked and "making it again" not in output
     assert (makefile_folder / ".venv" / ".installed").exists()
+
+
+@pytest.mark.parametrize("compiler", ["no-such-cc", "sh"], ids=["no-compiler", "a-compiler"])
+def test_make_demo_says_each_step_as_it_goes(makefile_folder, compiler):
+    """One line a step, before the step; no command line and no pip output in between."""
+    code, asked, output = _make(makefile_folder, "demo", CC=compiler)
+    assert code == 0, output
+    install = "installing dyndq with its dependencies and test tools into .venv; "
+    kernel = ("no C compiler found (no-such-cc): the NumPy kernel will run, with the same bits",) if compiler != "sh" else (
+        "this includes compiling the kernel (kernels/_native.c) with sh: minutes on a busy machine",
+        "Python.h not found, so the kernel cannot be compiled: the NumPy kernel will run, with the same bits")
+    lines = output.splitlines()
+    assert lines[:2] == [f"making the virtual environment .venv ({makefile_folder / 'python'} -m venv .venv)",
+                         "upgrading pip and setuptools in .venv"], output
+    assert lines[2] in [install + k for k in kernel], output
+    assert lines[3:] == ["running the demo (.venv/bin/dyndq demo)"], output
+    # ...each said before it is done, and after the install, the kernel it gave (native.summary(): the
+    # stand-in Python answers nothing)
+    steps = [next(i for i, a in enumerate(asked) if a.startswith(start)) for start in
+             ("python -m venv", "venv -m pip install --quiet --upgrade pip", "venv -m pip install --quiet --quiet -e",
+              "venv -c from dyndq.kernels import native", "dyndq demo")]
+    assert steps == sorted(steps), asked
