@@ -343,7 +343,7 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     a = matmul.input[0]
 
     bias, last = _bias(view, matmul, N, t)
-    replaced = rw.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
+    replaced = [node] + nodes + [matmul] + ([last] if bias else [])
     q = (codes.astype(np.int64) + shift).T  # [N, K_pad]
     new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
