@@ -16,7 +16,9 @@ the same way:
   graph that holds it, and nodes are removed and inserted one by one, never copied.
 - Constants are looked up as ONNX scopes names: an initializer (that is not also a graph
   input) or a Constant node of the graph, else of the graph enclosing it.  In a function,
-  Constant nodes are the only constants, and new constants are written as Constant nodes.
+  Constant nodes are the only constants, and new constants are written as Constant nodes (the
+  commands then pass in from the main graph those the function's opset cannot hold, and export
+  takes them back in before its rules: dyndq.plumbing.function_inputs).
 - One weight, one copy: a new constant is `derived` from a constant of the model (its
   source) with a role; two rewrites deriving equal tensors from one source share one tensor
   (two MatMulNBits reading one B give one set of codes, and back).  New constants stand in

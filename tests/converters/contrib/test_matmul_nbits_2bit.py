@@ -273,3 +273,36 @@ def test_int2_codes_are_written_as_unsigned_two_bit_codes_shifted_by_two():
     ours = dyndq.run(model, {"A": eye}, engine="reference")["Y"]
     assert np.array_equal(ours, (codes * np.repeat(scales, 16, 0)).astype(np.float32))
     assert np.array_equal(on_ort(back, {"A": eye}), ours)
+
+
+def test_a_two_bit_matmul_nbits_in_a_function_lifts_into_a_valid_model_and_back_with_its_bytes():
+    """A function importing ai.onnx 21 cannot hold uint2 codes in a Constant node (Constant-25 takes
+    them): the lifted codes are passed in from the main graph, and the export takes them back in."""
+    from dyndq.converters.contrib import shared as foreign
+
+    rng = np.random.default_rng(0)
+    K, N, block = 64, 8, 32
+    B = foreign.pack(rng.integers(0, 4, (N, K)), 2).reshape(N, K // block, block // 4)
+    tensors = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(rng.uniform(0.01, 0.05, (N, K // block))
+                                                                       .astype(np.float32), "s")]
+    body = [helper.make_node("Constant", [], [t.name], name=f"{t.name}_const", value=t) for t in tensors] + [
+        helper.make_node("MatMulNBits", ["a", "B", "s"], ["b"], name="mm", domain="com.microsoft", K=K, N=N, bits=2,
+                         block_size=block)]
+    imports = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    fn = helper.make_function("local", "Proj", ["a"], ["b"], body, imports)
+    graph = helper.make_graph([helper.make_node("Proj", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", N])])
+    model = helper.make_model(graph, opset_imports=imports + [helper.make_opsetid("local", 1)], functions=[fn],
+                              ir_version=10)
+    lifted = dyndq.lift(model)
+    onnx.checker.check_model(lifted, full_check=True)
+    assert [t.data_type for t in lifted.graph.initializer] == [TensorProto.UINT2, TensorProto.UINT2]
+    eye = {"x": np.eye(K, dtype=np.float32)}
+    assert np.array_equal(dyndq.run(lifted, eye, engine="reference")["y"], on_ort(model, eye))
+    back = dyndq.export(lifted, target="onnxruntime")
+    assert not back.graph.initializer and list(back.functions[0].input) == ["a"]
+    # (the same constants and node, byte for byte; the Constant nodes' own names are not kept through the main graph)
+    assert [n.attribute[0].t.SerializeToString() for n in back.functions[0].node[:2]] == \
+        [t.SerializeToString() for t in tensors]
+    assert back.functions[0].node[2].SerializeToString() == body[2].SerializeToString()
