@@ -634,6 +634,6 @@ def lower_padded_blocks(found, node: onnx.NodeProto, view: GraphView) -> Rewrite
     y = to_output(ctx, _blocks(ctx, short, float32_scales(ctx, scales, t), zps, axis, block), t, scales)
     ctx.output_as(y, cut.output[0])
     stand_in(ctx.nodes[-1], cut)
-    return Rewrite(rw.chain_nodes(view, [node, cut]), list(ctx.nodes), new.tensors,
+    return Rewrite([node, cut], list(ctx.nodes), new.tensors,
                    "DequantizeLinear (blocked, the last block short)", domains={"": INT4_OPSET},
                    derived=new.derived, needs_why="blocked DequantizeLinear")

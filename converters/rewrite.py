@@ -201,20 +201,6 @@ def chain_to(view: GraphView, node: onnx.NodeProto, op_type: str, index: int, ax
         value = reader.output[0]
 
 
-def chain_nodes(view: GraphView, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` (a DynamicDequantize first) and the Constant nodes that only the others read (a
-    Slice's bounds): what a rewrite replaces.  The DynamicDequantize's own constants are left to
-    the walker, which removes them once unread and gives their names to what was made of them."""
-    out = list(nodes)
-    for node in nodes[1:]:
-        for name in node.input:
-            maker = view.producer(name) if name else None
-            if maker is not None and maker.op_type == "Constant" and all(
-                    reader in nodes for reader in view.consumers(name)) and maker not in out:
-                out.insert(0, maker)
-    return out
-
-
 def stand_in(new: onnx.NodeProto, old: onnx.NodeProto, drop=()) -> None:
     """The node that now makes the original's output takes its name, doc string and metadata
     (but for the metadata keys in `drop`).  (An empty doc string set would be written out: not

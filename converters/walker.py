@@ -16,11 +16,17 @@ the same way:
   graph that holds it, and nodes are removed and inserted one by one, never copied.
 - Constants are looked up as ONNX scopes names: an initializer (that is not also a graph
   input) or a Constant node of the graph, else of the graph enclosing it.  In a function,
-  Constant nodes are the only constants, and new constants are written as Constant nodes.
+  Constant nodes are the only constants, and new constants are written as Constant nodes (the
+  commands then pass in from the main graph those the function's opset cannot hold, and export
+  takes them back in before its rules: dyndq.plumbing.function_inputs).
 - One weight, one copy: a new constant is `derived` from a constant of the model (its
   source) with a role; two rewrites deriving equal tensors from one source share one tensor
   (two MatMulNBits reading one B give one set of codes, and back).  New constants stand in
   the scope that holds their source, so a body and its parent share them too.
+- Constants outlive the nodes replaced: a Constant node that only replaced nodes read may
+  still be read by the new ones (a bias folded into MatMulNBits, a Gather's indices), so no
+  rewrite removes one, even one it lists among `replaces`; every constant a rewrite stopped
+  reading is removed at the end, once nothing reads it.
 - Names given back: once no node reads a source any more it is removed, and when one tensor
   was derived from it in the role "" (the value itself, in another form) that tensor takes
   its name and its place (an initializer's position; a Constant node's).  Lift then export
@@ -146,10 +152,14 @@ class _Walk:
         for rw in rewrites:
             constants += self._place_constants(scope, rw)
             where = [position[id(n)] for n in rw.replaces]
-            gone.update(where)
+            # (a Constant node it replaces stays until `finish`, which removes it if nothing reads it then:
+            # the new nodes may read it still, a bias folded into MatMulNBits, a Gather's indices)
+            gone.update(position[id(n)] for n in rw.replaces if not is_constant_node(n))
             placed.setdefault(max(where), []).extend(rw.nodes)  # after every input the replaced nodes read
             for n in rw.replaces:
                 self.candidates.update(name for name in n.input if name)
+                if is_constant_node(n):
+                    self.candidates.add(n.output[0])
                 self.replaced_domains.setdefault(id(scope.top), set()).add(n.domain)
             for domain, version in rw.domains.items():
                 if domain not in ("", "ai.onnx"):
@@ -166,7 +176,7 @@ class _Walk:
         _insert_beside_sources(constants)  # (after the positions above were used)
         scope.changed()
         if scope.graph is not None:
-            stale = {o for rw in rewrites for n in rw.replaces for o in n.output} - made
+            stale = {o for rw in rewrites for n in rw.replaces if not is_constant_node(n) for o in n.output} - made
             for vi in [vi for vi in scope.graph.value_info if vi.name in stale]:
                 scope.graph.value_info.remove(vi)
 

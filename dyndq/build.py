@@ -162,7 +162,12 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
                **kwargs) -> onnx.ModelProto:
     """A model of `graph` importing ai.onnx at `opset`, our domain and every other registered
     domain its nodes use (each at the version its nodes need, or as `versions` says), at the
-    lowest IR version they need."""
+    lowest IR version they need.  A domain of ours that model-local functions (`functions=`) use
+    is imported at one version by the model and all of them (the newest among their imports and
+    what the graph's nodes need: ONNX's checker resolves a function's nodes under its import and
+    the model's, and refuses the model where they differ; dyndq.plumbing.domain_imports); a
+    function needing a newer version than `versions` pins is refused, by name (ValidationError)."""
+    from dyndq.plumbing.domain_imports import align
     from dyndq.plumbing.walk import graphs
 
     newest = onnx.defs.onnx_opset_version()
@@ -173,6 +178,8 @@ def make_model(graph: onnx.GraphProto, *, opset: int = 21, versions: dict[str, i
     used = {n.domain for g in graphs(graph) for n in g.node} & domains()
     imports = [onnx.helper.make_opsetid("", opset)]
     for domain in sorted(used | {DOMAIN} | set(versions)):
-        imports.append(opset_import(versions.get(domain, _version_needed(graph, domain)), domain))
+        imports.append(opset_import(versions[domain] if domain in versions else _version_needed(graph, domain), domain))
     kwargs.setdefault("ir_version", ir_version_for(imports))
-    return onnx.helper.make_model(graph, opset_imports=imports, **kwargs)
+    model = onnx.helper.make_model(graph, opset_imports=imports, **kwargs)
+    align(model, {d: v for d, v in versions.items() if d in domains()})  # (the functions are the model's copies)
+    return model

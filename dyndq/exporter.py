@@ -25,14 +25,16 @@ import onnx
 
 from dyndq.checker import check, value_types
 from dyndq.converters.op_parts import attrs_of, input_specs
+from dyndq.converters.walker import specs_at
 from dyndq.converters.rules import LIFT, LOWER, TARGETS, WRITE, apply, foreign_forms, option_problems, passes, rules
 from dyndq.files import model_of
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
 from dyndq.opdefs import DOMAIN, Needs, ValidationError, domains
+from dyndq.plumbing.function_inputs import pass_out, take_in
 from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.names import NameScope, all_names
 from dyndq.plumbing.opsets import ORT_MAX_OPSET, ai_onnx_version, drop_opset, set_opset
-from dyndq.plumbing.walk import graphs, walk, with_nested
+from dyndq.plumbing.walk import graphs, scopes, walk, with_nested
 
 class ExportError(ValueError):
     """The model cannot be exported as asked (e.g. `opset=` below what the graph needs)."""
@@ -135,6 +137,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    take_in(out)  # (a function's constants passed in from the main graph are its Constant nodes again, for the rules)
     out = _inlined(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(target=target, ir_version_before=model.ir_version)
     current = ai_onnx_version(out.opset_import)
@@ -143,7 +146,8 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     why_standard, lifted = _for_target(out, target if own_ops else "onnx", options, types, report)
     if lifted:  # (new nodes of ours to type; after a fusion the types before it still hold for what is left)
         types = value_types(out)
-    needs = [(site, _needs(site, types).at(target)) for site in _our_sites(out)]
+    where = {scope.path: scope for scope in scopes(out)}
+    needs = [(site, _needs(site, specs_at(types, where[site.graph])).at(target)) for site in _our_sites(out)]
     written = _target_opset(opset, current, needs)  # the ai.onnx opset written
     report.opset = written
 
@@ -180,6 +184,7 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     for domain in domains():
         if not _model_uses_domain(out, domain):
             report.domain_removed |= drop_opset(out.opset_import, domain)
+    pass_out(out)  # (what a function's opset does not hold as a Constant: plumbing/function_inputs.py)
     ir = max([model_ir(out)] + [n.ir_version for _, n in needs])
     out.ir_version = ir
     report.ir_version = ir
@@ -243,11 +248,12 @@ def _write_target_ops(out, target: str, options: dict, types, names, report) -> 
 
 # -- opsets -------------------------------------------------------------------------------------
 
-def _needs(site, types) -> Needs:
-    """What the node's lowering needs, asked of its op version, with the types its graph
-    sees (inside a function none: TensorSpec(None, None) for every present input)."""
+def _needs(site, spec_of) -> Needs:
+    """What the node's lowering needs, asked of its op version, with the specs its lowering will
+    see (`spec_of`: the walker's, so that both agree; inside a function only constants have one,
+    TensorSpec(None, None) for any other present input)."""
     op = site.op
-    return op.lowering_needs(*input_specs(op, site.node, types.specs_at(site.graph)), **attrs_of(op, site.node))
+    return op.lowering_needs(*input_specs(op, site.node, spec_of), **attrs_of(op, site.node))
 
 
 def _who(site) -> str:

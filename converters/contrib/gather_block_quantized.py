@@ -260,7 +260,7 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
         data_type, bits = "uint8", 4
     packed = 4 if packed4 else 2 if bits == 2 else 0  # the bits of the codes packed in uint8 data (0: none)
     default = 1 << (bits - 1) if data_type == "uint8" else 0
-    replaced = rw.chain_nodes(view, [node] + nodes + [gather])
+    replaced = [node] + nodes + [gather]
     new = rw.Constants(view.names)
     rewritten = packed or shift or length != codes.shape[qa]
     data_name = new.add(shared.pack(values, packed) if packed else shared.as_codes(values, data_type), src) \

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dyndq.opdefs import DOMAIN, PER_GROUP, dtypes
+from dyndq.opdefs import DOMAIN, PER_CHANNEL, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
@@ -271,8 +271,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     """The chain a DynamicDequantize-2 starts that one MatMulNBits expresses, or why not."""
     qtype, group = rw.ddq_attrs(node)
     src, s, z = rw.inputs_of(node, 3)
-    if qtype != PER_GROUP:
-        return f"{qtype}: MatMulNBits takes blocks along K (per_group)"
+    if qtype not in (PER_GROUP, PER_CHANNEL):
+        return f"{qtype}: MatMulNBits takes blocks along K (per_group, or per_channel along N)"
     codes = view.constant(src)
     if codes is None or codes.ndim != 2:
         return "src is not a constant 2-D weight" if codes is None else f"src has rank {codes.ndim}, not 2"
@@ -283,13 +283,25 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if src_type not in BITS_OF and not doubled:
         return f"src is {src_type}: MatMulNBits takes 2-, 4- and 8-bit integer codes"
     output_dtype = attribute_values(node).get("output_dtype")
-    if len(group) != 2 or group[1] != 1 or not shared.power_of_two_block(group[0]):
+    if qtype == PER_CHANNEL:
+        axis = attribute_values(node).get("axis", 1)
+        if axis not in (1, -1):
+            return f"per_channel along axis {axis}: MatMulNBits takes a scale per column of B (axis 1), blocks along K"
+    elif len(group) != 2 or group[1] != 1 or not shared.power_of_two_block(group[0]):
         return f"group_shape {list(group)}: MatMulNBits takes [block, 1] with block a power of two from 16"
-    block = int(group[0])
     found = shared.float_scales(view, s, RUNTIME_FLOATS, f"ONNX Runtime's CPU {OP} takes float32 and float16")
     if isinstance(found, str):
         return found
     scales, t = found
+    zero = view.constant(z) if z else None
+    if z and zero is None:
+        return "zps is not a constant"
+    if qtype == PER_CHANNEL:
+        if src_type not in BITS_OF:
+            return f"src is {src_type}: MatMulNBits takes 2-, 4- and 8-bit integer codes"
+        codes, scales, zero, block = _whole_columns(codes, scales, zero, BITS_OF[src_type])
+    else:
+        block = int(group[0])
     if output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
         return f"output_dtype {dtypes.by_onnx(output_dtype).name}: MatMulNBits gives the scales' type, {t}"
     chain = rw.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
@@ -304,9 +316,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     a_spec = view.spec(a)
     if a_spec is not None and a_spec.rank is not None and a_spec.rank < 2:
         return f"the MatMul's A has rank {a_spec.rank}: MatMulNBits takes A of rank 2 or more"
-    zero = (view.constant(z) if z else np.zeros((blocks, N), np.int64))
     if zero is None:
-        return "zps is not a constant"
+        zero = np.zeros((blocks, N), np.int64)
     if doubled:
         why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
@@ -320,6 +331,38 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
     return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form)
+
+
+# The block sizes ONNX Runtime 1.32's CPU MatMulNBits takes: powers of two from 16, up to 256 for 2-bit
+# codes ("2-bit MatMulNBits block_size must not exceed 256"), any for 4 and 8 (measured to 8192, A =
+# identity giving the weights value for value); a block may be longer than K: the padding is not read.
+MAX_BLOCK = {2: 256}
+
+
+def _whole_columns(codes: np.ndarray, scales: np.ndarray, zero: np.ndarray | None, bits: int):
+    """A per_channel weight (one scale and zero point per column, whole K) as MatMulNBits' blocks:
+    (codes padded to whole blocks along K with the zero point, so the padding is 0, scales and zero
+    points [blocks, N], the block size).  Each block of a column repeats the column's scale and zero
+    point, which gives the same weights for any block size: the one chosen stores them in the
+    fewest bytes (K itself where K is a power of two from 16; one block of the next power of two
+    where that is fewer bytes than smaller blocks with their scales)."""
+    K, N = codes.shape
+    zp_bytes = 0 if zero is None else bits / 8
+    sizes = []
+    block = 16
+    while block <= MAX_BLOCK.get(bits, max(16, 1 << (K - 1).bit_length())):
+        blocks = -(-K // block)
+        sizes.append((blocks * (block * bits / 8 + scales.itemsize + zp_bytes), -block))
+        if block >= K:
+            break
+        block *= 2
+    block = -min(sizes)[1]
+    blocks = -(-K // block)
+    zero_row = np.zeros(N, np.int64) if zero is None else np.broadcast_to(zero.astype(np.int64).reshape(-1), (N,))
+    padding = np.broadcast_to(zero_row, (blocks * block - K, N)).astype(codes.dtype)
+    padded = np.concatenate([codes, padding]) if len(padding) else codes
+    repeat = lambda row: np.ascontiguousarray(np.broadcast_to(row.reshape(1, N), (blocks, N)))  # noqa: E731
+    return padded, repeat(scales.reshape(-1)), None if zero is None else repeat(zero_row), block
 
 
 def _accuracy_level_problem(value) -> str | None:
@@ -343,7 +386,7 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     a = matmul.input[0]
 
     bias, last = _bias(view, matmul, N, t)
-    replaced = rw.chain_nodes(view, [node] + nodes + [matmul] + ([last] if bias else []))
+    replaced = [node] + nodes + [matmul] + ([last] if bias else [])
     q = (codes.astype(np.int64) + shift).T  # [N, K_pad]
     new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])

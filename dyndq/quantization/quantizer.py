@@ -16,6 +16,8 @@ import onnx
 from onnx import numpy_helper
 
 from dyndq.opdefs import DOMAIN, Problem, ValidationError
+from dyndq.plumbing.domain_imports import align as align_domain_imports
+from dyndq.plumbing.function_inputs import pass_out
 from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.light import copy_fields, stored_bytes
 from dyndq.plumbing.names import NameScope, all_names
@@ -239,7 +241,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
             if target is None or not target.constant_node:
                 continue
             # a graph's new tensors are initializers (a Constant node of int4 codes needs ai.onnx 21, which an
-            # exporter's opset 11 or 12 graph does not import); a function has none: Constant nodes, ahead of the rest
+            # exporter's opset 11 or 12 graph does not import); a function has none: Constant nodes, ahead of the
+            # rest (those its opset's Constant does not hold are passed in from the main graph at the end)
             made = []
             add = (lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))) \
                 if scope.graph is None else (lambda t, graph=scope.graph: tensors.add(graph, t))
@@ -265,7 +268,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
             scope.nodes.insert(0, node)
         if scope.in_function:
             import_at_least(scope.top.imports, DOMAIN, _version(options, chosen))  # (a superset of the older ones)
+    pass_out(out)  # (uint2 or float4 codes in a function importing opset 21: plumbing/function_inputs.py)
     _set_imports(out, _version(options, chosen))
+    align_domain_imports(out)  # (a function's import of our domain and the model's: one version)
     report.model_bytes_before, report.model_bytes_after = constant_bytes(model), constant_bytes(out)
     report.seconds = time.perf_counter() - started
     return out, report

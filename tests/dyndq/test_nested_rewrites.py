@@ -274,3 +274,43 @@ def test_a_weight_shared_by_the_main_graph_and_a_branch_stays_one_copy():
         want = run_ort(model, {"x": feeds(cond)["x"][:, 0], "cond": np.array(cond)})[0]
         assert close(got, want)
     assert constants_of(dyndq.export(lifted, target="onnxruntime")) == constants_of(model)
+
+
+def biased_layer(tag, x, y, rng):
+    """MatMul + Add of a bias held in a Constant node (as paddle2onnx, tf2onnx and jax2tf write it)."""
+    nodes, tensors = float_layer(tag, x, f"{y}_unbiased", rng)
+    bias = numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), f"b_{tag}")
+    return [helper.make_node("Constant", [], [bias.name], name=f"b_{tag}_const", value=bias), *nodes,
+            helper.make_node("Add", [f"{y}_unbiased", bias.name], [y], name=f"add_{tag}")], tensors
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_a_bias_made_by_a_constant_node_stays_for_the_matmul_nbits_reading_it(cond):
+    """The bias Add folds into MatMulNBits in every graph; the Constant node making the bias is
+    still read (by MatMulNBits), so it stays, and ONNX Runtime loads the file."""
+    model = nested_model(biased_layer)
+    quantized, _ = dyndq.quantize(model, bits=4, group_size=16, evaluate=False)
+    exported = dyndq.export(quantized, target="onnxruntime")
+    # (but for the else branch: its weight is the main graph's, quantized there, its MatMul the branch's)
+    for place in [p for p in PLACES if p != "else"]:
+        found = [n for s in scopes(exported) for n in s.nodes if n.op_type == "MatMulNBits" and n.name == f"add_{place}"]
+        assert len(found) == 1 and found[0].input[5] == f"b_{place}", place
+    onnx.checker.check_model(exported, full_check=True)
+    assert dyndq.check(exported) == []
+    want = dyndq.run(quantized, feeds(cond), engine="reference")["y"]
+    assert close(on_ort(exported, cond), want)
+
+
+def test_indices_made_by_a_constant_node_stay_for_the_gather_block_quantized_reading_them():
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "E")
+    ids = numpy_helper.from_array(np.array([3, 0, 63], np.int64), "ids")
+    graph = helper.make_graph([helper.make_node("Constant", [], ["ids"], name="ids_const", value=ids),
+                               helper.make_node("Gather", ["E", "ids"], ["y"], name="embed")], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 32])], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    quantized, _ = dyndq.quantize(model, bits=4, group_size=16, evaluate=False)
+    exported = dyndq.export(quantized, target="onnxruntime")
+    assert [n.op_type for n in exported.graph.node] == ["Constant", "GatherBlockQuantized"]
+    onnx.checker.check_model(exported, full_check=True)
+    assert np.array_equal(run_ort(exported, {})[0], dyndq.run(quantized, {}, engine="reference")["y"])

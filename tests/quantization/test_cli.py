@@ -98,17 +98,22 @@ def test_emit_onnxruntime(float_model, tmp_path, capsys):
     assert len(fell_back) == 1 and ": not MatMulNBits: " in fell_back[0], printed
 
 
-@pytest.mark.parametrize("argv,why", [
-    (["--group-size", "-1"], "not MatMulNBits: per_channel"),
-    (["--scale-dtype", "bfloat16"], "scales is bfloat16"),
+@pytest.mark.parametrize("argv,why,fell_back", [
+    # (one scale per column: MatMul's W1 is a MatMulNBits of one block per column; Gemm's transposed W2 is not)
+    (["--group-size", "-1"], "not MatMulNBits: per_channel along axis 0", ("E", "W2")),
+    (["--scale-dtype", "bfloat16"], "scales is bfloat16", ("E", "W1", "W2")),
 ])
-def test_emit_onnxruntime_says_why_each_weight_fell_back_to_standard_onnx(float_model, tmp_path, capsys, argv, why):
+def test_emit_onnxruntime_says_why_each_weight_fell_back_to_standard_onnx(float_model, tmp_path, capsys, argv, why,
+                                                                         fell_back):
     out = str(tmp_path / "q.onnx")
     assert main(["quantize", float_model, out, "--emit", "onnxruntime", "--no-evaluate", *argv]) == 0
     printed = capsys.readouterr().out.splitlines()
     for weight in ("E", "W1", "W2"):
         line, = [p for p in printed if f"'{weight}_DynamicDequantize' -> " in p]
-        assert why in line and "DequantizeLinear" in line, line
+        if weight in fell_back:
+            assert why in line and "DequantizeLinear" in line, line
+        else:
+            assert "-> com.microsoft::MatMulNBits" in line, line
 
 
 def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, tmp_path):

@@ -314,3 +314,39 @@ def test_a_node_in_a_model_local_function_reading_its_inputs_is_left_alone_and_n
     assert [line for line in exported.lines() if line.startswith("function local::Proj: com.microsoft::MatMulNBits "
                                                                    "'mm' -> kept: no standard form: B is not a constant")]
     assert "1 MatMulNBits node(s) in the input" in exported.summary()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("K", [16, 48, 64, 100, 512])
+def test_one_scale_per_column_is_written_as_matmul_nbits_that_means_the_same_at_every_level(K, bits, symmetric):
+    """A per_channel weight (`quantize --group-size -1`) is written as MatMulNBits, accuracy_level
+    0, one block per column (or blocks of it repeating its scale, where fewer bytes; 2-bit blocks
+    are at most 256): standard DequantizeLinear + MatMul would be fused by ONNX Runtime at its
+    default level into MatMulNBits at accuracy_level 4, which rounds A to int8.  At every level the
+    weights (A = identity) are ours value for value, and the outputs agree within parity.TOLERANCE."""
+    rng = np.random.default_rng(K + bits)
+    N = 24
+    graph = helper.make_graph([helper.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+                              [numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    quantized, _ = dyndq.quantize(model, bits=bits, group_size=-1, symmetric=symmetric, evaluate=False)
+    [ddq] = [n for n in quantized.graph.node if n.op_type == "DynamicDequantize"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in ddq.attribute}["qtype"] == b"per_channel"
+    written = dyndq.export(quantized, target="onnxruntime")
+    [node] = written.graph.node
+    attrs = {a.name: a.i for a in node.attribute}
+    assert node.op_type == "MatMulNBits" and attrs["accuracy_level"] == 0 and attrs["bits"] == bits
+    eye, A = np.eye(K, dtype=np.float32), rng.standard_normal((8, K)).astype(np.float32)
+    weights = dyndq.run(quantized, {"A": eye}, engine="reference")["Y"]
+    want = dyndq.run(quantized, {"A": A}, engine="reference")["Y"]
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.log_severity_level = 3
+        session = ort.InferenceSession(written.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        assert np.array_equal(session.run(None, {"A": eye})[0], weights), level
+        got = session.run(None, {"A": A})[0]
+        assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max(), level

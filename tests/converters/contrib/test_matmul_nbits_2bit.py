@@ -273,3 +273,71 @@ def test_int2_codes_are_written_as_unsigned_two_bit_codes_shifted_by_two():
     ours = dyndq.run(model, {"A": eye}, engine="reference")["Y"]
     assert np.array_equal(ours, (codes * np.repeat(scales, 16, 0)).astype(np.float32))
     assert np.array_equal(on_ort(back, {"A": eye}), ours)
+
+
+def test_a_two_bit_matmul_nbits_in_a_function_lifts_into_a_valid_model_and_back_with_its_bytes():
+    """A function importing ai.onnx 21 cannot hold uint2 codes in a Constant node (Constant-25 takes
+    them): the lifted codes are passed in from the main graph, and the export takes them back in."""
+    from dyndq.converters.contrib import shared as foreign
+
+    rng = np.random.default_rng(0)
+    K, N, block = 64, 8, 32
+    B = foreign.pack(rng.integers(0, 4, (N, K)), 2).reshape(N, K // block, block // 4)
+    tensors = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(rng.uniform(0.01, 0.05, (N, K // block))
+                                                                       .astype(np.float32), "s")]
+    body = [helper.make_node("Constant", [], [t.name], name=f"{t.name}_const", value=t) for t in tensors] + [
+        helper.make_node("MatMulNBits", ["a", "B", "s"], ["b"], name="mm", domain="com.microsoft", K=K, N=N, bits=2,
+                         block_size=block)]
+    imports = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    fn = helper.make_function("local", "Proj", ["a"], ["b"], body, imports)
+    graph = helper.make_graph([helper.make_node("Proj", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", N])])
+    model = helper.make_model(graph, opset_imports=imports + [helper.make_opsetid("local", 1)], functions=[fn],
+                              ir_version=10)
+    lifted = dyndq.lift(model)
+    onnx.checker.check_model(lifted, full_check=True)
+    assert [t.data_type for t in lifted.graph.initializer] == [TensorProto.UINT2, TensorProto.UINT2]
+    eye = {"x": np.eye(K, dtype=np.float32)}
+    assert np.array_equal(dyndq.run(lifted, eye, engine="reference")["y"], on_ort(model, eye))
+    back = dyndq.export(lifted, target="onnxruntime")
+    assert not back.graph.initializer and list(back.functions[0].input) == ["a"]
+    # (the same constants and node, byte for byte; the Constant nodes' own names are not kept through the main graph)
+    assert [n.attribute[0].t.SerializeToString() for n in back.functions[0].node[:2]] == \
+        [t.SerializeToString() for t in tensors]
+    assert back.functions[0].node[2].SerializeToString() == body[2].SerializeToString()
+
+
+@pytest.mark.parametrize("main_bits, function_bits", [(4, 2), (2, 4)])
+def test_a_function_and_the_graph_lifted_to_versions_2_and_3_import_one_version(main_bits, function_bits):
+    """ONNX's checker resolves a function's nodes under its import of org.dyndq and the model's: both
+    are raised to 3 (which holds every version 2 node), whichever holds the 2-bit codes."""
+    from dyndq.converters.contrib import shared as foreign
+
+    rng = np.random.default_rng(0)
+    K = N = 32
+
+    def layer(tag, x, y, bits):
+        q = rng.integers(0, 2**bits, (N, K))
+        tensors = [numpy_helper.from_array(foreign.pack(q, bits).reshape(N, 1, K * bits // 8), f"B_{tag}"),
+                   numpy_helper.from_array(rng.uniform(0.01, 0.05, (N, 1)).astype(np.float32), f"s_{tag}")]
+        return helper.make_node("MatMulNBits", [x, f"B_{tag}", f"s_{tag}"], [y], domain="com.microsoft", K=K, N=N,
+                                bits=bits, block_size=K), tensors
+
+    main, main_tensors = layer("main", "x", "h", main_bits)
+    inner, inner_tensors = layer("fn", "a", "b", function_bits)
+    imports = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    fn = helper.make_function("local", "P", ["a"], ["b"], [helper.make_node("Constant", [], [t.name], value=t)
+                                                           for t in inner_tensors] + [inner], imports)
+    graph = helper.make_graph([main, helper.make_node("P", ["h"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, N])], main_tensors)
+    model = helper.make_model(graph, opset_imports=imports + [helper.make_opsetid("local", 1)], functions=[fn],
+                              ir_version=10)
+    lifted = dyndq.lift(model)
+    versions = [o.version for o in [*lifted.opset_import, *lifted.functions[0].opset_import] if o.domain == dyndq.DOMAIN]
+    assert versions == [3, 3]
+    onnx.checker.check_model(lifted, full_check=True)
+    x = {"x": rng.standard_normal((2, K)).astype(np.float32)}
+    got = dyndq.run(lifted, x, engine="reference")["y"]
+    assert np.abs(got - on_ort(model, x)).max() <= TOLERANCE * np.abs(got).max()
