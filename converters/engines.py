@@ -4,11 +4,14 @@
 ONNX's DequantizeLinear-28 takes every code type, but no engine runs every form; measured on
 ONNX Runtime 1.32 and OpenVINO 2026.4 (docs/engines.md holds the table a test generates):
 
-- "onnx" (onnx.reference, and any engine that runs all of standard ONNX): every type.
+- "onnx" (onnx.reference, and any engine that runs all of standard ONNX): every type; its
+  DequantizeLinear leaves float8 and float4 zero points out (a -0 code minus -0 stays -0).
 - "onnxruntime": DequantizeLinear runs integer and float8 codes; float4e2m1 and float6 codes
   have neither DequantizeLinear nor Cast (float6 is not even a type it loads), float8e8m0
   scales no DequantizeLinear, but a Cast to float32 (exact).  The newest opset it loads is 26,
-  the newest IR 13.
+  the newest IR 13.  It refuses a -0 float8 zero point, its graph optimizer deletes a Sub of a
+  constant zero (-0 included), and its blocked DequantizeLinear gives a NaN scale's NaN beside a
+  NaN code (the kernel the code's).
 - "openvino": DequantizeLinear runs float4e2m1 codes and float8e8m0 scales but refuses int2,
   uint2, float6 and the float8 fnuz types (as types: its ONNX reader has none of them) and a
   blocked DequantizeLinear of rank 1.
