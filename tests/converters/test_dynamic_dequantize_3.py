@@ -559,3 +559,32 @@ def test_blocked_float8_nan_codes_keep_their_nan_against_nan_scales_on_onnx_runt
     finite = np.nan_to_num(s)
     plain = dyndq.export(_model(x, finite, None, attrs, True), target="onnxruntime")
     assert [n.op_type for n in plain.graph.node if n.op_type in ("DequantizeLinear", "Where")] == ["DequantizeLinear"]
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["constant codes", "codes fed"])
+def test_a_float8_model_with_minus_zero_zero_points_checks_exports_and_runs_on_onnx_runtime(tmp_path, capsys, fed):
+    """The command line end to end: `dyndq check` passes a float8 model whose zero points are -0,
+    `dyndq export --target onnxruntime` writes a file ONNX Runtime loads and runs (its own session,
+    default settings) with the kernel's bits, every code's (-0 among them, made +0)."""
+    import onnxruntime as ort
+
+    from dyndq.cli import main
+
+    code = "float8_e4m3fn"
+    rng = np.random.default_rng(9)
+    x = _tiled(every_code(code, rng), 2, 256)
+    s = draw_scales("float32", (2, 256 // BLOCK), rng)
+    zp = signed_zeros(code, s.shape, rng, 1.0)
+    model = _model(x, s, zp, {"qtype": "per_group", "group_shape": [1, BLOCK]}, constants=not fed)
+    path, out = tmp_path / "f8.onnx", tmp_path / "f8.ort.onnx"
+    onnx.save(model, path)
+    assert main(["check", str(path)]) == 0
+    assert main(["export", str(path), str(out), "--target", "onnxruntime"]) == 0
+    capsys.readouterr()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feeds = {"x": ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x.view(np.uint8), TensorProto.FLOAT8E4M3FN)} \
+        if fed else {}
+    [got] = [v.numpy() for v in session.run_with_ort_values(["y"], feeds)]
+    want = dyndq.dynamic_dequantize(x, s, zp, qtype="per_group", group_shape=(1, BLOCK))
+    assert same_bits(got, want)
+    assert not same_bits(want, dyndq.dynamic_dequantize(x, s, qtype="per_group", group_shape=(1, BLOCK)))
