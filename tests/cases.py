@@ -53,8 +53,9 @@ class Case:
         src = _random(rng, *self.src)
         scales = _random(rng, *self.scales)
         zps = None if self.zps is None else _random(rng, *self.zps)
-        if zps is not None and self.zps[0] in dyndq.opdefs.FLOAT_CODES_3:  # float codes' zero points are 0
-            zps = np.zeros(zps.shape, zps.dtype)
+        if zps is not None and self.zps[0] in dyndq.opdefs.FLOAT_CODES_3:  # float codes' zero points are 0:
+            negative = rng.random(zps.shape) < 0.5  # +0 and -0 (a -0 code minus -0 is +0)
+            zps = np.where(negative, np.float32(-0.0), np.float32(0.0)).astype(zps.dtype)
         return src, scales, zps
 
 
