@@ -25,7 +25,8 @@ is +0 for a -0 code x, as DequantizeLinear's (x - x_zero_point) * x_scale says. 
 known to be +0 (a constant) change nothing: DequantizeLinear gets them as they are, the decode
 route leaves them out.  Others (a -0 among them, or computed at run time) go to DequantizeLinear
 only where the engine subtracts them so (`Engine.dql_float_zero_points`), else the decode route
-subtracts them (Sub in float32, exact).  (That route never needs a newer opset than
+subtracts them itself: a zero code whose zero point is -0 made +0 (Where, exact; not a Sub, which
+ONNX Runtime's optimizer deletes for a constant zero).  (That route never needs a newer opset than
 DequantizeLinear's for float codes, whose types need 19 and up: the needs, read off the specs,
 hold for either.)
 

@@ -63,7 +63,7 @@ class Engine:
     # the float code types whose DequantizeLinear subtracts a -0 zero point as the standard's
     # (x - x_zero_point) * x_scale does (a -0 code gives +0): onnx.reference subtracts for float6 but
     # leaves float8 and float4 zero points out, ONNX Runtime refuses a -0 float8 one.  Other zero
-    # points holding a -0 (or computed at run time) take the decode route, with its Sub.
+    # points holding a -0 (or computed at run time) take the decode route, which subtracts them itself.
     dql_float_zero_points: frozenset = frozenset()
     # whether its blocked DequantizeLinear gives the scale's NaN where a code and its scale are both
     # NaN (ONNX Runtime; per tensor and per axis, the code's, as the kernel does): IEEE 754 leaves the
