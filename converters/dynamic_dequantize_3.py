@@ -20,8 +20,19 @@ target's engine (converters/engines.py says what each runs):
   unknown dtype (inside a model-local function) go through float64: Cast, Sub, Cast to float32,
   exact for every code type.
 
-Float codes' zero points are 0 (the kernel refuses others): DequantizeLinear gets them as they
-are, the decode route leaves them out.
+Float codes' zero points are zeros (the kernel refuses others), and a -0 one counts: x - (-0)
+is +0 for a -0 code x, as DequantizeLinear's (x - x_zero_point) * x_scale says.  Zero points
+known to be +0 (a constant) change nothing: DequantizeLinear gets them as they are, the decode
+route leaves them out.  Others (a -0 among them, or computed at run time) go to DequantizeLinear
+only where the engine subtracts them so (`Engine.dql_float_zero_points`), else the decode route
+subtracts them itself: a zero code whose zero point is -0 made +0 (Where, exact; not a Sub, which
+ONNX Runtime's optimizer deletes for a constant zero).  (That route never needs a newer opset than
+DequantizeLinear's for float codes, whose types need 19 and up: the needs, read off the specs,
+hold for either.)
+
+A NaN code times a NaN scale: IEEE 754 leaves open which NaN comes out; the kernel gives the
+code's.  Where the engine's blocked DequantizeLinear gives the scale's (`Engine.blocked_nan_of_scale`)
+and the scales may hold a NaN, the codes' NaNs are taken back: Where(IsNaN(codes), codes, y).
 """
 from __future__ import annotations
 
@@ -169,13 +180,18 @@ def dynamic_dequantize_3(
     t = scales_spec.dtype
     out = _output(t, output_dtype)
     float_codes = src_spec.dtype in FLOAT_CODES_3
+    signed_zeros = float_codes and zps is not None and not _plus_zeros(ctx, zps)
     route = _route(src_spec, scales_spec, zps_spec, qtype, group_shape, e)
+    if signed_zeros and src_spec.dtype not in e.dql_float_zero_points:
+        route = "decode"  # (its DequantizeLinear would not give x - (-0) = +0 for a -0 code)
     if route != "decode":
         if t == _E8M0 and e.dql_e8m0_scales:  # its DequantizeLinear takes them as they are
             y = dequantize_linear(ctx, route, src, scales, zps, zps_spec, axis, group_shape,
                                   output_dtype=TensorProto.FLOAT)
         else:
             y = dequantize_linear(ctx, route, src, float32_scales(ctx, scales, t), zps, zps_spec, axis, group_shape)
+        if float_codes and route == "block" and e.blocked_nan_of_scale and _may_hold_nan(ctx, scales):
+            y = _codes_nans(ctx, src, y)
         return to_output(ctx, y, out, scales)
     scale = float32_scales(ctx, scales, t)
     if src_spec.dtype is None or (zps and zps_spec.dtype is None):  # (inside a function) exact for every type
@@ -187,8 +203,12 @@ def dynamic_dequantize_3(
         x = ctx.op("Cast", x, to=TensorProto.FLOAT, hint="centered_float")
         ctx.form = "float64 arithmetic (Cast, Sub, Cast, Mul)"
     elif float_codes:
-        x = _float_values(ctx, e, src, src_spec.dtype)
-        scale, _ = _broadcastable(ctx, src, x, scale, None, qtype, axis, group_shape)
+        x, decoded = _float_values(ctx, e, src, src_spec.dtype)
+        negative = _minus_zeros(ctx, e, zps, zps_spec.dtype) if signed_zeros else None
+        scale, negative = _broadcastable(ctx, src, x, scale, negative, qtype, axis, group_shape)
+        if signed_zeros:
+            x = _minus_zero_subtracted(ctx, x, negative)
+        ctx.form = decoded + (", x - zp for zero points of -0 (Where)" if signed_zeros else "") + ", Mul"
     else:
         ctx.form = "integer arithmetic (Cast to int64, Sub, Cast, Mul)"
         if not e.holds(src_spec.dtype):
@@ -202,18 +222,63 @@ def dynamic_dequantize_3(
     return to_output(ctx, y, out, scales)
 
 
-def _float_values(ctx: LoweringContext, e: Engine, src: str, dtype: str) -> str:
+def _float_values(ctx: LoweringContext, e: Engine, src: str, dtype: str, arg: str = "src") -> tuple[str, str]:
     """The float codes' values as float32: a Cast (exact), or where the engine has no tensors of
-    the codes' dtype, a Gather from the table of their values by their bit patterns."""
+    the codes' dtype, a Gather from the table of their values by their bit patterns; and how, in
+    a few words.  (`arg`: which input they are, src or zps.)"""
+    hint = "src" if arg == "src" else "zero_point"
     if e.holds(dtype):
-        ctx.form = "Cast to float32, Mul"
-        return ctx.op("Cast", src, to=TensorProto.FLOAT, hint="src_float")
-    bits = _held_input(ctx, e, src, dtype, "src")
+        return ctx.op("Cast", src, to=TensorProto.FLOAT, hint=f"{hint}_float"), "Cast to float32"
+    bits = _held_input(ctx, e, src, dtype, arg)
     width = dtypes.by_name(dtype).bits
     table = np.arange(1 << width, dtype=np.uint8).view(dtypes.by_name(dtype).numpy).astype(np.float32)
-    index = ctx.op("Cast", bits, to=TensorProto.INT32, hint="src_bits")
-    ctx.form = f"Gather from the {len(table)} {dtype} values, Mul"
-    return ctx.op("Gather", ctx.const(table, f"{dtype}_values"), index, axis=0, hint="src_float")
+    index = ctx.op("Cast", bits, to=TensorProto.INT32, hint=f"{hint}_bits")
+    value = ctx.op("Gather", ctx.const(table, f"{dtype}_values"), index, axis=0, hint=f"{hint}_float")
+    return value, f"Gather from the {len(table)} {dtype} values"
+
+
+def _plus_zeros(ctx: LoweringContext, zps: str) -> bool:
+    """Whether float codes' zero points are a constant holding +0 only (x - (+0) is x for every
+    code: they change nothing); False where one is -0 or they are computed at run time."""
+    values = ctx.constant(zps)
+    return values is not None and not np.signbit(values.astype(np.float32)).any()
+
+
+def _minus_zeros(ctx: LoweringContext, e: Engine, zps: str, dtype: str) -> str | None:
+    """Which of float codes' zero points (zeros) are -0, as a bool tensor of their shape: a
+    constant (None where every one is -0), or computed at run time (1/zp < 0: -inf for -0)."""
+    values = ctx.constant(zps)
+    if values is not None:
+        negative = np.signbit(values.astype(np.float32))
+        return None if negative.all() else ctx.derive(negative, zps)
+    zp, _ = _float_values(ctx, e, zps, dtype, "zps")
+    return ctx.op("Less", ctx.op("Reciprocal", zp, hint="zero_point_reciprocal"),
+                  ctx.const(np.array(0, np.float32), "zero_float"), hint="zero_point_negative")
+
+
+def _minus_zero_subtracted(ctx: LoweringContext, x: str, negative: str | None) -> str:
+    """x - zp for zero points zp of either sign, `negative` saying where they are -0 (None:
+    everywhere), broadcast against x: x itself, but a zero x whose zp is -0 is +0 (IEEE: -0 - (-0)
+    = +0 - (-0) = +0, x - (+0) = x).  Written as Where(Equal(x, 0) [And negative], +0, x), not as
+    a Sub: ONNX Runtime's NoopElimination deletes a Sub of a constant zero, a -0 one included."""
+    zero = ctx.const(np.array(0, np.float32), "zero_float")
+    zero_codes = ctx.op("Equal", x, zero, hint="src_is_zero")
+    where = zero_codes if negative is None else ctx.op("And", zero_codes, negative, hint="src_minus_zero_point_zero")
+    return ctx.op("Where", where, zero, x, hint="centered")
+
+
+def _may_hold_nan(ctx: LoweringContext, scales: str) -> bool:
+    """Whether the scales may hold a NaN: computed at run time, or a constant holding one."""
+    values = ctx.constant(scales)
+    return values is None or bool(np.isnan(values.astype(np.float32)).any())
+
+
+def _codes_nans(ctx: LoweringContext, src: str, y: str) -> str:
+    """y with each NaN code's own NaN where the code is NaN (the kernel's product, d * c = d for
+    a NaN d): Where(IsNaN(codes), codes, y), the codes Cast to float32 (exact, NaNs quiet)."""
+    codes = ctx.op("Cast", src, to=TensorProto.FLOAT, hint="src_float")
+    ctx.form += ", the codes' NaNs kept (Where)"
+    return ctx.op("Where", ctx.op("IsNaN", codes, hint="src_is_nan"), codes, y, hint="dst_codes_nans")
 
 
 def _held_input(ctx: LoweringContext, e: Engine, name: str, dtype: str, arg: str) -> str:

@@ -4,11 +4,14 @@
 ONNX's DequantizeLinear-28 takes every code type, but no engine runs every form; measured on
 ONNX Runtime 1.32 and OpenVINO 2026.4 (docs/engines.md holds the table a test generates):
 
-- "onnx" (onnx.reference, and any engine that runs all of standard ONNX): every type.
+- "onnx" (onnx.reference, and any engine that runs all of standard ONNX): every type; its
+  DequantizeLinear leaves float8 and float4 zero points out (a -0 code minus -0 stays -0).
 - "onnxruntime": DequantizeLinear runs integer and float8 codes; float4e2m1 and float6 codes
   have neither DequantizeLinear nor Cast (float6 is not even a type it loads), float8e8m0
   scales no DequantizeLinear, but a Cast to float32 (exact).  The newest opset it loads is 26,
-  the newest IR 13.
+  the newest IR 13.  It refuses a -0 float8 zero point, its graph optimizer deletes a Sub of a
+  constant zero (-0 included), and its blocked DequantizeLinear gives a NaN scale's NaN beside a
+  NaN code (the kernel the code's).
 - "openvino": DequantizeLinear runs float4e2m1 codes and float8e8m0 scales but refuses int2,
   uint2, float6 and the float8 fnuz types (as types: its ONNX reader has none of them) and a
   blocked DequantizeLinear of rank 1.
@@ -57,6 +60,15 @@ class Engine:
     # whether its DequantizeLinear with a zero point gives the exact difference (OpenVINO fuses the
     # float32 Sub and Mul into one multiply-add: the integer route instead, which it computes exactly)
     dql_zero_points: bool = True
+    # the float code types whose DequantizeLinear subtracts a -0 zero point as the standard's
+    # (x - x_zero_point) * x_scale does (a -0 code gives +0): onnx.reference subtracts for float6 but
+    # leaves float8 and float4 zero points out, ONNX Runtime refuses a -0 float8 one.  Other zero
+    # points holding a -0 (or computed at run time) take the decode route, which subtracts them itself.
+    dql_float_zero_points: frozenset = frozenset()
+    # whether its blocked DequantizeLinear gives the scale's NaN where a code and its scale are both
+    # NaN (ONNX Runtime; per tensor and per axis, the code's, as the kernel does): IEEE 754 leaves the
+    # choice open, and the export takes the codes' NaN back (Where(IsNaN(codes), codes, y))
+    blocked_nan_of_scale: bool = False
     deviations: tuple = ()  # where it cannot give the kernel's bits, measured, in a few words
 
     def holds(self, dtype: str | None) -> bool:
@@ -67,9 +79,9 @@ class Engine:
 ENGINES = {
     e.name: e
     for e in (
-        Engine("onnx", "standard ONNX", _EVERY_CODE, True),
+        Engine("onnx", "standard ONNX", _EVERY_CODE, True, dql_float_zero_points=_FLOAT6),
         Engine("onnxruntime", "ONNX Runtime", _INTEGERS | _FLOAT8, False, lacks=frozenset({"float4_e2m1fn"}) | _FLOAT6,
-               nan_of_second=True),
+               nan_of_second=True, blocked_nan_of_scale=True),
         Engine("openvino", "OpenVINO", _EVERY_CODE - _FLOAT6 - _FNUZ - {"int2", "uint2"}, True,
                lacks=frozenset({"int2", "uint2"}) | _FLOAT6 | _FNUZ, rank1_blocked=False, dql_zero_points=False,
                short_last_block=False,

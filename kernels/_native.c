@@ -19,9 +19,10 @@ The caller (kernels/native.py) has done every check and conversion:
   float8_e8m0fnu) and zps (int32, or of 2 to 16 bits) are contiguous, of the
   varying dims' shape (widened to float32 / int32 where they change at every
   element and the CPU level is 0);
-* zps is absent (always, for float codes), or "narrow" (src - zp fits in int32 for
-  every src of its dtype, so its conversion to float32 is the one rounding of the
-  exact difference), or "wide" (the difference in double: exact, then rounded once);
+* zps is absent, or "narrow" (src - zp fits in int32 for every src of its dtype, so
+  its conversion to float32 is the one rounding of the exact difference), or "wide"
+  (the difference in double: exact, then rounded once), or, for float codes, "float"
+  (zeros given as their float32 bits, subtracted in float32: a -0 code minus -0 is +0);
 * out is C-contiguous float32, or float16 / bfloat16 bits: OT, whatever the
   scales' dtype.
 
@@ -169,7 +170,7 @@ static int size_mul(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out, const char *wha
 /* Whether the job's kinds are ones this file knows (else a ValueError is set). */
 static int kinds_ok(const Job *J) {
     if (J->src_kind < SRC_I8 || J->src_kind > SRC_TAB || J->dst_kind < DST_F32 || J->dst_kind > DST_BF16 ||
-        J->zmode < ZP_NONE || J->zmode > ZP_WIDE || J->sk < SK_F32 || J->sk > SK_E8M0 || J->zk < ZK_I32 ||
+        J->zmode < ZP_NONE || J->zmode > ZP_FLOAT || J->sk < SK_F32 || J->sk > SK_E8M0 || J->zk < ZK_I32 ||
         J->zk > ZK_U16) {
         PyErr_SetString(PyExc_ValueError, "unknown src, dst, scale or zero-point kind");
         return 0;
@@ -177,7 +178,7 @@ static int kinds_ok(const Job *J) {
     return 1;
 }
 
-/* The decoding table of SRC_TAB (whose codes take no zero point), none for the other kinds:
+/* The decoding table of SRC_TAB (whose codes take zero points "float" or none), none for the other kinds:
    256 float32, the value of each byte, optionally followed by the same 256 values as float16
    bits where each is exactly its float32 value (NaNs quiet; kernels/native.py checks), which the
    vector loops look up instead (runs512: two-register word permutes, a quarter of a gather's
@@ -187,13 +188,17 @@ static int table_ok(Job *J, Py_buffer *t) {
         PyErr_SetString(PyExc_ValueError, "a table is given for src of kind table, and for no other");
         return 0;
     }
+    if ((J->zmode == ZP_FLOAT) && (!t->buf || J->zk != ZK_I32)) {
+        PyErr_SetString(PyExc_ValueError, "float zero points go with src decoded by a table, as int32 bits");
+        return 0;
+    }
     if (!t->buf) return 1;
     if ((t->len != 256 * 4 && t->len != 256 * 6) || (uintptr_t)t->buf % 4) {
         PyErr_SetString(PyExc_ValueError, "the table: 256 float32 (then 256 float16), aligned");
         return 0;
     }
-    if (J->zmode != ZP_NONE) {
-        PyErr_SetString(PyExc_ValueError, "src decoded by a table takes no zero points");
+    if (J->zmode != ZP_NONE && J->zmode != ZP_FLOAT) {
+        PyErr_SetString(PyExc_ValueError, "src decoded by a table takes float zero points or none");
         return 0;
     }
     J->tab = t->buf;
@@ -546,7 +551,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 static PyObject *kinds(void) {
     return Py_BuildValue(
         "{s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:i,s:{s:i,s:i,s:i},"
-        "s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i},"
+        "s:{s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:{s:i,s:i,s:i,s:i},"
         "s:{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}}",
         "src", "int8", SRC_I8, "uint8", SRC_U8, "int4", SRC_I4, "uint4", SRC_U4, "int2", SRC_I2, "uint2", SRC_U2,
         "int16", SRC_I16, "uint16", SRC_U16, "int32", SRC_I32, "float8_e4m3fn", SRC_TAB, "float8_e4m3fnuz", SRC_TAB,
@@ -557,7 +562,7 @@ static PyObject *kinds(void) {
         "scale", "float32", SK_F32, "float16", SK_F16, "bfloat16", SK_BF16, "float8_e8m0fnu", SK_E8M0,
         "zp", "int32", ZK_I32, "int8", ZK_I8, "uint8", ZK_U8, "int4", ZK_I4, "uint4", ZK_U4, "int2", ZK_I2,
         "uint2", ZK_U2, "int16", ZK_I16, "uint16", ZK_U16,
-        "zmode", "none", ZP_NONE, "narrow", ZP_NARROW, "wide", ZP_WIDE,
+        "zmode", "none", ZP_NONE, "narrow", ZP_NARROW, "wide", ZP_WIDE, "float", ZP_FLOAT,
         "widen", "float16", W_F16, "bfloat16", W_BF16, "float8_e8m0fnu", W_E8M0, "int8", W_I8, "uint8", W_U8,
         "int4", W_I4, "uint4", W_U4, "int2", W_I2, "uint2", W_U2, "int16", W_I16, "uint16", W_U16);
 }

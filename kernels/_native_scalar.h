@@ -15,14 +15,17 @@
    an element, at any address); or SRC_TAB, one-byte codes of any other type (float8, float6,
    float4), each byte decoded through a table of 256 float32 values the caller builds once per
    dtype (kernels/native.py: ml_dtypes' own values, checked exact), so that every level reads the
-   very values the table holds.  Float codes take no zero point. */
+   very values the table holds.  Float codes' zero points are zeros (ZP_FLOAT, below). */
 enum { SRC_I8, SRC_U8, SRC_I4, SRC_U4, SRC_I2, SRC_U2, SRC_I16, SRC_U16, SRC_I32, SRC_TAB };
 static const int SRC_SIZE[] = {1, 1, 1, 1, 1, 1, 2, 2, 4, 1};
 enum { DST_F32, DST_F16, DST_BF16 };
 /* zmode: no zero points; "narrow" (src - zp fits in int32 for every element: the caller knows
    from src's range and the zero points'); "wide" (any other: the difference in double, exact
-   since |src - zp| < 2**33, then one rounding to float32, as the int64 one would round) */
-enum { ZP_NONE, ZP_NARROW, ZP_WIDE };
+   since |src - zp| < 2**33, then one rounding to float32, as the int64 one would round); "float"
+   (SRC_TAB only: each zp is the float32 bits of a zero, +0 or -0, subtracted from the code's value
+   in float32 as DequantizeLinear's x - x_zero_point is: a -0 code minus -0 is +0, every other code
+   its own value; kernels/native.py passes them only where some are -0) */
+enum { ZP_NONE, ZP_NARROW, ZP_WIDE, ZP_FLOAT };
 /* |zp| up to this: src - zp fits in int32 for every src of 8 bits or fewer (|src| <= 255) */
 #define NARROW_ZP ((1LL << 31) - 256)
 
@@ -87,9 +90,10 @@ INLINE int32_t load(const uint8_t *s, Py_ssize_t j, int src) {
     }
 }
 
-/* float32(src[j] - z), the one rounding of the exact difference (tab: SRC_TAB's 256 values) */
+/* float32(src[j] - z), the one rounding of the exact difference (tab: SRC_TAB's 256 values; a
+   float zero point z, +0 or -0 as float32 bits, subtracted in float32: exact, a NaN code's NaN kept) */
 INLINE float diff(const uint8_t *s, Py_ssize_t j, int src, int zmode, int32_t z, const float *tab) {
-    if (src == SRC_TAB) return tab[s[j]];
+    if (src == SRC_TAB) return zmode == ZP_FLOAT ? tab[s[j]] - bits_f32((uint32_t)z) : tab[s[j]];
     int32_t v = load(s, j, src);
     if (zmode == ZP_NONE) return (float)v;
     if (zmode == ZP_NARROW) return (float)(v - z);
@@ -196,6 +200,10 @@ INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, P
     (dst == DST_F32   ? SEG(SRC, DST_F32, ZP_NONE)            \
      : dst == DST_F16 ? SEG(SRC, DST_F16, ZP_NONE)            \
                       : SEG(SRC, DST_BF16, ZP_NONE))
+#define BY_DST_FLOAT_ZP /* (float codes with zero points of either sign) */ \
+    (dst == DST_F32   ? SEG(SRC_TAB, DST_F32, ZP_FLOAT)                    \
+     : dst == DST_F16 ? SEG(SRC_TAB, DST_F16, ZP_FLOAT)                    \
+                      : SEG(SRC_TAB, DST_BF16, ZP_FLOAT))
 
 #define BY_DST_NARROW(SRC) /* (no wide subtraction) */ \
     (dst == DST_F32 ? (zmode == ZP_NONE ? SEG(SRC, DST_F32, ZP_NONE) : SEG(SRC, DST_F32, ZP_NARROW)) \
@@ -204,7 +212,8 @@ INLINE void seg(const uint8_t *s, void *o, const float *sc, const int32_t *zp, P
 
 /* s: the segment's first element (n of them, from column col); tab: SRC_TAB's values.  few: a
    constant, true where the caller takes the plain loop for 8- and 4-bit codes without the wide
-   subtraction only (the vector variants: runs takes the rest), so that no other is compiled in. */
+   subtraction and for float codes with zero points only (the vector variants: runs takes the
+   rest), so that no other is compiled in. */
 INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *zp, Py_ssize_t col, Py_ssize_t n,
                     Py_ssize_t g, int src, int dst, int zmode, const float *tab, int few) {
     if (few) {
@@ -212,6 +221,7 @@ INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *z
         case SRC_I8: BY_DST_NARROW(SRC_I8); break;
         case SRC_U8: BY_DST_NARROW(SRC_U8); break;
         case SRC_I4: BY_DST_NARROW(SRC_I4); break;
+        case SRC_TAB: BY_DST_FLOAT_ZP; break;
         default: BY_DST_NARROW(SRC_U4); break;
         }
         return;
@@ -226,6 +236,9 @@ INLINE void segment(const uint8_t *s, void *o, const float *sc, const int32_t *z
     case SRC_I16: BY_DST(SRC_I16); break;
     case SRC_U16: BY_DST(SRC_U16); break;
     case SRC_I32: BY_DST(SRC_I32); break;
-    default: BY_DST_NO_ZP(SRC_TAB); break;
+    default:
+        if (zmode == ZP_FLOAT) BY_DST_FLOAT_ZP;
+        else BY_DST_NO_ZP(SRC_TAB);
+        break;
     }
 }

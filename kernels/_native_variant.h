@@ -116,13 +116,14 @@ VARIANT_TARGET static void V(run_range)(const Job *J, Py_ssize_t start, Py_ssize
     const int staged = J->stream || J->dst_kind == DST_F16;
     /* the fused loops: lanes (params at every element, read as given: the kinds it knows),
        table (2- and 4-bit src; 16-bit outputs only at level 1), runs (the others: any kind, any
-       g, params widened a block at a time) */
+       g, params widened a block at a time; float codes with zero points, which hold a -0 where
+       kernels/native.py passes them, take the plain loop) */
     const int lanes = g == 1 && J->zmode != ZP_WIDE && J->src_kind <= SRC_U4 && J->sk <= SK_BF16 &&
                       J->zk <= ZK_U4;
     const int tables = J->zmode != ZP_WIDE && g >= 16 && J->src_kind <= SRC_U2 && J->src_kind >= SRC_I4 &&
                        (VARIANT_LEVEL >= 2 || J->dst_kind != DST_F32);
-    const int runs = !lanes && !tables && (J->src_kind > SRC_U4 || J->sk > SK_BF16 || J->zk > ZK_U4 ||
-                                           J->zmode == ZP_WIDE);
+    const int runs = !lanes && !tables && J->zmode != ZP_FLOAT &&
+                     (J->src_kind > SRC_U4 || J->sk > SK_BF16 || J->zk > ZK_U4 || J->zmode == ZP_WIDE);
     /* Rows that share their params (groups along an outer axis; per channel on the last):
        lanes reads them widened from a row widened once per change of params, since decoding
        them at every element costs a quarter of its work.  Other rows, and rows longer than

@@ -224,8 +224,10 @@ def dynamic_dequantize(
     (decoded exactly).  scales: float32, float16, bfloat16 or float8_e8m0fnu (2^(e-127), then
     output_dtype is required): one element ([1] or []) for qtype="per_tensor"; 1-D with
     src.shape[axis] elements for qtype="per_channel"; src's rank with src.shape[i] /
-    group_shape[i] in each dim for qtype="per_group".  zps (optional, absent means 0; integer
-    codes only): any integer code type, shaped like scales (or one element under per_channel).
+    group_shape[i] in each dim for qtype="per_group".  zps (optional, absent means 0): for integer
+    codes any integer code type; for float codes their own type, zeros only (a -0 one subtracted as
+    IEEE arithmetic does: a -0 code minus -0 is +0); shaped like scales (or one element under
+    per_channel).
     out: a writeable OT array of src's shape, overlapping no input; it is filled and returned.
     threads: at most this many threads (default: the environment variable DYNDQ_NUM_THREADS,
     else every core available).
@@ -250,7 +252,7 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
                 _VALID.clear()
             _VALID[key] = plan
     if zps is not None and zps.dtype in _FLOAT_CODES:
-        zps = _zero_or_problem(zps)  # float codes' zero points are 0 (the shape function sees no data)
+        zps = _zeros_or_problem(zps)  # float codes' zero points are zeros (the shape function sees no data)
     # the compiled kernel writes C-contiguous, aligned outputs of native byte order; NumPy the rest
     compiled = plan.compiled and T.native and (out is None or (out.flags.c_contiguous and out.flags.aligned
                                                                and out.dtype.isnative))
@@ -258,7 +260,8 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
         out = _output(src, plan.dst)
     if not compiled:
         return numpy_kernel.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads)
-    if plan.count_p == 1 and src.size <= T.small:  # one scale, one thread: the lean entry
+    if plan.count_p == 1 and src.size <= T.small and (zps is None or zps.dtype not in _FLOAT_CODES):
+        # one scale, one thread, an integer zero point or none: the lean entry
         return native.dequantize_one(src, scales, zps, out)
     return native.dequantize(src, scales, zps, plan.vshape, plan.varies, out, threads, plan.count_p)
 
@@ -266,15 +269,18 @@ def _kernel(op, src, scales, zps, attrs, out, threads):
 _FLOAT_CODES = frozenset(np.dtype(n) for n in FLOAT_CODES_3)
 
 
-def _zero_or_problem(zps):
-    """None (the zero points of float codes hold nothing but zeros: absent is the same), or the
-    ValidationError naming them."""
+def _zeros_or_problem(zps):
+    """The zero points of float codes as the kernels take them: None where every one is +0
+    (x - (+0) is x itself, for every float code: absent is the same), the zero points as they
+    are where some are -0 (x - (-0) is x but for x = -0, which gives +0, as IEEE arithmetic
+    subtracts: DequantizeLinear's (x - x_zero_point) * x_scale); or the ValidationError naming
+    nonzero ones."""
     values = zps.astype(np.float32)
-    if np.all(values == 0):  # (a NaN is not 0)
-        return None
-    bad = values[values != 0].reshape(-1)[:3]
-    raise ValidationError([Problem("zps", f"nonzero values ({', '.join(map(str, bad))}) with float codes",
-                                   "zero points of 0 only (as DequantizeLinear allows for float codes)")])
+    if not np.all(values == 0):  # (a NaN is not 0)
+        bad = values[values != 0].reshape(-1)[:3]
+        raise ValidationError([Problem("zps", f"nonzero values ({', '.join(map(str, bad))}) with float codes",
+                                       "zero points of 0 only (as DequantizeLinear allows for float codes)")])
+    return zps if np.signbit(values).any() else None
 
 
 class _Plan(NamedTuple):

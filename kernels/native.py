@@ -223,8 +223,11 @@ def c_args(src, scales, zps, vshape, varies, out, count_p=None):
 
 def dequantize_one(src, scales, zps, out):
     """dequantize with one scale and one zero point (or none) for all of src, passed to C as
-    Python numbers (a float holds any float32 exactly): the lean entry for small calls."""
+    Python numbers (a float holds any float32 exactly): the lean entry for small calls.  (Float
+    codes' zero points, a float's sign, take the other entry.)"""
     kind = _SRC[src.dtype]
+    if zps is not None and kind == _TABLE_KIND:
+        return dequantize(src, scales, zps, (src.size,), (False,), out)
     _native.dequantize_one(_bytes(src), _bytes(out), float(scales.item()), None if zps is None else int(zps.item()),
                            kind, _DST[out.dtype], _table(src.dtype) if kind == _TABLE_KIND else None)
     return out
@@ -260,7 +263,11 @@ def _table(dtype: np.dtype) -> np.ndarray:
 def _zero_points(zps, count_p, widen, src_dtype):
     """The zero points, one per parameter, as int32 (widen) or as given when the C loop reads
     their dtype; whether src - zp fits in int32 for every src of its dtype ("narrow") or needs
-    the wide subtraction; and their kind for the C loop."""
+    the wide subtraction; and their kind for the C loop.  Float codes' zero points (zeros, of
+    either sign) go as their float32 bits, subtracted in float32 ("float")."""
+    if src_dtype not in _RANGE:  # (decoded by a table)
+        z = np.ascontiguousarray(zps, dtype=_F32).reshape(-1).view(_I32)
+        return (z if z.size == count_p else np.full(count_p, z[0], _I32)), _ZMODE["float"], _ZP_KIND[_I32]
     z, zk = _params(zps, _ZP_KIND, _I32, widen)  # exact: every zp dtype of ours fits in int32
     if z.size != count_p:
         z = np.full(count_p, z.reshape(()), z.dtype)  # one zp for every channel

@@ -18,7 +18,8 @@ How it stays exact, with nothing larger than a block beyond the output:
 * float16/bfloat16 scales are subsets of float32, and float8e8m0's 2^(e-127) are float32
   values (2^-127 a subnormal): ml_dtypes converts them exactly, 0xFF to NaN.
 * 4/8-bit src with zps of 4 or 8 bits, or int32 with |zp| <= 2**23: |src - zp| < 2**24, so
-  float32(src) - float32(zp) is exact.  Other zps: the difference in float64 (exact, |diff| <
+  float32(src) - float32(zp) is exact.  Float codes' zero points are zeros (the dispatch passes
+  only those holding a -0): the float32 subtraction is IEEE's, a -0 code minus -0 giving +0.  Other zps: the difference in float64 (exact, |diff| <
   2**53), rounded once to float32, as the int64 one would be.
 * One float32 multiply, then one rounding to T2 (kernels/narrowing.py).
 """

@@ -158,7 +158,8 @@ DYNAMIC_DEQUANTIZE_3 = register(
             "float32; float codes and float8e8m0 scales (2^(e-127), 0xFF NaN) decoded exactly; the "
             "product rounded to float32, then to OT, each to nearest even; per tensor, per channel "
             "(along axis) or per group (one scale per block of group_shape elements). A missing zps "
-            "means 0; float codes take zero points of 0 only."
+            "means 0; float codes take zero points of 0 only, of either sign (subtracted as IEEE arithmetic does: "
+            "a -0 code minus a -0 zero point is +0)."
         ),
         inputs=(
             Param("src", "T1", "The codes."),

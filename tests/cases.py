@@ -53,8 +53,9 @@ class Case:
         src = _random(rng, *self.src)
         scales = _random(rng, *self.scales)
         zps = None if self.zps is None else _random(rng, *self.zps)
-        if zps is not None and self.zps[0] in dyndq.opdefs.FLOAT_CODES_3:  # float codes' zero points are 0
-            zps = np.zeros(zps.shape, zps.dtype)
+        if zps is not None and self.zps[0] in dyndq.opdefs.FLOAT_CODES_3:  # float codes' zero points are 0:
+            negative = rng.random(zps.shape) < 0.5  # +0 and -0 (a -0 code minus -0 is +0)
+            zps = np.where(negative, np.float32(-0.0), np.float32(0.0)).astype(zps.dtype)
         return src, scales, zps
 
 
@@ -400,16 +401,18 @@ def oracle_3(src, scales, zps=None, qtype="per_tensor", axis=1, group_shape=None
     """Version 3's arithmetic written plainly with NumPy and ml_dtypes:
     OT(float32(decode(src) - decode(zp)) * float32(decode(scale))), parameters repeated to src's
     shape: integer codes' difference in int64, float codes (and float8e8m0 scales) decoded by
-    ml_dtypes' casts, OT output_dtype's or the scales' dtype; a float16 NaN is 0x7E00, whatever
-    its sign and payload."""
+    ml_dtypes' casts and their zero points subtracted in float32 (IEEE's: a -0 code minus a -0 zero
+    point is +0), OT output_dtype's or the scales' dtype; a float16 NaN is 0x7E00, whatever its
+    sign and payload."""
     src = np.asarray(src)
     t2 = np.asarray(scales).dtype if output_dtype is None else dtypes.by_onnx(output_dtype).numpy
     scale = np.asarray(scales).astype(np.float32)
     float_codes = src.dtype.name in dyndq.opdefs.FLOAT_CODES_3
-    zp = np.zeros((), np.int64) if zps is None or float_codes else np.asarray(zps).astype(np.int64)
+    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.float32 if float_codes else np.int64)
     scale, zp = along_src(src, scale, zp, qtype, axis, group_shape)
     with np.errstate(all="ignore"):
-        centered = src.astype(np.float32) if float_codes else (src.astype(np.int64) - zp).astype(np.float32)
+        centered = (src.astype(np.float32) - zp.astype(np.float32) if float_codes
+                    else (src.astype(np.int64) - zp).astype(np.float32))
         dst = np.asarray((centered * scale).astype(np.dtype(t2.name)))
     if dst.dtype.name == "float16":  # every float16 NaN is the one quiet NaN (README, "The op")
         dst.view(np.uint16)[np.isnan(dst)] = 0x7E00  # (a view in any layout: .astype keeps src's)

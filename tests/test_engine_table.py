@@ -34,12 +34,18 @@ ROWS = [(f"{code} codes", code, "float32", GROUPS, (2, 64)) for code in INTEGER_
     ("int8 codes, float8e8m0 scales, float16 output", "int8", E8M0, {**GROUPS, "output_dtype": 10}, (2, 64)),
     ("uint4 codes, bfloat16 output", "uint4", "float32", {**GROUPS, "output_dtype": 16}, (2, 64)),
     ("int4 codes blocked on a rank-1 src", "int4", "float32", {"qtype": "per_group", "group_shape": [16]}, (64,)),
+    ("float8_e4m3fn codes, zero points of -0", "float8_e4m3fn", "float32", GROUPS, (2, 64)),
+    ("float8_e4m3fn codes, NaN scales", "float8_e4m3fn", "float32", GROUPS, (2, 64)),
 ]
+# rows whose arrays hold what they are about: each float code's zero (+0, -0) and NaNs, beside zero
+# points of -0 (a -0 code minus -0 is +0), or beside NaN scales of either sign and other payloads
+# (a NaN code times a NaN scale is the code's NaN)
+SPECIAL = {"float8_e4m3fn codes, zero points of -0": "minus zero points", "float8_e4m3fn codes, NaN scales": "nan scales"}
 TITLES = {"onnx": "onnx (onnx.reference)", "onnxruntime": "onnxruntime (ONNX Runtime CPU)",
           "openvino": "openvino (OpenVINO CPU)"}
 
 
-def _arrays(code, scale_dtype, attrs, shape):
+def _arrays(code, scale_dtype, attrs, shape, special=None):
     rng = np.random.default_rng(0)
     row = dtypes.by_name(code)
     if row.bits <= 8:
@@ -53,14 +59,23 @@ def _arrays(code, scale_dtype, attrs, shape):
         s = rng.integers(110, 140, s_shape).astype(np.uint8).view(dtypes.by_name(E8M0).numpy)
     else:
         s = (rng.standard_normal(s_shape) * 0.02).astype(scale_dtype)
-    return x, s
+    z = None
+    if special:
+        x.view(np.uint8).reshape(-1)[:4] = [0x80, 0x00, 0x7F, 0xFF]  # -0, +0 and two NaNs, in the first group
+        if special == "nan scales":
+            nans = np.array([0xFFC00001, 0x7FC12345], np.uint32).view(np.float32)
+            s.reshape(-1)[::2] = np.resize(nans, s.reshape(-1)[::2].size)
+        else:
+            z = np.full(s_shape, -0.0, np.float32).astype(row.numpy)
+    return x, s, z
 
 
-def _model(x, s, attrs):
+def _model(x, s, attrs, z=None):
     out = attrs.get("output_dtype") or dtypes.of(s.dtype).onnx
-    node = dyndq.make_node(["x", "s"], ["y"], name="dq", version=3, **attrs)
+    arrays = [("x", x), ("s", s)] + ([("z", z)] if z is not None else [])
+    node = dyndq.make_node([n for n, _ in arrays], ["y"], name="dq", version=3, **attrs)
     graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", out, list(x.shape))],
-                              initializer=[numpy_helper.from_array(x, "x"), numpy_helper.from_array(s, "s")])
+                              initializer=[numpy_helper.from_array(a, n) for n, a in arrays])
     return dyndq.make_model(graph)
 
 
@@ -76,9 +91,9 @@ def _deviation(target, code, attrs) -> str:
 
 
 def _row(label, code, scale_dtype, attrs, shape):
-    x, s = _arrays(code, scale_dtype, attrs, shape)
-    want = oracle_3(x, s, None, "per_group", 1, attrs["group_shape"], attrs.get("output_dtype"))
-    return _model(x, s, attrs), want
+    x, s, z = _arrays(code, scale_dtype, attrs, shape, SPECIAL.get(label))
+    want = oracle_3(x, s, z, "per_group", 1, attrs["group_shape"], attrs.get("output_dtype"))
+    return _model(x, s, attrs, z), want
 
 
 def engine_table() -> str:

@@ -8,9 +8,14 @@ points are integers; a half-integer zp (1.5: the codebook [-1, -1/3, 1/3, 1] tim
 lifted through (q - zp) * s = (2q - 2zp) * (s / 2): codes 2q, zero points 2zp, scales halved,
 exact when halving is exact for every scale.  The lift takes either form only where its values
 equal ONNX Runtime's on every weight (`onnxruntime_differences`); the way back divides by two
-what the lift doubled (`doubled_problem` says when that no longer holds).
+what the lift doubled (`doubled_problem` says when that no longer holds).  A zero point of -0.0
+is 0 to both (ONNX Runtime's q*scale - zp*scale gives a weight of the same value): the lift keeps
+its sign in the form (`negative_zeros`), and the way back writes it again (`with_negative_zeros`),
+so that lift then export gives the same bytes.
 """
 from __future__ import annotations
+
+import base64
 
 import numpy as np
 import onnx
@@ -93,3 +98,27 @@ def doubled_problem(codes, scales, bits: int) -> str | None:
     if np.any(~np.isfinite(doubled) & np.isfinite(scales)):
         return "scales whose double overflows"
     return None
+
+
+def negative_zeros(zero_points: np.ndarray) -> str | None:
+    """Which float zero points are -0.0, as the form keeps it: one bit each in their stored order,
+    packed (NumPy's packbits) and in base64 (a JSON string an eighth of their count); None where
+    none is."""
+    minus = np.signbit(np.asarray(zero_points)).reshape(-1) & (np.asarray(zero_points).reshape(-1) == 0)
+    return base64.b64encode(np.packbits(minus).tobytes()).decode("ascii") if minus.any() else None
+
+
+def with_negative_zeros(values: np.ndarray, kept: str | None) -> np.ndarray:
+    """Float zero points with the -0.0 ones the lift kept (`negative_zeros`) made -0.0 again, where
+    they are still 0 (a form kept for another count of zero points is left out)."""
+    if not isinstance(kept, str):
+        return values
+    try:
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(kept, validate=True), np.uint8))
+    except ValueError:
+        return values
+    if not values.size <= bits.size < values.size + 8:
+        return values
+    flat = values.reshape(-1).copy()
+    flat[(bits[:values.size] == 1) & (flat == 0)] = -0.0
+    return flat.reshape(values.shape)

@@ -21,7 +21,7 @@ DynamicDequantize-2 for 4- and 8-bit codes, version 3 for 2-bit ones (uint2: Mat
 codes are unsigned).  Codes, scales and zero points carry over value for value.
 
 Float zero points (of the scales' type) that are integers or half-integers (zp = 1.5) are
-lifted where exact: integers as codes of the codes' type (int32 when out of range), and
+lifted where exact (a -0.0 one as 0, its sign kept in the form for the way back): integers as codes of the codes' type (int32 when out of range), and
 half-integers by doubling, (q - zp) * s = (2q - 2zp) * (s / 2): codes 2q in the next unsigned
 type (uint4 for 2 bits, uint8 for 4, uint16 for 8), zero points 2zp in the smallest integer type
 holding them, scales halved, when halving is exact for every scale (it is not for a subnormal
@@ -235,6 +235,9 @@ def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | N
         return None, f"zero_points has {packed.size} elements, not N * n_blocks = {N * blocks}"
     values = shared.integer_values(packed)
     form["zero_points"] = "float"
+    negative = fzp.negative_zeros(packed)
+    if negative is not None:  # (a value of 0 either way; the way back writes the sign again)
+        form["negative_zero_points"] = negative
     if values is None:  # half-integers (1.5, ...): lifted doubled, 2zp (x * 2 is exact in float64)
         values = shared.integer_values(np.asarray(packed).astype(np.float64) * 2)
         if values is None:
@@ -447,7 +450,8 @@ def _zero_points(zero: np.ndarray, bits: int, form_name: str, form: dict, t: str
     shape = form.get("zero_points_shape")
     if form_name == "float":
         values = zero.astype(dtypes.by_name(t).numpy)
-        return values.reshape(shape) if shape and int(np.prod(shape)) == zero.size else values
+        values = values.reshape(shape) if shape and int(np.prod(shape)) == zero.size else values
+        return fzp.with_negative_zeros(values, form.get("negative_zero_points"))
     per = 8 // bits
     pad = (-blocks) % per
     fill = form.get("zero_points_padding", absent_zero_point(bits))

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from cases import oracle_3, same_bits
-from engines import run_openvino
+from engines import run_onnxruntime, run_openvino
 
 import dyndq
 from dyndq.converters.engines import ENGINES, engine
@@ -129,16 +129,22 @@ def nodes(draw):
                         "per_group": ((3, width // BLOCK), {"qtype": "per_group", "group_shape": [1, BLOCK]})}[form]
         attrs = {**attrs, **({"output_dtype": OUTS[out]} if out != scale_dtype else {})}
     s = draw_scales(scale_dtype, shape, rng)
-    zp_kind = draw(st.sampled_from(["none", "own", "int32"] if code in INTEGER_CODES_3 else ["none", "zeros"]))
+    zp_kind = draw(st.sampled_from(["none", "own", "int32"] if code in INTEGER_CODES_3
+                                   else ["none", "zeros", "minus zeros", "zeros of either sign"]))
     zp = None
     if zp_kind == "own":
         lo, hi = dtypes.integer_range(code)
         zp = rng.integers(lo, hi, shape, endpoint=True).astype(dtypes.by_name(code).numpy)
     elif zp_kind == "int32":
         zp = rng.integers(-2**31, 2**31 - 1, shape, endpoint=True).astype(np.int32)
-    elif zp_kind == "zeros":
-        zp = np.zeros(shape, dtypes.by_name(code).numpy)
+    elif zp_kind != "none":  # zeros, -0 with probability 0, 1 or 1/2 (the fnuz types have no -0)
+        zp = signed_zeros(code, shape, rng, {"zeros": 0.0, "minus zeros": 1.0, "zeros of either sign": 0.5}[zp_kind])
     return x, s, zp, attrs
+
+
+def signed_zeros(code: str, shape, rng, negative: float) -> np.ndarray:
+    """Zeros of a float code type, each -0 with probability `negative`."""
+    return np.where(rng.random(shape) < negative, np.float32(-0.0), np.float32(0.0)).astype(dtypes.by_name(code).numpy)
 
 
 def _model(x, s, zp, attrs, constants: bool) -> onnx.ModelProto:
@@ -372,3 +378,213 @@ def test_inside_a_model_local_function_where_no_dtype_is_known(code):
     assert same_bits(dyndq.run(model, {})["out"], want)
     assert same_bits(dyndq.run(dyndq.export(model), {})["out"], want)
     assert same_bits(dyndq.run(dyndq.export(model, target="onnxruntime"), {}, engine="onnxruntime")["out"], want)
+
+
+# -- signed zeros and NaNs, as the standard says --------------------------------------------------------
+
+SIGNED_FLOAT_CODES = [c for c in FLOAT_CODES_3 if "fnuz" not in c]  # (the fnuz types have no -0)
+
+
+def _form(form: str, width: int):
+    """(the parameters' shape, the attributes) of a form over codes [3, width]."""
+    return {"per_tensor": ((1,), {"qtype": "per_tensor"}), "per_channel": ((3,), {"qtype": "per_channel", "axis": 0}),
+            "per_group": ((3, width // BLOCK), {"qtype": "per_group", "group_shape": [1, BLOCK]})}[form]
+
+
+def _dql(x, s, z, opset, **attrs) -> onnx.ModelProto:
+    inputs = [("x", x), ("s", s)] + ([("z", z)] if z is not None else [])
+    node = helper.make_node("DequantizeLinear", [n for n, _ in inputs], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in inputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+@pytest.mark.parametrize("code", SIGNED_FLOAT_CODES)
+def test_each_engine_subtracts_a_minus_zero_zero_point_in_its_dequantize_linear_as_its_row_says(code):
+    """DequantizeLinear-28 computes (x - x_zero_point) * x_scale for float codes too ("the
+    dequantization formula remains the same"), so a -0 code minus a -0 zero point is +0.  The engine
+    table's `dql_float_zero_points` says which engines' DequantizeLinear do so, measured here:
+    onnx.reference for float6 (it leaves float8 and float4 zero points out: -0 stays -0); ONNX
+    Runtime refuses a -0 float8 zero point."""
+    minus = np.array([-0.0] * 4, np.float32).astype(dtypes.by_name(code).numpy)
+    s = np.array(1.0, np.float32)
+    standard = np.zeros(4, np.float32)  # (-0) - (-0) = +0
+    [reference] = ReferenceEvaluator(_dql(minus, s, minus[:1].reshape(()), 28)).run(None, {})
+    assert same_bits(reference, standard) == (code in ENGINES["onnx"].dql_float_zero_points)
+    assert not ENGINES["onnxruntime"].dql_float_zero_points
+    if code in ENGINES["onnxruntime"].dql_codes:
+        with pytest.raises(Exception, match="all zero points should be 0"):
+            dyndq.run(_dql(minus, s, minus[:1].reshape(()), 21), {}, engine="onnxruntime")
+
+
+def test_onnx_runtime_deletes_a_sub_of_a_constant_minus_zero():
+    """Why the export writes x - (-0) as a Where: ONNX Runtime's graph optimizer (NoopElimination,
+    its basic level) deletes x - c for a constant c of zeros, -0 included (here float8 codes and a
+    -0 zero point Cast to float32, then times -0.5: a -0 code gives (-0 - (-0)) * -0.5 = -0, and +0
+    once the Sub is gone)."""
+    f8 = dtypes.by_name("float8_e4m3fn").numpy
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["z"], ["zf"], to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["xf", "zf"], ["d"]), helper.make_node("Mul", ["s", "d"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              initializer=[numpy_helper.from_array(np.array([-0.0], np.float32).astype(f8), "z"),
+                                           numpy_helper.from_array(np.array([-0.5], np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    x = np.array([-0.0, 1.0], np.float32).astype(f8)
+    assert same_bits(run_onnxruntime(model, {"x": x}, level="off")[0], np.array([-0.0, -0.5], np.float32))
+    assert same_bits(run_onnxruntime(model, {"x": x}, level="basic")[0], np.array([0.0, -0.5], np.float32))
+
+
+@pytest.mark.openvino
+def test_openvino_s_dequantize_linear_on_minus_zero_zero_points_and_nan_scales_as_its_row_says():
+    """OpenVINO's DequantizeLinear leaves a -0 float8 zero point out (not in its row's
+    dql_float_zero_points: zero points take the decode route there anyway), and its blocked one
+    gives the code's NaN against a NaN scale (its row: no blocked_nan_of_scale)."""
+    e = ENGINES["openvino"]
+    x = np.array([0x80, 0x00, 0x7F, 0xFF] * 8, np.uint8).view(dtypes.by_name("float8_e4m3fn").numpy).reshape(2, 16)
+    minus = np.array(-0.0, np.float32).astype(x.dtype)
+
+    def fed(model):  # the codes fed (its constant folding makes a -0 constant +0)
+        model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, list(x.shape)))
+        model.graph.initializer.pop(0)
+        return model
+
+    [got] = run_openvino(fed(_dql(x, np.array(1.0, np.float32), minus, 21)), {"x": x})
+    assert same_bits(got[0, :2], np.array([-0.0, 0.0], np.float32)) and not e.dql_float_zero_points
+    s = np.array([[0x7FC00001], [0xFFC00002]], np.uint32).view(np.float32)
+    [got] = run_openvino(fed(_dql(x, s, None, 21, axis=0, block_size=1)), {"x": x})
+    assert np.array_equal(got.view(np.uint32)[:, 2:4], [[0x7FC00000, 0xFFC00000]] * 2) and not e.blocked_nan_of_scale
+
+
+@pytest.mark.parametrize("code", SIGNED_FLOAT_CODES)
+@pytest.mark.parametrize("form", ["per_tensor", "per_channel", "per_group"])
+@pytest.mark.parametrize("negative", [1.0, 0.5])
+def test_minus_zero_zero_points_give_the_standards_bits_on_every_engine(code, form, negative):
+    """Float codes (every code, -0 among them) with zero points of -0 (all, or some): the kernel,
+    the reference engine, the standard export on ONNX's engine and the onnxruntime export on ONNX
+    Runtime give (x - zp) * scale in IEEE arithmetic; no DequantizeLinear of an engine that does not
+    subtract them gets them (the decode route's Sub does)."""
+    rng = np.random.default_rng(17)
+    codes = every_code(code, rng)
+    x = _tiled(codes, 3, -(-codes.size // BLOCK) * BLOCK)
+    shape, attrs = _form(form, x.shape[1])
+    s = draw_scales("float32", shape, rng)
+    s.reshape(-1)[0] = -0.5  # (a negative scale: +0 * -0.5 is -0)
+    zp = signed_zeros(code, shape, rng, negative)
+    zp.reshape(-1)[0] = np.float32(-0.0)
+    want = oracle_3(x, s, zp, attrs["qtype"], attrs.get("axis", 1), attrs.get("group_shape"))
+    assert not same_bits(want, oracle_3(x, s, None, attrs["qtype"], attrs.get("axis", 1), attrs.get("group_shape")))
+    assert same_bits(dyndq.dynamic_dequantize(x, s, zp, **attrs), want)
+    for constants in (True, False):
+        model = _model(x, s, zp, attrs, constants)
+        feeds = {} if constants else {"x": x}
+        assert same_bits(dyndq.run(model, feeds)["y"], want)
+        for target in ENGINES:
+            if target == "openvino" or (not constants and not engine(target).holds(code)):
+                continue
+            exported = dyndq.export(model, target=target)
+            dql = [n for n in exported.graph.node if n.op_type == "DequantizeLinear"]
+            assert all(len(n.input) < 3 for n in dql) or code in engine(target).dql_float_zero_points, target
+            got = dyndq.run(exported, feeds, engine="reference" if target == "onnx" else "onnxruntime")["y"]
+            assert same_bits(got, want), (target, [n.op_type for n in exported.graph.node])
+            if target == "onnxruntime":  # (and at its default level, all of its graph optimizations)
+                assert same_bits(run_onnxruntime(exported, feeds, level="all")[0], want)
+
+
+def test_zero_points_of_float_codes_fed_at_run_time_are_subtracted_on_onnx_runtime():
+    """Zero points computed at run time may hold -0: the onnxruntime export subtracts them itself
+    (a zero code whose zero point is -0 made +0) instead of handing them to a DequantizeLinear that
+    refuses a -0; +0 ones give the same as none."""
+    code = "float8_e4m3fn"
+    rng = np.random.default_rng(5)
+    x = _tiled(every_code(code, rng), 3, 256)
+    s = draw_scales("float32", (3, 256 // BLOCK), rng)
+    node = dyndq.make_node(["x", "s", "z"], ["y"], name="dq", version=3, qtype="per_group", group_shape=[1, BLOCK])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("z", TensorProto.FLOAT8E4M3FN, list(s.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+                              initializer=[numpy_helper.from_array(x, "x"), numpy_helper.from_array(s, "s")])
+    exported = dyndq.export(dyndq.make_model(graph, opset=21), target="onnxruntime")
+    assert "DequantizeLinear" not in [n.op_type for n in exported.graph.node]
+    for negative in (0.0, 1.0, 0.5):
+        zp = signed_zeros(code, s.shape, rng, negative)
+        want = oracle_3(x, s, zp, "per_group", 1, (1, BLOCK))
+        assert same_bits(dyndq.run(exported, {"z": zp}, engine="onnxruntime")["y"], want), negative
+
+
+def _nan_codes_and_scales(code: str, rng):
+    """Every code of a float8 type beside scales holding NaNs of either sign and several payloads."""
+    x = _tiled(every_code(code, rng), 2, 256)
+    s = draw_scales("float32", (2, 256 // BLOCK), rng)
+    s.reshape(-1)[::3] = np.array([0x7FC00001, 0xFFC00002, 0x7FC12345, 0xFFFFFFFF], np.uint32).view(np.float32)[
+        np.arange(s.reshape(-1)[::3].size) % 4]
+    return x, s
+
+
+def test_onnx_runtime_s_blocked_dequantize_linear_gives_the_scale_s_nan_as_its_row_says():
+    """A NaN code times a NaN scale: IEEE 754 leaves open which NaN comes out.  ONNX Runtime's blocked
+    DequantizeLinear gives the scale's (its per-tensor and per-axis ones the code's, as the kernel
+    does): `blocked_nan_of_scale` in its row, measured here."""
+    x, s = _nan_codes_and_scales("float8_e4m3fn", np.random.default_rng(2))
+    [got] = dyndq.run(_dql(x, s, None, 21, axis=1, block_size=BLOCK), {}, engine="onnxruntime").values()
+    both = np.isnan(x.astype(np.float32)) & np.isnan(np.repeat(s, BLOCK, axis=1))
+    scales_nans = np.repeat(s, BLOCK, axis=1).view(np.uint32) | np.uint32(0x00400000)
+    assert both.any() and ENGINES["onnxruntime"].blocked_nan_of_scale
+    assert np.array_equal(got.view(np.uint32)[both], scales_nans[both])
+    assert not any(e.blocked_nan_of_scale for name, e in ENGINES.items() if name != "onnxruntime")
+
+
+@pytest.mark.parametrize("code", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
+def test_blocked_float8_nan_codes_keep_their_nan_against_nan_scales_on_onnx_runtime(code, out):
+    """The onnxruntime export takes the codes' NaNs back after ONNX Runtime's blocked
+    DequantizeLinear (Where(IsNaN(codes), codes, y)) where the scales may hold a NaN (computed at
+    run time, or a constant holding one): the kernel's bits, the code's NaN.  Constant scales
+    without a NaN keep the one DequantizeLinear."""
+    x, s = _nan_codes_and_scales(code, np.random.default_rng(4))
+    attrs = {"qtype": "per_group", "group_shape": [1, BLOCK], "output_dtype": OUTS[out]}
+    want = oracle_3(x, s, None, "per_group", 1, (1, BLOCK), OUTS[out])
+    for constants in (True, False):
+        model = _model(x, s, None, attrs, constants)
+        exported = dyndq.export(model, target="onnxruntime")
+        assert "Where" in [n.op_type for n in exported.graph.node]
+        for level in ("basic", "all"):
+            got = run_onnxruntime(exported, {} if constants else {"x": x}, level=level)[0]
+            assert same_bits(got, want), level
+    fed = _model(x, s, None, attrs, True)
+    fed.graph.initializer.pop(1)  # the scales fed at run time
+    fed.graph.input.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, list(s.shape)))
+    exported = dyndq.export(fed, target="onnxruntime")
+    assert same_bits(dyndq.run(exported, {"s": s}, engine="onnxruntime")["y"], want)
+    finite = np.nan_to_num(s)
+    plain = dyndq.export(_model(x, finite, None, attrs, True), target="onnxruntime")
+    assert [n.op_type for n in plain.graph.node if n.op_type in ("DequantizeLinear", "Where")] == ["DequantizeLinear"]
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["constant codes", "codes fed"])
+def test_a_float8_model_with_minus_zero_zero_points_checks_exports_and_runs_on_onnx_runtime(tmp_path, capsys, fed):
+    """The command line end to end: `dyndq check` passes a float8 model whose zero points are -0,
+    `dyndq export --target onnxruntime` writes a file ONNX Runtime loads and runs (its own session,
+    default settings) with the kernel's bits, every code's (-0 among them, made +0)."""
+    import onnxruntime as ort
+
+    from dyndq.cli import main
+
+    code = "float8_e4m3fn"
+    rng = np.random.default_rng(9)
+    x = _tiled(every_code(code, rng), 2, 256)
+    s = draw_scales("float32", (2, 256 // BLOCK), rng)
+    zp = signed_zeros(code, s.shape, rng, 1.0)
+    model = _model(x, s, zp, {"qtype": "per_group", "group_shape": [1, BLOCK]}, constants=not fed)
+    path, out = tmp_path / "f8.onnx", tmp_path / "f8.ort.onnx"
+    onnx.save(model, path)
+    assert main(["check", str(path)]) == 0
+    assert main(["export", str(path), str(out), "--target", "onnxruntime"]) == 0
+    capsys.readouterr()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feeds = {"x": ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x.view(np.uint8), TensorProto.FLOAT8E4M3FN)} \
+        if fed else {}
+    [got] = [v.numpy() for v in session.run_with_ort_values(["y"], feeds)]
+    want = dyndq.dynamic_dequantize(x, s, zp, qtype="per_group", group_shape=(1, BLOCK))
+    assert same_bits(got, want)
+    assert not same_bits(want, dyndq.dynamic_dequantize(x, s, qtype="per_group", group_shape=(1, BLOCK)))

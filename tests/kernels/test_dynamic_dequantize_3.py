@@ -42,6 +42,13 @@ def scales_of(dtype: str, shape, rng) -> np.ndarray:
     return s.astype(dtypes.by_name(dtype).numpy)
 
 
+def signed_zeros(dtype, shape, rng, negative: float) -> np.ndarray:
+    """Zero points of a float code type holding zeros, each -0 with probability `negative` (the
+    fnuz types have no -0: theirs are +0)."""
+    signs = rng.random(shape) < negative
+    return np.where(signs, np.float32(-0.0), np.float32(0.0)).astype(np.float32).astype(dtype)
+
+
 @pytest.mark.parametrize("scale_dtype", SCALES)
 @pytest.mark.parametrize("code", CODES)
 def test_every_code_with_every_scale_and_output_dtype_in_every_form(code, scale_dtype):
@@ -56,8 +63,8 @@ def test_every_code_with_every_scale_and_output_dtype_in_every_form(code, scale_
             lo, hi = dtypes.integer_range(code)
             zps += [rng.integers(lo, hi, shape, endpoint=True).astype(x.dtype),
                     rng.integers(-2**31, 2**31 - 1, shape, endpoint=True).astype(np.int32)]
-        else:
-            zps.append(np.zeros(shape, x.dtype))
+        else:  # zeros: +0, -0, and both
+            zps += [signed_zeros(x.dtype, shape, rng, sign) for sign in (0.0, 1.0, 0.5)]
         for zp in zps:
             for out_name, out in OUTS.items():
                 if scale_dtype != "float8_e8m0fnu" and out_name == scale_dtype:
@@ -94,6 +101,39 @@ def test_out_takes_the_output_dtype_not_the_scales():
     with pytest.raises(dyndq.ValidationError) as e:
         dyndq.dynamic_dequantize(x, s, output_dtype=16, out=np.empty(64, np.float32))
     assert [p.argument for p in e.value.problems] == ["out"] and "bfloat16" in str(e.value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([c for c in FLOAT_CODES_3 if "fnuz" not in c]), st.sampled_from(SCALES),
+       st.sampled_from(list(OUTS)), st.sampled_from(["per_tensor", "per_channel", "per_group"]),
+       st.integers(1, 5), st.integers(1, 5_000), st.floats(0, 1), st.sampled_from([None, 2]),
+       st.integers(0, 2**32 - 1))
+def test_float_codes_with_zero_points_of_either_sign(code, scale_dtype, out_name, qtype, groups, per_group,
+                                                     negative, threads, seed):
+    """Zeros of either sign as zero points of float codes: DequantizeLinear's (x - x_zero_point) *
+    x_scale in IEEE arithmetic, so a -0 code minus a -0 zero point is +0 (and minus +0 stays -0),
+    every other code its own value; over runs of every length, forms and threads."""
+    rng = np.random.default_rng(seed)
+    x = codes_of(code, 2 * groups * per_group, rng).reshape(2, groups * per_group)
+    shape, extra = {"per_tensor": ((1,), {}), "per_channel": ((2,), {"axis": 0}),
+                    "per_group": ((2, groups), {"group_shape": (1, per_group)})}[qtype]
+    s = scales_of(scale_dtype, shape, rng)
+    zp = signed_zeros(x.dtype, shape, rng, negative)
+    got = dyndq.dynamic_dequantize(x, s, zp, qtype=qtype, output_dtype=OUTS[out_name], threads=threads, **extra)
+    assert same_bits(got, oracle_3(x, s, zp, qtype, extra.get("axis", 1), extra.get("group_shape"), OUTS[out_name]))
+
+
+@pytest.mark.parametrize("code", [c for c in FLOAT_CODES_3 if "fnuz" not in c])
+def test_a_minus_zero_code_minus_a_minus_zero_zero_point_is_plus_zero(code):
+    """The four signs of a zero code and a zero zero point, by a scale of each sign: the bits
+    IEEE subtraction then multiplication give (-0 - (-0) = +0, -0 - (+0) = -0)."""
+    dtype = dtypes.by_name(code).numpy
+    zero, minus_zero = (np.array([v], np.float32).astype(dtype) for v in (0.0, -0.0))
+    for x, zp, scale, want in [(minus_zero, minus_zero, 1.0, 0.0), (minus_zero, zero, 1.0, -0.0),
+                               (zero, minus_zero, 1.0, 0.0), (minus_zero, minus_zero, -2.0, -0.0),
+                               (minus_zero, zero, -2.0, 0.0)]:
+        got = dyndq.dynamic_dequantize(x, np.array([scale], np.float32), zp)
+        assert same_bits(got, np.array([want], np.float32)), (x.view(np.uint8), zp.view(np.uint8), scale)
 
 
 def test_float_codes_take_zero_points_of_zero_only():

@@ -51,18 +51,23 @@ def quiet(bits: np.ndarray) -> np.ndarray:
 def oracle(src, scales, zps, qtype, axis, group_shape, ot) -> np.ndarray:
     """out = OT(float32(decode(src) - decode(zp)) * float32(decode(scale))), parameters repeated to
     src's shape: integer codes as int64, their difference rounded once to float32 (NumPy's cast:
-    nearest even); float codes and scales as ml_dtypes decodes them; one float32 multiply, a NaN
+    nearest even); float codes and scales as ml_dtypes decodes them, float codes' zero points (zeros)
+    subtracted in float32 (IEEE's: -0 - (-0) = +0); one float32 multiply, a NaN
     operand giving its own NaN made quiet, the difference's first (x86's rule, the kernel's
     operand order); then ml_dtypes' / NumPy's cast to OT, every float16 NaN 0x7E00."""
     src = np.asarray(src)
     scale = np.asarray(scales).astype(np.float32)
-    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64)
+    integer = dtypes.of(src.dtype).is_integer
+    zp = np.zeros((), np.int64) if zps is None else np.asarray(zps).astype(np.int64 if integer else np.float32)
     scale, zp = along_src(src, scale, zp, qtype, axis, group_shape)
-    if dtypes.of(src.dtype).is_integer:
+    if integer:
         d = (src.astype(np.int64) - zp).astype(np.float32)
-    else:
-        assert zps is None
+    elif zps is None:
         d = src.astype(np.float32)
+    else:
+        assert not np.any(zp), "float codes take zeros as zero points"
+        with np.errstate(all="ignore"):
+            d = src.astype(np.float32) - zp
     d, scale = np.broadcast_arrays(d, scale)
     with np.errstate(all="ignore"):
         p = np.multiply(d, scale, dtype=np.float32)
@@ -303,12 +308,13 @@ def test_other_layouts_of_every_input(level):
 @st.composite
 def forms(draw):
     """Any new code type with any scale and output dtype, zero points of any integer dtype (integer
-    codes only); per tensor ([1] or []), per channel on any axis (zero points per channel or one),
+    codes; float codes: zeros of either sign, of their own type); per tensor ([1] or []), per channel on any axis (zero points per channel or one),
     per group of any shape (groups of 1 to 70, up to three dims); cut at up to four places, streamed
     or not, into an output starting anywhere in a 64-byte line."""
     src_name = draw(st.sampled_from(NEW + ("int4", "int8")))
     sname, ot = draw(st.sampled_from(SCALES)), draw(st.sampled_from(OUTPUTS))
-    zname = draw(st.sampled_from((None,) + INTEGER)) if dtypes.by_name(src_name).is_integer else None
+    zname = draw(st.sampled_from((None,) + INTEGER) if dtypes.by_name(src_name).is_integer
+                 else st.sampled_from((None, "signed zeros")))
     rank = draw(st.integers(1, 3))
     qtype = draw(st.sampled_from(["per_tensor", "per_channel", "per_group"]))
     axis, group_shape = 0, None
@@ -327,7 +333,9 @@ def forms(draw):
     zps = None
     if zname is not None:
         one = qtype == "per_channel" and draw(st.booleans())
-        zps = zero_points(rng, zname, (1,) if one else pshape, src_name)
+        zshape = (1,) if one else pshape
+        zps = zero_points(rng, zname, zshape, src_name) if zname in INTEGER else \
+            np.where(rng.random(zshape) < 0.5, np.float32(-0.0), np.float32(0.0)).astype(src.dtype)
     n = src.size
     cuts = sorted({0, n, *rng.integers(0, n + 1, draw(st.integers(0, 4))).tolist()})
     return src, scales, zps, qtype, axis, group_shape, ot, cuts, draw(st.booleans()), draw(st.integers(0, 31))
@@ -493,7 +501,14 @@ def test_the_c_side_refuses_a_table_that_does_not_fit():
                                   0, none, 0, 8, False, 0, 0, table)  # one given to int8
     with pytest.raises(ValueError, match="256 float32"):
         native._native.dequantize(*args, None, *tail, none, 0, 8, False, 0, 0, table[:1000])
-    with pytest.raises(ValueError, match="takes no zero points"):
+    with pytest.raises(ValueError, match="takes float zero points or none"):
         native._native.dequantize(*args, np.zeros(1, np.int32), *tail, narrow, 0, 8, False, 0, 0, table)
+    float_zp = kinds["zmode"]["float"]
+    with pytest.raises(ValueError, match="float zero points go with src decoded by a table, as int32 bits"):
+        native._native.dequantize(b(np.zeros(8, np.int8)), *args[1:], np.zeros(1, np.int32), (8,), (False,),
+                                  kinds["src"]["int8"], 0, float_zp, 0, 8, False, 0, 0)  # integer codes
+    with pytest.raises(ValueError, match="as int32 bits"):
+        native._native.dequantize(*args, np.zeros(1, np.int8), *tail, float_zp, 0, 8, False, 0, kinds["zp"]["int8"],
+                                  table)  # zero points of another kind
     with pytest.raises(ValueError, match="a table is given"):
         native._native.dequantize_one(b(src), np.zeros(8, np.float32), 1.0, None, kinds["src"]["float8_e4m3fn"], 0)

@@ -176,6 +176,27 @@ def test_absent_zero_point_is_written_out_as_two_to_the_bits_minus_one():
         assert dyndq.export(lifted, target="onnxruntime").graph.node[0].input[3:] == []  # absent again
 
 
+@pytest.mark.parametrize("t", ["float32", "float16"])
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("halves", [False, True], ids=["integers", "half-integers"])
+def test_float_zero_points_of_minus_zero_come_back_as_minus_zero(t, bits, halves):
+    """A float zero point of -0.0 is 0 to both ONNX Runtime and the op, and lifts as 0; the way
+    back writes -0.0 where it was, so that lift then export gives the model back byte for byte
+    (the doubled form of half-integer zero points too)."""
+    zero = np.array([[0.0, -0.0, 3.0, -0.0], [-0.0] * 4, [1.0, 0.0, 2.0, 0.0]])
+    if halves:
+        zero[2, 0] = 1.5
+    model, _, _ = matmul_nbits(64, 3, bits, 16, zp="float", t=t, zp_values=zero, power_of_two_scales=True)
+    stored = numpy_helper.to_array(next(x for x in model.graph.initializer if x.name == "zp"))
+    assert np.signbit(stored).sum() == 6
+    lifted, report = dyndq.lift_with_report(model)
+    assert report.count == 1 and not report.skipped and dyndq.check(lifted) == []
+    back = dyndq.export(lifted, target="onnxruntime")
+    assert back.SerializeToString() == model.SerializeToString()
+    A = np.random.default_rng(1).standard_normal((2, 64)).astype(t)
+    assert np.array_equal(on_ort(back, A), on_ort(model, A))
+
+
 @pytest.mark.parametrize("bits, zp, version", [(4, "packed", 2), (8, "absent", 2), (2, "packed", 3), (2, "half", 2),
                                                (4, "half", 2)])
 def test_the_lift_imports_the_version_its_dtypes_need(bits, zp, version):
