@@ -9,8 +9,8 @@ reference result is not trusted as the meaning (parity then takes ONNX Runtime w
 optimizations off as the meaning, and says why).
 
 A corrected class runs only at the versions it corrects (`since_versions`, the since_version of
-each ONNX schema it replaces); at the others ONNX's own implementation runs, as if it were not
-there.
+each ONNX schema it replaces, or None for all); at the others ONNX's own implementation runs, as
+if it were not there.
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ __all__ = ["CORRECTED", "UNTRUSTED", "BatchNormalization", "CorrectedOp", "Hardm
 
 
 class CorrectedOp(OpRun):
-    """An ai.onnx op computed here at the schema versions in `since_versions`, by onnx.reference's
-    own implementation at the others.  The node's schema (its attributes' defaults) is the one its
-    scope's opset import resolves it to, as ONNX resolves it."""
+    """An ai.onnx op computed here at the schema versions in `since_versions` (None: every one), by
+    onnx.reference's own implementation at the others.  The node's schema (its attributes' defaults)
+    is the one its scope's opset import resolves it to, as ONNX resolves it."""
 
     op_domain = ""
     op_schema = None
-    since_versions: frozenset[int] = frozenset()
+    since_versions: frozenset[int] | None = None
 
     def __init__(self, onnx_node, run_params, schema=None):
         opset = (run_params.get("opsets") or {}).get("", onnx.defs.onnx_opset_version())
@@ -40,7 +40,7 @@ class CorrectedOp(OpRun):
         super().__init__(onnx_node, run_params, schema)
         self.since_version = schema.since_version
         self._delegate = None
-        if self.since_version not in self.since_versions:
+        if self.since_versions is not None and self.since_version not in self.since_versions:
             from onnx.reference.ops import load_op
 
             cls = load_op("", onnx_node.op_type, opset, evaluator_cls=run_params.get("evaluator_cls"))
@@ -91,22 +91,13 @@ class BatchNormalization(CorrectedOp):
         return (y, running_mean, running_var, saved_mean, saved_var)[: len(self.onnx_node.output)]
 
 
-class OneHot(OpRun):
+class OneHot(CorrectedOp):
     """OneHot-9 and -11: `depth` a scalar or a one-element rank-1 tensor, cast to int64 when not of an
     integer type, as are non-integer `indices`; y = on_value where an index hits, off_value elsewhere,
     each value exactly as given.  Negative indices count from the end at -11 only: at -9 an index
     outside [0, depth) is all off_value.  onnx.reference fails on a rank-1 depth (tf2onnx writes
     one: magika's), wraps negative indices at -9, compares float indices uncast, and computes
     y * (on - off) + off, which rounds (on 0.1, off 0.3 gives 0.10000000000000003)."""
-
-    op_domain = ""
-    op_schema = None
-
-    def __init__(self, onnx_node, run_params, schema=None):
-        opset = (run_params.get("opsets") or {}).get("", onnx.defs.onnx_opset_version())
-        schema = onnx.defs.get_schema(onnx_node.op_type, opset, "")
-        super().__init__(onnx_node, run_params, schema)
-        self.since_version = schema.since_version
 
     def _run(self, indices, depth, values, axis=None):
         depth, indices, values = np.asarray(depth), np.asarray(indices), np.asarray(values)
@@ -161,14 +152,12 @@ class Hardmax(_Coerced2D):
     __doc__ = _Coerced2D.__doc__
 
 
-class LRN(OpRun):
+class LRN(CorrectedOp):
     """LRN-1 and -13: square_sum[n, c] sums X[n, i]^2 over the channels i from c - floor((size - 1) / 2)
     to c + ceil((size - 1) / 2) within [0, C - 1]; Y = X / (bias + alpha / size * square_sum)^beta.
     onnx.reference loops over the batch axis where it means the channels: with one image only
     channel 0 gets its sum, every other is divided by bias^beta (ONNX's own test passes by having
     as many images as channels)."""
-
-    op_domain = ""
 
     def _run(self, x, alpha=None, beta=None, bias=None, size=None):
         if x.ndim < 3:
@@ -182,12 +171,10 @@ class LRN(OpRun):
         return ((x / (bias + (alpha / size) * square_sum) ** beta).astype(x.dtype),)
 
 
-class LpNormalization(OpRun):
+class LpNormalization(CorrectedOp):
     """LpNormalization-1 and -22: x / (sum over `axis` of |x|^p)^(1/p), p 1 or 2.  onnx.reference
     sums x^p without the absolute value: for p = 1 it divides by the signed sum (a [2, 3, 4]
     input moves by up to 13)."""
-
-    op_domain = ""
 
     def _run(self, x, axis=None, p=None):
         axis = -1 if axis is None else int(axis)
