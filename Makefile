@@ -87,7 +87,7 @@ test-trained-export: $(STAMP)
 	$(call install_extra,export)
 	$(PY) tests/trained_models.py fetch
 	$(PY) tests/trained_models.py export minilm
-	$(PY) -m pytest -q tests/quantization/test_trained_models.py
+	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py
 
 # the --budget benchmark on it (minutes: not in CI)
 bench-trained: test-trained-export
