@@ -214,3 +214,22 @@ def test_every_corrected_class_is_one_onnx_op_and_every_untrusted_op_exists():
     assert len(names) == len(set(names))
     for name in names + [u.op_type for u in UNTRUSTED]:
         assert onnx.defs.has(name), name
+
+
+def test_the_corrections_run_in_functions_and_bodies():
+    """A BatchNormalization-9 with momentum inside a model-local function and inside an If's branches:
+    ONNX's expected inference output in each (the evaluators ONNX builds for them get our classes)."""
+    case, inputs, want = _case("test_batchnorm_example")
+    names = list(inputs)
+    bn = helper.make_node("BatchNormalization", names, ["y"], momentum=0.9)
+    function = helper.make_function("local", "BN", names, ["y"], [bn], [helper.make_opsetid("", 12)])
+    branch = helper.make_graph([helper.make_node("BatchNormalization", names, ["z"], momentum=0.9)], "branch", [],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3, 4, 5])])
+    graph = helper.make_graph(
+        [helper.make_node("BN", names, ["y"], domain="local"),
+         helper.make_node("If", ["c"], ["z"], then_branch=branch, else_branch=branch)], "g",
+        list(case.model.graph.input) + [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4, 5]) for n in ("y", "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12), helper.make_opsetid("local", 1)],
+                              functions=[function], ir_version=7)
+    assert_as_expected(_run(model, {**inputs, "c": np.array(True)}), want * 2, case.rtol, case.atol, "function, If")
