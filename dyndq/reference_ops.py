@@ -21,8 +21,9 @@ import numpy as np
 import onnx
 from onnx.reference.op_run import OpRun
 
-__all__ = ["CORRECTED", "UNTRUSTED", "BatchNormalization", "CorrectedOp", "Hardmax", "LRN", "LogSoftmax", "LpNormalization",
-           "OneHot", "RoiAlign", "Softmax", "Untrusted", "onnx_op", "untrusted_nodes"]
+__all__ = ["CORRECTED", "UNTRUSTED", "BatchNormalization", "CorrectedOp", "Hardmax", "LRN", "LogSoftmax",
+           "LpNormalization", "OneHot", "RoiAlign", "Softmax", "Untrusted", "onnx_op", "untrusted_nodes",
+           "untrusted_text"]
 
 
 class CorrectedOp(OpRun):
@@ -301,7 +302,8 @@ def untrusted_text(found: list[tuple[object, Untrusted]]) -> str:
     """What `untrusted_nodes` found, in a line: each op and version once, its nodes, and why."""
     groups: dict[tuple[str, str], list[str]] = {}
     for site, entry in found:
-        version = onnx.defs.get_schema(site.node.op_type, site.opsets.get("", site.opsets.get("ai.onnx")), "").since_version
+        opset = site.opsets.get("", site.opsets.get("ai.onnx"))
+        version = onnx.defs.get_schema(site.node.op_type, opset, "").since_version
         groups.setdefault((f"{entry.op_type}-{version}", entry.why), []).append(site.node.name or site.node.output[0])
     parts = []
     for (op, why), nodes in groups.items():

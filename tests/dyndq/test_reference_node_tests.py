@@ -23,7 +23,8 @@ from dyndq.reference import reference_evaluator
 _RANDOM = "random: the expected values are one draw of NumPy's generator, no engine's meaning (UNTRUSTED)"
 
 KNOWN = {
-    **{f"test_bernoulli{kind}{expanded}": _RANDOM for kind in ("", "_double", "_seed") for expanded in ("", "_expanded")},
+    **{f"test_bernoulli{kind}{expanded}": _RANDOM
+       for kind in ("", "_double", "_seed") for expanded in ("", "_expanded")},
     "test_scan_sum": "Scan-8 (opset 8): onnx.reference runs Scan-9's meaning and fails (UNTRUSTED)",
     "test_scatter_with_axis": "Scatter (opset 9 and 10, deprecated for ScatterElements): onnx.reference has none",
     "test_scatter_without_axis": "Scatter (opset 9 and 10, deprecated for ScatterElements): onnx.reference has none",

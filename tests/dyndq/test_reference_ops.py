@@ -64,7 +64,8 @@ def test_batchnorm_9_with_five_outputs_is_training():
     model = with_opset(case.model, 9, training_mode=None, momentum=0.9)
     (node,) = model.graph.node
     node.output.extend(["saved_mean", "saved_var"])
-    model.graph.output.extend([helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("saved_mean", "saved_var")])
+    model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, [3])
+                              for n in ("saved_mean", "saved_var"))
     got = _run(model, inputs)
     assert_as_expected(got[:3], want, case.rtol, case.atol, "opset 9 training")
     x = inputs["x"]
@@ -92,7 +93,8 @@ def test_softmax_family_before_13_runs_over_the_2d_coerced_input(op, module, axi
     coerced = helper_fn(x.reshape(int(np.prod(x.shape[:a])), -1), axis=-1).reshape(x.shape).astype(x.dtype)
     if a == x.ndim - 1:
         assert_as_expected([coerced], want, case.rtol, case.atol, "the last axis means the same in every version")
-    assert_as_expected(_run(with_opset(case.model, opset), inputs), [coerced], case.rtol, case.atol, f"{name} at {opset}")
+    got = _run(with_opset(case.model, opset), inputs)
+    assert_as_expected(got, [coerced], case.rtol, case.atol, f"{name} at {opset}")
 
 
 def test_softmax_11_default_axis_is_1():
@@ -200,7 +202,8 @@ def test_legacy_broadcast_aligns_b_at_axis(op, opset):
     expected output is ONNX's transposed.  onnx.reference aligned B with A's last axis (NumPy's rule)."""
     case, inputs, want = _case(f"test_{op.lower()}_bcast")
     x, y = inputs.values()
-    assert_as_expected(_run(with_opset(case.model, opset, broadcast=1, axis=2), inputs), want, case.rtol, case.atol, "axis 2")
+    got = _run(with_opset(case.model, opset, broadcast=1, axis=2), inputs)
+    assert_as_expected(got, want, case.rtol, case.atol, "axis 2")
     model = with_opset(case.model, opset, broadcast=1, axis=0)
     for vi in (model.graph.input[0], model.graph.output[0]):
         vi.type.tensor_type.shape.CopyFrom(onnx.TensorShapeProto(dim=[onnx.TensorShapeProto.Dimension(dim_value=d)

@@ -185,7 +185,8 @@ def test_an_op_the_reference_is_not_trusted_for_is_said_and_onnxruntime_off_stan
     graph = helper.make_graph(
         [helper.make_node(op, inputs, outputs, name="n")], "g",
         [helper.make_tensor_value_info(i, TensorProto.FLOAT, shapes.get(i, [3])) for i in inputs],
-        [helper.make_tensor_value_info(o, TensorProto.BOOL if o == "mask" else TensorProto.FLOAT, None) for o in outputs])
+        [helper.make_tensor_value_info(o, TensorProto.BOOL if o == "mask" else TensorProto.FLOAT, None)
+         for o in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)}
     if op != "Dropout":
