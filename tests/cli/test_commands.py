@@ -493,3 +493,21 @@ def test_console_script(models):
     assert p.stdout.startswith("y: float32[4, 16]")
     p = _process(script, "run", str(models / "model.onnx"), "-i", "x")
     assert p.returncode == 2 and p.stderr == "dyndq: --input 'x': expected NAME=FILE.npy\n"
+
+
+def test_run_computes_batchnorm_with_momentum_as_inference(capsys, tmp_path):
+    """paddle2onnx writes momentum on every BatchNormalization: `dyndq run` (the reference engine) gives
+    ONNX's inference result for a node with one output, as ONNX's backend test expects it (its model
+    carried to opset 12 with momentum=0.9), where onnx.reference gives training statistics."""
+    from backend_cases import assert_as_expected, expected, feeds, node_cases, with_opset
+
+    case = node_cases()["test_batchnorm_example"]
+    (data_set,) = case.data_sets
+    save_model(with_opset(case.model, 12, momentum=0.9), tmp_path / "bn.onnx")
+    args = []
+    for name, value in feeds(case, data_set).items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["-i", f"{name}={tmp_path / f'{name}.npy'}"]
+    code, out, err = call(capsys, "run", tmp_path / "bn.onnx", *args, "--output-dir", tmp_path / "out")
+    assert (code, err) == (0, "")
+    assert_as_expected([np.load(tmp_path / "out" / "y.npy")], expected(data_set), case.rtol, case.atol, "dyndq run")

@@ -171,6 +171,32 @@ def test_a_model_the_reference_engine_cannot_run_is_compared_with_onnxruntime_of
     assert [c.setting.name for c in report.comparisons] == ["basic", "extended", "all"] and report.agrees
 
 
+@pytest.mark.parametrize("opset, op, outputs, words", [
+    (10, "Dropout", ["y", "mask"], "is not trusted for Dropout-10 (node 'n'): ONNX does not define the mask output's "
+                                   "values outside training before opset 12"),
+    (12, "BatchNormalization", ["y", "running_mean", "running_var", "saved_mean", "saved_var"],
+     "is not trusted for BatchNormalization-9 (node 'n'): in training mode (more than one output) before opset 14 "
+     "ONNX does not define saved_mean and saved_var")])
+def test_an_op_the_reference_is_not_trusted_for_is_said_and_onnxruntime_off_stands_in(opset, op, outputs, words):
+    """dyndq.reference_ops.UNTRUSTED: the meaning is ONNX Runtime with optimizations off, the report names
+    the op, its node and why, and no engine is blamed for the reference engine's values."""
+    inputs = ["x"] if op == "Dropout" else ["x", "s", "b", "m", "v"]
+    shapes = {"x": [2, 3, 4, 4]}
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, outputs, name="n")], "g",
+        [helper.make_tensor_value_info(i, TensorProto.FLOAT, shapes.get(i, [3])) for i in inputs],
+        [helper.make_tensor_value_info(o, TensorProto.BOOL if o == "mask" else TensorProto.FLOAT, None)
+         for o in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    if op != "Dropout":
+        feeds.update(s=np.ones(3, np.float32), b=np.zeros(3, np.float32), m=np.zeros(3, np.float32),
+                     v=np.ones(3, np.float32))
+    report = runtime_parity(model, feeds=feeds)
+    assert report.reference.startswith("ONNX Runtime") and words in report.reference, report.reference
+    assert [c.setting.name for c in report.comparisons] == ["basic", "extended", "all"] and report.agrees, report.lines()
+
+
 @pytest.mark.parametrize("bad, words", [(dict(levels=["fast"]), "unknown level 'fast'"),
                                         (dict(engines=["tvm"]), "unknown engine 'tvm'")])
 def test_an_unknown_level_or_engine_is_refused(bad, words):
