@@ -105,7 +105,7 @@ def _reference_failure(e: BaseException) -> Lacking | None:
         return None
     cause = e.__cause__ if isinstance(e, TypeError) and str(e).startswith("Issues with types") and e.__cause__ else e
     given = ", ".join(f"{name} {_value(value)}" for name, value in zip(node.input, args) if name)
-    return Lacking("reference", node.op_type, node.name or node.output[0], given=given, why=first_line(cause))
+    return Lacking("reference", node.op_type, node.name or node.output[0], given=given, why=first_line(cause).rstrip("."))  # (';' follows it)
 
 
 def _value(value) -> str:

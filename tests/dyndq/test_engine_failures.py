@@ -1,6 +1,6 @@
 """An engine that has no way to run a node is told as the node, the op it lacks and the way out,
 by `dyndq run` and `dyndq check --runtime-parity` alike (never the engine's internals, never
-advice to change the inputs): onnx.reference's OneHot on a depth of shape [1], ONNX Runtime's
+advice to change the inputs): onnx.reference's Resize-10, ONNX Runtime's
 DequantizeLinear-24 on MXFP4's float4 codes and float8e8m0 scales."""
 from __future__ import annotations
 
@@ -13,35 +13,35 @@ import dyndq
 from quantize_models import mlp
 
 
-def one_hot_model() -> onnx.ModelProto:
-    """y = OneHot(idx, depth [5] (rank 1, as ONNX allows), values [0, 1]): idx int64[n]."""
-    g = helper.make_graph([helper.make_node("OneHot", ["idx", "depth", "values"], ["y"], name="oh")], "g",
-                          [helper.make_tensor_value_info("idx", T.INT64, ["n"])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, ["n", 5])],
-                          [nh.from_array(np.array([5], np.int64), "depth"),
-                           nh.from_array(np.array([0, 1], np.float32), "values")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+def resize_10_model() -> onnx.ModelProto:
+    """y = Resize-10(x, scales [1, 1, 2, 2], nearest): onnx.reference's Resize reads version 11's
+    inputs (roi, scales, sizes) and finds neither scales nor sizes in version 10's two."""
+    g = helper.make_graph([helper.make_node("Resize", ["x", "scales"], ["y"], name="rs", mode="nearest")], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, ["n", 1, 3, 4])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["n", 1, 6, 8])],
+                          [nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 10)], ir_version=5)
 
 
 def test_the_reference_engine_names_the_op_it_cannot_run_and_the_way_out(tmp_path, capsys):
-    """(onnx.reference's OneHot takes its depth as a scalar only; should it learn rank 1, this
-    test needs another op it fails on)"""
-    dyndq.save_model(one_hot_model(), tmp_path / "m.onnx")
-    np.save(tmp_path / "idx.npy", np.array([0, 2, 4], np.int64))
-    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "--input", f"idx={tmp_path / 'idx.npy'}")
+    """(onnx.reference cannot run Resize-10, docs/running.md; should dyndq.reference_ops correct
+    it, this test needs another op it fails on)"""
+    dyndq.save_model(resize_10_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4))
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}")
     assert code == 1 and out == "", err
-    assert err.startswith(f"dyndq: {tmp_path / 'm.onnx'}: the reference engine failed: onnx.reference's OneHot "
-                          "cannot run node 'oh' (idx int64[3], depth int64[1], values float32[2]): "), err
+    assert err.startswith(f"dyndq: {tmp_path / 'm.onnx'}: the reference engine failed: onnx.reference's Resize "
+                          "cannot run node 'rs' (x float32[1, 1, 3, 4], scales float32[4]): "), err
     assert err.endswith("; instead, run it on ONNX Runtime (dyndq run --engine onnxruntime)\n"), err
     assert "Issues with types" not in err and "numpy.ndarray" not in err, err
     # the way out it names works
-    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "--input", f"idx={tmp_path / 'idx.npy'}",
+    code, out, err = call(capsys, "run", tmp_path / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}",
                           "--engine", "onnxruntime")
-    assert code == 0 and out.startswith("y: float32[3, 5]"), err
+    assert code == 0 and out.startswith("y: float32[1, 1, 6, 8]"), err
     # parity: ONNX Runtime stands in for the reference engine, saying which op of it failed
     code, out, err = call(capsys, "check", "--runtime-parity", tmp_path / "m.onnx")
-    assert code == 0 and ("(the reference engine cannot run it: onnx.reference's OneHot cannot run node 'oh' "
-                          "(idx int64[4], depth int64[1], values float32[2]): ") in out, (out, err)
+    assert code == 0 and ("(the reference engine cannot run it: onnx.reference's Resize cannot run node 'rs' "
+                          "(x float32[4, 1, 3, 4], scales float32[4]): ") in out, (out, err)
 
 
 def test_onnxruntime_names_the_kernel_it_lacks_and_the_way_out(tmp_path, capsys):
