@@ -231,7 +231,11 @@ def test_export_invalid_model(capsys, tmp_path):
 
 def test_export_in_place(capsys, models):
     path = models / "model.onnx"
-    code, _, _ = call(capsys, "export", path, path)
+    before = path.read_bytes()
+    code, _, err = call(capsys, "export", path, path)  # (a model passed in is never modified, unless asked)
+    assert code == 2 and path.read_bytes() == before
+    assert_plain_error(err, "is the input model itself; write to another file, or add --overwrite", lines=1)
+    code, _, _ = call(capsys, "export", path, path, "--overwrite")
     assert code == 0
     assert not any(n.domain == dyndq.DOMAIN for n in onnx.load(path).graph.node)
     assert sorted(os.listdir(models)) == ["model.exported.onnx", "model.onnx", "x.npy"]  # nothing left behind
@@ -254,7 +258,7 @@ def test_export_keeps_external_data(capsys, tmp_path):
     assert close_after_matmul(dyndq.run(exported, {"x": x}, engine="onnxruntime")["y"], dyndq.run(build_model(), {"x": x})["y"])
     # Rewriting in place writes the data to a new file and keeps the old one (a copy of the
     # model made before may point into it), and says so.
-    code, out, _ = call(capsys, "lift", tmp_path / "e.onnx", tmp_path / "e.onnx")
+    code, out, _ = call(capsys, "lift", tmp_path / "e.onnx", tmp_path / "e.onnx", "--overwrite")
     assert code == 0 and "kept e.onnx.data" in out
     assert sorted(os.listdir(tmp_path)) == ["e.onnx", "e.onnx.1.data", "e.onnx.data", "m.onnx", "m.onnx.data"]
 

@@ -188,7 +188,7 @@ def test_no_evaluate_says_why_nothing_was_measured(float_model, tmp_path, capsys
 def test_quantizing_a_model_onto_itself_says_which_data_file_it_keeps(tmp_path, capsys):
     model = str(tmp_path / "m.onnx")
     save_model(mlp(), model, external_data=True)
-    assert main(["quantize", model, model, "--no-evaluate"]) == 0
+    assert main(["quantize", model, model, "--no-evaluate", "--overwrite"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"wrote {model}: quantized 3 weights")
     assert out[1:3] == ["  its tensors are in m.onnx.1.data, beside it",
