@@ -47,11 +47,12 @@ class InheritedProblem(WrittenFileError):
 
 
 def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = None, source=None,
-                 load: bool = True) -> list[str]:
+                 load: bool = True, model: onnx.ModelProto | None = None) -> list[str]:
     """Check the model file at `path` (its external data beside it) written for `form` (one of
     FORMS); `shown_as`: the path its errors name (where it goes in the end); `source`: the input
     model (a path or a ModelProto), tried on the same test when the file fails it, to tell whose
-    problem it is; `load=False` leaves the engine out (a caller that runs the file on it anyway).
+    problem it is; `load=False` leaves the engine out (a caller that runs the file on it anyway);
+    `model`: the model the caller read from `path` already (it is not read again).
     Returns notes (an engine not installed here); raises WrittenFileError or InheritedProblem."""
     from dyndq.checker import check
     from dyndq.files import read_model
@@ -60,7 +61,7 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
         raise ValueError(f"unknown form {form!r}; one of {', '.join(FORMS)}")
     path = os.fspath(path)
     shown = shown_as or path
-    model = read_model(path, load_data=False).model
+    model = read_model(path, load_data=False).model if model is None else model
     problems = check(model)  # (the external data left on disk: the checker is told not to look for it)
     if problems:
         inherited = source is not None and bool(check(_model(source, load_data=False)))
@@ -147,20 +148,21 @@ def _reference(model: onnx.ModelProto) -> None:
     from dyndq.reference import reference_evaluator, runnable_model
     from dyndq.runner import _validate_our_nodes
 
-    light = _weights_on_disk_as_inputs(model)
+    light = _weights_as_inputs(model)
     _validate_our_nodes(light)
     reference_evaluator(runnable_model(light))
 
 
-def _weights_on_disk_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model, or, when initializers of its main graph keep their data on disk, a copy in which
-    each of them is a graph input of its type instead (onnx.reference refuses a tensor whose
-    external data is not loaded)."""
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or, when its main graph holds big initializers (the light view's) or ones whose
+    data is on disk, a copy in which each of them is a graph input of its type instead: a
+    ReferenceEvaluator turns every initializer into an array when it is made (int4 codes unpacked,
+    twice their bytes), and refuses one whose external data is not loaded."""
     from onnx import external_data_helper
 
-    from dyndq.plumbing.light import copy_fields
+    from dyndq.plumbing.light import BIG, copy_fields, nbytes
 
-    apart = {t.name for t in model.graph.initializer if external_data_helper.uses_external_data(t)}
+    apart = {t.name for t in model.graph.initializer if external_data_helper.uses_external_data(t) or nbytes(t) > BIG}
     if not apart:
         return model
     out = onnx.ModelProto()

@@ -119,14 +119,16 @@ class Staged:
         from dyndq.files import load_model, read_model
         from dyndq.written import verify_model
 
-        # (the evaluation makes ONNX Runtime's session of a file written for it: the check's own
-        # session is left out then, so the file is loaded there once)
-        verify_model(staged, form, shown_as=self.dst, source=self.src, load=not (self.measure and form != "dyndq"))
+        # the file read once (measured, the quantized model whole: about bits/32 of the float weights);
+        # the evaluation makes ONNX Runtime's session of a file written for it: the check's own session
+        # is left out then, so the file is loaded there once
+        read = load_model(staged) if self.measure and form == "dyndq" else read_model(staged, load_data=False).model
+        verify_model(staged, form, shown_as=self.dst, source=self.src, load=not (self.measure and form != "dyndq"),
+                     model=read)
         if self.measure:
-            if form == "dyndq":
-                self._measured(report, load_model(staged))  # (about bits/32 of the float weights)
-            else:  # (ONNX Runtime reads the file itself, its MatMulNBits and all)
-                self._measured(report, read_model(staged, load_data=False).model, as_written=staged)
+            # (a file for ONNX Runtime is read by ONNX Runtime itself, its MatMulNBits and all)
+            self._measured(report, read, as_written=None if form == "dyndq" else staged)
+        del read
         self._placing(report)
 
     def finish_json(self, report: QuantizeReport, staged: str, folder: str | None, ports: list[str]) -> None:
