@@ -115,7 +115,9 @@ def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = No
     "onnxruntime": MatMulNBits/GatherBlockQuantized where they express a node exactly, and
     standard forms ONNX Runtime's CPU runs for the rest; "openvino": standard forms OpenVINO's
     CPU runs; see the module doc).  own_ops=False: no engine's own op written, standard ONNX
-    only, in the forms the target's engine runs."""
+    only, in the forms the target's engine runs.  Raises ValidationError for problems in the
+    model, ExportError for a target, opset or accuracy_level it cannot write (each named), and
+    TypeError for an opset that is not a whole number."""
     return export_with_report(model, opset=opset, target=target, accuracy_level=accuracy_level, own_ops=own_ops)[0]
 
 

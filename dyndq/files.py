@@ -59,7 +59,7 @@ def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedMode
     if os.path.isdir(path):
         raise ModelFileError(f"{path}: is a folder, not a model file")
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = _read(path)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
     except Exception as e:  # DecodeError, a JSON/text parse error, ...
@@ -85,6 +85,18 @@ def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedMode
         except OSError as e:
             raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
+
+
+def _read(path: str) -> onnx.ModelProto:
+    """The model in the file, in ONNX's binary form (what dyndq writes and every engine reads),
+    whatever its name ends in; else in the text form onnx.load infers from the name (.json,
+    .txt, .textproto)."""
+    try:
+        return onnx.load(path, format="protobuf", load_external_data=False)
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 - not binary ONNX: the text forms' readers have their own errors
+        return onnx.load(path, load_external_data=False)
 
 
 def _data_folder(path: str) -> str:
@@ -185,7 +197,8 @@ def write_staged(model: onnx.ModelProto, stage: Stage) -> None:
     try:
         # (the model passed in is never modified: with external data a light copy is written)
         out = _with_tensors_out(model, stage.folder, stage.location) if stage.location else model
-        onnx.save_model(out, stage.model)
+        onnx.save_model(out, stage.model, format="protobuf")  # (binary whatever the name: onnx would write
+        # a .json or .txt as text, which no engine loads)
     except OSError as e:
         raise ModelFileError(f"{stage.path}: cannot write it ({e.strerror or e})") from None
     except ValueError as e:  # protobuf: message too large, ...

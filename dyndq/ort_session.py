@@ -89,6 +89,18 @@ class OrtSession:
         return self.boundary.run(self.session, names, {**arrays, **self._big}, self._run_options)
 
 
+def missing_kernel(error: BaseException) -> str | None:
+    """The op (and version) ONNX Runtime has no kernel for, when `error` is its NOT_IMPLEMENTED
+    refusal of a session ("Could not find an implementation for DequantizeLinear(28) node ..."):
+    a valid model it cannot run, as opposed to one it finds invalid; else None."""
+    import re
+
+    if type(error).__name__ != "NotImplemented":
+        return None
+    found = re.search(r"implementation for (\S+\(\d+\))", str(error))
+    return found.group(1) if found else "an op of the model"
+
+
 class OrtBoundary:
     """What ONNX Runtime's Python API cannot pass, passed through exact conversions.
 

@@ -7,12 +7,13 @@ The check, of the file as written (read back from disk, not the model in memory)
 
 - `dyndq check` finds no problem: our rules on our nodes, and onnx.checker's full check;
 - it loads on the engine it is written for (`ENGINES`): a model holding DynamicDequantize
-  ("dyndq") makes a reference evaluator with our kernel (ONNX's ReferenceEvaluator, built on the
-  model's light view: it reads no weight when it is made); standard ONNX ("onnx") and ONNX
-  Runtime's form ("onnxruntime") make an ONNX Runtime CPU session from the file, at ONNX
-  Runtime's default settings, as a user's `InferenceSession(path)` does; "openvino" compiles it
-  on OpenVINO's CPU plugin where OpenVINO is installed, and says it was not loaded there
-  where it is not.
+  ("dyndq") makes a reference evaluator with our kernel (ONNX's ReferenceEvaluator, its weights
+  made inputs: it reads none when it is made); standard ONNX ("onnx") and ONNX Runtime's form
+  ("onnxruntime") make an ONNX Runtime CPU session from the file, at ONNX Runtime's default
+  settings, as a user's `InferenceSession(path)` does (standard ONNX that ONNX Runtime has no
+  kernel for, float4 codes or an opset newer than it runs, loads on onnx.reference instead, said
+  in a note); "openvino" compiles it on OpenVINO's CPU plugin where OpenVINO is installed, and
+  says it was not loaded there where it is not.
 
 A file that fails is a bug of dyndq when the input passes the same test (`WrittenFileError`,
 exit 70 in the CLI, told with the checker's or the engine's own words), and a problem of the
@@ -75,6 +76,17 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
     try:
         _load(path, model, form)
     except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type: told, the file kept out
+        from dyndq.ort_session import missing_kernel
+
+        lacking = missing_kernel(e) if form == "onnx" else None
+        if lacking is not None:  # (valid standard ONNX that ONNX Runtime has no kernel for: ONNX's own engine)
+            try:
+                _reference(model)
+            except Exception:  # noqa: BLE001 - told below, with ONNX Runtime's words
+                pass
+            else:
+                return [f"not loaded on ONNX Runtime, which has no kernel for {lacking}: loaded on onnx.reference "
+                        "instead (the target onnxruntime writes forms ONNX Runtime runs)"]
         engine = ENGINES[form]
         inherited = source is not None and _source_fails(source, form)
         raise (InheritedProblem if inherited else WrittenFileError)(

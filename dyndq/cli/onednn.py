@@ -31,6 +31,10 @@ def cmd_import_onednn(args) -> int:
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
     refuse_same_file(args.graph, args.output)
+    if args.seed < 0:
+        raise UsageError(f"--seed {args.seed}: a whole number >= 0")
+    if args.max_input_bytes is not None and args.max_input_bytes < 0:
+        raise UsageError(f"--max-input-bytes {args.max_input_bytes}: a whole number of bytes >= 0")
     model, report = onednn.load(args.graph)  # an op that cannot be mapped: a ValidationError
     arrays = None
     if args.inputs_dir:  # made before anything is written: OUT and DIR only when every step succeeded

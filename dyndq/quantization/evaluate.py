@@ -101,6 +101,11 @@ class NotMeasured(Exception):
     or a feed: an index out of range, say); the message says why, as "not measured: ..."."""
 
 
+class Unloadable(Exception):
+    """The quantized file as written does not make a session on its engine (`Evaluation.measure`
+    with `as_written`): not a figure to report but a file that fails its check (dyndq.written)."""
+
+
 class OnOrt:
     """One model on ONNX Runtime for the evaluation (`dyndq.run`'s Runner does the same, less
     frugally): call it with a feed dict.  A model of standard ops only (the float model, as a
@@ -150,6 +155,34 @@ class OnOrt:
         if problems:
             raise OutputError(problems)
         return results
+
+
+def _quantized_runner(model: onnx.ModelProto, as_written: str | None):
+    """OnOrt for the quantized model; for a file of standard ONNX that ONNX Runtime has no kernel
+    for (float4 codes, an opset newer than it runs), the file as written on onnx.reference."""
+    from dyndq.ort_session import missing_kernel
+
+    try:
+        return OnOrt(model, as_written=as_written)
+    except Exception as e:
+        lacking = missing_kernel(e) if as_written is not None else None
+        if lacking is None:
+            raise
+        return OnReference(as_written, f"onnx.reference, the file as written (ONNX Runtime has no kernel for {lacking})")
+
+
+class OnReference:
+    """The file at `path` on the reference engine (`dyndq.run`'s Runner), with `how` for the report."""
+
+    def __init__(self, path: str, how: str):
+        from dyndq.files import load_model
+        from dyndq.runner import Runner
+
+        self.how, self.runner = how, Runner(load_model(path), "reference")
+        self.ops = sorted({n.op_type for n in self.runner.model.graph.node})
+
+    def __call__(self, feeds) -> dict:
+        return self.runner(feeds)
 
 
 def _standard(model: onnx.ModelProto) -> bool:
@@ -229,7 +262,12 @@ class Evaluation:
         tasks = {name: [0, 0, 0.0] for name in names if kinds[name]}  # top-1 agreeing rows, rows, summed KL
         how = getattr(quantized, "how", ENGINE)
         try:
-            run = quantized if callable(quantized) else OnOrt(quantized, as_written=as_written)
+            try:
+                run = quantized if callable(quantized) else _quantized_runner(quantized, as_written)
+            except Exception as e:
+                if as_written is not None:  # (the file itself does not load: its check tells why)
+                    raise Unloadable(first_line(e)) from e
+                raise
             how = run.how
             for i, (feeds, want) in enumerate(zip(self.feeds, self.want)):
                 got = _progress(run, feeds, "quantized", i, len(self.feeds), self.progress)
@@ -241,6 +279,8 @@ class Evaluation:
                             tasks[name][k] += v
                 del got
             del run
+        except Unloadable:
+            raise
         except Exception as e:  # noqa: BLE001 - a model the engine cannot run: said, not raised
             return [], f"not measured: {first_line(e)}"
         errors = []
@@ -261,16 +301,19 @@ class Evaluation:
 
 
 def evaluate_into(report, float_model: onnx.ModelProto, quantized, *, as_written: str | None = None,
-                  **options) -> None:
+                  **options) -> bool:
     """`report`'s outputs, outputs_note and inputs: `Evaluation(float_model, **options).measure(quantized,
-    as_written=...)`, or ([], why) when the float model cannot run on the inputs (said, not raised)."""
+    as_written=...)`, or ([], why) when the float model cannot run on the inputs (said, not raised).
+    Returns whether the quantized model was made ready on its engine (not when the float model
+    could not run); Unloadable when the file `as_written` does not load there."""
     try:
         evaluation = Evaluation(float_model, **options)
     except NotMeasured as e:
         report.outputs, report.outputs_note = [], str(e)
-        return
+        return False
     report.outputs, report.outputs_note = evaluation.measure(quantized, as_written=as_written)
     report.inputs = evaluation.inputs_used()
+    return True
 
 
 def _progress(run, feeds: dict, which: str, i: int, count: int, progress) -> dict:

@@ -72,7 +72,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
                 quantized, report = quantize_model(loaded.model, checked, Tensors(loaded, DataFile(f, stage.location)),
                                                    strict=strict, progress=progress, feeds=chosen_on)
-            onnx.save_model(quantized, stage.model)
+            onnx.save_model(quantized, stage.model, format="protobuf")  # (binary, whatever dst's name)
             del quantized
             report.data_file = stage.location
             on_disk.finish(report, stage.model, "dyndq")
@@ -119,16 +119,25 @@ class Staged:
         from dyndq.files import load_model, read_model
         from dyndq.written import verify_model
 
+        from dyndq.quantization.evaluate import Unloadable
+
         # the file read once (measured, the quantized model whole: about bits/32 of the float weights);
         # the evaluation makes ONNX Runtime's session of a file written for it: the check's own session
-        # is left out then, so the file is loaded there once
+        # is left out then, so the file is loaded there once, unless the evaluation did not get so far
         read = load_model(staged) if self.measure and form == "dyndq" else read_model(staged, load_data=False).model
-        verify_model(staged, form, shown_as=self.dst, source=self.src, load=not (self.measure and form != "dyndq"),
-                     model=read)
+        on_engine = self.measure and form != "dyndq"
+        check = dict(shown_as=self.dst, source=self.src, model=read)
+        notes = verify_model(staged, form, load=not on_engine, **check)
         if self.measure:
-            # (a file for ONNX Runtime is read by ONNX Runtime itself, its MatMulNBits and all)
-            self._measured(report, read, as_written=None if form == "dyndq" else staged)
+            try:
+                # (a file for ONNX Runtime is read by ONNX Runtime itself, its MatMulNBits and all)
+                loaded = self._measured(report, read, as_written=staged if on_engine else None)
+            except Unloadable as e:
+                loaded, report.outputs, report.outputs_note = False, [], f"not measured: {e}"
+            if on_engine and not loaded:
+                notes += verify_model(staged, form, **check)  # (raises, in the engine's words, where it does not load)
         del read
+        report.notes += notes
         self._placing(report)
 
     def finish_json(self, report: QuantizeReport, staged: str, folder: str | None, ports: list[str]) -> None:
@@ -137,11 +146,12 @@ class Staged:
         from dyndq.written import verify_onednn_json
 
         model = verify_onednn_json(staged, folder, ports, shown_as=self.dst)
+        report.notes.append("not loaded on oneDNN (not here): read back by dyndq's reader and checked")
         if self.measure:
             self._measured(report, ReadBack(model, self.loaded.model, ports))
         self._placing(report)
 
-    def _measured(self, report: QuantizeReport, quantized, as_written: str | None = None) -> None:
+    def _measured(self, report: QuantizeReport, quantized, as_written: str | None = None) -> bool:
         from dyndq.files import load_model
         from dyndq.quantization.evaluate import evaluate_into
 
@@ -150,8 +160,9 @@ class Staged:
         # (but for external data outside the main graph's initializers, which only a load resolves)
         apart = loaded.external_data and _data_in_initializers_only(loaded.model)
         whole = loaded.model if apart or not loaded.external_data else load_model(self.src)
-        evaluate_into(report, whole, quantized, seed=self.checked.seed, inputs=self.feeds, samples=self.samples,
-                      progress=self.progress, loaded=loaded if apart else None, as_written=as_written)
+        return evaluate_into(report, whole, quantized, seed=self.checked.seed, inputs=self.feeds,
+                             samples=self.samples, progress=self.progress, loaded=loaded if apart else None,
+                             as_written=as_written)
 
     def _placing(self, report: QuantizeReport) -> None:
         if not self.measure:

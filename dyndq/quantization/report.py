@@ -70,6 +70,7 @@ class QuantizeReport:
     data_file: str | None = None  # (quantize_file) the external data file written beside the model
     kept_files: list[str] = field(default_factory=list)  # (quantize_file onto its input) the input's data files, kept
     budget: object = None  # (a budget given) budget.BudgetReport: each weight's choice, and why
+    notes: list[str] = field(default_factory=list)  # (quantize_file) how the file written was checked, where it says more
 
     @property
     def bytes_before(self) -> int:
@@ -133,6 +134,7 @@ class QuantizeReport:
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
+        lines += [f"  note: {note}" for note in self.notes]
         return lines
 
     def task_score(self) -> tuple:
@@ -174,6 +176,7 @@ class QuantizeReport:
             "data_file": self.data_file,
             "kept_files": self.kept_files,
             "seconds": self.seconds,
+            "notes": self.notes,
             **({} if self.budget is None else {"budget": self.budget.as_dict()}),
         }
 

@@ -178,3 +178,33 @@ def test_an_export_onednn_graph_the_reader_refuses_is_never_put_in_place(tmp_pat
     code, _, err = call(capsys, "export-onednn", tmp_path / "m.onnx", tmp_path / "g.json")
     assert code == 70 and "not written: dyndq's oneDNN reader refuses the graph made" in err, err
     assert _files(tmp_path) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("evaluate", [[], ["--no-evaluate"]])
+def test_quantize_never_puts_in_place_a_file_its_engine_refuses(tmp_path, capsys, monkeypatch, evaluate):
+    """Measured or not: the evaluation's own session is the file's load on ONNX Runtime, and a
+    file that does not load there is told as such, never measured as "not measured"."""
+    from dyndq import files
+
+    save_model(mlp(), tmp_path / "float.onnx")
+    real = files.write_staged
+    monkeypatch.setattr(files, "write_staged", lambda model, stage: real(_unloadable_for_onnxruntime(), stage))
+    code, out, err = call(capsys, "quantize", tmp_path / "float.onnx", tmp_path / "q.onnx", "--emit", "onnxruntime",
+                          *evaluate)
+    assert code == 70 and "not written: ONNX Runtime cannot load the model made" in err, (out, err)
+    assert _files(tmp_path) == ["float.onnx"]
+
+
+def test_standard_onnx_that_onnxruntime_has_no_kernel_for_loads_on_onnx_reference(tmp_path, capsys):
+    """Valid standard ONNX is the target onnx's whatever ONNX Runtime lacks (DequantizeLinear-28 at
+    --opset 28; float4 codes): loaded on onnx.reference instead, and said."""
+    save_model(build_model(), tmp_path / "m.onnx")
+    code, out, err = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "e.onnx", "--opset", "28")
+    assert code == 0, err
+    assert ("  note: not loaded on ONNX Runtime, which has no kernel for DequantizeLinear(28): loaded on "
+            "onnx.reference instead (the target onnxruntime writes forms ONNX Runtime runs)") in out.splitlines()
+    save_model(mlp(), tmp_path / "float.onnx")
+    code, out, err = call(capsys, "quantize", tmp_path / "float.onnx", tmp_path / "q.onnx", "--emit", "onnx",
+                          "--format", "mxfp4", "--samples", "1")
+    assert code == 0, err
+    assert "; onnx.reference, the file as written (ONNX Runtime has no kernel for DequantizeLinear(" in out
