@@ -126,6 +126,10 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
                        ) -> tuple[onnx.ModelProto, ExportReport]:
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
+    if (target == "onnxruntime" and isinstance(opset, numbers.Integral) and not isinstance(opset, bool)
+            and opset > ORT_MAX_OPSET):  # (its kernels stop there: DequantizeLinear-28 has none in 1.32)
+        raise ExportError(f"opset {opset} is newer than ONNX Runtime runs ({ORT_MAX_OPSET}); the target onnxruntime "
+                          f"is written for it: an opset up to {ORT_MAX_OPSET}, or none")
     options = {"accuracy_level": accuracy_level}  # (each taken by the rules that declare it: converters/rules.py)
     problems = option_problems(options)
     if problems:

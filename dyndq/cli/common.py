@@ -89,15 +89,20 @@ def refuse_same_file(given: str, output: str, overwrite: bool | None = None) -> 
                              "to replace it")
 
 
-def save(model, path: str, loaded, form: str) -> list[str]:
-    """Save `model` as the input was saved (with external data or not), checked as written for
-    `form` before it is put in place (dyndq.written); returns notes to print."""
-    from dyndq.files import save_model
+def save(handed: list, path: str, loaded, form: str) -> list[str]:
+    """Save the model `handed` holds (a list of one, emptied here: with no other reference left,
+    the model's memory goes back once it is written, before the file is loaded on its engine) as
+    the input was saved (with external data or not), checked as written for `form` before it is
+    put in place (dyndq.written); returns notes to print."""
+    from dyndq.files import needs_external_data, staged_write, write_staged
     from dyndq.written import verify_model
 
-    notes: list[str] = []
-    location = save_model(model, path, external_data=loaded.external_data, check=lambda staged: notes.extend(
-        verify_model(staged, form, shown_as=path, source=loaded.path)))
+    model = handed.pop()
+    with staged_write(path, external_data=needs_external_data(model, loaded.external_data)) as stage:
+        write_staged(model, stage)
+        del model
+        notes = verify_model(stage.model, form, shown_as=path, source=loaded.path)
+    location = stage.location
     same = os.path.realpath(path) == os.path.realpath(loaded.path)
     return data_notes(location, [loc for loc in loaded.locations if loc != location] if same else []) + [
         f"  note: {note}" for note in notes]

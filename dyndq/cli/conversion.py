@@ -44,7 +44,9 @@ def cmd_export(args) -> int:
         raise
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
         raise UsageError(f"{args.input}: {first_line(e)}") from None
-    notes = save(out, args.output, loaded, args.target)  # (checked: valid, and it loads on the target's engine)
+    handed = [out]
+    del out
+    notes = save(handed, args.output, loaded, args.target)  # (checked: valid, and it loads on the target's engine)
     print(f"wrote {args.output}: {report.summary()}")
     for note in notes:
         print(note)
@@ -69,8 +71,11 @@ def cmd_lift(args) -> int:
     loaded = load(args.input)
     out, report = lift_with_report(loaded.model)
     loaded.model = None  # (the input's memory is free before the output is written)
-    notes = save(out, args.output, loaded, "dyndq")  # (checked: valid, and it loads on the reference engine)
-    print(f"wrote {args.output}: {report.summary()}; {_opset_and_ir(out)}")
+    opset_and_ir = _opset_and_ir(out)
+    handed = [out]
+    del out
+    notes = save(handed, args.output, loaded, "dyndq")  # (checked: valid, and it loads on the reference engine)
+    print(f"wrote {args.output}: {report.summary()}; {opset_and_ir}")
     for note in notes:
         print(note)
     for s in report.skipped:

@@ -203,6 +203,12 @@ def test_standard_onnx_that_onnxruntime_has_no_kernel_for_loads_on_onnx_referenc
     assert code == 0, err
     assert ("  note: not loaded on ONNX Runtime, which has no kernel for DequantizeLinear(28): loaded on "
             "onnx.reference instead (the target onnxruntime writes forms ONNX Runtime runs)") in out.splitlines()
+    # (for its own engine, an opset past what ONNX Runtime runs is refused before any work)
+    code, out, err = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "r.onnx", "--opset", "28", "--target",
+                          "onnxruntime")
+    assert code == 2 and err == (f"dyndq: {tmp_path / 'm.onnx'}: opset 28 is newer than ONNX Runtime runs (26); the "
+                                 "target onnxruntime is written for it: an opset up to 26, or none\n")
+    assert not os.path.exists(tmp_path / "r.onnx")
     save_model(mlp(), tmp_path / "float.onnx")
     code, out, err = call(capsys, "quantize", tmp_path / "float.onnx", tmp_path / "q.onnx", "--emit", "onnx",
                           "--format", "mxfp4", "--samples", "1")
