@@ -72,7 +72,7 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
     if not load:
         return []
     if form == "openvino" and not _openvino_installed():
-        return [f"not loaded on OpenVINO: it is not installed here (make test-openvino installs it)"]
+        return ["not loaded on OpenVINO: it is not installed here (make test-openvino installs it)"]
     try:
         _load(path, model, form)
     except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type: told, the file kept out

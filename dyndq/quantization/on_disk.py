@@ -12,6 +12,8 @@
   --weights-as-inputs` writes them); `save_weights`, when given, is then called with
   {path: array} of the files written (the CLI says each).
 The last three hold the quantized model in memory (about bits/32 of the float weights).
+Every form is written to a staging place, checked there (`dyndq.written`), measured there as
+written, and only then put in place: all or nothing.
 """
 from __future__ import annotations
 
@@ -27,9 +29,6 @@ from dyndq.quantization.report import QuantizeReport
 
 EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
 EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
-
-
-FORMS = {"dyndq": "dyndq", "onnx": "onnx", "onnxruntime": "onnxruntime"}  # emit -> the form dyndq.written checks
 
 
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
@@ -99,7 +98,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
                 write_staged(out, stage)
                 del out  # (the file is what is checked and measured from here on)
                 report.data_file = stage.location
-                on_disk.finish(report, stage.model, FORMS[emit])
+                on_disk.finish(report, stage.model, emit)  # (each emit of a model is a form dyndq.written checks)
     if same_file(src, dst):  # (the model replaced: its data files stay, see files.py)
         report.kept_files = [location for location in loaded.locations if location != report.data_file]
     return report
@@ -117,9 +116,8 @@ class Staged:
     def finish(self, report: QuantizeReport, staged: str, form: str) -> None:
         """The model file at `staged`, written for `form`, checked and measured."""
         from dyndq.files import load_model, read_model
-        from dyndq.written import verify_model
-
         from dyndq.quantization.evaluate import Unloadable
+        from dyndq.written import verify_model
 
         # the file read once (measured, the quantized model whole: about bits/32 of the float weights);
         # the evaluation makes ONNX Runtime's session of a file written for it: the check's own session

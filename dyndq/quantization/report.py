@@ -279,7 +279,7 @@ def error_chart(report: QuantizeReport, path: str) -> str:
     weights with long names keeps every label whole and readable; the bars are coloured by code
     type when the weights have more than one (a budget's mixed formats), with a legend."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401  (whether it is installed: chart_figure draws with it)
     except ImportError:
         return "no error chart: matplotlib is not installed (pip install matplotlib draws one)"
     if not report.layers:
