@@ -310,3 +310,10 @@ def test_a_group_longer_than_every_weight_is_an_option_error(float_model, tmp_pa
         "grouped along here), or -1 for one group per whole axis (per channel)\n")
     assert sorted(os.listdir(tmp_path)) == ["float.onnx"]
     assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--group-size", "256", "--no-evaluate"]) == 0
+
+
+def test_a_report_written_over_out_is_refused(float_model, tmp_path, capsys):
+    out = str(tmp_path / "q.md")
+    assert main(["quantize", float_model, out, "--report", out]) == 2
+    assert capsys.readouterr().err == f"dyndq: --report {out}: is OUT itself; write the report to a file of its own\n"
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx"]
