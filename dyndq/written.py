@@ -6,9 +6,11 @@ there, and only then renames it onto OUT; a file that fails its check is never p
 The check, of the file as written (read back from disk, not the model in memory):
 
 - `dyndq check` finds no problem: our rules on our nodes, and onnx.checker's full check;
-- it loads on the engine it is written for (`ENGINES`): a model holding DynamicDequantize
-  ("dyndq") makes a reference evaluator with our kernel (ONNX's ReferenceEvaluator, its weights
-  made inputs: it reads none when it is made); standard ONNX ("onnx") and ONNX Runtime's form
+- it loads on the engine it is written for: a model holding DynamicDequantize ("dyndq") makes
+  a reference evaluator with our kernel (ONNX's ReferenceEvaluator, its weights made inputs: it
+  reads none when it is made), or, where that cannot run it (a contrib op `dyndq lift` left
+  alone), ONNX Runtime's session of its export, as `dyndq run --engine onnxruntime` makes it,
+  said in a note; standard ONNX ("onnx") and ONNX Runtime's form
   ("onnxruntime") make an ONNX Runtime CPU session from the file, at ONNX Runtime's default
   settings, as a user's `InferenceSession(path)` does (standard ONNX that ONNX Runtime has no
   kernel for, float4 codes or an opset newer than it runs, loads on onnx.reference instead, said
@@ -29,8 +31,6 @@ import onnx
 from dyndq.wording import first_line
 
 FORMS = ("dyndq", "onnx", "onnxruntime", "openvino")
-ENGINES = {"dyndq": "the reference engine", "onnx": "ONNX Runtime", "onnxruntime": "ONNX Runtime",
-           "openvino": "OpenVINO"}
 
 
 class WrittenFileError(Exception):
@@ -74,25 +74,24 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
     if form == "openvino" and not _openvino_installed():
         return ["not loaded on OpenVINO: it is not installed here (make test-openvino installs it)"]
     try:
-        _load(path, model, form)
-    except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type: told, the file kept out
-        from dyndq.ort_session import missing_kernel
-
-        lacking = missing_kernel(e) if form == "onnx" else None
-        if lacking is not None:  # (valid standard ONNX that ONNX Runtime has no kernel for: ONNX's own engine)
-            try:
-                _reference(model)
-            except Exception:  # noqa: BLE001 - told below, with ONNX Runtime's words
-                pass
-            else:
-                return [f"not loaded on ONNX Runtime, which has no kernel for {lacking}: loaded on onnx.reference "
-                        "instead (the target onnxruntime writes forms ONNX Runtime runs)"]
-        engine = ENGINES[form]
+        return _load(path, model, form)
+    except Refused as e:
         inherited = source is not None and _source_fails(source, form)
         raise (InheritedProblem if inherited else WrittenFileError)(
-            shown, f"{engine} cannot load the model made" + (", nor the input" if inherited else ""),
-            [f"{type(e).__name__}: {first_line(e)}"]) from None
-    return []
+            shown, f"{e.engine} cannot load the model made" + (", nor the input" if inherited else ""),
+            e.details) from None
+
+
+class Refused(Exception):
+    """An engine's refusal to load a file: which engine, and its own words."""
+
+    def __init__(self, engine: str, details: list[str]):
+        self.engine, self.details = engine, details
+        super().__init__(f"{engine}: {'; '.join(details)}")
+
+
+def _words(e: BaseException) -> str:
+    return f"{type(e).__name__}: {first_line(e)}"
 
 
 def verify_onednn_json(path: str | os.PathLike, folder: str | None = None, ports=(), *,
@@ -139,30 +138,75 @@ def _model(source, load_data: bool = True) -> onnx.ModelProto:
     return read_model(source, load_data=load_data).model
 
 
-def _load(path: str, model: onnx.ModelProto, form: str) -> None:
-    """Make the engine's session for the file (what a user of that engine does first)."""
+def _load(path: str, model: onnx.ModelProto, form: str) -> list[str]:
+    """Make the engine's session for the file (what a user of that engine does first); returns
+    notes (another engine than the form's own loaded it, and why), raises Refused."""
     if form == "dyndq":
-        _reference(model)
-    elif form == "openvino":
+        return _on_dyndqs_engines(path, model)
+    if form == "openvino":
         import openvino as ov
 
-        core = ov.Core()
-        core.compile_model(core.read_model(path), "CPU")
-    else:
-        _onnxruntime(path)
+        try:
+            core = ov.Core()
+            core.compile_model(core.read_model(path), "CPU")
+        except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
+            raise Refused("OpenVINO", [_words(e)]) from None
+        return []
+    import onnxruntime as ort
+
+    from dyndq.ort_session import missing_kernel
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # (its log lines would reach stderr; its error comes back raised)
+    try:
+        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
+        lacking = missing_kernel(e) if form == "onnx" else None
+        if lacking is not None:  # (valid standard ONNX that ONNX Runtime has no kernel for: ONNX's own engine)
+            try:
+                _reference(_weights_as_inputs(model))
+            except Exception:  # noqa: BLE001 - told below, in ONNX Runtime's words
+                pass
+            else:
+                return [f"not loaded on ONNX Runtime, which has no kernel for {lacking}: loaded on onnx.reference "
+                        "instead (the target onnxruntime writes forms ONNX Runtime runs)"]
+        raise Refused("ONNX Runtime", [_words(e)]) from None
+    return []
+
+
+def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
+    """A model holding our op on the reference engine (a ReferenceEvaluator with our kernel), or,
+    where that cannot run it (a contrib op the exact lift leaves alone, which `dyndq lift` keeps),
+    on ONNX Runtime through its export, as `dyndq run --engine onnxruntime` runs it, said in a
+    note.  The reference engine is given the weights as inputs (it reads none to be made) unless
+    the model holds contrib ops, whose exact lift reads their constants."""
+    from dyndq.files import load_model
+    from dyndq.reference import _foreign
+    from dyndq.plumbing.walk import walk
+
+    whole = load_model(path) if any(_foreign(site.node, model) for site in walk(model)) else None
+    try:
+        _reference(whole if whole is not None else _weights_as_inputs(model))
+        return []
+    except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
+        why = _words(e)
+    from dyndq.runner import Runner
+
+    try:
+        Runner(whole if whole is not None else load_model(path), "onnxruntime")
+    except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
+        raise Refused("neither the reference engine nor ONNX Runtime", [f"the reference engine: {why}",
+                                                                      f"ONNX Runtime (through export): {_words(e)}"]) from None
+    return [f"not loaded on the reference engine ({why}): loaded on ONNX Runtime through its export instead, as "
+            "dyndq run --engine onnxruntime runs it"]
 
 
 def _reference(model: onnx.ModelProto) -> None:
-    """A reference evaluator for the model (our nodes validated first, contrib ops through their
-    exact lift, as `dyndq.run` makes it), its weights held on disk made graph inputs: making
-    the evaluator reads no weight (it reads them when it runs), so a model over 2 GiB costs
-    nothing more here."""
+    """A reference evaluator for the model (contrib ops through their exact lift, as `dyndq.run`
+    makes it; our nodes were judged by `dyndq check` before)."""
     from dyndq.reference import reference_evaluator, runnable_model
-    from dyndq.runner import _validate_our_nodes
 
-    light = _weights_as_inputs(model)
-    _validate_our_nodes(light)
-    reference_evaluator(runnable_model(light))
+    reference_evaluator(runnable_model(model))
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -189,14 +233,6 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _onnxruntime(path: str) -> None:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # (its log lines would reach stderr; its error comes back raised)
-    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
 def _openvino_installed() -> bool:
     from dyndq.parity.engines import openvino_installed
 
@@ -210,11 +246,16 @@ def _source_fails(source, form: str) -> bool:
     from dyndq.opdefs import domains
 
     try:
+        if form == "dyndq":
+            path = source if not isinstance(source, onnx.ModelProto) else None
+            if path is None:
+                _reference(source)
+            else:
+                _on_dyndqs_engines(os.fspath(path), _model(path, load_data=False))
+            return False
         model = _model(source)
         ours = any(site.node.domain in domains() for site in walk(model))
-        if form == "dyndq":
-            _reference(model)
-        elif form == "openvino":
+        if form == "openvino":
             import io
 
             import openvino as ov

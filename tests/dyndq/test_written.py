@@ -214,3 +214,25 @@ def test_standard_onnx_that_onnxruntime_has_no_kernel_for_loads_on_onnx_referenc
                           "--format", "mxfp4", "--samples", "1")
     assert code == 0, err
     assert "; onnx.reference, the file as written (ONNX Runtime has no kernel for DequantizeLinear(" in out
+
+
+def test_a_lifted_model_holding_a_contrib_op_left_alone_loads_on_onnxruntime_instead(tmp_path, capsys):
+    """`dyndq lift` keeps a MatMulNBits it cannot lift (float zero points): the reference engine has
+    no way to run it, ONNX Runtime through the export does, as `dyndq run --engine onnxruntime`
+    runs it; said, and written."""
+    rng = np.random.default_rng(0)
+    k, n, block = 64, 3, 16
+    inits = [nh.from_array(rng.integers(0, 256, (n, k // block, block // 4), dtype=np.uint8), "B"),
+             nh.from_array(np.full(n * k // block, 0.5, np.float32), "S"),
+             nh.from_array(np.full(n * k // block, 0.25, np.float32), "Z")]
+    node = helper.make_node("MatMulNBits", ["x", "B", "S", "Z"], ["y"], domain="com.microsoft", name="mm",
+                            K=k, N=n, bits=2, block_size=block)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, n])], inits)
+    save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                 ir_version=10), tmp_path / "m.onnx")
+    code, out, err = call(capsys, "lift", tmp_path / "m.onnx", tmp_path / "l.onnx")
+    assert code == 0, err
+    note, = [line for line in out.splitlines() if line.startswith("  note: not loaded on the reference engine")]
+    assert note.endswith("loaded on ONNX Runtime through its export instead, as dyndq run --engine onnxruntime runs it")
+    assert _files(tmp_path) == ["l.onnx", "m.onnx"]
