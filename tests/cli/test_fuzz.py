@@ -5,9 +5,10 @@ code is never 70 (an internal error) and no traceback is printed; and a command 
 every file as it was (nothing at OUT, no staging file, no report or folder half made).
 
 Bounded and deterministic: the default hypothesis profile (tests/conftest.py: derandomized, no
-database) draws the same EXAMPLES argument vectors per command on every run (about a minute in
-all on a 2-core machine); `pytest --hypothesis-profile explore tests/cli/test_fuzz.py` draws new
-ones.  `demo` (no input, its one option a folder: tests/cli/test_commands.py covers it) and
+database) draws the same EXAMPLES argument vectors per command on every run (about 25 s in all on
+a 2-core machine, with the API's fuzzing); `pytest --hypothesis-profile explore tests/cli/test_fuzz.py`
+draws new ones, and DYNDQ_FUZZ_EXAMPLES=N N of them per command.  A drawn example that takes over
+a minute (a hang) fails as hypothesis' deadline.  `demo` (no input, its one option a folder: tests/cli/test_commands.py covers it) and
 `schema` (no arguments) are not fuzzed."""
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from dyndq.files import save_model
 
 from quantize_models import mlp
 
-EXAMPLES = int(os.environ.get("DYNDQ_FUZZ_EXAMPLES", "12"))  # argument vectors per command (the env: more, to look)
+EXAMPLES = int(os.environ.get("DYNDQ_FUZZ_EXAMPLES", "100"))  # argument vectors per command (the env: more, to look)
 KIND = os.path.join(os.path.dirname(__file__), "..", "data", "onednn", "kinds", "DynamicDequantize.json")
 FUZZED = ("check", "export", "lift", "run", "import-onednn", "export-onednn", "quantize")
 
@@ -49,6 +50,15 @@ def _invalid() -> onnx.ModelProto:
     return dyndq.make_model(g)
 
 
+def _output_dtype(code: int) -> onnx.ModelProto:
+    """DynamicDequantize-3 with an output_dtype of `code` (999: no dtype has it)."""
+    node = helper.make_node("DynamicDequantize", ["x", "s"], ["y"], domain=dyndq.DOMAIN, name="dq", output_dtype=code)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.INT8, [4]),
+                                        helper.make_tensor_value_info("s", T.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [4])])
+    return dyndq.make_model(g, versions={dyndq.DOMAIN: 3})
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     """The files argument vectors name, made once (each example works on its own copy)."""
@@ -61,6 +71,7 @@ def pool(tmp_path_factory):
     save_model(dyndq.export(dyndq.quantize(small, evaluate=False, group_size=16)[0], target="onnxruntime"),
                d / "ort.onnx")
     save_model(_invalid(), d / "invalid.onnx")
+    save_model(_output_dtype(999), d / "odtype.onnx")
     shutil.copy(KIND, d / "graph.json")
     (d / "bad.json").write_text('{"graph": [')
     (d / "text.txt").write_text("hello")
@@ -80,8 +91,14 @@ def pool(tmp_path_factory):
 
 
 MODELS = ["pool/float.onnx", "pool/ext.onnx", "pool/dq.onnx", "pool/std.onnx", "pool/ort.onnx", "pool/invalid.onnx",
-          "pool/text.txt", "pool/missing.onnx", "pool", "pool/graph.json"]
+          "pool/odtype.onnx", "pool/text.txt", "pool/missing.onnx", "pool", "pool/graph.json"]
 GRAPHS = ["pool/graph.json", "pool/bad.json", "pool/float.onnx", "pool/missing.json", "pool"]
+# the inputs a command is meant for, drawn as often as all the others together (a command mostly
+# refusing what it is not for would leave its work unfuzzed)
+MEANT = {"check": ["pool/dq.onnx", "pool/invalid.onnx", "pool/ort.onnx"], "export": ["pool/dq.onnx", "pool/ort.onnx"],
+         "lift": ["pool/std.onnx", "pool/ort.onnx"], "run": ["pool/dq.onnx", "pool/float.onnx"],
+         "export-onednn": ["pool/dq.onnx", "pool/odtype.onnx"], "quantize": ["pool/float.onnx", "pool/ext.onnx"],
+         "import-onednn": ["pool/graph.json"]}
 OUTS = ["out/new.onnx", "out/new.json", "out/no/such/folder/new.onnx", "out/", "out", "IN", "out/existing.onnx",
         "out/new.onnx/."]
 NPYS = ["pool/ids.npy", "pool/ids_empty.npy", "pool/ids_big.npy", "pool/ids_2d.npy", "pool/f32.npy", "pool/x.npy",
@@ -129,10 +146,15 @@ def argv_of(draw, command: str) -> list[str]:
     for action in parser._actions:
         if action.option_strings:
             continue
-        pool = GRAPHS if action.dest == "graph" else OUTS if action.dest == "output" else MODELS
-        argv.append(draw(st.sampled_from(pool)))
+        if action.dest == "output":  # (a new file as often as all the others together: the work is fuzzed too)
+            argv.append(draw(st.one_of(st.just("out/new.json" if command == "export-onednn" else "out/new.onnx"),
+                                       st.sampled_from(OUTS))))
+        else:
+            every = GRAPHS if action.dest == "graph" else MODELS
+            argv.append(draw(st.one_of(st.sampled_from(MEANT[command]), st.sampled_from(every))))
     options = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
-    for action in draw(st.lists(st.sampled_from(options), max_size=5, unique_by=lambda a: a.dest)):
+    drawn = draw(st.lists(st.sampled_from(options), max_size=4, unique_by=lambda a: a.dest)) if options else []
+    for action in drawn:
         flag = draw(st.sampled_from(action.option_strings))
         if action.nargs == 0:
             argv.append(flag)

@@ -25,7 +25,7 @@ from dyndq.demo import build_model, demo_input
 
 from quantize_models import mlp
 
-EXAMPLES = int(os.environ.get("DYNDQ_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("DYNDQ_FUZZ_EXAMPLES", "40"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=60), suppress_health_check=[HealthCheck.too_slow])
 
 
