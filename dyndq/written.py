@@ -78,16 +78,17 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
     except Refused as e:
         inherited = source is not None and _source_fails(source, form)
         raise (InheritedProblem if inherited else WrittenFileError)(
-            shown, f"{e.engine} cannot load the model made" + (", nor the input" if inherited else ""),
-            e.details) from None
+            shown, e.what + (", nor the input" if inherited else ""),
+            [d.replace(path, shown) for d in e.details]) from None  # (the staging place is no name to give)
 
 
 class Refused(Exception):
-    """An engine's refusal to load a file: which engine, and its own words."""
+    """An engine's refusal to load a file: what could not ("ONNX Runtime cannot load the model
+    made"), and the engine's own words."""
 
-    def __init__(self, engine: str, details: list[str]):
-        self.engine, self.details = engine, details
-        super().__init__(f"{engine}: {'; '.join(details)}")
+    def __init__(self, what: str, details: list[str]):
+        self.what, self.details = what, details
+        super().__init__(f"{what}: {'; '.join(details)}")
 
 
 def _words(e: BaseException) -> str:
@@ -150,7 +151,7 @@ def _load(path: str, model: onnx.ModelProto, form: str) -> list[str]:
             core = ov.Core()
             core.compile_model(core.read_model(path), "CPU")
         except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
-            raise Refused("OpenVINO", [_words(e)]) from None
+            raise Refused("OpenVINO cannot load the model made", [_words(e)]) from None
         return []
     import onnxruntime as ort
 
@@ -170,7 +171,7 @@ def _load(path: str, model: onnx.ModelProto, form: str) -> list[str]:
             else:
                 return [f"not loaded on ONNX Runtime, which has no kernel for {lacking}: loaded on onnx.reference "
                         "instead (the target onnxruntime writes forms ONNX Runtime runs)"]
-        raise Refused("ONNX Runtime", [_words(e)]) from None
+        raise Refused("ONNX Runtime cannot load the model made", [_words(e)]) from None
     return []
 
 
@@ -195,8 +196,8 @@ def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
     try:
         Runner(whole if whole is not None else load_model(path), "onnxruntime")
     except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
-        raise Refused("neither the reference engine nor ONNX Runtime", [f"the reference engine: {why}",
-                                                                      f"ONNX Runtime (through export): {_words(e)}"]) from None
+        raise Refused("neither the reference engine nor ONNX Runtime can load the model made",
+                      [f"the reference engine: {why}", f"ONNX Runtime (through export): {_words(e)}"]) from None
     return [f"not loaded on the reference engine ({why}): loaded on ONNX Runtime through its export instead, as "
             "dyndq run --engine onnxruntime runs it"]
 
