@@ -79,7 +79,8 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
         inherited = source is not None and _source_fails(source, form)
         raise (InheritedProblem if inherited else WrittenFileError)(
             shown, e.what + (", nor the input" if inherited else ""),
-            [d.replace(path, shown) for d in e.details]) from None  # (the staging place is no name to give)
+            [d.replace(path, shown).replace(os.path.dirname(path), os.path.dirname(os.path.abspath(shown)))
+             for d in e.details]) from None  # (the staging place is no name to give)
 
 
 class Refused(Exception):

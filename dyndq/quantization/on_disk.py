@@ -78,6 +78,8 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     else:
         out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress,
                                      feeds=chosen_on)
+        if loaded.external_data:
+            _read_what_points_into(out, loaded)
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 
@@ -191,6 +193,21 @@ class ReadBack:
     def __call__(self, feeds: dict) -> dict:
         got = self.run({self.inputs[name]: value for name, value in feeds.items()})
         return {name: got[theirs] for name, theirs in self.outputs.items()}
+
+
+def _read_what_points_into(model: onnx.ModelProto, loaded) -> None:
+    """The tensors `model` holds as the input held them, pointing into the input's external data
+    file (the weights left alone), read into the model: written with the model, they would point
+    at a file of that name beside OUT, which there is none of when OUT is in another folder."""
+    from onnx import external_data_helper as h
+
+    from dyndq.files import tensor_with_data
+
+    for tensor in h._get_all_tensors(model):
+        if h.uses_external_data(tensor):
+            tensor.CopyFrom(tensor_with_data(tensor, loaded))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
 
 
 def _data_in_initializers_only(model: onnx.ModelProto) -> bool:

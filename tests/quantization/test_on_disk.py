@@ -201,3 +201,19 @@ def test_the_onednn_graph_is_read_back_and_measured_as_written(tmp_path):
     report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.json", emit="onednn-json", samples=2)
     assert "onnxruntime, the oneDNN graph as written, read back by dyndq's reader, 4 runs in " in report.outputs_note
     assert report.outputs and report.outputs[0].cosine > 0.95
+
+
+@pytest.mark.parametrize("emit", ["onnx", "onnxruntime"])
+def test_weights_left_alone_in_external_data_are_written_into_a_model_in_another_folder(tmp_path, emit):
+    """A weight left alone (the Gather's table, with --ops MatMul) pointed into the input's data
+    file, by a name the written model then resolved beside itself: in another folder, no such file."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    save_model(mlp(), tmp_path / "in" / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "in" / "float.onnx", tmp_path / "out" / "q.onnx", emit=emit, ops=("MatMul",),
+                           samples=1)
+    assert report.outputs and "the file as written" in report.outputs_note
+    written = dyndq.load_model(tmp_path / "out" / "q.onnx")
+    assert "E" in {t.name for t in written.graph.initializer}
+    y = dyndq.run(written, {"ids": np.array([0, 63], np.int64)}, engine="onnxruntime")["y"]
+    assert y.shape == (2, 256)
