@@ -219,6 +219,7 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     """Do the whole demo, print what was done to `stream` (stdout), and return the results."""
     import dyndq
     from dyndq.files import save_array, save_model
+    from dyndq.written import verify_model
     from dyndq.kernels import native
 
     out = stream or sys.stdout
@@ -311,8 +312,9 @@ def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
         "exported": os.path.join(out_dir, "model.exported.onnx"),
         "input": os.path.join(out_dir, "x.npy"),
     }
-    save_model(model, paths["model"])
-    save_model(exported, paths["exported"])
+    # (each checked before it is put in place: valid, and it loads on its engine)
+    save_model(model, paths["model"], check=lambda staged: verify_model(staged, "dyndq", shown_as=paths["model"]))
+    save_model(exported, paths["exported"], check=lambda staged: verify_model(staged, "onnx", shown_as=paths["exported"]))
     save_array(paths["input"], x)
     say()
     say(f"wrote {paths['model']} (with DynamicDequantize), {paths['exported']} (standard ONNX) and {paths['input']}")

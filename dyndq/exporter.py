@@ -117,7 +117,9 @@ def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = No
     "onnxruntime": MatMulNBits/GatherBlockQuantized where they express a node exactly, and
     standard forms ONNX Runtime's CPU runs for the rest; "openvino": standard forms OpenVINO's
     CPU runs; see the module doc).  own_ops=False: no engine's own op written, standard ONNX
-    only, in the forms the target's engine runs."""
+    only, in the forms the target's engine runs.  Raises ValidationError for problems in the
+    model, ExportError for a target, opset or accuracy_level it cannot write (each named), and
+    TypeError for an opset that is not a whole number."""
     return export_with_report(model, opset=opset, target=target, accuracy_level=accuracy_level, own_ops=own_ops)[0]
 
 
@@ -126,6 +128,10 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
                        ) -> tuple[onnx.ModelProto, ExportReport]:
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
+    if (target == "onnxruntime" and isinstance(opset, numbers.Integral) and not isinstance(opset, bool)
+            and opset > ORT_MAX_OPSET):  # (its kernels stop there: DequantizeLinear-28 has none in 1.32)
+        raise ExportError(f"opset {opset} is newer than ONNX Runtime runs ({ORT_MAX_OPSET}); the target onnxruntime "
+                          f"is written for it: an opset up to {ORT_MAX_OPSET}, or none")
     options = {"accuracy_level": accuracy_level}  # (each taken by the rules that declare it: converters/rules.py)
     problems = option_problems(options)
     if problems:

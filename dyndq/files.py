@@ -59,7 +59,7 @@ def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedMode
     if os.path.isdir(path):
         raise ModelFileError(f"{path}: is a folder, not a model file")
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = _read(path)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read it ({e.strerror or e})") from None
     except Exception as e:  # DecodeError, a JSON/text parse error, ...
@@ -85,6 +85,18 @@ def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedMode
         except OSError as e:
             raise ModelFileError(f"{path}: cannot read its external data ({e.strerror or e})") from None
     return LoadedModel(model, path, bool(tensors), locations)
+
+
+def _read(path: str) -> onnx.ModelProto:
+    """The model in the file, in ONNX's binary form (what dyndq writes and every engine reads),
+    whatever its name ends in; else in the text form onnx.load infers from the name (.json,
+    .txt, .textproto)."""
+    try:
+        return onnx.load(path, format="protobuf", load_external_data=False)
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 - not binary ONNX: the text forms' readers have their own errors
+        return onnx.load(path, load_external_data=False)
 
 
 def _data_folder(path: str) -> str:
@@ -148,8 +160,13 @@ def save_model(
     *,
     external_data: bool = False,
     location: str | None = None,
+    check=None,
 ) -> str | None:
     """Write `model` to `path` atomically; the model passed in is not modified.
+
+    `check`, when given, is called with the path of the file written in its staging place (its
+    external data beside it) before it is moved onto `path`; what it raises leaves `path` as it
+    was (`dyndq.written.verify_model` is the check every command makes).
 
     With `external_data=True` (or when the model is too big for one protobuf
     message), tensors go to one file beside the model, named `location`
@@ -161,17 +178,31 @@ def save_model(
     `path` must be a new path or a regular file; a symbolic link to a regular
     file is written through.
     """
-    external_data = external_data or _too_big_for_one_message(model)
-    with staged_write(path, external_data=external_data, location=location) as stage:
-        try:
-            # (the model passed in is never modified: with external data a light copy is written)
-            out = _with_tensors_out(model, stage.folder, stage.location) if external_data else model
-            onnx.save_model(out, stage.model)
-        except OSError as e:
-            raise ModelFileError(f"{stage.path}: cannot write it ({e.strerror or e})") from None
-        except ValueError as e:  # protobuf: message too large, ...
-            raise ModelFileError(f"{stage.path}: cannot write it ({first_line(e)})") from None
+    with staged_write(path, external_data=needs_external_data(model, external_data), location=location) as stage:
+        write_staged(model, stage)
+        if check is not None:
+            check(stage.model)
     return stage.location
+
+
+def needs_external_data(model: onnx.ModelProto, asked: bool = False) -> bool:
+    """Whether `model` is saved with external data: when asked, or when it is too big for one
+    protobuf message."""
+    return asked or _too_big_for_one_message(model)
+
+
+def write_staged(model: onnx.ModelProto, stage: Stage) -> None:
+    """Write `model` into its staging place (a `staged_write` block's Stage): its tensors of 1 KiB
+    or more into the external data file when the stage has one."""
+    try:
+        # (the model passed in is never modified: with external data a light copy is written)
+        out = _with_tensors_out(model, stage.folder, stage.location) if stage.location else model
+        onnx.save_model(out, stage.model, format="protobuf")  # (binary whatever the name: onnx would write
+        # a .json or .txt as text, which no engine loads)
+    except OSError as e:
+        raise ModelFileError(f"{stage.path}: cannot write it ({e.strerror or e})") from None
+    except ValueError as e:  # protobuf: message too large, ...
+        raise ModelFileError(f"{stage.path}: cannot write it ({first_line(e)})") from None
 
 
 @dataclass
@@ -299,7 +330,12 @@ def _writable_target(path: str) -> str:
     """The file to replace for `path`: itself, or the regular file a symbolic link points to.
 
     Anything else is refused: replacing a FIFO, a device (/dev/null, /dev/stdout) or a
-    folder with a regular file would change what the path is, not write to it."""
+    folder with a regular file would change what the path is, not write to it; so is a path
+    that names a folder by its form ("out/", "out/.", ".."), which abspath would turn into a file
+    named like the folder."""
+    if os.path.basename(path) in ("", ".", ".."):
+        raise ModelFileError(f"{path}: names a folder, not a file; give the path of the file to write "
+                             f"(e.g. {os.path.join(path, 'model.onnx')})")
     absolute = os.path.abspath(path)
     target = os.path.realpath(absolute)
     if os.path.islink(absolute) and not os.path.lexists(target):
@@ -313,6 +349,23 @@ def _writable_target(path: str) -> str:
     if not os.path.isdir(os.path.dirname(target)):
         raise ModelFileError(f"{path}: its folder does not exist")
     return target
+
+
+def check_target(path: str | os.PathLike) -> None:
+    """Refuse (ModelFileError) a path no file can be written to, as a write would: for a command
+    to tell before its work, not after it."""
+    _writable_target(os.fspath(path))
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether the two paths name one file (the same path, a link to it, a hard link)."""
+    a, b = os.fspath(a), os.fspath(b)
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # (one of them does not exist)
+        return False
 
 
 def _kind(mode: int) -> str:
@@ -499,10 +552,11 @@ def check_writable(folder: str) -> list[str]:
     return created
 
 
-def write_atomically(path: str | os.PathLike, write) -> None:
+def write_atomically(path: str | os.PathLike, write, check=None) -> None:
     """`write(binary file)` to a staging file beside `path`, then one rename onto it: `path` is
     never half-written, only a regular file (or a link to one) is replaced, and the file gets
-    the mode a new file gets (0666 less the umask)."""
+    the mode a new file gets (0666 less the umask).  `check(staged path)`, when given, is called
+    before the rename; what it raises leaves `path` as it was."""
     path = _writable_target(os.fspath(path))
     folder, name = os.path.split(path)
     _remove_stale_staging(folder, name)
@@ -517,6 +571,8 @@ def write_atomically(path: str | os.PathLike, write) -> None:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
+            if check is not None:
+                check(tmp)
             os.replace(tmp, path)
         except OSError as e:
             raise ModelFileError(f"{path}: cannot write it ({e.strerror or e})") from None
@@ -524,14 +580,16 @@ def write_atomically(path: str | os.PathLike, write) -> None:
             _remove_quietly(tmp)
 
 
-def write_together(path: str | os.PathLike, write, folder: str | os.PathLike, files: dict) -> list[str]:
+def write_together(path: str | os.PathLike, write, folder: str | os.PathLike, files: dict, check=None) -> list[str]:
     """`write(binary file)` to `path` and `files[name](binary file)` to folder/name for each name,
     all or nothing (a graph and the arrays beside it).  Every file is written to a staging folder
     first; then the folder's files are moved in (the folder is made when it is missing, in one
     rename; a file of the same name is replaced, other files are left alone) and `path` last.  An
     error or an interrupt at any step leaves `path` and the folder as they were (files replaced
     are put back, a folder made is removed) and no staging file behind.  Returns the paths written
-    into the folder (as `folder` names them)."""
+    into the folder (as `folder` names them).  `check(staged path, staged folder)`, when given, is
+    called once every file is staged, before anything is moved; what it raises leaves both as
+    they were."""
     target = _writable_target(os.fspath(path))
     given, folder = os.fspath(folder), os.path.realpath(os.path.abspath(os.fspath(folder)))
     for name in files:
@@ -556,6 +614,8 @@ def write_together(path: str | os.PathLike, write, folder: str | os.PathLike, fi
             _write_new(staged, write, os.fspath(path))
             for name, write_one in files.items():
                 _write_new(os.path.join(staged_files, name), write_one, os.path.join(given, name))
+            if check is not None:
+                check(staged, staged_files)
             if not existing:  # the folder and its files appear at once
                 os.chmod(staged_files, 0o777 & ~_umask())
                 os.rename(staged_files, folder)

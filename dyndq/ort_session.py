@@ -33,11 +33,16 @@ class OrtSession:
     held outside it (a model's big initializers made inputs, as `light_view` makes them), so that
     a caller holding them once passes them without a copy.  `arena=False`: ONNX Runtime's CPU
     arena off, so each intermediate value's memory goes back when it is freed (with the arena,
-    a run's largest values, a dequantized weight each, stay held until the session goes)."""
+    a run's largest values, a dequantized weight each, stay held until the session goes).
+
+    `path`: the file `exported` was read from (it may then be read without its external data):
+    ONNX Runtime reads the model there, its external data too, as a user's session does, so its
+    weights stay the initializers the file holds (a MatMulNBits' B among them), unless the
+    boundary must add a Cast at an input or output, when the model is handed over as above."""
 
     def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None,
                  disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None,
-                 weights: Mapping[str, np.ndarray] | None = None, arena: bool = True):
+                 weights: Mapping[str, np.ndarray] | None = None, arena: bool = True, path: str | None = None):
         import onnxruntime as ort
 
         from dyndq.plumbing.light import big_initializers, light_view
@@ -58,10 +63,21 @@ class OrtSession:
         # (the boundary is made on the light view, so that a big int4 or bfloat16 initializer,
         # fed as an input there, passes through it as any input does)
         self.boundary = OrtBoundary(light_view(exported))
-        self._big = {**(weights or {}), **{t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}}
-        self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=list(disabled_optimizers))
+        if path is not None and not self.boundary.added:
+            self._big = dict(weights or {})
+            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
+                                                disabled_optimizers=list(disabled_optimizers))
+        else:
+            if path is not None:  # (a Cast added at the boundary: the model handed over whole)
+                from dyndq.files import load_model
+
+                exported = load_model(path)
+                self.boundary = OrtBoundary(light_view(exported))
+            self._big = {**(weights or {}),
+                         **{t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}}
+            self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
+                                                providers=["CPUExecutionProvider"],
+                                                disabled_optimizers=list(disabled_optimizers))
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = 4
 
@@ -71,6 +87,18 @@ class OrtSession:
         # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
         arrays = {k: _c_contiguous(v) for k, v in feeds.items()}
         return self.boundary.run(self.session, names, {**arrays, **self._big}, self._run_options)
+
+
+def missing_kernel(error: BaseException) -> str | None:
+    """The op (and version) ONNX Runtime has no kernel for, when `error` is its NOT_IMPLEMENTED
+    refusal of a session ("Could not find an implementation for DequantizeLinear(28) node ..."):
+    a valid model it cannot run, as opposed to one it finds invalid; else None."""
+    import re
+
+    if type(error).__name__ != "NotImplemented":
+        return None
+    found = re.search(r"implementation for (\S+\(\d+\))", str(error))
+    return found.group(1) if found else "an op of the model"
 
 
 class OrtBoundary:

@@ -3,17 +3,18 @@
     dyndq demo   [--out DIR]
     dyndq check  MODEL [--json] [--runtime-parity [--engine onnxruntime|openvino|all] [--level L ...] [--input NAME=FILE.npy ...]
                  [--inputs-dir DIR] [--no-diagnosis]]
-    dyndq export IN OUT [--opset N] [--target onnx|onnxruntime] [--accuracy-level N]
-    dyndq lift   IN OUT
+    dyndq export IN OUT [--opset N] [--target onnx|onnxruntime|openvino] [--accuracy-level N] [--overwrite]
+    dyndq lift   IN OUT [--overwrite]
     dyndq run    MODEL [--input NAME=FILE.npy ...] [--inputs-dir DIR] [--engine reference|onnxruntime] [--output NAME ...]
                  [--output-dir DIR]
     dyndq schema
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
-    dyndq quantize IN OUT [--bits 4|8] [--group-size N] [--method rtn|search] [--emit FORM] [--json] ...
+    dyndq quantize IN OUT [--bits 2|4|8] [--group-size N] [--method rtn|search] [--emit FORM] [--json] [--overwrite] ...
 
 Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
 2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
+Every model a command writes is checked before it is put in place (dyndq.written).
 Mistakes a user can make (a missing or non-ONNX file, a bad --input) are told
 in one or two plain lines on stderr, never with a traceback.
 

@@ -74,13 +74,38 @@ def load(path: str):
     return read_model(path)
 
 
-def save(model, path: str, loaded) -> list[str]:
-    """Save `model` as the input was saved (with external data or not); returns notes to print."""
-    from dyndq.files import save_model
+def refuse_same_file(given: str, output: str, overwrite: bool | None = None) -> None:
+    """OUT naming IN itself (the same path, a link to it) is refused: a model passed in is never
+    modified, unless --overwrite (`overwrite` True) asks for it; a command without that flag
+    (`overwrite` None: OUT is of another format than IN) refuses it always.  Also refused before
+    any work: an OUT no file can be written to (a folder, "out/", a device)."""
+    from dyndq.files import ModelFileError, check_target, same_file
 
-    location = save_model(model, path, external_data=loaded.external_data)
+    check_target(output)
+    if not overwrite and same_file(given, output):
+        if overwrite is None:
+            raise ModelFileError(f"{output}: is the input itself; write to another file")
+        raise ModelFileError(f"{output}: is the input model itself; write to another file, or add --overwrite "
+                             "to replace it")
+
+
+def save(handed: list, path: str, loaded, form: str) -> list[str]:
+    """Save the model `handed` holds (a list of one, emptied here: with no other reference left,
+    the model's memory goes back once it is written, before the file is loaded on its engine) as
+    the input was saved (with external data or not), checked as written for `form` before it is
+    put in place (dyndq.written); returns notes to print."""
+    from dyndq.files import needs_external_data, staged_write, write_staged
+    from dyndq.written import verify_model
+
+    model = handed.pop()
+    with staged_write(path, external_data=needs_external_data(model, loaded.external_data)) as stage:
+        write_staged(model, stage)
+        del model
+        notes = verify_model(stage.model, form, shown_as=path, source=loaded.path)
+    location = stage.location
     same = os.path.realpath(path) == os.path.realpath(loaded.path)
-    return data_notes(location, [loc for loc in loaded.locations if loc != location] if same else [])
+    return data_notes(location, [loc for loc in loaded.locations if loc != location] if same else []) + [
+        f"  note: {note}" for note in notes]
 
 
 def data_notes(location: str | None, kept: list[str]) -> list[str]:

@@ -3,7 +3,7 @@ Runtime's contrib ops) and `dyndq lift` (DequantizeLinear, MatMulNBits, GatherBl
 lifted to our op)."""
 from __future__ import annotations
 
-from dyndq.cli.common import Command, load, save
+from dyndq.cli.common import Command, load, refuse_same_file, save
 from dyndq.cli.exits import OK, UsageError
 from dyndq.converters.rules import TARGETS
 from dyndq.wording import first_line
@@ -25,12 +25,14 @@ def _add_export(sub) -> None:
     e.add_argument("--accuracy-level", metavar="N", type=int, choices=range(5),
                    help="with --target onnxruntime: the accuracy_level of every MatMulNBits written (default: what "
                         "a lifted node kept, else 0, the graph's float meaning; 4 quantizes the activations to int8)")
+    e.add_argument("--overwrite", action="store_true", help="OUT may be IN itself, replaced (refused without it)")
 
 
 def cmd_export(args) -> int:
     import dyndq
     from dyndq.exporter import export_with_report
 
+    refuse_same_file(args.input, args.output, args.overwrite)
     loaded = load(args.input)
     if args.accuracy_level is not None and args.target != "onnxruntime":
         raise UsageError("--accuracy-level goes with --target onnxruntime (standard ONNX has no MatMulNBits)")
@@ -42,7 +44,9 @@ def cmd_export(args) -> int:
         raise
     except ValueError as e:  # ExportError: e.g. --opset too low for the graph
         raise UsageError(f"{args.input}: {first_line(e)}") from None
-    notes = save(out, args.output, loaded)
+    handed = [out]
+    del out
+    notes = save(handed, args.output, loaded, args.target)  # (checked: valid, and it loads on the target's engine)
     print(f"wrote {args.output}: {report.summary()}")
     for note in notes:
         print(note)
@@ -57,16 +61,21 @@ def _add_lift(sub) -> None:
                                    "com.microsoft::GatherBlockQuantized that DynamicDequantize expresses exactly lifted to it.")
     l.add_argument("input", metavar="IN")
     l.add_argument("output", metavar="OUT")
+    l.add_argument("--overwrite", action="store_true", help="OUT may be IN itself, replaced (refused without it)")
 
 
 def cmd_lift(args) -> int:
     from dyndq.lifter import lift_with_report
 
+    refuse_same_file(args.input, args.output, args.overwrite)
     loaded = load(args.input)
     out, report = lift_with_report(loaded.model)
     loaded.model = None  # (the input's memory is free before the output is written)
-    notes = save(out, args.output, loaded)
-    print(f"wrote {args.output}: {report.summary()}; {_opset_and_ir(out)}")
+    opset_and_ir = _opset_and_ir(out)
+    handed = [out]
+    del out
+    notes = save(handed, args.output, loaded, "dyndq")  # (checked: valid, and it loads on the reference engine)
+    print(f"wrote {args.output}: {report.summary()}; {opset_and_ir}")
     for note in notes:
         print(note)
     for s in report.skipped:

@@ -5,7 +5,10 @@ its class up in one table (`table()`), prints its message on stderr and returns 
 (docs/cli.md gives them):
 
     0 success, 1 problems found in the model (or an engine cannot run it, or nothing to
-    quantize), 2 a usage or I/O error, 70 an internal error (a bug in dyndq), 130 interrupted.
+    quantize, or a file made from it fails its check as the model itself does), 2 a usage or I/O
+    error, 70 an internal error (a bug in dyndq: among them a file made that fails its check or
+    does not load on its engine, the input passing: told with the checker's or engine's words),
+    130 interrupted.
 
 A command that wants other words for an error than the table's (naming a flag, an engine)
 raises `UsageError` (2) or `ProblemsFound` (1) with them.
@@ -61,6 +64,10 @@ def _nothing_to_quantize(e, subject):
     return "\n".join([f"{subject}: nothing to quantize (nothing written): {e.because('--exclude')}"] + [f"  - {p}" for p in e.problems])
 
 
+def _written_file_bug(e, subject):  # the file made fails its check: nothing put in place, the check's own words
+    return f"dyndq: {e}\n(a bug in dyndq: the input passes the same check; please report it)"
+
+
 def _interrupted(e, subject):
     return "dyndq: interrupted"
 
@@ -73,6 +80,7 @@ def table() -> tuple:
     from dyndq.files import ModelFileError
     from dyndq.quantization import NothingToQuantize, OptionError
     from dyndq.runner import FeedError
+    from dyndq.written import InheritedProblem, WrittenFileError
 
     return (
         (UsageError, USAGE, _said),
@@ -82,6 +90,8 @@ def table() -> tuple:
         (NothingToQuantize, PROBLEMS, _nothing_to_quantize),
         (ValidationError, PROBLEMS, _problems),
         (ProblemsFound, PROBLEMS, _said),
+        (InheritedProblem, PROBLEMS, _said),  # (the file made fails as the input does: the model's problem)
+        (WrittenFileError, INTERNAL, _written_file_bug),
         (KeyboardInterrupt, INTERRUPTED, _interrupted),
     )
 

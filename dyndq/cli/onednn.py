@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from dyndq.cli.common import Command, load, output_files, say_saved
+from dyndq.cli.common import Command, load, output_files, refuse_same_file, say_saved
 from dyndq.cli.exits import OK, UsageError
 
 
@@ -26,21 +26,32 @@ def cmd_import_onednn(args) -> int:
     from dyndq import onednn
     from dyndq.files import save_model, write_together
 
+    from dyndq.written import verify_model
+
     if not os.path.isfile(args.graph):
         raise UsageError(f"{args.graph}: no such file")
+    refuse_same_file(args.graph, args.output)
+    if args.seed < 0:
+        raise UsageError(f"--seed {args.seed}: a whole number >= 0")
+    if args.max_input_bytes is not None and args.max_input_bytes < 0:
+        raise UsageError(f"--max-input-bytes {args.max_input_bytes}: a whole number of bytes >= 0")
     model, report = onednn.load(args.graph)  # an op that cannot be mapped: a ValidationError
     arrays = None
     if args.inputs_dir:  # made before anything is written: OUT and DIR only when every step succeeded
         budget = {} if args.max_input_bytes is None else {"max_bytes": args.max_input_bytes}
         arrays = onednn.example_inputs(model, args.seed, **budget)
     files = output_files(args.inputs_dir, arrays) if arrays is not None else []
+    # (the model checked before it is put in place: valid, and it loads on the reference engine)
+    def check(staged, folder=None):
+        verify_model(staged, "dyndq", shown_as=args.output)
+
     try:
         if arrays is None:
-            save_model(model, args.output)
+            save_model(model, args.output, check=check)
         else:  # the model and its example inputs all or nothing
             write_together(args.output, lambda f: f.write(model.SerializeToString()), args.inputs_dir,
                            {os.path.basename(path): (lambda f, v=value: np.save(f, v, allow_pickle=False))
-                            for _, path, value in files})
+                            for _, path, value in files}, check=check)
     except OSError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {args.output}: {report.summary()}")
@@ -65,10 +76,16 @@ def _add_export(sub) -> None:
 def cmd_export_onednn(args) -> int:
     from dyndq import onednn
 
+    from dyndq.written import verify_onednn_json
+
+    refuse_same_file(args.model, args.output)
     loaded = load(args.model)
     weights: dict = {}
     doc = onednn.dump(loaded.model, weights_as_inputs=args.weights_as_inputs, weights=weights)
-    written = onednn.save_json(doc, args.output, weights)  # the JSON and its weights (OUT-weights/NAME.npy) all or nothing
+    # the JSON and its weights (OUT-weights/NAME.npy) all or nothing, read back by dyndq's reader before they are
+    # put in place
+    written = onednn.save_json(doc, args.output, weights, check=lambda staged, folder: verify_onednn_json(
+        staged, folder, list(weights), shown_as=args.output))
     print(f"wrote {args.output}: {len(doc['graph'])} oneDNN ops, "
           f"{len(doc['input_ports'])} input ports, {len(doc['output_ports'])} output ports")
     for path, value in written.items():

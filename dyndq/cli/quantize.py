@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dyndq.cli.common import Command, data_notes, say_saved
-from dyndq.cli.exits import OK
+from dyndq.cli.common import Command, data_notes, refuse_same_file, say_saved
+from dyndq.cli.exits import OK, UsageError
 
 
 def _add_parser(sub) -> None:
@@ -63,6 +63,8 @@ def _add_parser(sub) -> None:
     q.add_argument("--no-evaluate", action="store_true", help="do not run the models to measure the output error")
     q.add_argument("--strict", action="store_true", help="exit 1, writing nothing, when any weight of those ops is left alone")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.add_argument("--overwrite", action="store_true",
+                   help="OUT may be IN itself: the float model is then replaced (refused without it)")
 
 
 def _samples(args, model_path: str) -> list[dict] | None:
@@ -83,12 +85,22 @@ def _samples(args, model_path: str) -> list[dict] | None:
 def cmd_quantize(args) -> int:
     import os
 
-    from dyndq.cli.exits import UsageError
     from dyndq.quantization import quantize_file
     from dyndq.quantization.report import write_report
 
+    from dyndq.files import ModelFileError, check_target, same_file
+
+    refuse_same_file(args.input_, args.output, args.overwrite)
     if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
         raise UsageError(f"--report {args.report}: a report is written as FILE.json or FILE.md")
+    if args.report:
+        for path, what in ((args.input_, "IN"), (args.output, "OUT")):
+            if same_file(args.report, path):
+                raise UsageError(f"--report {args.report}: is {what} itself; write the report to a file of its own")
+        try:
+            check_target(args.report)
+        except ModelFileError as e:
+            raise UsageError(f"--report {e}") from None
     # (a budget's widths are chosen on the inputs even when nothing is measured after)
     if ((args.input or args.inputs_dir) and args.budget is None or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
@@ -104,28 +116,30 @@ def cmd_quantize(args) -> int:
 
     progress = say if sys.stderr.isatty() else None  # (on a terminal only: quiet when piped or captured)
 
+    head = {"input": args.input_, "output": args.output, "emit": args.emit}
+    if inputs is not None:  # (which files the samples came from)
+        head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]
+    chart = None
+
+    def before_placing(report) -> None:
+        """The methods ranked and the report written while OUT is still staged: an error or Ctrl-C
+        here leaves OUT as it was."""
+        nonlocal chart
+        if args.no_evaluate:
+            report.outputs_note = "not measured (--no-evaluate)"
+        if args.rank_methods:
+            report.ranking, report.ranking_note = _ranked(args, inputs, progress, options)
+        if args.report:
+            chart = write_report(report, args.report, head)
+
     # a bad option value (OptionError), nothing to quantize (NothingToQuantize), and --strict with a weight
     # left alone (ValidationError) are told by the one mapping
     report = quantize_file(
         args.input_, args.output, emit=args.emit, evaluate=False if args.no_evaluate else None, seed=args.seed,
         inputs=inputs, samples=args.samples,
-        strict=args.strict, progress=progress,
+        strict=args.strict, progress=progress, overwrite=args.overwrite, before_placing=before_placing,
         save_weights=lambda written: [say_saved(p, v, raw_bytes_note=not args.json) for p, v in written.items()],
         method=args.method, **options)
-    if args.no_evaluate:
-        report.outputs_note = "not measured (--no-evaluate)"
-    if args.rank_methods:
-        from dyndq.files import load_model
-        from dyndq.quantization import rank_methods
-        from dyndq.quantization.report import ranking_rows
-
-        report.ranking = ranking_rows(rank_methods(
-            load_model(args.input_), inputs=inputs, samples=args.samples, seed=args.seed,
-            progress=progress, **options))
-    head = {"input": args.input_, "output": args.output, "emit": args.emit}
-    if inputs is not None:  # (which files the samples came from)
-        head["samples_from"] = [f"--inputs-dir {d}" for d in args.inputs_dir] + [f"--input {i}" for i in args.input]
-    chart = write_report(report, args.report, head) if args.report else None
     if args.json:
         print(json.dumps({**head, **report.as_dict()}, indent=2))
     else:
@@ -136,6 +150,24 @@ def cmd_quantize(args) -> int:
     if args.report:
         print(f"wrote {args.report}" + (f"; {chart}" if chart else ""), file=sys.stderr if args.json else sys.stdout)
     return OK
+
+
+def _ranked(args, inputs, progress, options) -> tuple[list[dict], str | None]:
+    """(--rank-methods' rows, None), or ([], why none) when the float model cannot run on the
+    inputs (as the evaluation then says "not measured")."""
+    from dyndq.files import load_model
+    from dyndq.quantization import rank_methods
+    from dyndq.quantization.evaluate import NotMeasured
+    from dyndq.quantization.report import ranking_rows
+
+    try:
+        runs = rank_methods(load_model(args.input_), inputs=inputs, samples=args.samples, seed=args.seed,
+                            progress=progress, **options)
+    except NotMeasured as e:
+        return [], f"not ranked: {str(e).removeprefix('not measured: ')}"
+    if not any(report.task_score() for _, report in runs):  # (nothing measured: no rank to give)
+        return [], f"not ranked: {runs[0][1].outputs_note.removeprefix('not measured: ')}"
+    return ranking_rows(runs), None
 
 
 QUANTIZE = Command("quantize", _add_parser, cmd_quantize, subject="input_")

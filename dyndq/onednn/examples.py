@@ -132,7 +132,12 @@ def _problem(name: str, found: str, allowed: str) -> Problem:
 def example_inputs(model: onnx.ModelProto, seed: int = 0, max_bytes: int = MAX_BYTES) -> dict[str, np.ndarray]:
     """name -> array for every graph input that is not an initializer (see the module doc).
     ValidationError, naming the input, for an input of unknown dtype or shape, and for inputs
-    that would take more than `max_bytes` together (naming the largest)."""
+    that would take more than `max_bytes` together (naming the largest), and for a seed that is not
+    a whole number >= 0 (NumPy's generators take no other)."""
+    import numbers
+
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValidationError([Problem("seed", repr(seed), "a whole number >= 0")])
     rng = np.random.default_rng(seed)
     initializers = {t.name for t in model.graph.initializer}
     specs = {vi.name: spec_of_type(vi.type) for vi in [*model.graph.value_info, *model.graph.output, *model.graph.input]}

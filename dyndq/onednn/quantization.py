@@ -65,8 +65,14 @@ def _ddq_from_onnx(w) -> dict:
             names = ", ".join(dtypes.by_name(d).onednn for d in op.allowed_dtypes(arg))
             w.problem(arg, f"dtype {dtype}", f"{names} (what oneDNN's DynamicDequantize takes)")
     out = w.values.get("output_dtype")
-    if out is not None and given.get("scales") is not None and dtypes.by_onnx(out).name != given["scales"]:
-        w.problem("output_dtype", f"{dtypes.by_onnx(out).name}, the scales being {given['scales']}",
+    try:
+        out_name = None if out is None else dtypes.by_onnx(out).name
+    except (KeyError, TypeError, ValueError):  # (no dtype of that code: said, as check says it)
+        w.problem("output_dtype", repr(out), "absent, or a TensorProto data type code: the scales' dtype "
+                                             "(oneDNN's DynamicDequantize writes dst in the scales' dtype)")
+        out_name = None
+    if out_name is not None and given.get("scales") is not None and out_name != given["scales"]:
+        w.problem("output_dtype", f"{out_name}, the scales being {given['scales']}",
                   "absent, or the scales' dtype: oneDNN's DynamicDequantize writes dst in the scales' dtype")
     return {k: v for k, v in w.values.items() if k in {a.name for a in op.attributes}}
 

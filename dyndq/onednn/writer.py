@@ -263,19 +263,20 @@ def weights_folder(path) -> str:
     return re.sub(r"\.json$", "", os.fspath(path)) + "-weights"
 
 
-def save_json(doc: dict, path, weights: dict | None = None) -> dict:
+def save_json(doc: dict, path, weights: dict | None = None, check=None) -> dict:
     """Write `doc` to `path` as JSON and, when `weights` holds arrays ({port name: array}, as
     `dump(weights_as_inputs=True, weights=...)` fills it), each as NAME.npy into
     `weights_folder(path)`: all or nothing (dyndq.files.write_together: staging files beside
     them, then renames; a failure at any step leaves the JSON and the folder as they were).
-    Returns {path of each .npy written: its array}."""
+    Returns {path of each .npy written: its array}.  `check(staged JSON, staged weights folder or
+    None)`, when given, is called before anything is put in place (dyndq.written.verify_onednn_json)."""
     from dyndq.files import write_atomically, write_together
 
     text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
     if not weights:
-        write_atomically(path, lambda f: f.write(text))
+        write_atomically(path, lambda f: f.write(text), check=None if check is None else lambda staged: check(staged, None))
         return {}
     files = {f"{name}.npy": (lambda f, a=array: np.save(f, np.asarray(a), allow_pickle=False))
              for name, array in weights.items()}
-    written = write_together(path, lambda f: f.write(text), weights_folder(path), files)
+    written = write_together(path, lambda f: f.write(text), weights_folder(path), files, check=check)
     return dict(zip(written, weights.values()))

@@ -96,6 +96,16 @@ def describe_samples(samples: list[dict], given: bool, seed: int, tables: bool =
     return f"{source}: {shapes}" if shapes else source
 
 
+class NotMeasured(Exception):
+    """The float model could not be run on the evaluation's inputs (the engine refused the model
+    or a feed: an index out of range, say); the message says why, as "not measured: ..."."""
+
+
+class Unloadable(Exception):
+    """The quantized file as written does not make a session on its engine (`Evaluation.measure`
+    with `as_written`): not a figure to report but a file that fails its check (dyndq.written)."""
+
+
 class OnOrt:
     """One model on ONNX Runtime for the evaluation (`dyndq.run`'s Runner does the same, less
     frugally): call it with a feed dict.  A model of standard ops only (the float model, as a
@@ -103,9 +113,11 @@ class OnOrt:
     when given: `model` is then `loaded.model`, its data on disk), and only its light view (no
     weights in it) exported and serialized for ONNX Runtime; any other model (ours, or with
     contrib ops or functions, whose export may read its constants) is exported whole, as the
-    Runner does.  ONNX Runtime's arena is off either way."""
+    Runner does, unless `as_written` (its path): a file written for ONNX Runtime (quantize's --emit
+    onnx and onnxruntime) runs as it is, its MatMulNBits and all, never rewritten.  ONNX Runtime's arena
+    is off either way.  `how` says which of these ran, for the report."""
 
-    def __init__(self, model: onnx.ModelProto, loaded=None):
+    def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None):
         from dyndq.ort_session import OrtSession
         from dyndq.run_outputs import exported_for_onnxruntime
         from dyndq.runner import _declared, _validate_our_nodes, graph_inputs
@@ -114,15 +126,24 @@ class OnOrt:
         self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
         self.output_names = [name for name, _ in self.outputs]
         weights = None
+        if as_written is not None:  # (the file's path; `model` read from it, its external data left there)
+            self.how = f"{ENGINE}, the file as written"
+            self.session = OrtSession(model, level="basic", arena=False, path=as_written)
+            self.ops = sorted({n.op_type for n in model.graph.node})
+            return
         if _standard(model):
             model, weights = _weights_apart(model, loaded)
+            self.how = ENGINE
         else:
             if loaded is not None:  # (exported whole: its data loaded)
                 from dyndq.files import load_model
 
                 model = load_model(loaded.path)
             _validate_our_nodes(model)
-        self.session = OrtSession(exported_for_onnxruntime(model), level="basic", weights=weights, arena=False)
+            self.how = ENGINE  # (our op exported exactly, as dyndq run --engine onnxruntime runs it)
+        exported = exported_for_onnxruntime(model)
+        self.ops = sorted({n.op_type for n in exported.graph.node})  # (what ran, for the report and its tests)
+        self.session = OrtSession(exported, level="basic", weights=weights, arena=False)
 
     def __call__(self, feeds) -> dict:
         from dyndq.runner import OutputError, _output, _value_problem, fitting_feeds
@@ -134,6 +155,34 @@ class OnOrt:
         if problems:
             raise OutputError(problems)
         return results
+
+
+def _quantized_runner(model: onnx.ModelProto, as_written: str | None):
+    """OnOrt for the quantized model; for a file of standard ONNX that ONNX Runtime has no kernel
+    for (float4 codes, an opset newer than it runs), the file as written on onnx.reference."""
+    from dyndq.ort_session import missing_kernel
+
+    try:
+        return OnOrt(model, as_written=as_written)
+    except Exception as e:
+        lacking = missing_kernel(e) if as_written is not None else None
+        if lacking is None:
+            raise
+        return OnReference(as_written, f"onnx.reference, the file as written (ONNX Runtime has no kernel for {lacking})")
+
+
+class OnReference:
+    """The file at `path` on the reference engine (`dyndq.run`'s Runner), with `how` for the report."""
+
+    def __init__(self, path: str, how: str):
+        from dyndq.files import load_model
+        from dyndq.runner import Runner
+
+        self.how, self.runner = how, Runner(load_model(path), "reference")
+        self.ops = sorted({n.op_type for n in self.runner.model.graph.node})
+
+    def __call__(self, feeds) -> dict:
+        return self.runner(feeds)
 
 
 def _standard(model: onnx.ModelProto) -> bool:
@@ -175,16 +224,22 @@ class Evaluation:
                  progress=None, loaded=None):
         started = time.perf_counter()
         self.model, self.seed, self.progress, self.given = float_model, seed, progress, inputs is not None
-        self.feeds = inputs if self.given else seeded_samples(float_model, seed, samples)
-        run = OnOrt(float_model, loaded)  # (not runner(): its cache would keep the sessions, weights and all)
-        self.want = [_progress(run, f, "float", i, len(self.feeds), progress) for i, f in enumerate(self.feeds)]
-        del run
+        try:
+            self.feeds = inputs if self.given else seeded_samples(float_model, seed, samples)
+            run = OnOrt(float_model, loaded)  # (not runner(): its cache would keep the sessions, weights and all)
+            self.want = [_progress(run, f, "float", i, len(self.feeds), progress) for i, f in enumerate(self.feeds)]
+            del run
+        except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said
+            raise NotMeasured(f"not measured: {first_line(e)}") from e
         # what is measured depends on the float model alone: found once, for every measure()
         names = [name for name, w0 in self.want[0].items()
                  if isinstance(w0, np.ndarray) and (w0.dtype.kind == "f" or w0.dtype.name == "bfloat16")]
+        # (an output empty in every sample has no error to measure: 0 of 0 rows agree)
+        self.empty = [name for name in names if all(w[name].size == 0 for w in self.want)]
         # (an error against infinity or NaN means nothing)
-        self.unbounded = [name for name in names if not all(np.isfinite(w[name]).all() for w in self.want)]
-        self.names = [name for name in names if name not in self.unbounded]
+        self.unbounded = [name for name in names if name not in self.empty
+                          and not all(np.isfinite(w[name]).all() for w in self.want)]
+        self.names = [name for name in names if name not in self.unbounded and name not in self.empty]
         self.kinds = {name: task_kind(float_model, name, [w[name].astype(np.float64) for w in self.want])
                       for name in self.names}
         self.described = describe_samples(self.feeds, self.given, seed, bool(index_bounds(float_model)))
@@ -196,15 +251,24 @@ class Evaluation:
                 "samples": [{name: f"{v.dtype.name}{list(v.shape)}" for name, v in f.items() if hasattr(v, "shape")}
                             for f in self.feeds]}
 
-    def measure(self, quantized: onnx.ModelProto) -> tuple[list[OutputDifference], str]:
-        """(per output differences, how they were measured: which inputs, how long) or ([], why
-        they were not)."""
+    def measure(self, quantized, *, as_written: str | None = None) -> tuple[list[OutputDifference], str]:
+        """(per output differences, how they were measured: which inputs, on what, how long) or
+        ([], why they were not).  `quantized`: a model (run as OnOrt runs it: exported, or the
+        file at `as_written` as it is), or a callable taking the float model's feeds and giving its outputs by the
+        float model's names, with a `how` (a file read back in another form)."""
         started = time.perf_counter()
         names, kinds, unbounded = self.names, self.kinds, self.unbounded
         stats = {name: ErrorStats() for name in names}
         tasks = {name: [0, 0, 0.0] for name in names if kinds[name]}  # top-1 agreeing rows, rows, summed KL
+        how = getattr(quantized, "how", ENGINE)
         try:
-            run = OnOrt(quantized)
+            try:
+                run = quantized if callable(quantized) else _quantized_runner(quantized, as_written)
+            except Exception as e:
+                if as_written is not None:  # (the file itself does not load: its check tells why)
+                    raise Unloadable(first_line(e)) from e
+                raise
+            how = run.how
             for i, (feeds, want) in enumerate(zip(self.feeds, self.want)):
                 got = _progress(run, feeds, "quantized", i, len(self.feeds), self.progress)
                 for name in names:  # (a sample at a time: only the float model's outputs are kept)
@@ -215,33 +279,41 @@ class Evaluation:
                             tasks[name][k] += v
                 del got
             del run
+        except Unloadable:
+            raise
         except Exception as e:  # noqa: BLE001 - a model the engine cannot run: said, not raised
             return [], f"not measured: {first_line(e)}"
         errors = []
         for name in names:
             difference = OutputDifference(name, stats[name].relative, stats[name].max_abs, stats[name].cosine)
-            if name in tasks:
+            if name in tasks and tasks[name][1]:  # (rows in some sample)
                 agree, rows, kl = tasks[name]
                 difference.task = kinds[name]
                 difference.top1_agreement, difference.kl_divergence = agree / rows, kl / rows
             errors.append(difference)
         seconds = self.seconds + time.perf_counter() - started
-        note = f"{self.described}; {ENGINE}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
+        note = f"{self.described}; {how}, {2 * len(self.feeds)} runs in {seconds:.2f} s"
         if unbounded:
             note += f"; left out: {', '.join(unbounded)}, where the float model gives NaN or infinity"
-        return errors, note if errors else f"not measured: no float output with finite values ({note})"
+        if self.empty:
+            note += f"; left out: {', '.join(self.empty)}, empty on these inputs"
+        return errors, note if errors else f"not measured: no float output to compare ({note})"
 
 
-def evaluate_into(report, float_model: onnx.ModelProto, quantized: onnx.ModelProto, **options) -> None:
-    """`report`'s outputs, outputs_note and inputs: `Evaluation(float_model, **options).measure(quantized)`,
-    or ([], why) when the float model cannot run on the inputs (said, not raised)."""
+def evaluate_into(report, float_model: onnx.ModelProto, quantized, *, as_written: str | None = None,
+                  **options) -> bool:
+    """`report`'s outputs, outputs_note and inputs: `Evaluation(float_model, **options).measure(quantized,
+    as_written=...)`, or ([], why) when the float model cannot run on the inputs (said, not raised).
+    Returns whether the quantized model was made ready on its engine (not when the float model
+    could not run); Unloadable when the file `as_written` does not load there."""
     try:
         evaluation = Evaluation(float_model, **options)
-    except Exception as e:  # noqa: BLE001 - a model the engine cannot run, inputs it refuses: said, not raised
-        report.outputs, report.outputs_note = [], f"not measured: {first_line(e)}"
-        return
-    report.outputs, report.outputs_note = evaluation.measure(quantized)
+    except NotMeasured as e:
+        report.outputs, report.outputs_note = [], str(e)
+        return False
+    report.outputs, report.outputs_note = evaluation.measure(quantized, as_written=as_written)
     report.inputs = evaluation.inputs_used()
+    return True
 
 
 def _progress(run, feeds: dict, which: str, i: int, count: int, progress) -> dict:

@@ -12,6 +12,8 @@
   --weights-as-inputs` writes them); `save_weights`, when given, is then called with
   {path: array} of the files written (the CLI says each).
 The last three hold the quantized model in memory (about bits/32 of the float weights).
+Every form is written to a staging place, checked there (`dyndq.written`), measured there as
+written, and only then put in place: all or nothing.
 """
 from __future__ import annotations
 
@@ -30,15 +32,30 @@ EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to 
 
 
 def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None, seed: int = 0, strict: bool = False,
-                  progress=None, save_weights=None, inputs=None, samples: int = 4, **options) -> QuantizeReport:
+                  progress=None, save_weights=None, inputs=None, samples: int = 4, overwrite: bool = False,
+                  before_placing=None, **options) -> QuantizeReport:
     """Quantize the model in file `src` into file `dst` (options as `dyndq.quantize` takes them).
     evaluate: measure the output error (default: when the model's weights are under 2 GiB), on
-    `inputs` or `samples` seeded samples as `dyndq.quantize` does."""
-    from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
-    from dyndq.files import DataFile, read_model, save_model, staged_write
+    `inputs` or `samples` seeded samples as `dyndq.quantize` does.
+
+    All or nothing: the output is written to a staging place beside `dst`, checked there
+    (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine its form is for; a
+    oneDNN graph is read back by dyndq's reader and checked), measured there (the file as written;
+    `report.outputs_note` says on what), then `before_placing(report)` is called when given (the
+    CLI ranks methods and writes its --report there), and only then is it moved onto `dst`.  An
+    error or an interrupt (Ctrl-C, SIGTERM) at any step leaves `dst` as it was.  `dst` naming
+    `src` itself is refused (ModelFileError: a model passed in is never modified) unless
+    `overwrite`."""
+    from dyndq.files import DataFile, ModelFileError, check_target, needs_external_data, read_model, same_file
+    from dyndq.files import staged_write, write_staged
+    from dyndq.quantization.evaluate import checked_samples, user_inputs
 
     if emit not in EMITS:
         raise OptionError([Problem("emit", repr(emit), ", ".join(EMITS))])
+    check_target(dst)  # (a folder, a device, a path ending in "/": refused before any work)
+    if not overwrite and same_file(src, dst):
+        raise ModelFileError(f"{dst}: is the input model itself; write the quantized model to another file "
+                             "(overwrite=True replaces the input)")
     loaded = read_model(src, load_data=False)
     checked = QuantizeOptions.checked(loaded.model, seed=seed, **options)
     samples = checked_samples(samples)
@@ -47,51 +64,152 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     # (a feed that does not fit: said before any work; a budget is chosen on them too)
     feeds = user_inputs(loaded.model, inputs) if measure or checked.budget is not None else None
     chosen_on = budget_feeds(loaded.model, checked, feeds, samples)
-    out = None
-    written = None  # the external data file written
+    on_disk = Staged(src, dst, loaded, checked, feeds, samples, measure, evaluate, progress, before_placing)
+
     if emit == "dyndq" and loaded.external_data:
         with staged_write(dst, external_data=True) as stage:
-            written = stage.location
             with open(os.path.join(stage.folder, stage.location), "wb") as f:
                 quantized, report = quantize_model(loaded.model, checked, Tensors(loaded, DataFile(f, stage.location)),
                                                    strict=strict, progress=progress, feeds=chosen_on)
-            onnx.save_model(quantized, stage.model)
+            report.emit = emit
+            onnx.save_model(quantized, stage.model, format="protobuf")  # (binary, whatever dst's name)
             del quantized
+            report.data_file = stage.location
+            on_disk.finish(report, stage.model, "dyndq")
     else:
         out, report = quantize_model(loaded.model, checked, Tensors(loaded), strict=strict, progress=progress,
                                      feeds=chosen_on)
+        report.emit = emit
+        if loaded.external_data:
+            _read_what_points_into(out, loaded)
         if emit == "onednn-json":
             from dyndq.onednn import save_json
 
             doc, weights = onednn_graph(out)
-            files = save_json(doc, dst, weights)  # (the JSON and its -weights folder, all or nothing)
+            del out
+            # (the JSON and its -weights folder, all or nothing, checked and measured before they are put in place)
+            files = save_json(doc, dst, weights, check=lambda staged, folder=None: on_disk.finish_json(
+                report, staged, folder, list(weights)))
             if save_weights is not None:
                 save_weights(files)
-        elif emit == "dyndq":
-            written = save_model(out, dst, external_data=loaded.external_data)
         else:
-            lowered, exported = _lowered(out, emit)
-            report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
-            written = save_model(lowered, dst, external_data=loaded.external_data)
-            del lowered
-    report.data_file, report.emit = written, emit
-    if os.path.realpath(dst) == os.path.realpath(src):  # (the model replaced: its data files stay, see files.py)
-        report.kept_files = [location for location in loaded.locations if location != written]
-    if measure:
-        from dyndq.files import load_model
+            if emit != "dyndq":
+                lowered, exported = _lowered(out, emit)
+                report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
+                out = lowered
+                del lowered
+            with staged_write(dst, external_data=needs_external_data(out, loaded.external_data)) as stage:
+                write_staged(out, stage)
+                del out  # (the file is what is checked and measured from here on)
+                report.data_file = stage.location
+                on_disk.finish(report, stage.model, emit)  # (each emit of a model is a form dyndq.written checks)
+    if same_file(src, dst):  # (the model replaced: its data files stay, see files.py)
+        report.kept_files = [location for location in loaded.locations if location != report.data_file]
+    return report
 
-        if out is None:
-            out = load_model(dst)  # (the quantized model: about bits/32 of the float weights)
+
+class Staged:
+    """What `quantize_file` does to its output in its staging place: check it, measure it, then
+    hand the report to `before_placing`."""
+
+    def __init__(self, src, dst, loaded, checked, feeds, samples, measure, evaluate, progress, before_placing):
+        self.src, self.dst, self.loaded, self.checked = src, os.fspath(dst), loaded, checked
+        self.feeds, self.samples, self.measure, self.evaluate = feeds, samples, measure, evaluate
+        self.progress, self.before_placing = progress, before_placing
+
+    def finish(self, report: QuantizeReport, staged: str, form: str) -> None:
+        """The model file at `staged`, written for `form`, checked and measured."""
+        from dyndq.files import load_model, read_model
+        from dyndq.quantization.evaluate import Unloadable
+        from dyndq.written import verify_model
+
+        # the file read once (measured, the quantized model whole: about bits/32 of the float weights);
+        # the evaluation makes ONNX Runtime's session of a file written for it: the check's own session
+        # is left out then, so the file is loaded there once, unless the evaluation did not get so far
+        read = load_model(staged) if self.measure and form == "dyndq" else read_model(staged, load_data=False).model
+        on_engine = self.measure and form != "dyndq"
+        check = dict(shown_as=self.dst, source=self.src, model=read)
+        notes = verify_model(staged, form, load=not on_engine, **check)
+        if self.measure:
+            try:
+                # (a file for ONNX Runtime is read by ONNX Runtime itself, its MatMulNBits and all)
+                loaded = self._measured(report, read, as_written=staged if on_engine else None)
+            except Unloadable as e:
+                loaded, report.outputs, report.outputs_note = False, [], f"not measured: {e}"
+            if on_engine and not loaded:
+                notes += verify_model(staged, form, **check)  # (raises, in the engine's words, where it does not load)
+        del read
+        report.notes += notes
+        self._placing(report)
+
+    def finish_json(self, report: QuantizeReport, staged: str, folder: str | None, ports: list[str]) -> None:
+        """A oneDNN graph at `staged` (its weights' .npy files in `folder`) read back by dyndq's
+        reader, checked, and measured as that reader gives it."""
+        from dyndq.written import verify_onednn_json
+
+        model = verify_onednn_json(staged, folder, ports, shown_as=self.dst)
+        report.notes.append("not loaded on oneDNN (not here): read back by dyndq's reader and checked")
+        if self.measure:
+            self._measured(report, ReadBack(model, self.loaded.model, ports))
+        self._placing(report)
+
+    def _measured(self, report: QuantizeReport, quantized, as_written: str | None = None) -> bool:
+        from dyndq.files import load_model
+        from dyndq.quantization.evaluate import evaluate_into
+
+        loaded = self.loaded
         # the float model's weights read from its data file for its run, never the whole model loaded
         # (but for external data outside the main graph's initializers, which only a load resolves)
         apart = loaded.external_data and _data_in_initializers_only(loaded.model)
-        whole = loaded.model if apart or not loaded.external_data else load_model(src)
-        evaluate_into(report, whole, out, seed=checked.seed, inputs=feeds, samples=samples, progress=progress,
-                      loaded=loaded if apart else None)
-    else:
-        report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if evaluate is None
-                               else "not measured (evaluate=False)")
-    return report
+        whole = loaded.model if apart or not loaded.external_data else load_model(self.src)
+        return evaluate_into(report, whole, quantized, seed=self.checked.seed, inputs=self.feeds,
+                             samples=self.samples, progress=self.progress, loaded=loaded if apart else None,
+                             as_written=as_written)
+
+    def _placing(self, report: QuantizeReport) -> None:
+        if not self.measure:
+            report.outputs_note = ("not measured (the model's weights are 2 GiB or more)" if self.evaluate is None
+                                   else "not measured (evaluate=False)")
+        if self.before_placing is not None:
+            self.before_placing(report)
+
+
+class ReadBack:
+    """A oneDNN graph as dyndq's reader gives it back (its weights made initializers again), run on
+    ONNX Runtime with the float model's feeds and giving the float model's outputs: the reader
+    names ports by oneDNN's ids, in the float graph's order (its inputs first, then the weights)."""
+
+    how = "onnxruntime, the oneDNN graph as written, read back by dyndq's reader"
+
+    def __init__(self, model: onnx.ModelProto, float_model: onnx.ModelProto, ports: list[str]):
+        from dyndq.quantization.evaluate import OnOrt
+
+        initializers = {t.name for t in float_model.graph.initializer}
+        float_inputs = [vi.name for vi in float_model.graph.input if vi.name not in initializers]
+        inputs = [vi.name for vi in model.graph.input if vi.name not in ports]
+        self.inputs = dict(zip(float_inputs, inputs))
+        self.outputs = dict(zip([o.name for o in float_model.graph.output], [o.name for o in model.graph.output]))
+        self.run = OnOrt(model)
+        self.ops = self.run.ops
+
+    def __call__(self, feeds: dict) -> dict:
+        got = self.run({self.inputs[name]: value for name, value in feeds.items()})
+        return {name: got[theirs] for name, theirs in self.outputs.items()}
+
+
+def _read_what_points_into(model: onnx.ModelProto, loaded) -> None:
+    """The tensors `model` holds as the input held them, pointing into the input's external data
+    file (the weights left alone), read into the model: written with the model, they would point
+    at a file of that name beside OUT, which there is none of when OUT is in another folder."""
+    from onnx import external_data_helper as h
+
+    from dyndq.files import tensor_with_data
+
+    for tensor in h._get_all_tensors(model):
+        if h.uses_external_data(tensor):
+            tensor.CopyFrom(tensor_with_data(tensor, loaded))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
 
 
 def _data_in_initializers_only(model: onnx.ModelProto) -> bool:

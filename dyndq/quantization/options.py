@@ -63,6 +63,7 @@ class QuantizeOptions:
         given = {name: value for name, value in (("bits", bits), ("format", format)) if value is not None}
         bits = 4 if bits is None else bits
         format = "int" if format is None else format
+        original = dict(ops=ops, exclude=exclude)
 
         def bad(argument, found, allowed):
             problems.append(Problem(argument, found, allowed))
@@ -100,13 +101,19 @@ class QuantizeOptions:
                 bad("scale_dtype", repr(scale_dtype), ", ".join(SCALE_DTYPES) + " (or None: each weight's own dtype)")
         if method not in METHODS:
             bad("method", repr(method), ", ".join(METHODS))
-        ops = (ops,) if isinstance(ops, str) else tuple(ops)
+        ops = _names(ops)
+        if ops is None:
+            bad("ops", repr(original["ops"]), "an op name or a sequence of them: " + ", ".join(planning.OPS))
+            ops = planning.OPS
         for op in ops:
             if op not in planning.OPS:
                 bad("ops", repr(op), ", ".join(planning.OPS))
         if not ops:
             bad("ops", "no op", "one or more of " + ", ".join(planning.OPS))
-        exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+        exclude = _names(exclude)
+        if exclude is None:
+            bad("exclude", repr(original["exclude"]), "a node or weight name, or a sequence of them")
+            exclude = ()
         nodes, weights = planning.names_of(model)
         for x in exclude:
             if x not in nodes and x not in weights:
@@ -139,10 +146,20 @@ class QuantizeOptions:
                     **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))))
 
 
+def _names(value) -> tuple | None:
+    """A name, or a sequence of them, as a tuple; None for anything else (a number, None)."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        return None
+
+
 def parse_choices(choices) -> tuple[tuple[str, ...], list[Problem]]:
     """A budget's choices as a tuple of names (from a comma-separated string or a sequence), and problems."""
-    items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(choices)
-    if not items or any(c not in CHOICES for c in items):
+    items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(_names(choices) or [choices])
+    if not items or any(not isinstance(c, str) or c not in CHOICES for c in items):
         return tuple(items), [Problem("format_choices", repr(",".join(map(str, items))),
                                       "one or more of " + ", ".join(CHOICES) + ", comma separated")]
     return tuple(dict.fromkeys(items)), []

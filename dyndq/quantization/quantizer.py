@@ -186,6 +186,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if not found.targets:
         raise NothingToQuantize(found.problems, options.ops, found.activation_line(), excluded=found.excluded,
                                 other_weights=found.other_weights_line(options.ops))
+    _group_fits(options, found.targets)
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
@@ -292,6 +293,19 @@ def constant_bytes(model: onnx.ModelProto) -> int:
                 bits = 8
             total += -(-int(np.prod(t.dims, dtype=np.int64)) * bits // 8)
     return total
+
+
+def _group_fits(options: QuantizeOptions, targets) -> None:
+    """A group longer than every weight's axis is refused (OptionError) before any work: a weight
+    shorter than its group is padded to one group, and a group of 2**40 would be padded to that.
+    Up to the default (128) a group is always taken, the longest axis beyond it."""
+    from dyndq.quantization.options import DEFAULT_GROUP, OptionError
+
+    longest = max(t.dims[t.axis] for t in targets)
+    if options.format == "int" and options.group_size > max(longest, DEFAULT_GROUP):
+        raise OptionError([Problem("group_size", repr(options.group_size),
+                                   f"a whole number up to {max(longest, DEFAULT_GROUP)} (the longest axis a weight is "
+                                   "grouped along here), or -1 for one group per whole axis (per channel)")])
 
 
 def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:

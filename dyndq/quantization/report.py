@@ -58,6 +58,7 @@ class QuantizeReport:
     left_alone: list[Problem] = field(default_factory=list)  # weights of the chosen ops not quantized, and why
     activations: str | None = None  # how many nodes of those ops read an activation where a weight would be
     ranking: list[dict] = field(default_factory=list)  # (quantize --rank-methods) every method on the same inputs, best first
+    ranking_note: str | None = None  # (quantize --rank-methods) why no method was ranked ("not ranked: ...")
     outputs: list[OutputDifference] = field(default_factory=list)
     outputs_note: str = "not measured"  # how the output error was measured, or why it was not
     inputs: dict | None = None  # the inputs it was measured on: source, seed, each sample's arrays (evaluate.py)
@@ -75,6 +76,7 @@ class QuantizeReport:
     model_bytes_after: int = 0
     other_weights: str | None = None  # nodes of other ops (Conv) that read a constant float weight, not quantized
     emit: str | None = None  # (quantize_file) the form written: "dyndq", "onnx", "onnxruntime", "onednn-json"
+    notes: list[str] = field(default_factory=list)  # (quantize_file) how the file written was checked, where it says more
 
     @property
     def bytes_before(self) -> int:
@@ -164,6 +166,8 @@ class QuantizeReport:
         if self.ranking:
             lines.append(f"  methods ranked on the same inputs, best first ({self.ranking[0]['inputs']}):")
             lines += [f"    {i}. {row['method']}: {row['score']}" for i, row in enumerate(self.ranking, 1)]
+        elif self.ranking_note:
+            lines.append(f"  methods: {self.ranking_note}")
         if self.activations:
             lines.append(f"  not weights: {self.activations}")
         if self.other_weights:
@@ -171,6 +175,7 @@ class QuantizeReport:
         if self.left_alone:
             lines.append(f"  left alone: {plural(len(self.left_alone), 'weight')}")
             lines += [f"    - {p}" for p in self.left_alone]
+        lines += [f"  note: {note}" for note in self.notes]
         return lines
 
     def task_score(self) -> tuple:
@@ -213,10 +218,12 @@ class QuantizeReport:
             "other_weights": self.other_weights,
             "ranking": self.ranking,
             "where_it_runs": self.engines_note(),
+            **({} if self.ranking_note is None else {"ranking_note": self.ranking_note}),
             "emitted": self.emitted,
             "data_file": self.data_file,
             "kept_files": self.kept_files,
             "seconds": self.seconds,
+            "notes": self.notes,
             **({} if self.budget is None else {"budget": self.budget.as_dict()}),
         }
 
@@ -282,10 +289,14 @@ def markdown(report: QuantizeReport, extra: dict, chart: str | None) -> str:
                      f"{layer.bytes_after} |")
     if chart:
         lines += ["", f"![relative error per weight]({chart})"]
+    if report.budget is not None:
+        lines += ["", "## Budget", ""] + budget_markdown(report.budget)
     if report.ranking:
         lines += ["", "## Methods ranked", "", f"On the same inputs ({report.ranking[0]['inputs']}), best first:", "",
                   "| rank | method | task score |", "|---|---|---|"]
         lines += [f"| {i} | {row['method']} | {row['score']} |" for i, row in enumerate(report.ranking, 1)]
+    elif report.ranking_note:
+        lines += ["", "## Methods ranked", "", report.ranking_note[0].upper() + report.ranking_note[1:] + "."]
     if report.activations:
         lines += ["", f"Not weights: {report.activations}."]
     if report.other_weights:
@@ -295,31 +306,92 @@ def markdown(report: QuantizeReport, extra: dict, chart: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def budget_markdown(budget) -> list[str]:
+    """A budget's allocation (budget.BudgetReport) as Markdown lines: what was spent, each weight's
+    choice among its candidates and why, and the allocations run jointly."""
+    d = budget.as_dict()
+    lines = [f"Budget {d['budget']:g} bits per weight (codes, scales and zero points over the weights quantized), "
+             f"chosen among {', '.join(d['choices'])}: {d['bits_per_weight']:.4f} spent ({d['bytes']} bytes over "
+             f"{d['elements']} weights); kept: {d['kept']}.", "", f"Sensitivity: {d['sensitivity']}.", "",
+             "| weight | chosen | why | candidates (bits per weight, output error) |", "|---|---|---|---|"]
+    for w in d["weights"]:
+        each = "; ".join(f"{c['choice']} {c['bits_per_weight']:.3f}, {c['output_error']:.3g}" for c in w["candidates"])
+        lines.append(f"| {w['name']} | {w['chosen']} | {w['why']} | {each} |")
+    if d["considered"]:
+        lines += ["", "Allocations run jointly:", "", "| allocation | bytes | predicted | measured |", "|---|---|---|---|"]
+        lines += [f"| {c['label']} | {c['bytes']} | {c['predicted']:.4g} | {c['measured']:.4g} |" for c in d["considered"]]
+    return lines
+
+
 def error_chart(report: QuantizeReport, path: str) -> str:
     """A bar chart of each weight's relative error as a PNG (written atomically); what was done, in
-    words: "wrote PATH", or why no chart was drawn (matplotlib not installed, no weight)."""
+    words: "wrote PATH", or why no chart was drawn (matplotlib not installed, no weight).
+
+    One horizontal bar a weight, in the report's order, its name beside it (cut in the middle past
+    CHART_NAME characters) and the figure as tall as its rows need, so a model of hundreds of
+    weights with long names keeps every label whole and readable; the bars are coloured by code
+    type when the weights have more than one (a budget's mixed formats), with a legend."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401  (whether it is installed: chart_figure draws with it)
     except ImportError:
         return "no error chart: matplotlib is not installed (pip install matplotlib draws one)"
     if not report.layers:
         return "no error chart: no weight was quantized"
-    matplotlib.use("Agg")  # (no display needed)
     import io
-    import textwrap
 
     import matplotlib.pyplot as plt
 
     from dyndq.files import write_atomically
 
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(report.layers) + 2), 3.5))
-    ax.bar(range(len(report.layers)), [layer.relative_error for layer in report.layers])
-    ax.set_xticks(range(len(report.layers)), [layer.name for layer in report.layers], rotation=90, fontsize=7)
-    ax.set_ylabel("relative error |W - W'| / |W|")
-    ax.set_title("\n".join(textwrap.wrap(report.summary(), 60)), fontsize=8)
-    fig.tight_layout()
+    fig = chart_figure(report)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    fig.savefig(buffer, format="png", dpi=CHART_DPI)
     plt.close(fig)
     write_atomically(path, lambda f: f.write(buffer.getvalue()))
     return f"wrote {path}"
+
+
+CHART_DPI = 100
+
+
+def chart_figure(report: QuantizeReport):
+    """The error chart's matplotlib figure (`error_chart` draws it), for a report with weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # (no display needed)
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    layers = report.layers
+    names = [_short(layer.name) for layer in layers]
+    kinds = [layer.form.split()[0] for layer in layers]  # the code type: uint4, int2, float4e2m1, ...
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {kind: palette[i % len(palette)] for i, kind in enumerate(dict.fromkeys(kinds))}
+    width = 6.5 + 0.065 * max(len(name) for name in names)  # (inches: the plot, and the names beside it)
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.24 * len(layers)), layout="constrained")
+    rows = range(len(layers))
+    ax.barh(rows, [layer.relative_error for layer in layers], color=[colour[k] for k in kinds], height=0.7)
+    ax.set_yticks(rows, names, fontsize=8)
+    ax.invert_yaxis()  # (the first weight on top, as the report's table lists them)
+    ax.set_ylim(len(layers) - 0.5, -0.5)
+    ax.set_xlabel("relative error |W - W'| / |W| (Frobenius)")
+    ax.grid(axis="x", linewidth=0.5, alpha=0.5)
+    ax.set_axisbelow(True)
+    if len(colour) > 1:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in colour.items()], title="codes", fontsize=8,
+                  title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # (beside the plot, over no bar)
+    ax.set_title("\n".join(textwrap.wrap(report.summary(), 90)), fontsize=9)
+    return fig
+
+
+CHART_NAME = 48  # characters of a weight's name the chart shows; a longer one keeps its two ends
+
+
+def _short(name: str) -> str:
+    if len(name) <= CHART_NAME:
+        return name
+    keep = CHART_NAME - 1
+    return name[: keep // 2] + "\u2026" + name[-(keep - keep // 2):]

@@ -231,7 +231,11 @@ def test_export_invalid_model(capsys, tmp_path):
 
 def test_export_in_place(capsys, models):
     path = models / "model.onnx"
-    code, _, _ = call(capsys, "export", path, path)
+    before = path.read_bytes()
+    code, _, err = call(capsys, "export", path, path)  # (a model passed in is never modified, unless asked)
+    assert code == 2 and path.read_bytes() == before
+    assert_plain_error(err, "is the input model itself; write to another file, or add --overwrite", lines=1)
+    code, _, _ = call(capsys, "export", path, path, "--overwrite")
     assert code == 0
     assert not any(n.domain == dyndq.DOMAIN for n in onnx.load(path).graph.node)
     assert sorted(os.listdir(models)) == ["model.exported.onnx", "model.onnx", "x.npy"]  # nothing left behind
@@ -254,7 +258,7 @@ def test_export_keeps_external_data(capsys, tmp_path):
     assert close_after_matmul(dyndq.run(exported, {"x": x}, engine="onnxruntime")["y"], dyndq.run(build_model(), {"x": x})["y"])
     # Rewriting in place writes the data to a new file and keeps the old one (a copy of the
     # model made before may point into it), and says so.
-    code, out, _ = call(capsys, "lift", tmp_path / "e.onnx", tmp_path / "e.onnx")
+    code, out, _ = call(capsys, "lift", tmp_path / "e.onnx", tmp_path / "e.onnx", "--overwrite")
     assert code == 0 and "kept e.onnx.data" in out
     assert sorted(os.listdir(tmp_path)) == ["e.onnx", "e.onnx.1.data", "e.onnx.data", "m.onnx", "m.onnx.data"]
 
@@ -511,3 +515,68 @@ def test_run_computes_batchnorm_with_momentum_as_inference(capsys, tmp_path):
     code, out, err = call(capsys, "run", tmp_path / "bn.onnx", *args, "--output-dir", tmp_path / "out")
     assert (code, err) == (0, "")
     assert_as_expected([np.load(tmp_path / "out" / "y.npy")], expected(data_set), case.rtol, case.atol, "dyndq run")
+
+
+# -- what every command that writes a file refuses before any work ---------------------------
+
+KIND_JSON = os.path.join(os.path.dirname(__file__), "..", "data", "onednn", "kinds", "DynamicDequantize.json")
+
+
+def _writers(models):
+    """(argv before OUT, argv after) of each command that writes one file, given its input."""
+    m = str(models / "model.onnx")
+    return {"export": (["export", m], []), "lift": (["lift", str(models / "model.exported.onnx")], []),
+            "quantize": (["quantize", str(models / "float.onnx")], ["--no-evaluate"]),
+            "import-onednn": (["import-onednn", KIND_JSON], []), "export-onednn": (["export-onednn", m], [])}
+
+
+@pytest.mark.parametrize("command", ["export", "lift", "quantize", "import-onednn", "export-onednn"])
+@pytest.mark.parametrize("out", ["new/", "{models}/", "new/.", "."])
+def test_an_out_that_names_a_folder_is_refused_and_nothing_written(capsys, models, monkeypatch, command, out):
+    """An OUT ending in "/" wrote a file named like the folder."""
+    from quantize_models import mlp
+
+    save_model(mlp(), models / "float.onnx")
+    monkeypatch.chdir(models)
+    before = sorted(os.listdir(models))
+    head, tail = _writers(models)[command]
+    out = out.format(models=models)
+    code, printed, err = call(capsys, *head, out, *tail)
+    assert code == 2 and printed == "", err
+    assert_plain_error(err, f"{out}: names a folder, not a file; give the path of the file to write", lines=1)
+    assert sorted(os.listdir(models)) == before
+
+
+@pytest.mark.parametrize("command", ["export", "lift", "quantize"])
+def test_the_input_as_out_is_refused_unless_asked(capsys, models, command):
+    """A model passed in is never modified: OUT naming IN (or a link to it) is refused, exit 2,
+    unless --overwrite."""
+    from quantize_models import mlp
+
+    save_model(mlp(), models / "float.onnx")
+    head, tail = _writers(models)[command]
+    given = head[-1]
+    os.symlink(os.path.basename(given), models / "link.onnx")
+    before = open(given, "rb").read()
+    for out in (given, str(models / "link.onnx")):
+        code, _, err = call(capsys, *head, out, *tail)
+        assert code == 2
+        assert_plain_error(err, "is the input model itself; write to another file, or add --overwrite", lines=1)
+    assert open(given, "rb").read() == before
+    code, _, err = call(capsys, *head, given, *tail, "--overwrite")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("command", ["import-onednn", "export-onednn"])
+def test_a_graph_written_over_its_own_input_is_refused(capsys, tmp_path, command):
+    """Those read one format and write the other: writing over the input is never meant."""
+    given = tmp_path / ("g.json" if command == "import-onednn" else "m.onnx")
+    if command == "import-onednn":
+        shutil.copy(KIND_JSON, given)
+    else:
+        save_model(dyndq.onednn.load(KIND_JSON)[0], given)
+    before = given.read_bytes()
+    code, _, err = call(capsys, command, given, given)
+    assert code == 2
+    assert_plain_error(err, f"{given}: is the input itself; write to another file", lines=1)
+    assert given.read_bytes() == before

@@ -84,7 +84,7 @@ def test_rewriting_in_place_keeps_a_copy_made_before_loadable(capsys, tmp_path, 
     onnx.save_model(model, source, save_as_external_data=True, location="model.onnx.data", size_threshold=0)
     shutil.copy(source, tmp_path / "backup.onnx")
     before = dyndq.run(load_model(tmp_path / "backup.onnx"), {"x": demo_input()})["y"]
-    code, out, err = call(capsys, command, source, source)
+    code, out, err = call(capsys, command, source, source, "--overwrite")
     assert code == 0, err
     assert np.array_equal(dyndq.run(load_model(tmp_path / "backup.onnx"), {"x": demo_input()})["y"], before)
     assert np.array_equal(dyndq.run(load_model(source), {"x": demo_input()})["y"], before)
@@ -182,7 +182,7 @@ def test_in_place_export_with_data_in_a_subfolder(capsys, tmp_path):
     (tmp_path / "weights").mkdir()
     onnx.save_model(_weights_model(3.0), tmp_path / "m.onnx", save_as_external_data=True,
                     location="weights/w.data", size_threshold=0)
-    code, out, err = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "m.onnx")
+    code, out, err = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "m.onnx", "--overwrite")
     assert code == 0, err
     assert np.all(_w(dyndq.load_model(tmp_path / "m.onnx")) == 3.0)
     assert os.path.exists(tmp_path / "weights" / "w.data")  # kept, as the CLI says

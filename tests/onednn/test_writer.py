@@ -475,3 +475,22 @@ def test_an_axis_of_a_scalar_says_what_a_scalar_takes():
     said = [str(p) for p in e.value.problems]
     assert any("axis: found -1; allowed: 0 (its tensor is of rank 0, a scalar: no other axis)" in s for s in said), said
     assert not [s for s in said if "[0, -1]" in s], said
+
+
+@pytest.mark.parametrize("code", [999, -1, 0])
+def test_an_output_dtype_no_dtype_has_is_named_not_an_internal_error(tmp_path, capsys, code):
+    """(export-onednn of such a node was exit 70: a KeyError in the dtype table.)"""
+    from cases import call
+
+    node = helper.make_node("DynamicDequantize", ["x", "s"], ["y"], domain=dyndq.DOMAIN, name="dq", output_dtype=code)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT8, [4]),
+                                            helper.make_tensor_value_info("s", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = dyndq.make_model(graph, versions={dyndq.DOMAIN: 3})
+    with pytest.raises(dyndq.ValidationError) as e:
+        onednn.dump(model)
+    assert [p.argument for p in e.value.problems] == ["output_dtype"] and f"found {code}" in str(e.value)
+    onnx.save(model, tmp_path / "m.onnx")
+    exit_code, out, err = call(capsys, "export-onednn", tmp_path / "m.onnx", tmp_path / "m.json")
+    assert exit_code == 1 and "output_dtype: found" in err and "internal error" not in err
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]

@@ -199,7 +199,7 @@ def test_no_evaluate_says_why_nothing_was_measured(float_model, tmp_path, capsys
 def test_quantizing_a_model_onto_itself_says_which_data_file_it_keeps(tmp_path, capsys):
     model = str(tmp_path / "m.onnx")
     save_model(mlp(), model, external_data=True)
-    assert main(["quantize", model, model, "--no-evaluate"]) == 0
+    assert main(["quantize", model, model, "--no-evaluate", "--overwrite"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"wrote {model}: quantized 3 weights")
     assert out[1:3] == ["  its tensors are in m.onnx.1.data, beside it",
@@ -324,3 +324,89 @@ def test_the_default_form_says_where_it_runs(float_model, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["where_it_runs"] is None
     assert main(["quantize", float_model, out, "--no-evaluate", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["where_it_runs"] == where[len("  where it runs: "):]
+
+
+# -- the files quantize writes -------------------------------------------------------------------
+
+def test_the_input_itself_as_out_is_refused_without_overwrite(float_model, tmp_path, capsys):
+    """The README: a model passed in is never modified. `quantize M M` replaced the float original."""
+    before = open(float_model, "rb").read()
+    assert main(["quantize", float_model, float_model]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dyndq: {float_model}: is the input model itself; write to another file, or add --overwrite to replace it\n"
+    assert open(float_model, "rb").read() == before
+    assert main(["quantize", float_model, float_model, "--overwrite", "--no-evaluate"]) == 0
+    assert open(float_model, "rb").read() != before
+
+
+def test_an_out_ending_in_a_slash_is_refused_before_any_work(float_model, tmp_path, capsys):
+    for out in (tmp_path / "new", tmp_path):
+        assert main(["quantize", float_model, f"{out}/", "--no-evaluate"]) == 2
+        assert capsys.readouterr().err == (f"dyndq: {out}/: names a folder, not a file; give the path of the file "
+                                           f"to write (e.g. {out}/model.onnx)\n")
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx"]
+
+
+def test_an_interrupt_while_methods_are_ranked_leaves_out_unwritten(float_model, tmp_path, monkeypatch, capsys):
+    import dyndq.quantization
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dyndq.quantization, "rank_methods", interrupted)
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--rank-methods", "--report",
+                 str(tmp_path / "r.md")]) == 130
+    assert capsys.readouterr().err == "dyndq: interrupted\n"
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx"]
+
+
+def test_the_markdown_report_holds_the_budget(float_model, tmp_path, capsys):
+    md = tmp_path / "r.md"
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--budget", "4.5", "--samples", "2",
+                 "--report", str(md)]) == 0
+    printed = capsys.readouterr().out
+    text = md.read_text()
+    assert "\n## Budget\n" in text and "Budget 4.5 bits per weight" in text
+    for weight in ("E", "W1", "W2"):
+        row, = [line for line in text.splitlines() if line.startswith(f"| {weight} | int")]
+        assert "int2 " in row and "int8 " in row, row  # (each candidate, with its bits and output error)
+    assert "budget 4.5 bits per weight" in printed  # (as the printed report says it)
+
+
+# -- no internal error ---------------------------------------------------------------------------
+
+def test_an_empty_input_is_measured_as_empty_not_an_internal_error(float_model, tmp_path, capsys):
+    empty = tmp_path / "empty.npy"
+    np.save(empty, np.zeros(0, np.int64))
+    for extra in ([], ["--rank-methods"]):
+        assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--input", f"ids={empty}", "--overwrite",
+                     *extra]) == 0
+        out = capsys.readouterr().out
+        assert "  output error: not measured: no float output to compare (1 sample given: ids int64[0]; " in out
+        assert "left out: y, empty on these inputs" in out
+    assert "  methods: not ranked: no float output to compare" in out
+
+
+def test_rank_methods_where_onnxruntime_refuses_a_feed_says_so(float_model, tmp_path, capsys):
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.array([1000, 3], np.int64))  # (beyond the 64 rows of the table)
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--input", f"ids={ids}", "--rank-methods"]) == 0
+    out = capsys.readouterr().out
+    assert "  output error: not measured: [ONNXRuntimeError]" in out and "idx=1000" in out
+    assert "  methods: not ranked: [ONNXRuntimeError]" in out
+
+
+def test_a_group_longer_than_every_weight_is_an_option_error(float_model, tmp_path, capsys):
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--group-size", str(2**40)]) == 2
+    assert capsys.readouterr().err == (
+        "dyndq: --group-size: found 1099511627776; allowed: a whole number up to 256 (the longest axis a weight is "
+        "grouped along here), or -1 for one group per whole axis (per channel)\n")
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx"]
+    assert main(["quantize", float_model, str(tmp_path / "q.onnx"), "--group-size", "256", "--no-evaluate"]) == 0
+
+
+def test_a_report_written_over_out_is_refused(float_model, tmp_path, capsys):
+    out = str(tmp_path / "q.md")
+    assert main(["quantize", float_model, out, "--report", out]) == 2
+    assert capsys.readouterr().err == f"dyndq: --report {out}: is OUT itself; write the report to a file of its own\n"
+    assert sorted(os.listdir(tmp_path)) == ["float.onnx"]

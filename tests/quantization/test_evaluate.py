@@ -247,3 +247,65 @@ def test_a_float_model_the_export_rewrites_is_evaluated_whole_from_external_data
     _, in_memory = dyndq.quantize(model, samples=1)
     assert report.outputs_note.startswith("1 seeded sample (seed 0): x float32[4, 1024]; onnxruntime, 2 runs in ")
     assert [o.relative_error for o in report.outputs] == [o.relative_error for o in in_memory.outputs]
+
+
+def _drawn_chart(monkeypatch, report, path):
+    """The figure error_chart saves, drawn (as savefig draws it), caught at savefig."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from dyndq.quantization.report import error_chart
+
+    saved, real = [], Figure.savefig
+
+    def spy(fig, *a, **kw):
+        saved.append((fig, kw.get("dpi") or fig.dpi))
+        return real(fig, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    assert error_chart(report, str(path)) == f"wrote {path}"
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig, dpi = saved[0]
+    FigureCanvasAgg(fig)  # (closed after saving: a canvas of its own again, to measure it on)
+    fig.set_dpi(dpi)
+    fig.canvas.draw()
+    return fig
+
+
+@pytest.mark.parametrize("count,name", [(3, "W{i}"), (60, "model.layers.{i}.self_attn.q_proj.weight"),
+                                        (12, "/model/encoder/layer.{i}/attention/self/query/MatMul_quant_weight_"
+                                             "of_a_very_long_exporter_name")])
+def test_the_error_chart_shows_every_label_whole_with_room_for_each_weight(tmp_path, monkeypatch, count, name):
+    """Every text (the axis labels, the title, each weight's name) inside the picture, none over
+    another, and each weight's bar a row of its own at least 12 pixels high: the chart was cramped,
+    its axis label cut off, once the names were long or many."""
+    pytest.importorskip("matplotlib")
+    from dyndq.quantization.options import QuantizeOptions
+    from dyndq.quantization.report import LayerReport, QuantizeReport
+
+    rng = np.random.default_rng(0)
+    layers = [LayerReport(name.format(i=i), "main", ["n"], ["MatMul"], [64, 64], "float32",
+                          ("uint4" if i % 3 else "uint2") + " per_group [32, 1]", float(rng.uniform(0.05, 0.6)),
+                          0.01, 0.99, 100, 20, 0.1) for i in range(count)]
+    report = QuantizeReport(QuantizeOptions(), layers=layers)
+    fig = _drawn_chart(monkeypatch, report, tmp_path / "c.png")
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.canvas.get_width_height()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+    names = [t for t in labels if t.get_text() in {layer.name for layer in layers} or "\u2026" in t.get_text()]
+    assert len(names) == count  # (each weight named)
+    texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *labels]
+    if ax.get_legend():
+        texts.append(ax.get_legend())
+    for t in texts:
+        if not (getattr(t, "get_text", None) and not t.get_text()):
+            box = t.get_window_extent(renderer)
+            assert box.x0 >= -1 and box.y0 >= -1 and box.x1 <= width + 1 and box.y1 <= height + 1, (t, box, width, height)
+    boxes = sorted((t.get_window_extent(renderer) for t in names), key=lambda b: b.y0)
+    assert all(a.y1 <= b.y0 + 0.5 for a, b in zip(boxes, boxes[1:]))  # (no name over another)
+    rows = ax.get_window_extent(renderer).height / count
+    assert rows >= 12, rows

@@ -114,3 +114,106 @@ def test_emit_onnxruntime_contrib_ops_as_its_own_quantizer_writes_them(tmp_path,
         assert len(ours[op]) == len(ort[op])
         for a, b in zip(ours[op], ort[op]):
             np.testing.assert_array_equal(a, b)
+
+
+# -- the output staged, checked and measured as written, then put in place --------------------------
+
+def _sessions(monkeypatch) -> list[tuple[list[str], str | None]]:
+    """(op types, path) of every ONNX Runtime session the evaluation makes, as they are made."""
+    from dyndq import ort_session
+
+    made, real = [], ort_session.OrtSession.__init__
+
+    def spy(self, exported, **kw):
+        made.append((sorted({n.op_type for n in exported.graph.node}), kw.get("path")))
+        real(self, exported, **kw)
+
+    monkeypatch.setattr(ort_session.OrtSession, "__init__", spy)
+    return made
+
+
+@pytest.mark.parametrize("emit,ops", [("onnxruntime", {"MatMulNBits", "GatherBlockQuantized"}),
+                                      ("onnx", {"DequantizeLinear"})])
+def test_the_evaluation_measures_the_file_as_written_on_onnxruntime(tmp_path, monkeypatch, emit, ops):
+    """With --emit onnxruntime the file holds MatMulNBits where the model in memory holds
+    DynamicDequantize: what is measured is the file, read by ONNX Runtime itself from where it is
+    staged, not the model in memory exported otherwise."""
+    save_model(mlp(), tmp_path / "float.onnx")
+    made = _sessions(monkeypatch)
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit=emit, samples=2)
+    (float_ops, float_path), (q_ops, q_path) = made
+    assert float_path is None and "DequantizeLinear" not in float_ops
+    assert ops <= set(q_ops) and "DynamicDequantize" not in q_ops, q_ops
+    assert os.path.dirname(q_path) != str(tmp_path) and os.path.basename(q_path) == "q.onnx"  # (its staging place)
+    assert "; onnxruntime, the file as written, 4 runs in " in report.outputs_note
+    assert report.outputs and report.outputs[0].cosine > 0.95
+    written = {n.op_type for n in dyndq.load_model(tmp_path / "q.onnx").graph.node}
+    assert ops <= written
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+@pytest.mark.parametrize("emit", ["dyndq", "onnxruntime"])
+def test_an_interrupt_during_the_evaluation_leaves_nothing_written(tmp_path, monkeypatch, emit, external_data):
+    """All or nothing: Ctrl-C while the staged output is measured leaves no output (and no staging file)."""
+    from dyndq.quantization import evaluate
+
+    save_model(mlp(), tmp_path / "float.onnx", external_data=external_data)
+    before = sorted(os.listdir(tmp_path))
+
+    def interrupted(self, quantized, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate.Evaluation, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", emit=emit)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_interrupt_before_placing_leaves_the_model_it_would_replace_whole(tmp_path):
+    save_model(mlp(), tmp_path / "float.onnx")
+    save_model(mlp(seed=5), tmp_path / "q.onnx")
+    before = (tmp_path / "q.onnx").read_bytes()
+
+    def interrupted(report):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", evaluate=False, before_placing=interrupted)
+    assert (tmp_path / "q.onnx").read_bytes() == before and sorted(os.listdir(tmp_path)) == ["float.onnx", "q.onnx"]
+
+
+def test_the_input_itself_as_the_output_is_refused_unless_asked(tmp_path):
+    from dyndq.files import ModelFileError
+
+    save_model(mlp(), tmp_path / "m.onnx")
+    before = (tmp_path / "m.onnx").read_bytes()
+    os.symlink("m.onnx", tmp_path / "link.onnx")
+    for dst in ("m.onnx", "link.onnx"):
+        with pytest.raises(ModelFileError, match="is the input model itself"):
+            quantize_file(tmp_path / "m.onnx", tmp_path / dst, evaluate=False)
+    assert (tmp_path / "m.onnx").read_bytes() == before
+    quantize_file(tmp_path / "m.onnx", tmp_path / "m.onnx", evaluate=False, overwrite=True)
+    assert (tmp_path / "m.onnx").read_bytes() != before
+
+
+def test_the_onednn_graph_is_read_back_and_measured_as_written(tmp_path):
+    save_model(stack(layers=2, hidden=256), tmp_path / "float.onnx")
+    report = quantize_file(tmp_path / "float.onnx", tmp_path / "q.json", emit="onednn-json", samples=2)
+    assert "onnxruntime, the oneDNN graph as written, read back by dyndq's reader, 4 runs in " in report.outputs_note
+    assert report.outputs and report.outputs[0].cosine > 0.95
+
+
+@pytest.mark.parametrize("emit", ["onnx", "onnxruntime"])
+def test_weights_left_alone_in_external_data_are_written_into_a_model_in_another_folder(tmp_path, emit):
+    """A weight left alone (the Gather's table, with --ops MatMul) pointed into the input's data
+    file, by a name the written model then resolved beside itself: in another folder, no such file."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    save_model(mlp(), tmp_path / "in" / "float.onnx", external_data=True)
+    report = quantize_file(tmp_path / "in" / "float.onnx", tmp_path / "out" / "q.onnx", emit=emit, ops=("MatMul",),
+                           samples=1)
+    assert report.outputs and "the file as written" in report.outputs_note
+    written = dyndq.load_model(tmp_path / "out" / "q.onnx")
+    assert "E" in {t.name for t in written.graph.initializer}
+    y = dyndq.run(written, {"ids": np.array([0, 63], np.int64)}, engine="onnxruntime")["y"]
+    assert y.shape == (2, 256)
