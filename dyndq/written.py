@@ -218,21 +218,10 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     twice their bytes), and refuses one whose external data is not loaded."""
     from onnx import external_data_helper
 
-    from dyndq.plumbing.light import BIG, copy_fields, nbytes
+    from dyndq.plumbing.light import BIG, initializers_as_inputs, nbytes
 
-    apart = {t.name for t in model.graph.initializer if external_data_helper.uses_external_data(t) or nbytes(t) > BIG}
-    if not apart:
-        return model
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip={"graph"})
-    copy_fields(model.graph, out.graph, skip={"initializer"})
-    listed = {vi.name for vi in model.graph.input}
-    for t in model.graph.initializer:
-        if t.name not in apart:
-            out.graph.initializer.append(t)
-        elif t.name not in listed:
-            out.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return out
+    return initializers_as_inputs(model, {t.name for t in model.graph.initializer
+                                          if external_data_helper.uses_external_data(t) or nbytes(t) > BIG})
 
 
 def _openvino_installed() -> bool:

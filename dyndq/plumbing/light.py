@@ -39,15 +39,20 @@ def nbytes(tensor: onnx.TensorProto) -> int:
 
 def light_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model itself when it has no big initializer; else a copy without their data."""
-    big = {t.name for t in big_initializers(model)}
-    if not big:
+    return initializers_as_inputs(model, {t.name for t in big_initializers(model)})
+
+
+def initializers_as_inputs(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """The model itself when `names` is empty; else a copy in which each initializer of the main
+    graph named in `names` is a graph input of its type and shape instead, its data left out."""
+    if not names:
         return model
     light = onnx.ModelProto()
     copy_fields(model, light, skip={"graph"})
     copy_fields(model.graph, light.graph, skip={"initializer"})
     inputs = {vi.name for vi in model.graph.input}
     for t in model.graph.initializer:
-        if t.name not in big:
+        if t.name not in names:
             light.graph.initializer.append(t)
         elif t.name not in inputs:  # (IR < 4 lists initializers among the inputs already)
             light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
