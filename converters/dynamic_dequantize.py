@@ -284,7 +284,7 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 
 
 INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
-BFLOAT16_OPSET = 13  # Cast to and from bfloat16
+BFLOAT16_OPSET = dtypes.by_name("bfloat16").opset  # Cast to and from bfloat16 (13)
 RANGE_OPSET = 11  # per_group broadcasting (Range)
 CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
 _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")

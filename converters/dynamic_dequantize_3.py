@@ -44,7 +44,6 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_3 as OP3
 from dyndq.opdefs import FLOAT_CODES_3, PER_GROUP, PER_TENSOR, LiftPlan, Needs, Problem, Refusal, TensorSpec
 from dyndq.opdefs import ValidationError, dtypes
-from dyndq.plumbing.ir import TYPE_IR
 
 from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET,
                                  RANGE_OPSET, _broadcastable, _plan_or_reason, dequantize_linear, dql_route,
@@ -53,12 +52,6 @@ from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4
 from .engines import ENGINES, Engine, engine
 from .lowering_context import LoweringContext
 
-# The ai.onnx opset whose DequantizeLinear and Cast first take each dtype (onnx.defs).
-TYPE_OPSET = {
-    "float8_e4m3fn": 19, "float8_e4m3fnuz": 19, "float8_e5m2": 19, "float8_e5m2fnuz": 19,
-    "int4": 21, "uint4": 21, "int16": 21, "uint16": 21, "float4_e2m1fn": 23, "float8_e8m0fnu": 24,
-    "int2": 25, "uint2": 25, "float6_e2m3fn": 28, "float6_e3m2fn": 28, "bfloat16": BFLOAT16_OPSET,
-}
 OUTPUT_DTYPE_OPSET = 23  # DequantizeLinear's output_dtype
 GATHER_OPSET = 13  # the table route: Cast, Gather
 _E8M0 = "float8_e8m0fnu"
@@ -66,6 +59,11 @@ _E8M0 = "float8_e8m0fnu"
 _HELD_AS = {"float4_e2m1fn": ("uint4", True), "float6_e2m3fn": ("uint8", True), "float6_e3m2fn": ("uint8", True),
             "float8_e4m3fnuz": ("uint8", True), "float8_e5m2fnuz": ("uint8", True),
             "int2": ("int8", False), "uint2": ("uint8", False)}
+
+
+def _opset(dtype: str) -> int:
+    """The ai.onnx opset whose Cast and DequantizeLinear first take `dtype` (the dtype table's)."""
+    return dtypes.by_name(dtype).opset
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:
@@ -114,11 +112,11 @@ def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Nee
     held = [d for d in (s, z) if d is not None]
     for d in held:
         held_as = _held(d, e)
-        need = TYPE_OPSET.get(held_as, 0) if held_as == d else max(TYPE_OPSET.get(held_as, 0), GATHER_OPSET)
+        need = _opset(held_as) if held_as == d else max(_opset(held_as), GATHER_OPSET)
         if need > opset:
             opset, why = need, why + [f"{held_as} codes" + ("" if held_as == d else f" holding {d} ones")]
-    if t is not None and TYPE_OPSET.get(t, 0) > opset:
-        opset, why = TYPE_OPSET[t], why + [f"{t} scales"]
+    if t is not None and _opset(t) > opset:
+        opset, why = _opset(t), why + [f"{t} scales"]
     if route == "decode" and qtype == PER_GROUP and RANGE_OPSET > opset:
         opset, why = RANGE_OPSET, why + ["per_group broadcasting (Range, Gather)"]
     if route != "decode" and t == _E8M0 and e.dql_e8m0_scales and OUTPUT_DTYPE_OPSET > opset:
@@ -129,9 +127,9 @@ def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Nee
     if s is None or t is None or (zps is not None and z is None):
         # (inside a model-local function) the Casts may take any type the engine holds
         kept = [d for d in OP3.allowed_dtypes("src") + OP3.allowed_dtypes("scales") if e.holds(d)]
-        opset = max([opset, CASTLIKE_OPSET] + [TYPE_OPSET.get(d, 0) for d in kept])
+        opset = max([opset, CASTLIKE_OPSET] + [_opset(d) for d in kept])
         why = why + [f"Casts from dtypes not known (any {e.title} holds)"]
-    ir = max([3] + [TYPE_IR.get(dtypes.by_name(d).onnx, 3) for d in kept])
+    ir = max([3] + [dtypes.by_name(d).ir for d in kept])
     return Needs(opset, ir, ", ".join(why))
 
 
