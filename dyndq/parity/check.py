@@ -20,18 +20,23 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from dyndq import openvino_session
+from dyndq.converters.engines import ENGINES as TABLE, compared
 from dyndq.opdefs import ValidationError
 from dyndq.parity import bisect, divergence, ort_rewrites
 from dyndq.parity import engines as engine_runs
 from dyndq.parity.engines import ORT_LEVELS, OPENVINO_EXACT, Setting, Tweak
 from dyndq.parity.feeds import ExamplesDoNotFit, example_feeds
-from dyndq.parity.metrics import compare, last_axis_kind
+from dyndq.parity.metrics import compare
 from dyndq.parity.report import Cause, Comparison, ParityReport
 from dyndq.plumbing.types import open_dim
 from dyndq.engine_failures import explained, lacking
+from dyndq.task_metrics import output_kind
 from dyndq.wording import engine_error, first_line
 
-ENGINES = ("onnxruntime", "openvino")
+# the engines compared: the engine table's runners that load its targets' files ("onnxruntime",
+# "openvino"), each on the exports it loads (the table's `loads_on`)
+ENGINES = tuple(compared())
 
 
 class EngineMissing(ValueError):
@@ -59,8 +64,11 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     for engine in engines:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
-    if "openvino" in engines and not engine_runs.openvino_installed():
-        raise EngineMissing("OpenVINO is not installed (pip install 'openvino>=2026.4')")
+    from dyndq.runner import session_module
+
+    for engine in engines:
+        if not session_module(engine).installed():
+            raise EngineMissing(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
     levels = tuple(ORT_LEVELS if levels is None else levels)
     for level in levels:
         if level not in ORT_LEVELS:
@@ -88,7 +96,7 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     report = ParityReport(label or model.graph.name or "model", what)
     report.versions["onnxruntime"] = ort.__version__
     if "openvino" in engines:
-        report.versions["openvino"] = engine_runs.openvino_version()
+        report.versions["openvino"] = openvino_session.version()
     for vi in model.graph.input:
         if vi.name in fed:
             value = np.asarray(fed[vi.name])
@@ -98,8 +106,9 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     settings = [Setting("onnxruntime", level, target) for target in runs["onnxruntime"] for level in levels]
     if "onnxruntime" not in engines:
         settings = []
-    settings += [Setting("openvino", "default", target) for target in runs["openvino"] if "openvino" in engines]
-    kinds = {o.name: last_axis_kind(model, o.name) for o in model.graph.output}
+    settings += [Setting("openvino", "default", target) for target in runs.get("openvino", {}) if "openvino" in engines]
+    # (judged on the model and on the meaning's values: logits, a distribution, or neither)
+    kinds = {o.name: output_kind(model, o.name, [reference[o.name]]) for o in model.graph.output if o.name in reference}
     sessions = diagnosis = 0
     for k, setting in enumerate(settings, 1):
         say(f"[{k}/{len(settings)}] {setting}: running")
@@ -132,15 +141,15 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
 def _runs(model: onnx.ModelProto, ours: bool, engines: Sequence[str]) -> dict[str, dict[str | None, onnx.ModelProto]]:
     """engine -> {export target (None: the model as given) -> the model that engine runs}."""
     if not ours:
-        return {"onnxruntime": {None: model}, "openvino": {None: model}}
+        return {engine: {None: model} for engine in ENGINES}
     from dyndq.exporter import export  # (it checks the model first: a ValidationError names every problem)
 
-    # "onnx": standard ONNX only, in the forms ONNX Runtime runs (target "onnx" but for the types ONNX
-    # Runtime has no kernel for, float4 codes say); "onnxruntime": its own ops (MatMulNBits, ...) where they
-    # express a node exactly
-    return {"onnxruntime": {"onnx": export(model, target="onnxruntime", own_ops=False),
-                            "onnxruntime": export(model, target="onnxruntime")},
-            "openvino": {"openvino": export(model, target="openvino")} if "openvino" in engines else {}}
+    # each engine's exports: "onnx", standard ONNX only, in the forms the engine runs (target "onnx" but
+    # for the types ONNX Runtime has no kernel for, float4 codes say); its own target, its own ops
+    # (MatMulNBits, ...) where they express a node exactly.  (ONNX Runtime's always: with optimizations
+    # off it stands in for the reference engine where that cannot run the model.)
+    return {engine: {target: export(model, target=engine, own_ops=target == engine) for target in targets}
+            for engine, targets in compared().items() if engine in engines or engine == "onnxruntime"}
 
 
 def _meaning(model, ours, fed, runs, guessed) -> tuple[dict, str, bool]:
