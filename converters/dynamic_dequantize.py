@@ -291,7 +291,7 @@ _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
 _INT4 = ("int4", "uint4")
 _T2 = ("float32", "float16", "bfloat16")
 # dtypes of under 8 bits, which ONNX Runtime neither Reshapes nor Expands
-SUB_BYTE = ("int4", "uint4", "int2", "uint2", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
+SUB_BYTE = tuple(d.name for d in dtypes.DTYPES if 0 < d.bits < 8)  # int4, uint4, int2, uint2, float4, float6
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:

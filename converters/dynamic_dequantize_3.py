@@ -55,10 +55,16 @@ from .lowering_context import LoweringContext
 OUTPUT_DTYPE_OPSET = 23  # DequantizeLinear's output_dtype
 GATHER_OPSET = 13  # the table route: Cast, Gather
 _E8M0 = "float8_e8m0fnu"
-# how an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns)
-_HELD_AS = {"float4_e2m1fn": ("uint4", True), "float6_e2m3fn": ("uint8", True), "float6_e3m2fn": ("uint8", True),
-            "float8_e4m3fnuz": ("uint8", True), "float8_e5m2fnuz": ("uint8", True),
-            "int2": ("int8", False), "uint2": ("uint8", False)}
+
+
+def _held_as(dtype: str) -> tuple[str, bool]:
+    """How an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns).
+    A float code as its bit patterns in the unsigned type of 4 or 8 bits that holds them (float4e2m1
+    in uint4; float6 and the float8 fnuz types in uint8); an integer one as its values in int8/uint8."""
+    row = dtypes.by_name(dtype)
+    if row.is_float:
+        return ("uint4" if row.bits <= 4 else "uint8"), True
+    return ("uint8" if dtype.startswith("u") else "int8"), False
 
 
 def _opset(dtype: str) -> int:
@@ -83,7 +89,7 @@ def version_2_holds(src, scales, zps, output_dtype) -> bool:
 
 def _held(src: str | None, e: Engine) -> str | None:
     """The dtype `e` holds a code of dtype `src` in (itself, where it has such tensors)."""
-    return src if e.holds(src) else _HELD_AS[src][0]
+    return src if e.holds(src) else _held_as(src)[0]
 
 
 def _route(src, scales, zps, qtype, group_shape, e: Engine) -> str:
@@ -210,7 +216,7 @@ def dynamic_dequantize_3(
     else:
         ctx.form = "integer arithmetic (Cast to int64, Sub, Cast, Mul)"
         if not e.holds(src_spec.dtype):
-            ctx.form += f" on {_HELD_AS[src_spec.dtype][0]} values"
+            ctx.form += f" on {_held_as(src_spec.dtype)[0]} values"
         codes = _held_input(ctx, e, src, src_spec.dtype, "src")
         zero = _held_input(ctx, e, zps, zps_spec.dtype, "zps") if zps else None
         y = integer_arithmetic(ctx, src, codes, zero, scale, qtype, axis, group_shape, out, e.nan_of_second)
@@ -280,10 +286,10 @@ def _codes_nans(ctx: LoweringContext, src: str, y: str) -> str:
 
 
 def _held_input(ctx: LoweringContext, e: Engine, name: str, dtype: str, arg: str) -> str:
-    """`name` as the engine holds it: itself, or (a constant) re-encoded in _HELD_AS's dtype."""
+    """`name` as the engine holds it: itself, or (a constant) re-encoded in `_held_as`'s dtype."""
     if e.holds(dtype):
         return name
-    as_dtype, as_bits = _HELD_AS[dtype]
+    as_dtype, as_bits = _held_as(dtype)
     codes = ctx.constant(name)
     if codes is None:
         onnx_name = dtypes.by_name(dtype).onnx_name
