@@ -88,6 +88,12 @@ class OrtSession:
 INSTALL = "pip install onnxruntime"  # (a dependency of dyndq: installed with it)
 
 
+def version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
 def installed() -> bool:
     """ONNX Runtime is a dependency of dyndq: always here."""
     return True

@@ -37,6 +37,10 @@ class ReferenceSession:
 INSTALL = "pip install onnx"  # (a dependency of dyndq: installed with it)
 
 
+def version() -> str:
+    return onnx.__version__
+
+
 def installed() -> bool:
     """The reference engine is onnx's own: always here."""
     return True

@@ -79,16 +79,32 @@ def run_onnxruntime(model: onnx.ModelProto, level: str, feeds: Mapping[str, obje
     return values
 
 
+def run_engine(engine: str, model: onnx.ModelProto, feeds: Mapping[str, object], names: Sequence[str],
+               tweak: Tweak = Tweak(), properties: list | None = None) -> dict[str, np.ndarray]:
+    """`names` on `engine`'s runner (any but ONNX Runtime, whose levels and transformers
+    `run_onnxruntime` takes) with `tweak.config`; with `properties` (a list), the values the session
+    holds for its `arithmetic_settings`' keys are appended to it as a dict."""
+    from dyndq.runner import session_class
+
+    session = session_class(engine)(model, config=tweak.config)
+    if properties is not None:
+        properties.append({k: session.property_text(k) for k in arithmetic_settings(engine)})
+    return dict(zip(names, session.run(names, feeds)))
+
+
 def run_openvino(model: onnx.ModelProto, feeds: Mapping[str, object], names: Sequence[str],
                  tweak: Tweak = Tweak(), properties: list | None = None) -> dict[str, np.ndarray]:
-    """`names` on OpenVINO's CPU plugin with `tweak.config`; with `properties` (a list), the values the
-    compiled model holds for OPENVINO_EXACT's keys are appended to it as a dict."""
-    from dyndq.openvino_session import OpenVinoSession
+    """`names` on OpenVINO's CPU plugin with `tweak.config` (`run_engine`); with `properties`, the
+    values the compiled model holds for OPENVINO_EXACT's keys."""
+    return run_engine("openvino", model, feeds, names, tweak, properties)
 
-    session = OpenVinoSession(model, config=tweak.config)
-    if properties is not None:
-        properties.append({k: session.property_text(k) for k in OPENVINO_EXACT})
-    return dict(zip(names, session.run(names, feeds)))
+
+def arithmetic_settings(engine: str) -> dict:
+    """The engine's settings that change the arithmetic, each with the value that keeps float32
+    exact (its runner module's ARITHMETIC: OpenVINO's), searched when it differs; {} for none."""
+    from dyndq.runner import session_module
+
+    return dict(getattr(session_module(engine), "ARITHMETIC", {}))
 
 
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
