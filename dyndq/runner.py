@@ -38,6 +38,7 @@ from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtB
 from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
 from dyndq.wording import a as article
 
+
 def _exact_engines() -> tuple[str, ...]:
     from dyndq.converters.engines import ENGINES as TABLE
 
