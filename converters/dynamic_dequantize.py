@@ -284,14 +284,14 @@ def _blocked_plan(inputs, xs, ss, zs, axis, block) -> LiftPlan | str:
 
 
 INT4_OPSET = 21  # DequantizeLinear and Cast with int4/uint4, and blocked DequantizeLinear
-BFLOAT16_OPSET = 13  # Cast to and from bfloat16
+BFLOAT16_OPSET = dtypes.by_name("bfloat16").opset  # Cast to and from bfloat16 (13)
 RANGE_OPSET = 11  # per_group broadcasting (Range)
 CASTLIKE_OPSET = 15  # dst's dtype taken from scales when it is not known
 _V1_SRC, _V1_ZPS = ("int8", "uint8"), ("int8", "uint8", "int32")
 _INT4 = ("int4", "uint4")
 _T2 = ("float32", "float16", "bfloat16")
 # dtypes of under 8 bits, which ONNX Runtime neither Reshapes nor Expands
-SUB_BYTE = ("int4", "uint4", "int2", "uint2", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
+SUB_BYTE = tuple(d.name for d in dtypes.DTYPES if 0 < d.bits < 8)  # int4, uint4, int2, uint2, float4, float6
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:

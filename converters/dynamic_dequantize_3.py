@@ -44,7 +44,6 @@ from dyndq.opdefs import DYNAMIC_DEQUANTIZE_2 as OP2
 from dyndq.opdefs import DYNAMIC_DEQUANTIZE_3 as OP3
 from dyndq.opdefs import FLOAT_CODES_3, PER_GROUP, PER_TENSOR, LiftPlan, Needs, Problem, Refusal, TensorSpec
 from dyndq.opdefs import ValidationError, dtypes
-from dyndq.plumbing.ir import TYPE_IR
 
 from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4_OPSET, PER_CHANNEL_DQL_OPSET,
                                  RANGE_OPSET, _broadcastable, _plan_or_reason, dequantize_linear, dql_route,
@@ -53,19 +52,24 @@ from .dynamic_dequantize import (BFLOAT16_OPSET, CASTLIKE_OPSET, DQL_OPSET, INT4
 from .engines import ENGINES, Engine, engine
 from .lowering_context import LoweringContext
 
-# The ai.onnx opset whose DequantizeLinear and Cast first take each dtype (onnx.defs).
-TYPE_OPSET = {
-    "float8_e4m3fn": 19, "float8_e4m3fnuz": 19, "float8_e5m2": 19, "float8_e5m2fnuz": 19,
-    "int4": 21, "uint4": 21, "int16": 21, "uint16": 21, "float4_e2m1fn": 23, "float8_e8m0fnu": 24,
-    "int2": 25, "uint2": 25, "float6_e2m3fn": 28, "float6_e3m2fn": 28, "bfloat16": BFLOAT16_OPSET,
-}
 OUTPUT_DTYPE_OPSET = 23  # DequantizeLinear's output_dtype
 GATHER_OPSET = 13  # the table route: Cast, Gather
 _E8M0 = "float8_e8m0fnu"
-# how an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns)
-_HELD_AS = {"float4_e2m1fn": ("uint4", True), "float6_e2m3fn": ("uint8", True), "float6_e3m2fn": ("uint8", True),
-            "float8_e4m3fnuz": ("uint8", True), "float8_e5m2fnuz": ("uint8", True),
-            "int2": ("int8", False), "uint2": ("uint8", False)}
+
+
+def _held_as(dtype: str) -> tuple[str, bool]:
+    """How an engine that lacks a code type holds a constant of it: (dtype, whether as bit patterns).
+    A float code as its bit patterns in the unsigned type of 4 or 8 bits that holds them (float4e2m1
+    in uint4; float6 and the float8 fnuz types in uint8); an integer one as its values in int8/uint8."""
+    row = dtypes.by_name(dtype)
+    if row.is_float:
+        return ("uint4" if row.bits <= 4 else "uint8"), True
+    return ("uint8" if dtype.startswith("u") else "int8"), False
+
+
+def _opset(dtype: str) -> int:
+    """The ai.onnx opset whose Cast and DequantizeLinear first take `dtype` (the dtype table's)."""
+    return dtypes.by_name(dtype).opset
 
 
 def _dtype(spec: TensorSpec | None) -> str | None:
@@ -85,7 +89,7 @@ def version_2_holds(src, scales, zps, output_dtype) -> bool:
 
 def _held(src: str | None, e: Engine) -> str | None:
     """The dtype `e` holds a code of dtype `src` in (itself, where it has such tensors)."""
-    return src if e.holds(src) else _HELD_AS[src][0]
+    return src if e.holds(src) else _held_as(src)[0]
 
 
 def _route(src, scales, zps, qtype, group_shape, e: Engine) -> str:
@@ -114,11 +118,11 @@ def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Nee
     held = [d for d in (s, z) if d is not None]
     for d in held:
         held_as = _held(d, e)
-        need = TYPE_OPSET.get(held_as, 0) if held_as == d else max(TYPE_OPSET.get(held_as, 0), GATHER_OPSET)
+        need = _opset(held_as) if held_as == d else max(_opset(held_as), GATHER_OPSET)
         if need > opset:
             opset, why = need, why + [f"{held_as} codes" + ("" if held_as == d else f" holding {d} ones")]
-    if t is not None and TYPE_OPSET.get(t, 0) > opset:
-        opset, why = TYPE_OPSET[t], why + [f"{t} scales"]
+    if t is not None and _opset(t) > opset:
+        opset, why = _opset(t), why + [f"{t} scales"]
     if route == "decode" and qtype == PER_GROUP and RANGE_OPSET > opset:
         opset, why = RANGE_OPSET, why + ["per_group broadcasting (Range, Gather)"]
     if route != "decode" and t == _E8M0 and e.dql_e8m0_scales and OUTPUT_DTYPE_OPSET > opset:
@@ -129,9 +133,9 @@ def _needs(src, scales, zps, qtype, group_shape, output_dtype, e: Engine) -> Nee
     if s is None or t is None or (zps is not None and z is None):
         # (inside a model-local function) the Casts may take any type the engine holds
         kept = [d for d in OP3.allowed_dtypes("src") + OP3.allowed_dtypes("scales") if e.holds(d)]
-        opset = max([opset, CASTLIKE_OPSET] + [TYPE_OPSET.get(d, 0) for d in kept])
+        opset = max([opset, CASTLIKE_OPSET] + [_opset(d) for d in kept])
         why = why + [f"Casts from dtypes not known (any {e.title} holds)"]
-    ir = max([3] + [TYPE_IR.get(dtypes.by_name(d).onnx, 3) for d in kept])
+    ir = max([3] + [dtypes.by_name(d).ir for d in kept])
     return Needs(opset, ir, ", ".join(why))
 
 
@@ -212,7 +216,7 @@ def dynamic_dequantize_3(
     else:
         ctx.form = "integer arithmetic (Cast to int64, Sub, Cast, Mul)"
         if not e.holds(src_spec.dtype):
-            ctx.form += f" on {_HELD_AS[src_spec.dtype][0]} values"
+            ctx.form += f" on {_held_as(src_spec.dtype)[0]} values"
         codes = _held_input(ctx, e, src, src_spec.dtype, "src")
         zero = _held_input(ctx, e, zps, zps_spec.dtype, "zps") if zps else None
         y = integer_arithmetic(ctx, src, codes, zero, scale, qtype, axis, group_shape, out, e.nan_of_second)
@@ -282,10 +286,10 @@ def _codes_nans(ctx: LoweringContext, src: str, y: str) -> str:
 
 
 def _held_input(ctx: LoweringContext, e: Engine, name: str, dtype: str, arg: str) -> str:
-    """`name` as the engine holds it: itself, or (a constant) re-encoded in _HELD_AS's dtype."""
+    """`name` as the engine holds it: itself, or (a constant) re-encoded in `_held_as`'s dtype."""
     if e.holds(dtype):
         return name
-    as_dtype, as_bits = _HELD_AS[dtype]
+    as_dtype, as_bits = _held_as(dtype)
     codes = ctx.constant(name)
     if codes is None:
         onnx_name = dtypes.by_name(dtype).onnx_name

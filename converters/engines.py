@@ -1,4 +1,10 @@
-"""What each export target's engine runs, on the CPU: the facts the lowerings choose forms by.
+"""The engine table: one row per engine an export is for (its export target), holding what it runs
+on the CPU (the facts the lowerings choose forms by), which of dyndq's runners runs it, and what a
+file written for it is checked on.  Every list of engines derives from it: export's targets
+(`rules.TARGETS`, `dyndq export --target`), quantize's `--emit` forms, the forms a written file is
+checked as (`dyndq.written`), the engines `check --runtime-parity` compares and `dyndq.run` runs,
+and the tests' runners (tests/engines.py): a new engine is a row here and its runner
+(`dyndq/<engine>_session.py`, named in `dyndq.runner.SESSIONS`).
 
 `dyndq.export(model, target=...)` gives each engine only forms it runs, with our kernel's bits.
 ONNX's DequantizeLinear-28 takes every code type, but no engine runs every form; measured on
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 from dyndq.opdefs import FLOAT_CODES_3, INTEGER_CODES_3
 
-__all__ = ["Engine", "ENGINES", "engine"]
+__all__ = ["Engine", "ENGINES", "engine", "compared"]
 
 _INTEGERS = frozenset(INTEGER_CODES_3)
 _FLOAT8 = frozenset(("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
@@ -46,6 +52,12 @@ class Engine:
 
     name: str  # the export target
     title: str  # what a message calls it
+    writes: str  # what export writes for it, in a few words (the CLI's help of --target and --emit)
+    # dyndq's runner of the engine ("reference": onnx.reference with our kernel, every standard form)
+    runner: str
+    # the runners a file written for it is loaded on (dyndq.written) and `check --runtime-parity` runs
+    # its export on: the first; the next where the first has no kernel for an op of it
+    loads_on: tuple
     dql_codes: frozenset  # code dtypes its DequantizeLinear runs
     dql_e8m0_scales: bool  # whether its DequantizeLinear takes float8e8m0 scales
     lacks: frozenset = frozenset()  # dtypes it has no tensors of (nor Casts from)
@@ -79,10 +91,20 @@ class Engine:
 ENGINES = {
     e.name: e
     for e in (
-        Engine("onnx", "standard ONNX", _EVERY_CODE, True, dql_float_zero_points=_FLOAT6),
-        Engine("onnxruntime", "ONNX Runtime", _INTEGERS | _FLOAT8, False, lacks=frozenset({"float4_e2m1fn"}) | _FLOAT6,
-               nan_of_second=True, blocked_nan_of_scale=True),
-        Engine("openvino", "OpenVINO", _EVERY_CODE - _FLOAT6 - _FNUZ - {"int2", "uint2"}, True,
+        Engine("onnx", "standard ONNX",
+               "standard ONNX only (ONNX Runtime's MatMulNBits/GatherBlockQuantized become DequantizeLinear + "
+               "MatMul/Gather; DequantizeLinear at the opset its types need)",
+               "reference", ("onnxruntime", "reference"), _EVERY_CODE, True, dql_float_zero_points=_FLOAT6),
+        Engine("onnxruntime", "ONNX Runtime",
+               "ONNX Runtime's contrib ops (MatMulNBits, GatherBlockQuantized) where they express a DynamicDequantize "
+               "on constant weights exactly, and forms ONNX Runtime's CPU runs for the rest (float4/float6 codes "
+               "decoded by a table)",
+               "onnxruntime", ("onnxruntime",), _INTEGERS | _FLOAT8, False,
+               lacks=frozenset({"float4_e2m1fn"}) | _FLOAT6, nan_of_second=True, blocked_nan_of_scale=True),
+        Engine("openvino", "OpenVINO",
+               "standard forms OpenVINO's CPU runs (int2 and float6 decoded by a table, no rank-1 blocked "
+               "DequantizeLinear)",
+               "openvino", ("openvino",), _EVERY_CODE - _FLOAT6 - _FNUZ - {"int2", "uint2"}, True,
                lacks=frozenset({"int2", "uint2"}) | _FLOAT6 | _FNUZ, rank1_blocked=False, dql_zero_points=False,
                short_last_block=False,
                deviations=("a bfloat16 output: its constant folding truncates float32 to bfloat16",
@@ -96,3 +118,13 @@ ENGINES = {
 def engine(target: str) -> Engine:
     """The engine of an export target ("onnx" for anything else: every form standard ONNX has)."""
     return ENGINES.get(target, ENGINES["onnx"])
+
+
+def compared() -> dict[str, tuple[str, ...]]:
+    """runner -> the export targets whose files it loads first, for each runner that loads some
+    (`check --runtime-parity` compares each: {"onnxruntime": ("onnx", "onnxruntime"),
+    "openvino": ("openvino",)})."""
+    out: dict[str, tuple[str, ...]] = {}
+    for e in ENGINES.values():
+        out[e.loads_on[0]] = out.get(e.loads_on[0], ()) + (e.name,)
+    return out

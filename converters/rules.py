@@ -35,12 +35,13 @@ from dyndq.opdefs import Refusal, domains
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.opsets import op_version
 
+from .engines import ENGINES as _ENGINE_TABLE
 from .rewrite import GraphView, Rewrite
 from .walker import Outcome, rewrite_model
 
 LIFT, WRITE, LOWER = "lift", "write", "lower"
 KINDS = (LIFT, WRITE, LOWER)
-TARGETS = ("onnx", "onnxruntime", "openvino")
+TARGETS = tuple(_ENGINE_TABLE)  # the engine table's rows: ("onnx", "onnxruntime", "openvino")
 OURS = object()  # a pattern's domain: any domain of the op registry (ours, or a test's toy op's)
 
 

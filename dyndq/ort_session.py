@@ -1,10 +1,13 @@
-"""ONNX Runtime, fed and read the one way the house does it: `OrtSession(exported, level=...)`.
+"""ONNX Runtime, the one runner of it: `OrtSession(exported, level=...)`, fed and read one way.
 
 ONNX Runtime's Python API refuses int4/uint4 and bfloat16 NumPy feeds and cannot return such
-outputs; `OrtBoundary` passes them through exact conversions.  A model over 2 GiB cannot be
-serialized for ONNX Runtime: its big initializers are handed over as arrays, fed as the graph
-inputs its light view makes of them.  `dyndq.run(engine="onnxruntime")` and
-`dyndq.runtime_parity` both run ONNX Runtime through `OrtSession`.
+outputs; `OrtBoundary` passes them through exact conversions (each type as the dtype table's
+`onnxruntime` column says).  A model over 2 GiB cannot be serialized for ONNX Runtime: its big
+initializers are handed over as arrays, fed as the graph inputs its light view makes of them.
+`dyndq.run(engine="onnxruntime")`, quantize's evaluation and size budget, `dyndq.runtime_parity`
+and the tests run ONNX Runtime through `OrtSession`; the check of a written file makes its
+session through `user_session`, at ONNX Runtime's own defaults.  Every ONNX Runtime session of
+the package is made here (`_session`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import onnx
 
 from dyndq.opdefs import dtypes
 
-# ONNX Runtime's graph optimization levels, by the names the house uses.
+# ONNX Runtime's graph optimization levels, by the names the house uses (the CLI's --level too).
 LEVELS = ("off", "basic", "extended", "all")
 
 
@@ -38,35 +41,28 @@ class OrtSession:
     `path`: the file `exported` was read from (it may then be read without its external data):
     ONNX Runtime reads the model there, its external data too, as a user's session does, so its
     weights stay the initializers the file holds (a MatMulNBits' B among them), unless the
-    boundary must add a Cast at an input or output, when the model is handed over as above."""
+    boundary must add a Cast at an input or output, when the model is handed over as above.
+
+    `threads`: ONNX Runtime's intra-op threads (None: its default, one per core)."""
 
     def __init__(self, exported: onnx.ModelProto, *, level: str = "basic", optimized_model_path: str | None = None,
                  disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None,
-                 weights: Mapping[str, np.ndarray] | None = None, arena: bool = True, path: str | None = None):
+                 weights: Mapping[str, np.ndarray] | None = None, arena: bool = True, path: str | None = None,
+                 threads: int | None = None):
         import onnxruntime as ort
 
         from dyndq.plumbing.light import big_initializers, light_view
 
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
-        options = ort.SessionOptions()
-        options.log_severity_level = 4  # fatal only: its (coloured) log lines would reach stderr
-        options.graph_optimization_level = {
-            "off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
-        if optimized_model_path is not None:
-            options.optimized_model_filepath = optimized_model_path
-        options.enable_cpu_mem_arena = arena
-        for key, value in (config or {}).items():
-            options.add_session_config_entry(key, value)
+        settings = dict(level=level, optimized_model_path=optimized_model_path, config=config, arena=arena,
+                        threads=threads, disabled_optimizers=disabled_optimizers)
         # (the boundary is made on the light view, so that a big int4 or bfloat16 initializer,
         # fed as an input there, passes through it as any input does)
         self.boundary = OrtBoundary(light_view(exported))
         if path is not None and not self.boundary.added:
             self._big = dict(weights or {})
-            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
-                                                disabled_optimizers=list(disabled_optimizers))
+            self.session = _session(path, **settings)
         else:
             if path is not None:  # (a Cast added at the boundary: the model handed over whole)
                 from dyndq.files import load_model
@@ -75,18 +71,69 @@ class OrtSession:
                 self.boundary = OrtBoundary(light_view(exported))
             self._big = {**(weights or {}),
                          **{t.name: onnx.numpy_helper.to_array(t) for t in big_initializers(exported)}}
-            self.session = ort.InferenceSession(self.boundary.model.SerializeToString(), options,
-                                                providers=["CPUExecutionProvider"],
-                                                disabled_optimizers=list(disabled_optimizers))
+            self.session = _session(self.boundary.model.SerializeToString(), **settings)
+        self.output_names = [o.name for o in exported.graph.output]
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = 4
 
-    def run(self, names: list[str], feeds: Mapping[str, object]) -> list:
-        """The values `names` (the graph's own names and dtypes) on `feeds`, checked feeds: see
-        `dyndq.runner.check_feeds`."""
+    def run(self, names: Sequence[str] | None, feeds: Mapping[str, object]) -> list:
+        """The values `names` (the graph's own names and dtypes; None: the graph's outputs) on
+        `feeds`, checked feeds: see `dyndq.runner.check_feeds`."""
         # (not np.ascontiguousarray: it turns a rank-0 array into rank 1)
         arrays = {k: _c_contiguous(v) for k, v in feeds.items()}
+        names = self.output_names if names is None else list(names)
         return self.boundary.run(self.session, names, {**arrays, **self._big}, self._run_options)
+
+
+INSTALL = "pip install onnxruntime"  # (a dependency of dyndq: installed with it)
+
+
+def version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def installed() -> bool:
+    """ONNX Runtime is a dependency of dyndq: always here."""
+    return True
+
+
+def user_session(source):
+    """ONNX Runtime's CPU session of a model file (or a ModelProto) at ONNX Runtime's own default
+    settings, nothing added, as a user's `InferenceSession(path)` makes it: what the check of a
+    written file loads (its error is ONNX Runtime's own, raised)."""
+    if isinstance(source, onnx.ModelProto):
+        source = source.SerializeToString()
+    return _session(source, level=None)
+
+
+def _session(source, *, level: str | None, optimized_model_path: str | None = None,
+             disabled_optimizers: Sequence[str] = (), config: Mapping[str, str] | None = None,
+             arena: bool | None = None, threads: int | None = None):
+    """The one place an ONNX Runtime session is made: a CPU session of `source` (a path or a
+    serialized model); `level` None, `arena` None and `threads` None leave ONNX Runtime's defaults.
+    Logging is off: its errors come back as exceptions."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only: its (coloured) log lines would reach stderr
+    if level is not None:
+        if level not in LEVELS:
+            raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
+        levels = ort.GraphOptimizationLevel
+        options.graph_optimization_level = dict(zip(LEVELS, (levels.ORT_DISABLE_ALL, levels.ORT_ENABLE_BASIC,
+                                                             levels.ORT_ENABLE_EXTENDED, levels.ORT_ENABLE_ALL)))[level]
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = optimized_model_path
+    if arena is not None:
+        options.enable_cpu_mem_arena = arena
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled_optimizers))
 
 
 def missing_kernel(error: BaseException) -> str | None:
@@ -125,10 +172,9 @@ class OrtBoundary:
       taking the upper 16 bits (no rounding involved); a float8 output is Cast to
       float32 and back by value (exact: every float8 value is a float32 one).
 
-    Returned arrays have the graph's own dtypes, as the reference engine returns.
+    Returned arrays have the graph's own dtypes, as the reference engine returns.  Which types
+    take which way is the dtype table's `onnxruntime` column (ORT_BITS, ORT_WIDE, ORT_PACKED).
     """
-
-    _WIDE = {onnx.TensorProto.INT4: onnx.TensorProto.INT8, onnx.TensorProto.UINT4: onnx.TensorProto.UINT8}
 
     def __init__(self, exported: onnx.ModelProto):
         from dyndq.plumbing.names import NameScope
@@ -136,9 +182,9 @@ class OrtBoundary:
         graph = exported.graph
         initializers = {t.name for t in graph.initializer}
         int4_in = [vi for vi in graph.input
-                   if _elem(vi) in self._WIDE and vi.name not in initializers]
-        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _elem(vi) in _BITS or _elem(vi) in _PACKED}
-        narrow_out = [vi for vi in graph.output if _elem(vi) in self._WIDE or _elem(vi) in _BITS]
+                   if _carried(vi) == dtypes.ORT_WIDE and vi.name not in initializers]
+        self.bits_in = {vi.name: _elem(vi) for vi in graph.input if _carried(vi) in (dtypes.ORT_BITS, dtypes.ORT_PACKED)}
+        narrow_out = [vi for vi in graph.output if _carried(vi) in (dtypes.ORT_WIDE, dtypes.ORT_BITS)]
         self.model = exported
         self.renamed_in: dict[str, tuple[str, np.dtype]] = {}  # graph input -> (fed name, NumPy dtype fed)
         self.renamed_out: dict[str, tuple[str, int]] = {}  # graph output -> (name ORT returns, ONNX type it had)
@@ -153,7 +199,7 @@ class OrtBoundary:
         casts = []
         for vi in model.graph.input:
             if vi.name in {v.name for v in int4_in}:
-                narrow, wide = _elem(vi), self._WIDE[_elem(vi)]
+                narrow, wide = _elem(vi), _wide(_elem(vi))
                 fed = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
                 casts.append(onnx.helper.make_node("Cast", [fed], [vi.name], to=narrow,
                                                    name=names.fresh(f"{vi.name}/Cast")))
@@ -162,9 +208,9 @@ class OrtBoundary:
                 vi.type.tensor_type.elem_type = wide
         for vi in model.graph.output:
             narrow = _elem(vi)
-            if narrow not in self._WIDE and narrow not in _BITS:
+            if _carried(vi) not in (dtypes.ORT_WIDE, dtypes.ORT_BITS):
                 continue
-            wide = self._WIDE.get(narrow, onnx.TensorProto.FLOAT)
+            wide = _wide(narrow) if _carried(vi) == dtypes.ORT_WIDE else onnx.TensorProto.FLOAT
             out = names.fresh(f"{vi.name}/{onnx.TensorProto.DataType.Name(wide).lower()}")
             model.graph.node.append(onnx.helper.make_node("Cast", [vi.name], [out], to=wide,
                                                           name=names.fresh(f"{vi.name}/Cast")))
@@ -187,12 +233,12 @@ class OrtBoundary:
                 out[fed] = np.asarray(value).astype(dtype)
             elif (name in self.bits_in and isinstance(value, np.ndarray)
                   and value.dtype.name == dtypes.by_onnx(self.bits_in[name]).name):
-                elem = self.bits_in[name]
-                if elem in _PACKED:
-                    out[name] = _packed_ortvalue(value, elem)
-                else:
+                row = dtypes.by_onnx(self.bits_in[name])
+                if row.onnxruntime == dtypes.ORT_PACKED:
+                    out[name] = _packed_ortvalue(value, row.onnx)
+                else:  # (its bit patterns, as unsigned integers of its width)
                     out[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                        np.ascontiguousarray(value).view(_BITS[elem]), elem)
+                        np.ascontiguousarray(value).view(f"uint{row.bits}"), row.onnx)
             else:
                 out[name] = value
         return out
@@ -213,11 +259,17 @@ class OrtBoundary:
         return back
 
 
-_BITS = {onnx.TensorProto.BFLOAT16: np.uint16, onnx.TensorProto.FLOAT8E4M3FN: np.uint8,  # fed as their bits
-         onnx.TensorProto.FLOAT8E5M2: np.uint8, onnx.TensorProto.FLOAT8E4M3FNUZ: np.uint8,
-         onnx.TensorProto.FLOAT8E5M2FNUZ: np.uint8, onnx.TensorProto.FLOAT8E8M0: np.uint8}
-# fed packed as ONNX packs them (an int2/uint2 NumPy array holds one code a byte); only as inputs
-_PACKED = (onnx.TensorProto.INT2, onnx.TensorProto.UINT2)
+def _carried(vi: onnx.ValueInfoProto) -> str | None:
+    """How ONNX Runtime's Python API carries a tensor of this value's type (dtypes.ORT_*)."""
+    try:
+        return dtypes.by_onnx(_elem(vi)).onnxruntime
+    except KeyError:  # (no tensor type, or one the table lacks: as given)
+        return dtypes.ORT_NUMPY
+
+
+def _wide(narrow: int) -> int:
+    """The 8-bit integer type an int4/uint4 passes the boundary as (every value of it is one)."""
+    return dtypes.by_name("uint8" if dtypes.by_onnx(narrow).name.startswith("u") else "int8").onnx
 
 
 def _packed_ortvalue(value: np.ndarray, elem: int):

@@ -1,12 +1,17 @@
 """`run(model, feeds, engine=...)`: run a graph holding our ops, on either engine.
 
-- "reference": ONNX's `ReferenceEvaluator`, with our kernel for our ops.
+- "reference": ONNX's `ReferenceEvaluator`, with our kernel for our ops (`dyndq.reference_session`).
 - "onnxruntime": the model is exported to standard ONNX (`dyndq.export`) and
-  run by ONNX Runtime on the CPU, with its basic graph optimizations only
+  run by ONNX Runtime on the CPU (`dyndq.ort_session`), with its basic graph optimizations only
   (its extended level fuses MatMul+Add and pre-packs weights, which changes
   float32 results in the last bits).  int4/uint4 and bfloat16 inputs and outputs,
   which ONNX Runtime's Python API neither takes nor gives, pass through exact
   conversions (`OrtBoundary`), so both engines return the same dtypes.
+
+The engines are those of the engine table (`dyndq.converters.engines`) that give our kernel's
+bits on every model (no deviation).  A `Runner` checks the feeds against the graph's inputs and
+the engine's outputs against the graph's outputs, whatever session it runs: quantize's
+evaluation and size budget run ONNX Runtime through it too.
 
 Both give identical outputs for our ops (README, "The op").  What an
 engine builds for a model (an evaluator, or an export and an ORT session) is
@@ -33,8 +38,25 @@ from dyndq.ort_session import OrtBoundary  # noqa: F401  (also dyndq.runner.OrtB
 from dyndq.run_outputs import OutputNameError  # noqa: F401  (beside FeedError and OutputError)
 from dyndq.wording import a as article
 
-ENGINES = ("reference", "onnxruntime")
+
+def _exact_engines() -> tuple[str, ...]:
+    from dyndq.converters.engines import ENGINES as TABLE
+
+    return tuple(e.runner for e in TABLE.values() if not e.deviations)
+
+
+ENGINES = _exact_engines()  # ("reference", "onnxruntime")
+# the session class of each runner the engine table names (`Engine.runner`, `Engine.loads_on`),
+# `Class(model, **settings).run(names, feeds)`; its module also holds `installed()`, `INSTALL` (how
+# to install it) and `user_session(source)`, the session a user of the engine makes of a file
+SESSIONS = {"reference": "dyndq.reference_session.ReferenceSession", "onnxruntime": "dyndq.ort_session.OrtSession",
+            "openvino": "dyndq.openvino_session.OpenVinoSession"}
 CACHE_SIZE = 8
+# ONNX Runtime's graph optimization level for dyndq.run and quantize's runs: basic only (constant
+# folding, redundant-node removal); its extended and full levels fuse MatMul+Add and pre-pack
+# constant weights, which changes float32 results in their last bits, and the engines must agree
+# to the bit.
+ORT_LEVEL = "basic"
 
 
 class FeedError(ValidationError):
@@ -49,9 +71,14 @@ class OutputError(ValidationError):
 
 
 class Runner:
-    """One model made ready on one engine; call it with feeds."""
+    """One model made ready on one engine; call it with feeds.
 
-    def __init__(self, model: onnx.ModelProto, engine: str):
+    `session`: the session to run (its `run(names, feeds)`), made by the caller (quantize's
+    evaluation runs a file as written, or a float model with its weights fed apart); None: the
+    engine's own for the model, our nodes judged first.  `settings` go to ONNX Runtime's session
+    (`arena=False`: its memory arena off)."""
+
+    def __init__(self, model: onnx.ModelProto, engine: str, *, session=None, **settings):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
         self.engine = engine
@@ -59,14 +86,15 @@ class Runner:
         self.inputs = graph_inputs(model)
         self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
         self.output_names = [name for name, _ in self.outputs]
-        if engine == "reference":
-            from dyndq.reference import reference_evaluator, runnable_model
+        if session is not None:
+            self.session = session
+        elif engine == "reference":
+            from dyndq.reference_session import ReferenceSession
 
             _validate_our_nodes(model)
             # ONNX Runtime's contrib ops (which onnx.reference lacks) run through their exact lift
-            evaluator = reference_evaluator(runnable_model(model))
-            self._run = lambda feeds: evaluator.run(None, feeds)
-        else:
+            self.session = ReferenceSession(model)
+        elif engine == "onnxruntime":
             from dyndq.ort_session import OrtSession
             from dyndq.run_outputs import exported_for_onnxruntime
 
@@ -76,16 +104,15 @@ class Runner:
             # without them, so this one lets ONNX's inference fill them in rather than refuse
             # the model (an output whose type nobody can know is named).
             self.exported = exported_for_onnxruntime(model)
-            # Basic optimizations only (constant folding, redundant-node removal): ONNX
-            # Runtime's extended and full levels fuse MatMul+Add and pre-pack constant
-            # weights, which changes float32 results in their last bits, and the two
-            # engines must agree to the bit.
-            session = OrtSession(self.exported, level="basic")
-            self._run = lambda feeds: session.run(self.output_names, feeds)
+            self.session = OrtSession(self.exported, level=ORT_LEVEL, **settings)
+        else:  # (an engine row of the table without deviations that dyndq.run has not learned to export for)
+            raise ValueError(f"dyndq.run does not run engine {engine!r} yet: Runner exports a model for "
+                             "'onnxruntime' only")
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays = fitting_feeds(self.inputs, feeds)
-        results = {name: _output(value) for name, value in zip(self.output_names, self._run(arrays))}
+        values = self.session.run(self.output_names, arrays)
+        results = {name: _output(value) for name, value in zip(self.output_names, values)}
         problems = [problem for name, spec in self.outputs if spec is not None
                     for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
         if problems:
@@ -169,6 +196,18 @@ def run(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, object],
     raises `dyndq.ValidationError` with every problem.
     """
     return runner(model, engine, outputs)(feeds)
+
+
+def session_module(name: str):
+    """The module of runner `name` (SESSIONS)."""
+    import importlib
+
+    return importlib.import_module(SESSIONS[name].rpartition(".")[0])
+
+
+def session_class(name: str):
+    """The session class of runner `name` (SESSIONS)."""
+    return getattr(session_module(name), SESSIONS[name].rpartition(".")[2])
 
 
 def clear_cache() -> None:

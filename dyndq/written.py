@@ -28,9 +28,13 @@ import os
 
 import onnx
 
+from dyndq.converters.engines import ENGINES as TABLE
+from dyndq.converters.rules import TARGETS
 from dyndq.wording import first_line
 
-FORMS = ("dyndq", "onnx", "onnxruntime", "openvino")
+# ours, then each export target of the engine table ("onnx", "onnxruntime", "openvino"), loaded on
+# the runners its row's `loads_on` names
+FORMS = ("dyndq", *TARGETS)
 
 
 class WrittenFileError(Exception):
@@ -71,8 +75,9 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
             [str(p) for p in problems])
     if not load:
         return []
-    if form == "openvino" and not _openvino_installed():
-        return ["not loaded on OpenVINO: it is not installed here (make test-openvino installs it)"]
+    if form != "dyndq" and not _session_module(TABLE[form].loads_on[0]).installed():
+        first = TABLE[form].loads_on[0]
+        return [f"not loaded on {_title(first)}: it is not installed here (make test-{first} installs it)"]
     try:
         return _load(path, model, form)
     except Refused as e:
@@ -141,39 +146,38 @@ def _model(source, load_data: bool = True) -> onnx.ModelProto:
 
 
 def _load(path: str, model: onnx.ModelProto, form: str) -> list[str]:
-    """Make the engine's session for the file (what a user of that engine does first); returns
-    notes (another engine than the form's own loaded it, and why), raises Refused."""
+    """Make the engine's session for the file (what a user of that engine does first: the runner's
+    `user_session`, at the engine's defaults); returns notes (another engine than the form's own
+    loaded it, and why), raises Refused."""
     if form == "dyndq":
         return _on_dyndqs_engines(path, model)
-    if form == "openvino":
-        import openvino as ov
-
-        try:
-            core = ov.Core()
-            core.compile_model(core.read_model(path), "CPU")
-        except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
-            raise Refused("OpenVINO cannot load the model made", [_words(e)]) from None
-        return []
-    import onnxruntime as ort
-
-    from dyndq.ort_session import missing_kernel
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # (its log lines would reach stderr; its error comes back raised)
+    first, *then = TABLE[form].loads_on
+    runner = _session_module(first)
     try:
-        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        runner.user_session(path)
     except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
-        lacking = missing_kernel(e) if form == "onnx" else None
-        if lacking is not None:  # (valid standard ONNX that ONNX Runtime has no kernel for: ONNX's own engine)
+        lacking = runner.missing_kernel(e) if "reference" in then else None
+        if lacking is not None:  # (valid standard ONNX that the engine has no kernel for: ONNX's own engine)
             try:
                 _reference(_weights_as_inputs(model))
-            except Exception:  # noqa: BLE001 - told below, in ONNX Runtime's words
+            except Exception:  # noqa: BLE001 - told below, in the engine's words
                 pass
             else:
-                return [f"not loaded on ONNX Runtime, which has no kernel for {lacking}: loaded on onnx.reference "
-                        "instead (the target onnxruntime writes forms ONNX Runtime runs)"]
-        raise Refused("ONNX Runtime cannot load the model made", [_words(e)]) from None
+                return [f"not loaded on {_title(first)}, which has no kernel for {lacking}: loaded on onnx.reference "
+                        f"instead (the target {first} writes forms {_title(first)} runs)"]
+        raise Refused(f"{_title(first)} cannot load the model made", [_words(e)]) from None
     return []
+
+
+def _session_module(name: str):
+    from dyndq.runner import session_module
+
+    return session_module(name)
+
+
+def _title(runner: str) -> str:
+    """What a message calls a runner's engine: its row's title ("ONNX Runtime", "OpenVINO")."""
+    return next(e.title for e in TABLE.values() if e.runner == runner)
 
 
 def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
@@ -195,7 +199,7 @@ def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
     from dyndq.runner import Runner
 
     try:
-        Runner(whole if whole is not None else load_model(path), "onnxruntime")
+        Runner(whole if whole is not None else load_model(path), "onnxruntime")  # (dyndq run's own session)
     except Exception as e:  # noqa: BLE001 - the engine's own error, whatever its type
         raise Refused("neither the reference engine nor ONNX Runtime can load the model made",
                       [f"the reference engine: {why}", f"ONNX Runtime (through export): {_words(e)}"]) from None
@@ -204,11 +208,11 @@ def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
 
 
 def _reference(model: onnx.ModelProto) -> None:
-    """A reference evaluator for the model (contrib ops through their exact lift, as `dyndq.run`
+    """The reference engine's session of the model (contrib ops through their exact lift, as `dyndq.run`
     makes it; our nodes were judged by `dyndq check` before)."""
-    from dyndq.reference import reference_evaluator, runnable_model
+    from dyndq.reference_session import ReferenceSession
 
-    reference_evaluator(runnable_model(model))
+    ReferenceSession(model)
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -222,12 +226,6 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
     return initializers_as_inputs(model, {t.name for t in model.graph.initializer
                                           if external_data_helper.uses_external_data(t) or nbytes(t) > BIG})
-
-
-def _openvino_installed() -> bool:
-    from dyndq.parity.engines import openvino_installed
-
-    return openvino_installed()
 
 
 def _source_fails(source, form: str) -> bool:
@@ -246,25 +244,17 @@ def _source_fails(source, form: str) -> bool:
             return False
         model = _model(source)
         ours = any(site.node.domain in domains() for site in walk(model))
-        if form == "openvino":
-            import io
+        first = TABLE[form].loads_on[0]
+        if ours:  # (exported for the engine as dyndq runs it there: `dyndq run --engine onnxruntime` so)
+            if first == "onnxruntime":
+                from dyndq.run_outputs import exported_for_onnxruntime
 
-            import openvino as ov
+                model = exported_for_onnxruntime(model)
+            else:
+                from dyndq.exporter import export
 
-            from dyndq.exporter import export
-
-            core = ov.Core()
-            shown = export(model, target="openvino") if ours else model
-            core.compile_model(core.read_model(io.BytesIO(shown.SerializeToString())), "CPU")
-        else:
-            import onnxruntime as ort
-
-            from dyndq.run_outputs import exported_for_onnxruntime
-
-            options = ort.SessionOptions()
-            options.log_severity_level = 4
-            exported = exported_for_onnxruntime(model) if ours else model
-            ort.InferenceSession(exported.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                model = export(model, target=form)
+        _session_module(first).user_session(model)
     except Exception:  # noqa: BLE001 - any failure of the input there: the model's own
         return True
     return False

@@ -442,69 +442,16 @@ def same_values(a, b) -> bool:
             and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
 
 
-def run_ort(model, feeds: dict, *, level=None, outputs=None) -> list:
+def run_ort(model, feeds: dict, *, level: str = "all", outputs=None) -> list:
     """Run a model (a ModelProto, or a path: external data is found beside it) in ONNX Runtime, CPU,
-    one thread; `level` a GraphOptimizationLevel (ONNX Runtime's default: all), `outputs` the
-    names to fetch (default: the graph's outputs)."""
-    import onnxruntime as ort
+    one thread, through dyndq's runner of it (`dyndq.ort_session.OrtSession`); `level` by the house's
+    name (ONNX Runtime's default: "all"), `outputs` the names to fetch (default: the graph's outputs)."""
+    from dyndq.ort_session import OrtSession
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    if level is not None:
-        options.graph_optimization_level = level
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(outputs, feeds)
-
-
-# -- ONNX Runtime with int4 / bfloat16 at the boundary ---------------------------------------
-
-WIDE = {"int4": "int8", "uint4": "uint8", "bfloat16": "float32"}
-
-
-def _widened(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
-    """The exported model with int4/uint4/bfloat16 graph inputs and outputs widened by exact Casts
-    (int8/uint8/float32 outside): ONNX Runtime's Python API refuses such NumPy feeds and cannot
-    return such outputs.  (A path to ONNX Runtime of the tests' own, beside dyndq.run's.)"""
-    x = dyndq.export(model)
-    g = x.graph
-    narrow_outputs = {}
-    before, after = [], []
-    for vi, side in [(vi, "in") for vi in g.input] + [(vi, "out") for vi in g.output]:
-        name = dtypes.by_onnx(vi.type.tensor_type.elem_type).name
-        if name not in WIDE:
-            continue
-        inner = vi.name + "/narrow"
-        for n in g.node:
-            seq = n.input if side == "in" else n.output
-            for i, v in enumerate(seq):
-                if v == vi.name:
-                    seq[i] = inner
-        wide = dtypes.by_name(WIDE[name]).onnx
-        if side == "in":
-            before.append(helper.make_node("Cast", [vi.name], [inner], to=vi.type.tensor_type.elem_type))
-        else:
-            after.append(helper.make_node("Cast", [inner], [vi.name], to=wide))
-            narrow_outputs[vi.name] = name
-        vi.type.tensor_type.elem_type = wide
-    nodes = before + list(g.node) + after
-    del g.node[:]
-    g.node.extend(nodes)
-    return x, narrow_outputs
-
-
-def run_onnxruntime(model, feeds) -> dict:
-    import onnxruntime as ort
-
-    x, narrow = _widened(model)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as dyndq.run does
-    session = ort.InferenceSession(x.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    wide = {k: v.astype(WIDE[v.dtype.name]) if v.dtype.name in WIDE else v for k, v in feeds.items()}
-    results = session.run(None, wide)
-    return {vi.name: r.astype(dtypes.by_name(narrow[vi.name]).numpy) if vi.name in narrow else r
-            for vi, r in zip(x.graph.output, results)}
+    if isinstance(model, onnx.ModelProto):
+        return OrtSession(model, level=level, threads=1).run(outputs, feeds)
+    path = str(model)
+    return OrtSession(onnx.load(path, load_external_data=False), level=level, threads=1, path=path).run(outputs, feeds)
 
 
 def vi(name: str, dtype, shape) -> onnx.ValueInfoProto:

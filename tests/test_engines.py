@@ -1,7 +1,9 @@
-"""tests/engines.py, the engines' runners for tests: a float32 DequantizeLinear gives the reference
-engine's bits on ONNX Runtime and on OpenVINO, and every type each engine takes goes in and comes out
-exactly.  The OpenVINO tests are marked `openvino` (skipped, saying why, where it is not
-installed: `make test-openvino` installs it and runs them)."""
+"""tests/engines.py, the engines' runners for tests (dyndq's own runners: dyndq.ort_session,
+dyndq.openvino_session): a float32 DequantizeLinear gives the reference engine's bits on ONNX Runtime
+and on OpenVINO, and every type each engine takes goes in and comes out exactly.  These check the
+runners themselves, so their oracles are their own: onnx's ReferenceEvaluator as it is (not dyndq's
+reference runner) and the arrays fed.  The OpenVINO tests are marked `openvino` (skipped, saying why,
+where it is not installed: `make test-openvino` installs it and runs them)."""
 from __future__ import annotations
 
 import ml_dtypes

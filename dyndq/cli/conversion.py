@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dyndq.cli.common import Command, load, refuse_same_file, save
 from dyndq.cli.exits import OK, UsageError
+from dyndq.converters.engines import ENGINES
 from dyndq.converters.rules import TARGETS
 from dyndq.wording import first_line
 
@@ -16,12 +17,7 @@ def _add_export(sub) -> None:
     e.add_argument("output", metavar="OUT")
     e.add_argument("--opset", metavar="N", type=int, help="the ai.onnx opset to write (default: the model's, raised if needed)")
     e.add_argument("--target", choices=TARGETS, default="onnx",
-                   help="onnx: standard ONNX only (ONNX Runtime's MatMulNBits/GatherBlockQuantized become "
-                        "DequantizeLinear + MatMul/Gather; DequantizeLinear at the opset its types need); "
-                        "onnxruntime: those contrib ops where they express a DynamicDequantize on constant weights "
-                        "exactly, and forms ONNX Runtime's CPU runs for the rest (float4/float6 codes decoded by a "
-                        "table); openvino: standard forms OpenVINO's CPU runs (int2 and float6 decoded by a table, "
-                        "no rank-1 blocked DequantizeLinear) (default: onnx)")
+                   help="; ".join(f"{e.name}: {e.writes}" for e in ENGINES.values()) + " (default: onnx)")
     e.add_argument("--accuracy-level", metavar="N", type=int, choices=range(5),
                    help="with --target onnxruntime: the accuracy_level of every MatMulNBits written (default: what "
                         "a lifted node kept, else 0, the graph's float meaning; 4 quantizes the activations to int8)")

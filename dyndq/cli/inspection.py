@@ -12,6 +12,9 @@ from dyndq.wording import engine_error, first_line, problem_list
 
 
 def _add_check(sub) -> None:
+    from dyndq.converters.engines import compared
+    from dyndq.ort_session import LEVELS
+
     c = sub.add_parser("check", help="list every problem with the use of DynamicDequantize in a model",
                        description="Print every problem found in MODEL (node, argument, found, allowed). "
                                    "Exit 0 when it is valid, 1 when problems were found.")
@@ -22,9 +25,9 @@ def _add_check(sub) -> None:
                         "meaning (the reference engine; max |a - b| <= 1e-4 * max |b|); for a setting that differs, "
                         "name the rewrite or setting responsible and the first node that differs; exit 1 when one "
                         "differs (docs/parity.md)")
-    c.add_argument("--engine", choices=("onnxruntime", "openvino", "all"), default="onnxruntime",
+    c.add_argument("--engine", choices=(*compared(), "all"), default="onnxruntime",
                    help="with --runtime-parity: the engine checked (default: onnxruntime; all: every one installed)")
-    c.add_argument("--level", choices=("off", "basic", "extended", "all"), action="append",
+    c.add_argument("--level", choices=LEVELS, action="append",
                    help="with --runtime-parity: an ONNX Runtime optimization level compared (repeat it for more; "
                         "default: every level)")
     c.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
@@ -60,17 +63,19 @@ def _runtime_parity(args) -> int:
     import dyndq
     from dyndq.cli.run import inputs_from_dirs
     from dyndq.engine_failures import explained
+    from dyndq.converters.engines import ENGINES as TABLE
     from dyndq.parity import ENGINES, EngineMissing, ExamplesDoNotFit, runtime_parity
-    from dyndq.parity.engines import openvino_installed
+    from dyndq.runner import session_module
 
     loaded = load(args.model)
     feeds = parse_inputs(args.input)
     if args.inputs_dir:
         feeds = {**inputs_from_dirs(args.inputs_dir, loaded.model, set(feeds)), **feeds}
-    engines = ("onnxruntime",) if args.engine == "onnxruntime" else ("openvino",) if args.engine == "openvino" else \
-        tuple(e for e in ENGINES if e != "openvino" or openvino_installed())
-    if args.engine == "all" and "openvino" not in engines:
-        print("note: OpenVINO is not installed: ONNX Runtime only", file=sys.stderr)
+    engines = (args.engine,) if args.engine != "all" else tuple(e for e in ENGINES if session_module(e).installed())
+    missing = [TABLE[e].title for e in ENGINES if e not in engines]
+    if args.engine == "all" and missing:
+        print(f"note: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+              f"{', '.join(TABLE[e].title for e in engines)} only", file=sys.stderr)
     progress = _progress if sys.stderr.isatty() else None
     try:
         report = runtime_parity(loaded.model, engines=engines, levels=args.level, feeds=feeds,

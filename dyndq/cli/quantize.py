@@ -12,6 +12,7 @@ from dyndq.cli.exits import OK, UsageError
 
 
 def _add_parser(sub) -> None:
+    from dyndq.converters.engines import ENGINES
     from dyndq.quantization import EMITS, FORMATS, METHODS, OPS, SCALE_DTYPES
 
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int2/int4/int8 per group, MXFP4, NVFP4)",
@@ -44,8 +45,8 @@ def _add_parser(sub) -> None:
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
-                   help="dyndq: DynamicDequantize (default); onnx: standard ONNX; onnxruntime: its contrib ops; "
-                        "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
+                   help="dyndq: DynamicDequantize (default); " + "".join(f"{e.name}: {e.writes}; " for e in ENGINES.values())
+                        + "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
     q.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
                    help="measure the output error on this input (repeat for each graph input): one sample, or the "
                         "same input in every --inputs-dir sample")

@@ -20,18 +20,23 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from dyndq.converters.engines import ENGINES as TABLE, compared
+from dyndq.runner import session_module
 from dyndq.opdefs import ValidationError
 from dyndq.parity import bisect, divergence, ort_rewrites
 from dyndq.parity import engines as engine_runs
-from dyndq.parity.engines import ORT_LEVELS, OPENVINO_EXACT, Setting, Tweak
+from dyndq.parity.engines import ORT_LEVELS, Setting, Tweak
 from dyndq.parity.feeds import ExamplesDoNotFit, example_feeds
-from dyndq.parity.metrics import compare, last_axis_kind
+from dyndq.parity.metrics import compare
 from dyndq.parity.report import Cause, Comparison, ParityReport
 from dyndq.plumbing.types import open_dim
 from dyndq.engine_failures import explained, lacking
+from dyndq.task_metrics import output_kind
 from dyndq.wording import engine_error, first_line
 
-ENGINES = ("onnxruntime", "openvino")
+# the engines compared: the engine table's runners that load its targets' files ("onnxruntime",
+# "openvino"), each on the exports it loads (the table's `loads_on`)
+ENGINES = tuple(compared())
 
 
 class EngineMissing(ValueError):
@@ -42,14 +47,13 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
                    levels: Sequence[str] | None = None, feeds: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                    diagnose: bool = True, progress: Callable[[str], None] | None = None,
                    label: str | None = None) -> ParityReport:
-    """Compare each setting of `engines` ("onnxruntime", "openvino") with the model's meaning (see the module doc).
+    """Compare each setting of `engines` (of ENGINES: "onnxruntime", "openvino") with the model's meaning
+    (see the module doc): ONNX Runtime at each of `levels`, any other engine at its defaults.
 
     `levels`: ONNX Runtime's levels compared (default: every one, "off" included); `feeds`: inputs
     given (the others get example values, `example_feeds`), each checked against the graph's inputs and
     fed as `dyndq.run` feeds it (a feed that does not fit raises `dyndq.runner.FeedError` naming it);
     `diagnose=False`: no search for causes and first nodes; `progress(text)` is told each step."""
-    import onnxruntime as ort
-
     from dyndq.files import model_of
     from dyndq.opdefs import domains
     from dyndq.runner import fitting_feeds, graph_inputs
@@ -59,8 +63,9 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     for engine in engines:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
-    if "openvino" in engines and not engine_runs.openvino_installed():
-        raise EngineMissing("OpenVINO is not installed (pip install 'openvino>=2026.4')")
+    for engine in engines:
+        if not session_module(engine).installed():
+            raise EngineMissing(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
     levels = tuple(ORT_LEVELS if levels is None else levels)
     for level in levels:
         if level not in ORT_LEVELS:
@@ -86,20 +91,22 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
         levels = tuple(level for level in levels if level != "off")
 
     report = ParityReport(label or model.graph.name or "model", what)
-    report.versions["onnxruntime"] = ort.__version__
-    if "openvino" in engines:
-        report.versions["openvino"] = engine_runs.openvino_version()
+    for engine in dict.fromkeys(("onnxruntime", *engines)):  # (ONNX Runtime's always: it may stand in for the meaning)
+        report.versions[engine] = session_module(engine).version()
     for vi in model.graph.input:
         if vi.name in fed:
             value = np.asarray(fed[vi.name])
             report.inputs.append({"name": vi.name, "dtype": value.dtype.name, "shape": list(value.shape),
                                   "given": vi.name in given})
 
+    # ONNX Runtime at each level; every other engine at its defaults
     settings = [Setting("onnxruntime", level, target) for target in runs["onnxruntime"] for level in levels]
     if "onnxruntime" not in engines:
         settings = []
-    settings += [Setting("openvino", "default", target) for target in runs["openvino"] if "openvino" in engines]
-    kinds = {o.name: last_axis_kind(model, o.name) for o in model.graph.output}
+    settings += [Setting(engine, "default", target) for engine in engines if engine != "onnxruntime"
+                 for target in runs.get(engine, {})]
+    # (judged on the model and on the meaning's values: logits, a distribution, or neither)
+    kinds = {o.name: output_kind(model, o.name, [reference[o.name]]) for o in model.graph.output if o.name in reference}
     sessions = diagnosis = 0
     for k, setting in enumerate(settings, 1):
         say(f"[{k}/{len(settings)}] {setting}: running")
@@ -132,15 +139,15 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
 def _runs(model: onnx.ModelProto, ours: bool, engines: Sequence[str]) -> dict[str, dict[str | None, onnx.ModelProto]]:
     """engine -> {export target (None: the model as given) -> the model that engine runs}."""
     if not ours:
-        return {"onnxruntime": {None: model}, "openvino": {None: model}}
+        return {engine: {None: model} for engine in ENGINES}
     from dyndq.exporter import export  # (it checks the model first: a ValidationError names every problem)
 
-    # "onnx": standard ONNX only, in the forms ONNX Runtime runs (target "onnx" but for the types ONNX
-    # Runtime has no kernel for, float4 codes say); "onnxruntime": its own ops (MatMulNBits, ...) where they
-    # express a node exactly
-    return {"onnxruntime": {"onnx": export(model, target="onnxruntime", own_ops=False),
-                            "onnxruntime": export(model, target="onnxruntime")},
-            "openvino": {"openvino": export(model, target="openvino")} if "openvino" in engines else {}}
+    # each engine's exports: "onnx", standard ONNX only, in the forms the engine runs (target "onnx" but
+    # for the types ONNX Runtime has no kernel for, float4 codes say); its own target, its own ops
+    # (MatMulNBits, ...) where they express a node exactly.  (ONNX Runtime's always: with optimizations
+    # off it stands in for the reference engine where that cannot run the model.)
+    return {engine: {target: export(model, target=engine, own_ops=target == engine) for target in targets}
+            for engine, targets in compared().items() if engine in engines or engine == "onnxruntime"}
 
 
 def _meaning(model, ours, fed, runs, guessed) -> tuple[dict, str, bool]:
@@ -189,7 +196,7 @@ class _Checker:
         asked = self.names if names is None else [o.name for o in model.graph.output]
         if self.setting.engine == "onnxruntime":
             return engine_runs.run_onnxruntime(model, self.setting.name, self.feeds, asked, tweak, extra)
-        return engine_runs.run_openvino(model, self.feeds, asked, tweak, extra)
+        return engine_runs.run_engine(self.setting.engine, model, self.feeds, asked, tweak, extra)
 
     def compare(self, tweak: Tweak) -> list:
         values = self.run(tweak)
@@ -210,7 +217,9 @@ def _diagnose(checker: _Checker, comparison: Comparison, say) -> None:
             _ort_causes(checker, comparison, optimized, say)
         candidates = divergence.surviving(checker.model, optimized)
     else:
-        _openvino_causes(checker, comparison, say)
+        settings = engine_runs.arithmetic_settings(setting.engine)
+        if settings:
+            _setting_causes(checker, comparison, settings, say)
         candidates = divergence.node_outputs(checker.model)
     say(f"{setting}: looking for the first node that differs")
     try:
@@ -251,13 +260,15 @@ def _ort_causes(checker: _Checker, comparison: Comparison, optimized: onnx.Model
         comparison.causes.append(Cause("transformer", name, what))
 
 
-def _openvino_causes(checker: _Checker, comparison: Comparison, say) -> None:
-    names = list(OPENVINO_EXACT)
+def _setting_causes(checker: _Checker, comparison: Comparison, exact: dict, say) -> None:
+    """Which of the engine's settings that change the arithmetic (`exact`: each with its exact value,
+    OpenVINO's ARITHMETIC) make it differ, by halves."""
+    names = list(exact)
     say(f"{checker.setting}: bisecting {len(names)} settings")
-    found, runs = bisect.culprits(names, lambda off: checker.agrees(Tweak(config={k: OPENVINO_EXACT[k] for k in off})))
+    found, runs = bisect.culprits(names, lambda off: checker.agrees(Tweak(config={k: exact[k] for k in off})))
     comparison.bisection = {"sessions": runs, "over": len(names)}
     if found is None:
-        comparison.notes.append(f"with {', '.join(f'{k}={v}' for k, v in OPENVINO_EXACT.items())} it still "
+        comparison.notes.append(f"with {', '.join(f'{k}={v}' for k, v in exact.items())} it still "
                                 "differs: the cause is none of these settings")
         return
     defaults: list = []
@@ -265,13 +276,13 @@ def _openvino_causes(checker: _Checker, comparison: Comparison, say) -> None:
     for name in found:
         others = [f for f in found if f != name]
         if not others:
-            alone = f"; with {name}={OPENVINO_EXACT[name]} it agrees (measured)"
-        elif checker.agrees(Tweak(config={k: OPENVINO_EXACT[k] for k in others})):
+            alone = f"; with {name}={exact[name]} it agrees (measured)"
+        elif checker.agrees(Tweak(config={k: exact[k] for k in others})):
             alone = "; it moves the result only together with the others (measured)"
         else:
             alone = "; it moves the result on its own, the others set exact (measured)"
         comparison.causes.append(Cause("setting", name, f"{defaults[0][name]} by default on this CPU "
-                                                        f"({name}={OPENVINO_EXACT[name]} turns it off){alone}"))
+                                                        f"({name}={exact[name]} turns it off){alone}"))
 
 
 def _ort_off_everything(model: onnx.ModelProto, feeds) -> dict:

@@ -2,12 +2,12 @@
 disabled, session config entries), OpenVINO's CPU with a config; and the reference.
 
 Each run returns name -> array for the names asked (the graph's outputs, or values inside it
-exposed as outputs: `exposed`).  ONNX Runtime is fed through `dyndq.ort_session.OrtSession`, as
-`dyndq run --engine onnxruntime` feeds it (int4/uint4, bfloat16 included).
+exposed as outputs: `exposed`).  Each engine runs through dyndq's one runner of it, fed as `dyndq
+run` feeds it (int4/uint4, bfloat16 included): `dyndq.ort_session.OrtSession`,
+`dyndq.openvino_session.OpenVinoSession`, `dyndq.reference_session.ReferenceSession`.
 """
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -16,11 +16,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-ORT_LEVELS = ("off", "basic", "extended", "all")
-# OpenVINO's CPU settings that change the arithmetic, each with the value that keeps float32 exact
-# (measured on 2026.4: its bf16 inference hint and its dynamic quantization of activations each
-# move an int4 MatMul's result on their own).
-OPENVINO_EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+from dyndq.openvino_session import ARITHMETIC as OPENVINO_EXACT  # noqa: F401  (the settings searched)
+from dyndq.ort_session import LEVELS as ORT_LEVELS  # noqa: F401  (the levels compared)
 
 
 @dataclass(frozen=True)
@@ -82,69 +79,38 @@ def run_onnxruntime(model: onnx.ModelProto, level: str, feeds: Mapping[str, obje
     return values
 
 
-def openvino_installed() -> bool:
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def run_engine(engine: str, model: onnx.ModelProto, feeds: Mapping[str, object], names: Sequence[str],
+               tweak: Tweak = Tweak(), properties: list | None = None) -> dict[str, np.ndarray]:
+    """`names` on `engine`'s runner (any but ONNX Runtime, whose levels and transformers
+    `run_onnxruntime` takes) with `tweak.config`; with `properties` (a list), the values the session
+    holds for its `arithmetic_settings`' keys are appended to it as a dict."""
+    from dyndq.runner import session_class
 
-
-def openvino_version() -> str:
-    import openvino
-
-    return openvino.get_version()
+    session = session_class(engine)(model, config=tweak.config)
+    if properties is not None:
+        properties.append({k: session.property_text(k) for k in arithmetic_settings(engine)})
+    return dict(zip(names, session.run(names, feeds)))
 
 
 def run_openvino(model: onnx.ModelProto, feeds: Mapping[str, object], names: Sequence[str],
                  tweak: Tweak = Tweak(), properties: list | None = None) -> dict[str, np.ndarray]:
-    """`names` on OpenVINO's CPU plugin with `tweak.config`; with `properties` (a list), the values the
-    compiled model holds for OPENVINO_EXACT's keys are appended to it as a dict."""
-    import openvino as ov
-
-    core = ov.Core()
-    compiled = core.compile_model(core.read_model(io.BytesIO(model.SerializeToString())), "CPU", dict(tweak.config))
-    if properties is not None:
-        properties.append({k: _property_text(compiled.get_property(k)) for k in OPENVINO_EXACT})
-    request = compiled.create_infer_request()
-    request.infer({name: _openvino_feed(value) for name, value in feeds.items()})
-    return {name: _openvino_value(request.get_tensor(name)) for name in names}
+    """`names` on OpenVINO's CPU plugin with `tweak.config` (`run_engine`); with `properties`, the
+    values the compiled model holds for OPENVINO_EXACT's keys."""
+    return run_engine("openvino", model, feeds, names, tweak, properties)
 
 
-def _property_text(value) -> str:
-    """A property as OpenVINO's config takes it ("bf16", not "<Type: 'bfloat16'>")."""
-    return value.to_string() if hasattr(value, "to_string") else str(value)
+def arithmetic_settings(engine: str) -> dict:
+    """The engine's settings that change the arithmetic, each with the value that keeps float32
+    exact (its runner module's ARITHMETIC: OpenVINO's), searched when it differs; {} for none."""
+    from dyndq.runner import session_module
 
-
-def _openvino_feed(value):
-    """NumPy's own dtypes as they are; bfloat16 as an OpenVINO bf16 tensor over its bits (OpenVINO
-    takes no ml_dtypes array).  (int4 feeds: as their bytes, packed the way ONNX packs them.)"""
-    import openvino as ov
-
-    value = np.ascontiguousarray(value)
-    if value.dtype.name == "bfloat16":
-        return ov.Tensor(value.view(np.uint16).copy(), list(value.shape), ov.Type.bf16)
-    if value.dtype.name in ("int4", "uint4"):
-        packed = np.frombuffer(onnx.numpy_helper.from_array(value).raw_data, np.uint8).copy()
-        return ov.Tensor(packed, list(value.shape), ov.Type.i4 if value.dtype.name == "int4" else ov.Type.u4)
-    return value
-
-
-def _openvino_value(tensor) -> np.ndarray:
-    import ml_dtypes
-
-    kind = tensor.element_type.get_type_name()
-    if kind == "bf16":
-        return np.array(tensor.data, copy=True).view(np.uint16).view(ml_dtypes.bfloat16).reshape(list(tensor.shape))
-    return np.array(tensor.data, copy=True).reshape(list(tensor.shape))
+    return dict(getattr(session_module(engine), "ARITHMETIC", {}))
 
 
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Every value of the main graph on the reference engine (onnx.reference, with our kernel for our op
     and the exact lift of ONNX Runtime's contrib ops): the graph's exact meaning."""
-    from dyndq.reference import reference_evaluator, runnable_model
+    from dyndq.reference_session import ReferenceSession
 
     # (a model holding our op was checked by its export, which the check makes first)
-    evaluator = reference_evaluator(runnable_model(model))
-    values = evaluator.run(None, dict(feeds), intermediate=True)
-    return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
+    return ReferenceSession(model).values(feeds)

@@ -4,7 +4,7 @@ An output agrees when max |a - b| <= TOLERANCE * max |b| (a the engine's, b the 
 float32 sums of K terms in another order (MatMul, Softmax, LayerNormalization) move a result by
 about sqrt(K) * 2^-24 of its terms' size (1e-6 and below for the models here); int8 activations
 or bfloat16 arithmetic move it by 1e-3 and more.  A non-float output agrees only bit for bit.
-For an output whose last axis is logits or a distribution (see `last_axis_kind`), also the share
+For an output whose last axis is logits or a distribution (`dyndq.task_metrics.output_kind`), also the share
 of rows whose top-1 index agrees and the mean KL divergence KL(reference || engine) over rows.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from dyndq.opdefs import dtypes
 from dyndq.task_metrics import row_sums
@@ -65,7 +64,7 @@ def _json(x: float):
 
 
 def compare(name: str, a, b, kind: str | None = None) -> OutputParity:
-    """`a` (an engine's) against `b` (the reference's); `kind` is `last_axis_kind`'s answer."""
+    """`a` (an engine's) against `b` (the reference's); `kind` is `output_kind`'s answer."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return OutputParity(name, False, float("inf"), 0.0, float("inf"))
@@ -97,15 +96,3 @@ def _rows(a: np.ndarray, b: np.ndarray, kind: str) -> tuple[float, float]:
 def _floating(a: np.ndarray) -> bool:
     """A float array, ml_dtypes' bfloat16 and float8 too (NumPy's kind of those is "V")."""
     return a.dtype.name in {d.name for d in dtypes.DTYPES if d.is_float}
-
-
-def last_axis_kind(model: onnx.ModelProto, name: str) -> str | None:
-    """"distribution" for a value a Softmax over its last axis makes, "log-distribution" for a
-    LogSoftmax's, "logits" for a value whose name says logits; None otherwise (no way to tell
-    logits from any other float, so the name is taken at its word)."""
-    for node in model.graph.node:
-        if name in node.output and node.op_type in ("Softmax", "LogSoftmax"):
-            axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-            if axis == -1:  # (another axis: not the last one, said as not a distribution of it)
-                return "distribution" if node.op_type == "Softmax" else "log-distribution"
-    return "logits" if "logit" in name.lower() else None

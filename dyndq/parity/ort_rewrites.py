@@ -49,8 +49,10 @@ KNOWN = {
 
 def transformers(level: str) -> list[str]:
     """The transformers and rules that run at `level` ("basic", "extended", "all"), in ONNX Runtime's order."""
+    from dyndq.ort_session import LEVELS
+
     names = []
-    for at in ("basic", "extended", "all"):
+    for at in LEVELS[1:]:  # (every level but "off", in order)
         names += BY_LEVEL[at]
         if at == level:
             return names

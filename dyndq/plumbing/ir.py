@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import onnx
 
+from dyndq.opdefs import dtypes
+
 from .walk import graphs
 
 # Model-local functions need at least this IR version.
 FUNCTIONS_IR = 8
-# IR 9 added float8, 10 int4/uint4, 11 float4e2m1, 12 float8e8m0, 13 int2/uint2, 14 float6 (onnx.proto).
-TYPE_IR = {
-    onnx.TensorProto.FLOAT8E4M3FN: 9, onnx.TensorProto.FLOAT8E4M3FNUZ: 9,
-    onnx.TensorProto.FLOAT8E5M2: 9, onnx.TensorProto.FLOAT8E5M2FNUZ: 9,
-    onnx.TensorProto.INT4: 10, onnx.TensorProto.UINT4: 10,
-    onnx.TensorProto.FLOAT4E2M1: 11, onnx.TensorProto.FLOAT8E8M0: 12,
-    onnx.TensorProto.UINT2: 13, onnx.TensorProto.INT2: 13,
-    onnx.TensorProto.FLOAT6E2M3: 14, onnx.TensorProto.FLOAT6E3M2: 14,
-}
-INT4_IR = TYPE_IR[onnx.TensorProto.INT4]
+INT4_IR = dtypes.by_name("int4").ir
+
+
+def type_ir(elem: int) -> int:
+    """The IR version that first has element type `elem` (the dtype table's, from onnx.proto: 9
+    float8, 10 int4/uint4, 11 float4e2m1, 12 float8e8m0, 13 int2/uint2, 14 float6); 0 for the
+    first IR versions' types and for a code the table lacks."""
+    try:
+        return dtypes.by_onnx(elem).ir
+    except KeyError:
+        return 0
 
 
 def ir_version_for(opset_imports) -> int:
@@ -59,7 +62,7 @@ def types_ir(model: onnx.ModelProto) -> int:
         found.update(attribute_types(g.node))
     for f in model.functions:
         found.update(attribute_types(f.node))
-    return max((TYPE_IR.get(t, 0) for t in found), default=0)
+    return max((type_ir(t) for t in found), default=0)
 
 
 def attribute_types(nodes) -> set[int]:

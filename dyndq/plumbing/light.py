@@ -44,18 +44,28 @@ def light_view(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def initializers_as_inputs(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
     """The model itself when `names` is empty; else a copy in which each initializer of the main
-    graph named in `names` is a graph input of its type and shape instead, its data left out."""
+    graph named in `names`, and each Constant node of it making a tensor so named, is a graph input
+    of its type and shape instead, its data left out."""
+    from .walk import is_constant_node
+
     if not names:
         return model
     light = onnx.ModelProto()
     copy_fields(model, light, skip={"graph"})
-    copy_fields(model.graph, light.graph, skip={"initializer"})
+    copy_fields(model.graph, light.graph, skip={"initializer", "node"})
     inputs = {vi.name for vi in model.graph.input}
     for t in model.graph.initializer:
         if t.name not in names:
             light.graph.initializer.append(t)
         elif t.name not in inputs:  # (IR < 4 lists initializers among the inputs already)
             light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    for node in model.graph.node:
+        value = node.attribute[0] if is_constant_node(node) and node.output[0] in names else None
+        if value is None or value.type != onnx.AttributeProto.TENSOR:
+            light.graph.node.append(node)
+        else:
+            light.graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], value.t.data_type,
+                                                                        list(value.t.dims)))
     return light
 
 

@@ -37,7 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem
-from dyndq.plumbing.light import stored_bytes
+from dyndq.plumbing.light import initializers_as_inputs, stored_bytes
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.walk import is_constant_node
 from dyndq.quantization.fp4 import quantize_fp4
@@ -284,23 +284,12 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
 
         if not main:
             raise ValueError("no weight is a constant of the main graph")
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        names = {k[1] for k in main}
-        kept = [t if t.data_location != onnx.TensorProto.EXTERNAL else numpy_helper.from_array(array_of(t), t.name)
-                for t in probe.graph.initializer if t.name not in names]
-        del probe.graph.initializer[:]
-        probe.graph.initializer.extend(kept)
-        nodes = [n for n in probe.graph.node if not (is_constant_node(n) and n.output[0] in names)]
-        del probe.graph.node[:]
-        probe.graph.node.extend(nodes)
-        for vi in list(probe.graph.input):
-            if vi.name in names:
-                probe.graph.input.remove(vi)
-        for k in main:
-            a = arrays[k]
-            probe.graph.input.append(helper.make_tensor_value_info(
-                k[1], helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
+        # the model with those weights as graph inputs, fed the float weight or a dequantized one each
+        # run; the other initializers whose data is on disk read into it
+        probe = initializers_as_inputs(model, {k[1] for k in main})
+        for t in probe.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                t.CopyFrom(numpy_helper.from_array(array_of(t), t.name))
         samples = seeded_samples(model, seed, SAMPLES) if feeds is None else list(feeds)
         floats = {k[1]: arrays[k] for k in main}
         session = Runner(probe, "onnxruntime")

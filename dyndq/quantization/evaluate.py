@@ -9,11 +9,13 @@ dimension without a fixed size 4 long), the first sample holding each index inpu
 last row (token ids across every embedding's vocabulary).
 
 Per float output: the relative error, the largest difference and the cosine over every sample;
-for an output whose last axis is a distribution (non-negative, summing to 1: a Softmax's) or
-logits (made by LogSoftmax; or made by MatMul, Gemm or Add and named "...logits..." or as long
-on its last axis as an embedding has rows, a language model's head), also what a task sees: how often the top-1
-answer along that axis stays the same, and the mean KL divergence KL(float || quantized) of
-the distributions (of softmax(logits) for logits), in nats.
+for an output whose last axis is a distribution (a Softmax's, or non-negative rows summing to 1),
+a log-distribution (a LogSoftmax's) or logits (named "...logits...", or made by MatMul, Gemm or
+Add and as long on its last axis as an embedding has rows, a language model's head), as
+`dyndq.task_metrics.output_kind` judges it on the float model's outputs (as `check
+--runtime-parity` does), also what a task sees: how often the top-1 answer along that axis stays
+the same, and the mean KL divergence KL(float || quantized) of the distributions (of
+softmax(logits) for logits), in nats.
 
 Both models run on ONNX Runtime as `dyndq.run`'s Runner runs them (the quantized one exported
 to standard ONNX first; its basic graph optimizations only, so the dequantized weights are the
@@ -33,14 +35,14 @@ import numpy as np
 import onnx
 
 from dyndq.example_inputs import example_feeds, index_bounds
-from dyndq.task_metrics import row_sums
+from dyndq.runner import ORT_LEVEL, Runner
+from dyndq.task_metrics import output_kind, row_sums
 from dyndq.quantization.numerics import ErrorStats
 from dyndq.quantization.report import OutputDifference
 from dyndq.wording import first_line, plural
 
 ENGINE = "onnxruntime"
 SAMPLES = 4  # seeded samples by default: the evaluation's cost is this many runs of each model
-LOGIT_MAKERS = ("MatMul", "Gemm", "Add", "LogSoftmax", "MatMulNBits", "Einsum")
 
 
 def checked_samples(samples) -> int:
@@ -106,12 +108,12 @@ class Unloadable(Exception):
     with `as_written`): not a figure to report but a file that fails its check (dyndq.written)."""
 
 
-class OnOrt:
-    """One model on ONNX Runtime for the evaluation (`dyndq.run`'s Runner does the same, less
-    frugally): call it with a feed dict.  A model of standard ops only (the float model, as a
-    rule) has its big initializers fed as arrays, each read once (from `loaded`'s external data
-    when given: `model` is then `loaded.model`, its data on disk), and only its light view (no
-    weights in it) exported and serialized for ONNX Runtime; any other model (ours, or with
+class OnOrt(Runner):
+    """One model on ONNX Runtime for the evaluation: `dyndq.run`'s Runner (its feeds and outputs
+    checked alike), on a session made more frugally.  A model of standard ops only (the float
+    model, as a rule) has its big initializers fed as arrays, each read once (from `loaded`'s
+    external data when given: `model` is then `loaded.model`, its data on disk), and only its light
+    view (no weights in it) exported and serialized for ONNX Runtime; any other model (ours, or with
     contrib ops or functions, whose export may read its constants) is exported whole, as the
     Runner does, unless `as_written` (its path): a file written for ONNX Runtime (quantize's --emit
     onnx and onnxruntime) runs as it is, its MatMulNBits and all, never rewritten.  ONNX Runtime's arena
@@ -120,41 +122,26 @@ class OnOrt:
     def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None):
         from dyndq.ort_session import OrtSession
         from dyndq.run_outputs import exported_for_onnxruntime
-        from dyndq.runner import _declared, _validate_our_nodes, graph_inputs
 
-        self.inputs = graph_inputs(model)
-        self.outputs = [(o.name, _declared(o.type)) for o in model.graph.output]
-        self.output_names = [name for name, _ in self.outputs]
-        weights = None
+        self.how = ENGINE  # (our op exported exactly, as dyndq run --engine onnxruntime runs it)
         if as_written is not None:  # (the file's path; `model` read from it, its external data left there)
             self.how = f"{ENGINE}, the file as written"
-            self.session = OrtSession(model, level="basic", arena=False, path=as_written)
+            super().__init__(model, ENGINE, session=OrtSession(model, level=ORT_LEVEL, arena=False, path=as_written))
             self.ops = sorted({n.op_type for n in model.graph.node})
             return
-        if _standard(model):
-            model, weights = _weights_apart(model, loaded)
-            self.how = ENGINE
-        else:
+        if not _standard(model):
             if loaded is not None:  # (exported whole: its data loaded)
                 from dyndq.files import load_model
 
                 model = load_model(loaded.path)
-            _validate_our_nodes(model)
-            self.how = ENGINE  # (our op exported exactly, as dyndq run --engine onnxruntime runs it)
-        exported = exported_for_onnxruntime(model)
-        self.ops = sorted({n.op_type for n in exported.graph.node})  # (what ran, for the report and its tests)
-        self.session = OrtSession(exported, level="basic", weights=weights, arena=False)
-
-    def __call__(self, feeds) -> dict:
-        from dyndq.runner import OutputError, _output, _value_problem, fitting_feeds
-
-        values = self.session.run(self.output_names, fitting_feeds(self.inputs, feeds))
-        results = {name: _output(value) for name, value in zip(self.output_names, values)}
-        problems = [problem for name, spec in self.outputs if spec is not None  # (a wrong result refused, as the Runner does)
-                    for problem in [_value_problem(name, spec, results[name], "graph output")] if problem]
-        if problems:
-            raise OutputError(problems)
-        return results
+            super().__init__(model, ENGINE, arena=False)
+            self.ops = sorted({n.op_type for n in self.exported.graph.node})  # (what ran, for the report and its tests)
+            del self.exported  # (the session holds what it runs: the whole export is not kept beside it)
+            return
+        light, weights = _weights_apart(model, loaded)
+        exported = exported_for_onnxruntime(light)
+        super().__init__(model, ENGINE, session=OrtSession(exported, level=ORT_LEVEL, weights=weights, arena=False))
+        self.ops = sorted({n.op_type for n in exported.graph.node})
 
 
 def _quantized_runner(model: onnx.ModelProto, as_written: str | None):
@@ -171,18 +158,14 @@ def _quantized_runner(model: onnx.ModelProto, as_written: str | None):
         return OnReference(as_written, f"onnx.reference, the file as written (ONNX Runtime has no kernel for {lacking})")
 
 
-class OnReference:
+class OnReference(Runner):
     """The file at `path` on the reference engine (`dyndq.run`'s Runner), with `how` for the report."""
 
     def __init__(self, path: str, how: str):
         from dyndq.files import load_model
-        from dyndq.runner import Runner
 
-        self.how, self.runner = how, Runner(load_model(path), "reference")
-        self.ops = sorted({n.op_type for n in self.runner.model.graph.node})
-
-    def __call__(self, feeds) -> dict:
-        return self.runner(feeds)
+        super().__init__(load_model(path), "reference")
+        self.how, self.ops = how, sorted({n.op_type for n in self.model.graph.node})
 
 
 def _standard(model: onnx.ModelProto) -> bool:
@@ -240,8 +223,7 @@ class Evaluation:
         self.unbounded = [name for name in names if name not in self.empty
                           and not all(np.isfinite(w[name]).all() for w in self.want)]
         self.names = [name for name in names if name not in self.unbounded and name not in self.empty]
-        self.kinds = {name: task_kind(float_model, name, [w[name].astype(np.float64) for w in self.want])
-                      for name in self.names}
+        self.kinds = {name: output_kind(float_model, name, [w[name] for w in self.want]) for name in self.names}
         self.described = describe_samples(self.feeds, self.given, seed, bool(index_bounds(float_model)))
         self.seconds = time.perf_counter() - started
 
@@ -320,23 +302,6 @@ def _progress(run, feeds: dict, which: str, i: int, count: int, progress) -> dic
     if progress:
         progress(f"evaluating: {which} model, sample {i + 1}/{count}")
     return run(feeds)
-
-
-def task_kind(model: onnx.ModelProto, output: str, values: list[np.ndarray]) -> str | None:
-    """"distribution" or "logits" when the output's last axis is one (see the module doc), else None."""
-    if values[0].ndim == 0 or values[0].shape[-1] < 2:
-        return None
-    if all((v >= 0).all() and np.allclose(v.sum(axis=-1), 1.0, atol=1e-3) for v in values):
-        return "distribution"
-    made_by = {o: n for n in model.graph.node for o in n.output}
-    node = made_by.get(output)
-    while node is not None and node.op_type in ("Identity", "Reshape", "Squeeze", "Flatten") and node.input:
-        node = made_by.get(node.input[0])
-    if node is None or node.op_type not in LOGIT_MAKERS:
-        return None
-    # (a hidden state is made by the same ops: only a name or a vocabulary-long axis tells logits apart)
-    head = "logit" in output.lower() or values[0].shape[-1] in index_bounds(model).values()
-    return "logits" if node.op_type == "LogSoftmax" or head else None
 
 
 def task_metrics(want: list[np.ndarray], got: list[np.ndarray], kind: str) -> tuple[float, float]:

@@ -1,19 +1,21 @@
-"""`quantize_file(src, dst, emit=...)`: a model file quantized into another, in one of four forms.
+"""`quantize_file(src, dst, emit=...)`: a model file quantized into another, in one of its forms (EMITS).
 
 - "dyndq": the DynamicDequantize-2 model itself.  From a model with external data the
   weights are read one at a time and the new tensors written to the new data file as they
   are made (the memory: about twice the largest weight, plus the model's structure).
-- "onnx": lowered to standard ONNX by `dyndq.export` (DequantizeLinear-21, blocked).
-- "onnxruntime": `dyndq.export(target="onnxruntime")`: MatMulNBits and GatherBlockQuantized
-  where they express a node exactly (docs/int4-bridge.md), standard ONNX elsewhere.
+- each export target of the engine table (`dyndq.converters.engines`): `dyndq.export(target=...)`
+  of it: "onnx", standard ONNX (DequantizeLinear-21, blocked); "onnxruntime", MatMulNBits and
+  GatherBlockQuantized where they express a node exactly (docs/int4-bridge.md), standard ONNX
+  elsewhere; "openvino", standard ONNX in the forms OpenVINO's CPU runs.
 - "onednn-json": a oneDNN graph (`dyndq.onednn.dump`, weights as inputs): its weights become
   input ports of property_type constant, their arrays .npy files in OUT's name + "-weights",
   written with the JSON all or nothing (`dyndq.onednn.save_json`, as `dyndq export-onednn
   --weights-as-inputs` writes them); `save_weights`, when given, is then called with
   {path: array} of the files written (the CLI says each).
-The last three hold the quantized model in memory (about bits/32 of the float weights).
-Every form is written to a staging place, checked there (`dyndq.written`), measured there as
-written, and only then put in place: all or nothing.
+All but "dyndq" hold the quantized model in memory (about bits/32 of the float weights).
+Every form is written to a staging place, checked there (`dyndq.written`: it loads on the engine
+it is for), measured there as written (a model file on ONNX Runtime, the evaluation's engine), and
+only then put in place: all or nothing.
 """
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ import os
 
 import onnx
 
+from dyndq.converters.engines import ENGINES as TABLE
+from dyndq.converters.rules import TARGETS
 from dyndq.plumbing.light import nbytes
 from dyndq.opdefs import Problem
 from dyndq.quantization.options import OptionError, QuantizeOptions
 from dyndq.quantization.quantizer import Tensors, budget_feeds, quantize_model
 from dyndq.quantization.report import QuantizeReport
 
-EMITS = ("dyndq", "onnx", "onnxruntime", "onednn-json")
+EMITS = ("dyndq", *TARGETS, "onednn-json")  # ("dyndq", "onnx", "onnxruntime", "openvino", "onednn-json")
 EVALUATE_BELOW = 1 << 31  # bytes of initializers: larger models are not run to measure the output error by default
 
 
@@ -120,20 +124,22 @@ class Staged:
     def finish(self, report: QuantizeReport, staged: str, form: str) -> None:
         """The model file at `staged`, written for `form`, checked and measured."""
         from dyndq.files import load_model, read_model
-        from dyndq.quantization.evaluate import Unloadable
+        from dyndq.quantization.evaluate import ENGINE, Unloadable
         from dyndq.written import verify_model
 
         # the file read once (measured, the quantized model whole: about bits/32 of the float weights);
-        # the evaluation makes ONNX Runtime's session of a file written for it: the check's own session
-        # is left out then, so the file is loaded there once, unless the evaluation did not get so far
+        # the evaluation makes ONNX Runtime's session of an exported file as written: for a file written
+        # for ONNX Runtime the check's own session is left out then, so the file is loaded there once,
+        # unless the evaluation did not get so far
         read = load_model(staged) if self.measure and form == "dyndq" else read_model(staged, load_data=False).model
-        on_engine = self.measure and form != "dyndq"
+        as_written = self.measure and form != "dyndq"
+        on_engine = as_written and TABLE[form].loads_on[0] == ENGINE
         check = dict(shown_as=self.dst, source=self.src, model=read)
         notes = verify_model(staged, form, load=not on_engine, **check)
         if self.measure:
             try:
-                # (a file for ONNX Runtime is read by ONNX Runtime itself, its MatMulNBits and all)
-                loaded = self._measured(report, read, as_written=staged if on_engine else None)
+                # (an exported file is read by ONNX Runtime itself, its MatMulNBits and all)
+                loaded = self._measured(report, read, as_written=staged if as_written else None)
             except Unloadable as e:
                 loaded, report.outputs, report.outputs_note = False, [], f"not measured: {e}"
             if on_engine and not loaded:
@@ -220,10 +226,10 @@ def _data_in_initializers_only(model: onnx.ModelProto) -> bool:
 
 
 def _lowered(model: onnx.ModelProto, emit: str):
-    """(the DynamicDequantize model exported to the form asked for, the export's report)."""
+    """(the DynamicDequantize model exported to the form asked for, an export target, the export's report)."""
     from dyndq.exporter import export_with_report
 
-    return export_with_report(model, target="onnxruntime" if emit == "onnxruntime" else "onnx")
+    return export_with_report(model, target=emit)
 
 
 def onednn_graph(model: onnx.ModelProto) -> tuple[dict, dict]:

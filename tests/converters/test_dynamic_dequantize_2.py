@@ -6,7 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -19,7 +18,7 @@ from dyndq.plumbing.opsets import ORT_MAX_OPSET
 from dyndq.converters.dynamic_dequantize import dynamic_dequantize_2_needs
 from dyndq.plumbing.walk import walk
 from dyndq.opdefs import TensorSpec
-from dyndq.runner import OrtBoundary
+from dyndq.ort_session import OrtSession
 
 SRC = ["int8", "uint8", "int4", "uint4"]
 T2 = ["float32", "float16", "bfloat16"]
@@ -50,16 +49,10 @@ def floats(rng, dtype, shape, kind):
         return np.asarray(np.asarray(a, np.float32).astype(NP[dtype]))
 
 
-def ort_run(model: onnx.ModelProto, feeds: dict, level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) -> list:
+def ort_run(model: onnx.ModelProto, feeds: dict, level: str = "basic") -> list:
     """ONNX Runtime on an exported model, int4 and bfloat16 feeds and outputs included
     (through the runner's exact boundary conversions), basic optimizations unless told, one thread."""
-    boundary = OrtBoundary(model)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = level
-    session = ort.InferenceSession(boundary.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return boundary.run(session, [o.name for o in model.graph.output], feeds)
+    return OrtSession(model, level=level, threads=1).run(None, feeds)
 
 
 @st.composite
@@ -175,8 +168,7 @@ def test_every_form_exports_and_runs_in_onnxruntime_bit_for_bit(p):
     want = oracle_2(src, scales, zps, **kwargs)
     kernel = dyndq.dynamic_dequantize(src, scales, zps, **kwargs)
     [reference] = dyndq.reference_evaluator(model).run(None, feeds)
-    [got] = ort_run(exported, feeds, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if p["optimized"] else
-                    ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    [got] = ort_run(exported, feeds, "basic" if p["optimized"] else "off")
     assert same_bits(kernel, want)
     assert same_bits(reference, want)
     assert same_bits(got, want), (p, exported.graph.node)
@@ -324,7 +316,6 @@ def test_blocked_dequantize_linear_with_a_padded_axis_lifts_exactly(x_type, axis
     """A blocked axis that is not a multiple of block_size (ONNX rounds the block count up): the
     constant codes are padded to whole blocks, and a Slice cuts the result back; bit for bit."""
     import ml_dtypes
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(4)
@@ -342,7 +333,7 @@ def test_blocked_dequantize_linear_with_a_padded_axis_lifts_exactly(x_type, axis
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     lifted, report = dyndq.lift_with_report(model)
     assert report.count == 1 and "(padded) + Slice" in report.lifted[0][2]
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {})[0]
+    expected = OrtSession(model, level="all").run(None, {})[0]  # (ONNX Runtime at its defaults)
     assert dyndq.run(lifted, {}, engine="reference")["y"].tobytes() == expected.tobytes()
     assert dyndq.run(lifted, {}, engine="onnxruntime")["y"].tobytes() == expected.tobytes()
 

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import dyndq
@@ -117,18 +116,14 @@ def test_every_dequantized_weight_agrees_to_the_bit_as_printed(demo):
     """Both engines' dequantized weights, compared here independently of the demo: ORT on the
     exported file (with the dequantized weights as extra outputs), and our kernel."""
     from dyndq.demo import with_weights_as_outputs
-    from dyndq.runner import OrtBoundary
+    from dyndq.ort_session import OrtSession
 
     code, text, _, out = demo
     model = onnx.load(out / "model.onnx")
     x = np.load(out / "x.npy")
     assert np.array_equal(x, demo_input())
     exported = dyndq.export(with_weights_as_outputs(model))
-    boundary = OrtBoundary(exported)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(boundary.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    got = dict(zip(["y", W1, W2, W3], boundary.run(session, ["y", W1, W2, W3], {"x": x})))
+    got = dict(zip(["y", W1, W2, W3], OrtSession(exported, level="basic").run(["y", W1, W2, W3], {"x": x})))
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
 
     def parts(w):

@@ -38,7 +38,7 @@ def float_model():
 
 
 def on_ort(model, feeds, outputs=None):
-    got = run_ort(model, feeds, level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, outputs=outputs)
+    got = run_ort(model, feeds, level="basic", outputs=outputs)
     return dict(zip(outputs or [o.name for o in model.graph.output], got))
 
 

@@ -12,7 +12,8 @@ from cases import same_bits
 
 from dyndq.ort_session import OrtSession
 
-# (ONNX type, ml_dtypes dtype, bits, the lowest opset whose Cast takes it)
+# (ONNX type, ml_dtypes dtype, bits, the lowest opset whose Cast takes it): an oracle of the runner's own,
+# written out here rather than read from the dtype table the runner reads
 TYPES = {
     "int2": (TensorProto.INT2, ml_dtypes.int2, 2, 25),
     "uint2": (TensorProto.UINT2, ml_dtypes.uint2, 2, 25),

@@ -192,9 +192,10 @@ def _dql_model(opset, x_dtype, x_shape, scale, zp=None, axis=None):
 
 
 def _ort(model, feeds):
-    ort = pytest.importorskip("onnxruntime")
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
+    """ONNX Runtime at its defaults: an oracle of the reference engine's DequantizeLinear of its own."""
+    from dyndq.ort_session import OrtSession
+
+    return OrtSession(model, level="all").run(None, feeds)[0]
 
 
 @pytest.mark.parametrize("opset", [10, 13])

@@ -41,9 +41,9 @@ def test_a_model_with_external_data_loads_on_the_reference_engine_without_its_da
 def test_openvino_is_tried_where_installed_and_said_where_not(tmp_path):
     save_model(dyndq.export(build_model(), target="openvino"), tmp_path / "m.onnx")
     notes = verify_model(tmp_path / "m.onnx", "openvino")
-    from dyndq.parity.engines import openvino_installed
+    from dyndq.openvino_session import installed
 
-    assert notes == ([] if openvino_installed() else
+    assert notes == ([] if installed() else
                      ["not loaded on OpenVINO: it is not installed here (make test-openvino installs it)"])
 
 

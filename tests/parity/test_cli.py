@@ -140,9 +140,9 @@ def test_a_model_no_engine_runs_is_told_so_not_blamed_on_example_inputs(tmp_path
 
 
 def test_openvino_asked_for_where_it_is_not_installed_is_a_usage_error(tmp_path, capsys, monkeypatch):
-    from dyndq.parity import engines
+    from dyndq import openvino_session
 
-    monkeypatch.setattr(engines, "openvino_installed", lambda: False)
+    monkeypatch.setattr(openvino_session, "installed", lambda: False)
     dyndq.save_model(bfloat16_cast_model(), tmp_path / "m.onnx")
     code, out, err = call(capsys, "check", "--runtime-parity", tmp_path / "m.onnx", "--engine", "openvino")
     assert code == 2 and "OpenVINO is not installed" in err, err

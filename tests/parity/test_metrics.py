@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, strategies as st
 from onnx import TensorProto, helper
 
-from dyndq.parity.metrics import TOLERANCE, compare, last_axis_kind
+from dyndq.parity.metrics import TOLERANCE, compare
+from dyndq.reference_session import ReferenceSession
+from dyndq.task_metrics import output_kind
 
 
 def test_bfloat16_outputs_are_compared_as_floats():
@@ -70,5 +72,7 @@ def test_the_kind_of_a_last_axis():
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("p", "lp", "p0", "next_logits")])
     model = helper.make_model(graph)
-    assert [last_axis_kind(model, n) for n in ("p", "lp", "p0", "next_logits")] == \
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    values = ReferenceSession(model).values({"x": x})  # (parity judges on the meaning's values)
+    assert [output_kind(model, n, [values[n]]) for n in ("p", "lp", "p0", "next_logits")] == \
         ["distribution", "log-distribution", None, "logits"]

@@ -98,6 +98,73 @@ def test_emit_onnxruntime(float_model, tmp_path, capsys):
     assert len(fell_back) == 1 and ": not MatMulNBits: " in fell_back[0], printed
 
 
+def test_emit_openvino_writes_the_openvino_export(float_model, tmp_path, capsys, monkeypatch):
+    """--emit openvino, a form of the engine table's: export(target="openvino") of the model quantized,
+    valid, checked before it is put in place (on OpenVINO where installed: said where it is not), its
+    weights the kernel's on the reference engine and its outputs measured as written."""
+    from dyndq import openvino_session
+    from dyndq.quantization import EMITS
+
+    assert "openvino" in EMITS
+    monkeypatch.setattr(openvino_session, "installed", lambda: False)
+    out = str(tmp_path / "q.onnx")
+    assert main(["quantize", float_model, out, "--emit", "openvino"]) == 0
+    printed = capsys.readouterr().out
+    assert "\n  written for openvino: lowered 3 DynamicDequantize node(s)" in printed
+    assert "note: not loaded on OpenVINO: it is not installed here (make test-openvino installs it)" in printed
+    assert "onnxruntime, the file as written" in printed  # (measured: the file as written)
+    written = dyndq.load_model(out)
+    onnx.checker.check_model(written, full_check=True)
+    assert "org.dyndq" not in {o.domain for o in written.opset_import}
+    quantized, _ = dyndq.quantize(dyndq.load_model(float_model), evaluate=False)
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in dyndq.export(quantized, target="openvino").graph.node]
+    ids = np.arange(64, dtype=np.int64)  # (every row of the embedding: its dequantized weights)
+    want = dyndq.run(quantized, {"ids": ids}, outputs=["x"])["x"]
+    assert dyndq.run(written, {"ids": ids}, outputs=["x"])["x"].tobytes() == want.tobytes()
+
+
+@pytest.mark.openvino
+def test_emit_openvino_loads_on_openvino_and_gives_the_kernels_weights():
+    """The file --emit openvino writes loads on OpenVINO (its check made a session there) and gives
+    the dequantized weights bit for bit: a MatMul of identity(K) by the quantized W."""
+    import tempfile
+
+    from onnx import TensorProto, helper
+
+    from engines import needs_openvino, run_openvino
+    from quantize_models import heavy
+
+    needs_openvino()
+    k, n = 256, 96
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                              [onnx.numpy_helper.from_array(heavy((k, n), 3), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    eye = np.eye(k, dtype=np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        src, out = os.path.join(folder, "f.onnx"), os.path.join(folder, "q.onnx")
+        save_model(model, src)
+        for argv in ([], ["--bits", "8", "--group-size", "-1"], ["--format", "mxfp4"], ["--bits", "2", "--symmetric"]):
+            assert main(["quantize", src, out, "--emit", "openvino", "--overwrite", *argv]) == 0, argv
+            quantized, _ = dyndq.quantize(model, evaluate=False, **_options(argv))
+            want = dyndq.run(quantized, {"x": eye})["y"]  # (the kernel's weights)
+            [got] = run_openvino(dyndq.load_model(out), {"x": eye})
+            assert got.tobytes() == want.tobytes(), argv
+
+
+def _options(argv: list[str]) -> dict:
+    """quantize's keywords for the CLI options used above."""
+    out, i = {}, 0
+    while i < len(argv):
+        if argv[i] == "--symmetric":
+            out["symmetric"], i = True, i + 1
+        else:
+            key, value = argv[i][2:].replace("-", "_"), argv[i + 1]
+            out[key], i = (value if key == "format" else int(value)), i + 2
+    return out
+
+
 @pytest.mark.parametrize("argv,why,fell_back", [
     # (one scale per column: MatMul's W1 is a MatMulNBits of one block per column; Gemm's transposed W2 is not)
     (["--group-size", "-1"], "not MatMulNBits: per_channel along axis 0", ("E", "W2")),
@@ -121,16 +188,16 @@ def test_layers_left_in_standard_onnx_are_not_fused_by_onnxruntime(float_model, 
     written: it fuses none of them into MatMulNBits (which would run at accuracy_level 4, its
     activations quantized to int8) at its default optimization level."""
     import onnx
-    import onnxruntime as ort
+
+    from dyndq.ort_session import OrtSession
 
     for argv in (["--group-size", "-1"], ["--scale-dtype", "bfloat16"], ["--group-size", "96"],
                  ["--bits", "8", "--group-size", "-1"]):
         out = str(tmp_path / "q.onnx")
         assert main(["quantize", float_model, out, "--emit", "onnxruntime", "--no-evaluate", *argv]) == 0
         written = [n.op_type for n in dyndq.load_model(out).graph.node]
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-        ort.InferenceSession(out, options, providers=["CPUExecutionProvider"])
+        OrtSession(onnx.load(out, load_external_data=False), level="all", path=out,  # (at its defaults)
+                   optimized_model_path=str(tmp_path / "optimized.onnx"))
         optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
         assert optimized.count("MatMulNBits") == written.count("MatMulNBits"), (argv, written, optimized)
 
@@ -311,7 +378,7 @@ def test_made_up_inputs_are_said_to_be_made_up(float_model, tmp_path, capsys):
 def test_the_default_form_says_where_it_runs(float_model, tmp_path, capsys):
     """The DynamicDequantize model (--emit dyndq) does not load in ONNX Runtime: the report says
     so, and which engines and forms do; a form ONNX Runtime loads says nothing of the kind."""
-    import onnxruntime as ort
+    from dyndq.ort_session import user_session
 
     out = str(tmp_path / "q.onnx")
     assert main(["quantize", float_model, out, "--no-evaluate"]) == 0
@@ -319,7 +386,7 @@ def test_the_default_form_says_where_it_runs(float_model, tmp_path, capsys):
     assert "ONNX Runtime and OpenVINO cannot load" in where and "dyndq run" in where
     assert "--emit onnxruntime" in where and "dyndq export OUT FILE --target onnxruntime" in where
     with pytest.raises(Exception, match="DynamicDequantize"):  # (what the note says, measured)
-        ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+        user_session(out)
     assert main(["quantize", float_model, out, "--no-evaluate", "--emit", "onnxruntime", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["where_it_runs"] is None
     assert main(["quantize", float_model, out, "--no-evaluate", "--json"]) == 0

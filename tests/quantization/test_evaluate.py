@@ -13,7 +13,8 @@ from onnx import TensorProto as T, helper
 import dyndq
 from dyndq.cli import main
 from dyndq.files import save_model
-from dyndq.quantization.evaluate import index_bounds, seeded_samples, task_kind, task_metrics
+from dyndq.quantization.evaluate import index_bounds, seeded_samples, task_metrics
+from dyndq.task_metrics import output_kind
 from dyndq.quantization.options import OptionError
 from dyndq.runner import FeedError
 
@@ -48,12 +49,12 @@ def test_task_metrics_by_hand():
 
 def test_what_an_output_is_told_by_its_values_and_its_maker():
     model = exported_attention()
-    assert task_kind(model, "logits", [np.ones((1, 4, 50))]) == "logits"  # (made by MatMul)
-    assert task_kind(model, "x", [np.full((1, 4, 3), 1 / 3)]) == "distribution"
-    assert task_kind(model, "attention", [np.ones((1, 4, 1))]) is None  # (one value on the last axis: no choice)
-    assert task_kind(model, "kT", [np.ones((1, 4, 3))]) is None  # (a Transpose's: neither)
-    assert task_kind(model, "q", [np.ones((1, 4, 100))]) is None  # (a MatMul's hidden state: not logits)
-    assert task_kind(model, "v", [np.ones((1, 4, 50))]) == "logits"  # (a MatMul's, as long as the vocabulary)
+    assert output_kind(model, "logits", [np.ones((1, 4, 50))]) == "logits"  # (made by MatMul)
+    assert output_kind(model, "x", [np.full((1, 4, 3), 1 / 3)]) == "distribution"
+    assert output_kind(model, "attention", [np.ones((1, 4, 1))]) is None  # (one value on the last axis: no choice)
+    assert output_kind(model, "kT", [np.ones((1, 4, 3))]) is None  # (a Transpose's: neither)
+    assert output_kind(model, "q", [np.ones((1, 4, 100))]) is None  # (a MatMul's hidden state: not logits)
+    assert output_kind(model, "v", [np.ones((1, 4, 50))]) == "logits"  # (a MatMul's, as long as the vocabulary)
 
 
 def test_the_users_inputs_are_what_is_measured_and_said():

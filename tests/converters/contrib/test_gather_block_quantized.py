@@ -10,7 +10,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx.reference
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
 from dyndq.converters.contrib import shared as foreign
+from dyndq.ort_session import OrtSession
 
 FLOAT = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
@@ -57,9 +57,7 @@ def gather_block_quantized(kind, shape, qa, ga, block, with_zp, bits=4, t="float
 
 
 def on_ort(model, idx):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"idx": idx})[0]
+    return OrtSession(model, level="all").run(None, {"idx": idx})[0]  # (ONNX Runtime at its defaults)
 
 
 @st.composite

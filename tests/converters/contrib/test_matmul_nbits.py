@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dyndq
 from dyndq.converters.contrib import shared as foreign
 from dyndq.parity import TOLERANCE
+from dyndq.ort_session import OrtSession
 
 FLOAT = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
@@ -70,11 +70,7 @@ def matmul_nbits(K, N, bits, block, zp="packed", t="float32", bias=False, seed=0
 
 
 def on_ort(model, A):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"A": A})[0]
+    return OrtSession(model, level="basic").run(None, {"A": A})[0]
 
 
 def initializers(model):
@@ -363,11 +359,8 @@ def test_one_scale_per_column_is_written_as_matmul_nbits_that_means_the_same_at_
     eye, A = np.eye(K, dtype=np.float32), rng.standard_normal((8, K)).astype(np.float32)
     weights = dyndq.run(quantized, {"A": eye}, engine="reference")["Y"]
     want = dyndq.run(quantized, {"A": A}, engine="reference")["Y"]
-    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
-        options = ort.SessionOptions()
-        options.graph_optimization_level = level
-        options.log_severity_level = 3
-        session = ort.InferenceSession(written.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for level in ("off", "all"):
+        session = OrtSession(written, level=level)
         assert np.array_equal(session.run(None, {"A": eye})[0], weights), level
         got = session.run(None, {"A": A})[0]
         assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max(), level

@@ -15,23 +15,19 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx.reference
-import onnxruntime as ort
 import pytest
 from decoder import decoder_model, ort_quantize
 from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
 from dyndq.parity import TOLERANCE
+from dyndq.ort_session import OrtSession
 
 FLOAT = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
 def on_ort(model, feeds):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
+    return OrtSession(model, level="basic").run(None, feeds)[0]
 
 
 def decoded(packed: np.ndarray) -> np.ndarray:
