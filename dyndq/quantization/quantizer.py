@@ -24,11 +24,11 @@ from dyndq.plumbing.names import NameScope, all_names
 from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
 from dyndq.plumbing.walk import is_constant_node, scopes
 from dyndq.quantization import plan as planning
-from dyndq.quantization.fp4 import quantize_fp4
-from dyndq.quantization.numerics import QuantizedWeight, ScaleOutOfRange, quantize_weight
+from dyndq.quantization import formats
+from dyndq.quantization.numerics import ScaleOutOfRange
 from dyndq.quantization.options import QuantizeOptions
 from dyndq.quantization.report import LayerReport, QuantizeReport
-from dyndq.quantization.rewrite import placed
+from dyndq.quantization.rewrite import version_of
 from dyndq.wording import plural
 
 
@@ -130,7 +130,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     model = model_of(model, "rank_methods")
     # (by default every method the format takes: an FP4 format has its rule alone)
     checked = [QuantizeOptions.checked(model, method=m, seed=seed, **options)
-               for m in (methods or methods_of(options.get("format", "int")))]
+               for m in (methods or methods_of(options.get("format")))]
     evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
                             progress=progress)
     runs = []
@@ -186,7 +186,11 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if not found.targets:
         raise NothingToQuantize(found.problems, options.ops, found.activation_line(), excluded=found.excluded,
                                 other_weights=found.other_weights_line(options.ops))
-    _group_fits(options, found.targets)
+    misfits = options.fmt.fits(options, found.targets)
+    if misfits:  # (before any work)
+        from dyndq.quantization.options import OptionError
+
+        raise OptionError(misfits)
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
@@ -200,13 +204,14 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     new_nodes: dict[str, list] = {}  # scope path -> the nodes standing for its weights (put first)
     gone: dict[str, list] = {}  # scope path -> the Constant (and Identity) nodes whose weights no node reads as floats any more
     passing = {key: [(path, every[path].nodes[index]) for path, index in t.via] for key, t in targets.items()}
-    done = 0
+    done = version = 0  # (version: the DynamicDequantize version the nodes need, rewrite.version_of)
 
     def quantize_one(target, weight, scope, add) -> bool:
-        nonlocal done
+        nonlocal done, version
         opset = ai_onnx_version(scope.imports) or 1
         q = None if chosen is None else chosen.get((target.graph, target.name))
-        layer, nodes = _one_weight(target, weight, options, names, opset, every, add, q)
+        layer, nodes, needs = _one_weight(target, weight, options, names, opset, every, add, q)
+        version = max(version, needs)
         done += 1
         if layer is None:
             report.left_alone.append(nodes)
@@ -268,9 +273,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         for node in reversed(nodes):
             scope.nodes.insert(0, node)
         if scope.in_function:
-            import_at_least(scope.top.imports, DOMAIN, _version(options, chosen))  # (a superset of the older ones)
+            import_at_least(scope.top.imports, DOMAIN, version)  # (a superset of the older ones)
     pass_out(out)  # (uint2 or float4 codes in a function importing opset 21: plumbing/function_inputs.py)
-    _set_imports(out, _version(options, chosen))
+    _set_imports(out, version)
     align_domain_imports(out)  # (a function's import of our domain and the model's: one version)
     report.model_bytes_before, report.model_bytes_after = constant_bytes(model), constant_bytes(out)
     report.seconds = time.perf_counter() - started
@@ -293,19 +298,6 @@ def constant_bytes(model: onnx.ModelProto) -> int:
                 bits = 8
             total += -(-int(np.prod(t.dims, dtype=np.int64)) * bits // 8)
     return total
-
-
-def _group_fits(options: QuantizeOptions, targets) -> None:
-    """A group longer than every weight's axis is refused (OptionError) before any work: a weight
-    shorter than its group is padded to one group, and a group of 2**40 would be padded to that.
-    Up to the default (128) a group is always taken, the longest axis beyond it."""
-    from dyndq.quantization.options import DEFAULT_GROUP, OptionError
-
-    longest = max(t.dims[t.axis] for t in targets)
-    if options.format == "int" and options.group_size > max(longest, DEFAULT_GROUP):
-        raise OptionError([Problem("group_size", repr(options.group_size),
-                                   f"a whole number up to {max(longest, DEFAULT_GROUP)} (the longest axis a weight is "
-                                   "grouped along here), or -1 for one group per whole axis (per channel)")])
 
 
 def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -336,31 +328,24 @@ def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds
 
 
 def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_by_path, add, chosen=None):
-    """(LayerReport, nodes), having added the weight's tensors (`add(tensor)`) and pointed its
-    readers at the dequantized value; or (None, Problem) for a weight that cannot be.  chosen: its
+    """(LayerReport, nodes, the DynamicDequantize version they are), having added the weight's tensors
+    (`add(tensor)`) and pointed its readers at the dequantized value; or (None, Problem, 0) for a
+    weight that cannot be.  chosen: its
     QuantizedWeight, already made (a budget's allocation)."""
     started = time.perf_counter()
     # (a weight with NaN or infinity is told so, whatever else its quantization found: it is
     # looked for only where the quantization's error sums are not finite, or it failed, as a
     # NaN or an infinity makes them: a pass over every weight less)
     try:
-        if chosen is not None:
-            q = chosen
-        elif options.format != "int":
-            q = quantize_fp4(weight, axis=target.axis, format=options.format)
-        else:
-            q: QuantizedWeight = quantize_weight(
-                weight, axis=target.axis, group_size=options.group_size, bits=options.bits,
-                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
-                method=options.method, rule=target.rule)
+        q = chosen if chosen is not None else options.fmt.quantize(weight, target, options, options.bits)
     except ScaleOutOfRange as e:
         if not _finite(weight):
-            return None, _weight_problem(target, *NOT_FINITE)
-        return None, _weight_problem(target, e.found, e.allowed)
+            return None, _weight_problem(target, *NOT_FINITE), 0
+        return None, _weight_problem(target, e.found, e.allowed), 0
     if not q.stats.finite and not _finite(weight):
-        return None, _weight_problem(target, *NOT_FINITE)
+        return None, _weight_problem(target, *NOT_FINITE), 0
     del weight
-    p = placed(target.name, target.dtype, q, names, opset)
+    p = formats.of(q).nodes(target.name, target.dtype, q, names, opset)
     after = 0
     for t in p.tensors:
         after += stored_bytes(t)
@@ -378,7 +363,7 @@ def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_b
         target.name, target.graph, [u.node for u in target.uses], target.ops, list(target.dims), target.dtype, p.form,
         q.stats.relative, q.stats.max_abs, q.stats.cosine, _float_bytes(target), after,
         time.perf_counter() - started, notes)
-    return layer, p.nodes
+    return layer, p.nodes, version_of(q)
 
 
 NOT_FINITE = ("NaN or infinity among its values", "finite weights")
@@ -406,15 +391,6 @@ def _drop_input(graph: onnx.GraphProto, name: str) -> None:
     for vi in list(graph.input):
         if vi.name == name:
             graph.input.remove(vi)
-
-
-def _version(options: QuantizeOptions, chosen=None) -> int:
-    """The DynamicDequantize version the nodes need: 3 for 2-bit and float4 codes (rewrite.version_of)."""
-    if chosen:
-        from dyndq.quantization.rewrite import version_of
-
-        return max(version_of(q) for q in chosen.values())
-    return 3 if options.bits == 2 or options.format != "int" else 2
 
 
 def _set_imports(model: onnx.ModelProto, version: int) -> None:
