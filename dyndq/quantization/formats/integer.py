@@ -7,7 +7,7 @@ when the scales have another (rewrite.py).
 from __future__ import annotations
 
 from dyndq.opdefs import Problem
-from dyndq.quantization.formats import Format, register
+from dyndq.quantization.formats.registry import Format, register
 from dyndq.quantization.numerics import quantize_weight
 
 DEFAULT_GROUP = 128  # the group size when none is given

@@ -6,7 +6,7 @@ dtype itself (output_dtype: its scales are float8).
 from __future__ import annotations
 
 from dyndq.quantization import fp4
-from dyndq.quantization.formats import Format, register
+from dyndq.quantization.formats.registry import Format, register
 
 
 class Mxfp4(Format):

@@ -13,7 +13,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from dyndq.quantization import fp4
-from dyndq.quantization.formats import Format, register
+from dyndq.quantization.formats.registry import Format, register
 
 
 class Nvfp4(Format):
