@@ -156,8 +156,8 @@ class Tensors(Store):
     `structure(model)` is the model the walker rewrites: the model's structure, with each
     initializer of the main graph a placeholder (its name, type and shape; which of the given
     model's initializers it stands for in `external_data`) whose data the store reads from the
-    model given and puts in place when the walker keeps it: the weights quantized away are
-    never copied."""
+    model given and puts in place (the whole tensor) when the walker keeps it: the weights
+    quantized away are never copied."""
 
     def __init__(self, loaded=None, data=None):
         self.loaded, self.data = loaded, data
@@ -169,8 +169,9 @@ class Tensors(Store):
         copy_fields(model.graph, out.graph, skip={"initializer"})
         self.originals = list(model.graph.initializer)
         for i, t in enumerate(self.originals):
-            stand_in = out.graph.initializer.add()
-            copy_fields(t, stand_in, skip=_DATA_FIELDS)
+            stand_in = out.graph.initializer.add()  # (its fields set one by one: ListFields would copy the data)
+            stand_in.name, stand_in.data_type = t.name, t.data_type
+            stand_in.dims.extend(t.dims)
             stand_in.data_location = onnx.TensorProto.EXTERNAL
             stand_in.external_data.add(key=_STANDS_FOR, value=str(i))
         return out
@@ -200,8 +201,6 @@ class Tensors(Store):
         return tensor
 
 
-_DATA_FIELDS = {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data",
-                "external_data", "data_location"}
 _STANDS_FOR = "dyndq.quantize.stands_for"  # (a placeholder's one external_data key: the index of the tensor it stands for)
 
 
