@@ -268,9 +268,11 @@ class WeightRule:
         target = self.targets.get((held.scope.path, held.name))
         if target is None or target.constant_node != (held.node is not None):
             return Refusal("not a weight of the plan", mine=False)
-        started = time.perf_counter()
-        q = None if self.chosen is None else self.chosen.get((target.graph, target.name))
-        q = _quantized(target, view.read(held.tensor), self.options, q)
+        weight = view.read(held.tensor)
+        started = time.perf_counter()  # (the layer's seconds: its quantizing and its nodes, the reading left out)
+        chosen = None if self.chosen is None else self.chosen.get((target.graph, target.name))
+        q = _quantized(target, weight, self.options, chosen)
+        del weight
         if isinstance(q, Problem):
             self.done += 1
             self.report.left_alone.append(q)
