@@ -40,7 +40,9 @@ class GraphView:
     graph; `spec(name)`: its known dtype and shape (None when unknown, always in a function);
     `names`: every name in use in the model; `imports`: the opset imports in force there;
     `options`: what the command was given for the rules that take it (e.g. export's
-    accuracy_level, for the rule writing MatMulNBits).
+    accuracy_level, for the rule writing MatMulNBits); `read(tensor)`: a constant's value,
+    through the walker's store (a weight whose data is on disk is read from there, one at a
+    time).
     """
 
     constant: Callable[[str], np.ndarray | None]
@@ -52,6 +54,7 @@ class GraphView:
     imports: dict[str, int] = field(default_factory=dict)  # {domain: version} of the scope's opset imports
     in_function: bool = False
     options: dict = field(default_factory=dict)
+    read: Callable[[onnx.TensorProto], np.ndarray] = onnx.numpy_helper.to_array
 
 
 @dataclass
@@ -63,7 +66,11 @@ class Rewrite:
     "zero_points" for a value made beside it), `form` says in a few words what came out,
     `notes` what the reader should know of it, `domains` the opset imports the new nodes need
     (for ai.onnx, "", the lowest version that has them, `needs_why` says why); `op` is the op
-    version of ours the rule started from (set when a rule is applied)."""
+    version of ours the rule started from (set when a rule is applied).  A rewrite of a
+    constant (kind QUANTIZE) replaces no node of its own: its `nodes` compute what stands for
+    the constant, and `rewires` point the inputs of the nodes that read it there ((node, input
+    index, the new value)); `replaces` lists the nodes that pass it on (Identity) or hold it
+    (its Constant node), which leave once nothing else reads it."""
 
     replaces: list[onnx.NodeProto]
     nodes: list[onnx.NodeProto]
@@ -74,6 +81,7 @@ class Rewrite:
     derived: dict[str, tuple[str, str]] = field(default_factory=dict)
     needs_why: str = ""
     op: object = None  # the op version of ours the node the rule started from resolved to (None: not ours)
+    rewires: list[tuple[onnx.NodeProto, int, str]] = field(default_factory=list)
 
 
 @dataclass

@@ -17,10 +17,17 @@ nothing.  The kind says which command applies the rule:
 - WRITE: ours -> the own op of an export target (e.g. MatMulNBits for "onnxruntime"),
   applied by `export` for the targets the rule names, before the opset is chosen;
 - LOWER: ours -> standard ONNX, applied by `export` for every target, in passes of
-  increasing `order` (rules of one order are tried in one pass, in registration order).
+  increasing `order` (rules of one order are tried in one pass, in registration order);
+- QUANTIZE: a constant -> ours (a float weight -> its codes, scales and DynamicDequantize),
+  applied by `quantize`.  Its rules start from a constant, not a node (`check(held, view)`,
+  `rewrite(found, held, view)` with a walker.Held), and are made for one call: the quantizer
+  builds its rule from the weights it found and the options it was given and hands it to
+  `apply` with its store (dependency injection: converters/ never imports the quantizer, which
+  is the face).
 
 Every command applies its rules through `apply`, which walks every scope of the model
-(converters/walker.py).  A module of rules is imported by converters/__init__.py; adding a
+(converters/walker.py: `rewrite_model` for rules of nodes, `rewrite_constants` for rules of
+constants).  A module of rules is imported by converters/__init__.py; adding a
 form is adding one module (docs/house.md shows the smallest real one).
 """
 from __future__ import annotations
@@ -37,10 +44,10 @@ from dyndq.plumbing.opsets import op_version
 
 from .engines import ENGINES as _ENGINE_TABLE
 from .rewrite import GraphView, Rewrite
-from .walker import Outcome, rewrite_model
+from .walker import Outcome, Store, rewrite_constants, rewrite_model
 
-LIFT, WRITE, LOWER = "lift", "write", "lower"
-KINDS = (LIFT, WRITE, LOWER)
+LIFT, WRITE, LOWER, QUANTIZE = "lift", "write", "lower", "quantize"
+KINDS = (LIFT, WRITE, LOWER, QUANTIZE)
 TARGETS = tuple(_ENGINE_TABLE)  # the engine table's rows: ("onnx", "onnxruntime", "openvino")
 OURS = object()  # a pattern's domain: any domain of the op registry (ours, or a test's toy op's)
 
@@ -48,8 +55,8 @@ OURS = object()  # a pattern's domain: any domain of the op registry (ours, or a
 @dataclass(frozen=True)
 class Rule:
     name: str  # what it does, in a few words: "MatMulNBits -> DynamicDequantize + MatMul"
-    kind: str  # LIFT, WRITE or LOWER
-    pattern: tuple  # (domain or OURS or None, op type or None): the node it starts from (None: any)
+    kind: str  # LIFT, WRITE, LOWER or QUANTIZE
+    pattern: tuple  # (domain or OURS or None, op type or None): the node it starts from (None: any; QUANTIZE: any constant)
     check: Callable[[onnx.NodeProto, GraphView], object]
     rewrite: Callable[[object, onnx.NodeProto, GraphView], Rewrite]
     targets: tuple[str, ...] = ()  # the export targets that apply it (LOWER: every target)
@@ -57,7 +64,9 @@ class Rule:
     options: dict | None = None  # option name -> check(value) -> None or why the value is refused
     order: int = 0
 
-    def takes(self, node: onnx.NodeProto) -> bool:
+    def takes(self, node) -> bool:
+        if self.kind == QUANTIZE:  # (a constant: walker.Held; its check judges it)
+            return True
         domain, op_type = self.pattern
         node_domain = "" if node.domain == "ai.onnx" else node.domain
         if domain is OURS:
@@ -138,11 +147,16 @@ def option_problems(options: dict) -> list[str]:
 
 
 def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope,
-          options: dict | None = None) -> list[Outcome]:
-    """Apply `chosen` rules to `model` in place through the walker: each node is offered to the
-    rules whose pattern takes it, in order; the first whose check passes rewrites it.  A node every
-    rule refused comes back with the reasons (several rules: each named "not <makes>"); a node no
-    rule's form fits (every refusal not `mine`) is not reported."""
+          options: dict | None = None, store: Store | None = None) -> list[Outcome]:
+    """Apply `chosen` rules to `model` in place through the walker: each node (each constant, for
+    rules of kind QUANTIZE, read and written through `store`) is offered to the rules whose
+    pattern takes it, in order; the first whose check passes rewrites it.  A node every rule
+    refused comes back with the reasons (several rules: each named "not <makes>"); a node no
+    rule's form fits (every refusal not `mine`) is not reported.  Rules of nodes and of
+    constants are not applied together."""
+    constants = {r.kind == QUANTIZE for r in chosen}
+    if len(constants) > 1:
+        raise ValueError("rules of constants (QUANTIZE) and of nodes are applied apart")
 
     def convert(node, view):
         refused = []
@@ -154,7 +168,8 @@ def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope,
                 refused.append((r, found))
                 continue
             result = r.rewrite(found, node, view)
-            result.op = op_version(node, view.imports)
+            if r.kind != QUANTIZE:
+                result.op = op_version(node, view.imports)
             return result
         mine = [(r, f) for r, f in refused if f.mine]
         if not mine:
@@ -163,6 +178,8 @@ def apply(model: onnx.ModelProto, chosen: list[Rule], types, names: NameScope,
             return mine[0][1]
         return Refusal("; ".join(f"not {r.makes}: {f.reason}" for r, f in mine))
 
+    if constants == {True}:
+        return rewrite_constants(model, convert, names, store, options)
     return rewrite_model(model, convert, types, names, options)
 
 

@@ -36,35 +36,53 @@ the same way:
   minimum, never raised here: a rewrite that needs a newer ai.onnx than its scope imports is
   refused, naming both (raising it would convert every other node of the model).  A domain
   whose nodes were all replaced leaves the scope's imports.
+
+Quantize rewrites constants, not nodes: `rewrite_constants` asks `convert(held, view)` about
+every constant of every scope (each initializer, each Constant node's value: a `Held`) and
+applies the rewrites the same way (its doc says how its places differ: a constant's nodes
+read constants only, so they stand first), reading the constants' values and writing the new
+tensors through a `Store` the command hands it.  The quantizer's store reads a model's weights
+from its external data one at a time and writes the new tensors to the new data file as the
+walker comes to them, in the model's order: the memory stays about one weight and what is
+made of it, whatever the model's size.  After it, `settle` passes in from the main graph the
+constants a function's opset cannot hold and sets our domain at one version everywhere.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from dyndq.opdefs import Refusal, TensorSpec
+from dyndq.plumbing.domain_imports import align
+from dyndq.plumbing.function_inputs import pass_out
+from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.opsets import ai_onnx_version, drop_opset, import_at_least, scope_opsets
 from dyndq.plumbing.types import dtype_name
-from dyndq.plumbing.walk import Scope, is_constant_node, scopes, scopes_under, with_nested
+from dyndq.plumbing.walk import Scope, constant_value, is_constant_node, scopes, scopes_under, with_nested
 
 from .rewrite import GraphView, Rewrite
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a converter said of one node: its Rewrite, or why not (`reason`)."""
+    """What a converter said of one node (or, for a rule of constants, one constant): its
+    Rewrite, or why not (`reason`)."""
 
     graph: str
-    node: onnx.NodeProto
+    node: onnx.NodeProto | None
     rewrite: Rewrite | None = None
     reason: str = ""
+    constant: str = ""  # the constant's name, for a rule of constants (`node`: its Constant node, or None)
 
     @property
     def name(self) -> str:
+        if self.constant:
+            return self.constant
         return self.node.name or self.node.output[0]
 
 
@@ -346,3 +364,177 @@ def _read_names(model: onnx.ModelProto) -> set[str]:
         for node in scope.nodes:
             read.update(node.input)
     return read
+
+
+# -- rewriting constants (rules of kind QUANTIZE) -------------------------------------------
+
+@dataclass(frozen=True)
+class Held:
+    """A constant offered to a rule of constants: an initializer of a graph, or a Constant
+    node's value (`node`: that node).  `tensor`'s data may be elsewhere (a file): the rule
+    reads it with `view.read(tensor)`, through the walker's store."""
+
+    name: str
+    scope: Scope
+    tensor: onnx.TensorProto
+    node: onnx.NodeProto | None = None
+
+
+class Store:
+    """Where the walker reads the values of the model's constants and puts the tensors it
+    writes: by default the model itself.  A store that writes a file as it goes (the quantizer's
+    `Tensors`) is given each initializer in the model's order: `put` for a new one (returns what
+    stands for it in the graph: the tensor, or a stub pointing at the bytes written), `keep` for
+    one left in place (a store writing a file copies its bytes there then)."""
+
+    def array(self, tensor: onnx.TensorProto) -> np.ndarray:
+        return numpy_helper.to_array(tensor)
+
+    def put(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        return tensor
+
+    def keep(self, tensor: onnx.TensorProto) -> None:
+        return None
+
+
+ConvertConstant = Callable[[Held, GraphView], "Rewrite | Refusal | None"]
+
+
+def rewrite_constants(model: onnx.ModelProto, convert: ConvertConstant, names: NameScope,
+                      store: Store | None = None, options: dict | None = None) -> list[Outcome]:
+    """Ask `convert(held, view)` about every constant of every scope of `model` and apply its
+    rewrites, in place; then `settle` the model.  Returns what it said of each constant it took.
+
+    The constants come in the model's order (each scope in pre-order, the main graph first: its
+    initializers in order, then its Constant nodes), so that a store writing the model's data
+    file as it goes writes it in the order the model holds it, one weight at a time.  (No rewrite
+    of a constant replaces an If/Loop/Scan node, so the order of `rewrite_model`, bodies first,
+    is not needed here.)  A rewrite of a constant:
+    - puts its new constants in the constant's place: before it among a graph's initializers
+      (a Constant node's: last among them, where a Constant node of the graph's opset may not
+      hold their type: int4 codes beside opset 11), through the store; in a function, which has
+      no initializers, as Constant nodes first in it (each rewrite's before the ones placed so
+      far; `settle` passes in from the main graph those the function's opset cannot hold);
+    - puts its nodes, which read constants only, first in the scope holding the constant, in
+      the order the constants came, and points the readers `rewires` names at them;
+    - leaves the constant, and the nodes it `replaces` (the Identity nodes passing it on, its
+      Constant node), once nothing else reads it, as ONNX resolves the name from each scope;
+    - imports the domains its nodes need in the scope, and, for a function, in the model too.
+    """
+    return _ConstantWalk(model, names, store or Store(), dict(options or {})).run(convert)
+
+
+def settle(model: onnx.ModelProto) -> None:
+    """What a model whose functions got new constants and nodes of ours needs, in place: the
+    constants a function's opset cannot hold passed in from the main graph (pass_out), our
+    domain at one version in the model and its functions (align), the IR version its types need."""
+    pass_out(model)
+    align(model)
+    model.ir_version = max(model.ir_version, model_ir(model))
+
+
+class _ConstantWalk:
+    def __init__(self, model, names, store, options):
+        self.model, self.names, self.store, self.options = model, names, store, options
+        self.scopes = scopes(model)
+        self.gone: dict[int, onnx.NodeProto] = {}  # id -> a node leaving the model at the end
+        self.first: dict[int, tuple[Scope, list]] = {}  # id(scope) -> (scope, the nodes put first in it)
+        self._readers: dict[str, list[tuple[Scope, onnx.NodeProto]]] | None = None
+
+    def run(self, convert: ConvertConstant) -> list[Outcome]:
+        outcomes = []
+        for scope in self.scopes:
+            view = GraphView(constant=lambda name, scope=scope: self._value(scope, name), consumers=lambda name: [],
+                             is_output=lambda name, scope=scope: name in scope.outputs, spec=lambda name: None,
+                             names=self.names, imports=scope_opsets(scope.imports), in_function=scope.in_function,
+                             options=self.options, read=self.store.array)
+            if scope.graph is not None:
+                outcomes += self._initializers(scope, view, convert)
+            for node in list(scope.nodes):
+                value = constant_value(node) if is_constant_node(node) else None
+                if value is not None:
+                    outcomes += self._offer(Held(node.output[0], scope, value, node), view, convert)
+        for scope, nodes in self.first.values():
+            for node in reversed(nodes):
+                scope.nodes.insert(0, node)
+        for scope in self.scopes:
+            for i in reversed(range(len(scope.nodes))):
+                if id(scope.nodes[i]) in self.gone:
+                    del scope.nodes[i]
+            scope.changed()
+        if any(o.rewrite is not None for o in outcomes):
+            settle(self.model)
+        return outcomes
+
+    def _initializers(self, scope: Scope, view: GraphView, convert) -> list[Outcome]:
+        graph, outcomes, i = scope.graph, [], 0
+        for tensor in list(graph.initializer):  # (i: its place now, the new ones before it counted)
+            said = self._offer(Held(tensor.name, scope, tensor), view, convert, at=i)
+            outcomes += said
+            i += sum(len(o.rewrite.initializers) for o in said if o.rewrite is not None)
+            if said and said[0].rewrite is not None and not self._read(scope, tensor.name):
+                del graph.initializer[i]
+                for vi in [vi for vi in graph.input if vi.name == tensor.name]:  # (IR < 4 lists it among the inputs)
+                    graph.input.remove(vi)
+                continue
+            self.store.keep(tensor)
+            i += 1
+        return outcomes
+
+    def _offer(self, held: Held, view: GraphView, convert, at: int | None = None) -> list[Outcome]:
+        result = convert(held, view)
+        if result is None:
+            return []
+        scope = held.scope
+        if isinstance(result, Rewrite):
+            need, opset = result.domains.get("", 0), ai_onnx_version(scope.imports) or 0
+            if need > opset:
+                result = Refusal(f"its rewrite needs ai.onnx opset {need} ({result.needs_why or 'the ops it writes'}), "
+                                 f"and {'the function' if scope.in_function else 'the model'} imports {opset or 'none'}")
+        if not isinstance(result, Rewrite):
+            return [Outcome(scope.path, held.node, reason=str(result), constant=held.name)]
+        self._apply(held, result, at)
+        return [Outcome(scope.path, held.node, rewrite=result, constant=held.name)]
+
+    def _apply(self, held: Held, rw: Rewrite, at: int | None) -> None:
+        scope = held.scope
+        nodes = []  # (in a function: its new constants as Constant nodes)
+        for k, t in enumerate(rw.initializers):
+            if scope.graph is None:
+                nodes.append(onnx.helper.make_node("Constant", [], [t.name], value=t))
+                continue
+            place = len(scope.graph.initializer) if at is None else at + k
+            scope.graph.initializer.insert(place, self.store.put(t))
+            rw.initializers[k] = scope.graph.initializer[place]  # (what the graph holds: the Rewrite keeps no data)
+        first = self.first.setdefault(id(scope), (scope, []))[1]
+        first[:0] = nodes
+        first.extend(rw.nodes)
+        for node, index, value in rw.rewires:
+            node.input[index] = value
+        self.gone.update((id(n), n) for n in rw.replaces if not is_constant_node(n))
+        if held.node is not None and any(n is held.node for n in rw.replaces) and not self._read(scope, held.name):
+            self.gone[id(held.node)] = held.node
+        for domain, version in rw.domains.items():
+            if domain not in ("", "ai.onnx"):
+                import_at_least(scope.top.imports, domain, version)
+                if scope.in_function:
+                    import_at_least(self.model.opset_import, domain, version)
+        scope.changed()
+
+    def _read(self, holder: Scope, name: str) -> bool:
+        """Whether a node that stays, or an output, reads `name` where it resolves to `holder`'s."""
+        if self._readers is None:
+            self._readers = {}
+            for scope in self.scopes:
+                for node in scope.nodes:
+                    for x in set(node.input):
+                        self._readers.setdefault(x, []).append((scope, node))
+        for scope, node in self._readers.get(name, ()):
+            if id(node) not in self.gone and name in node.input and scope.resolve(name) is holder:
+                return True
+        return any(name in scope.outputs and scope.resolve(name) is holder for scope in [holder, *scopes_under(holder)])
+
+    def _value(self, scope: Scope, name: str):
+        holder = scope.resolve(name)
+        tensor = holder.constant(name) if holder is not None else None
+        return None if tensor is None else self.store.array(tensor)

@@ -291,20 +291,23 @@ def _with_tensors_out(model: onnx.ModelProto, folder: str, location: str) -> onn
 
 class DataFile:
     """One external data file being written, a tensor at a time: `add(graph, tensor)` appends
-    to the graph's initializers the tensor itself when it is small (under 1 KiB) or holds no
-    raw data, else a stub pointing at its bytes, written to the file (the bytes never copied
-    into the graph)."""
+    to the graph's initializers `stored(tensor)`: the tensor itself when it is small (under
+    1 KiB) or holds no raw data, else a stub pointing at its bytes, written to the file (the
+    bytes never copied into the graph)."""
 
     def __init__(self, f, location: str):
         self.file, self.location = f, location
 
     def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
+        graph.initializer.append(self.stored(tensor))
+
+    def stored(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """What stands in a graph for `tensor` written so (see the class doc)."""
         from dyndq.plumbing.light import copy_fields, nbytes
 
         if not (tensor.HasField("raw_data") and nbytes(tensor) >= 1024):
-            graph.initializer.append(tensor)
-            return
-        stub = graph.initializer.add()
+            return tensor
+        stub = onnx.TensorProto()
         copy_fields(tensor, stub, skip={"raw_data", "external_data", "data_location"})
         offset = self.file.tell()
         data = tensor.raw_data  # (one tensor's bytes at a time)
@@ -313,6 +316,7 @@ class DataFile:
         stub.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(self.file.tell() - offset))):
             stub.external_data.add(key=key, value=value)
+        return stub
 
 
 def _unused_name(folder: str, location: str) -> str:

@@ -41,11 +41,9 @@ import onnx
 
 from dyndq.checker import value_types
 from dyndq.converters.rules import LIFT, apply, rules
+from dyndq.converters.walker import settle
 from dyndq.files import model_of
 from dyndq.opdefs import all_versions
-from dyndq.plumbing.domain_imports import align
-from dyndq.plumbing.function_inputs import pass_out
-from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.names import NameScope, all_names, op_name
 from dyndq.plumbing.opsets import import_at_least
 
@@ -110,7 +108,5 @@ def lift_with_report(model: onnx.ModelProto | str) -> tuple[onnx.ModelProto, Lif
                 if domain not in ("", "ai.onnx"):
                     import_at_least(out.opset_import, domain, version)
     if report.lifted:
-        pass_out(out)  # (uint2 codes in a function importing opset 21: plumbing/function_inputs.py)
-        align(out)  # (our domain at one version in the model and its functions: plumbing/domain_imports.py)
-        out.ir_version = max(out.ir_version, model_ir(out))  # (int4 codes need IR 10)
+        settle(out)  # (uint2 codes in a function importing opset 21 passed in; our domain at one version; IR 10 for int4)
     return out, report

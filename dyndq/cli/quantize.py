@@ -13,7 +13,7 @@ from dyndq.cli.exits import OK, UsageError
 
 def _add_parser(sub) -> None:
     from dyndq.converters.engines import ENGINES
-    from dyndq.quantization import EMITS, FORMATS, METHODS, OPS, SCALE_DTYPES
+    from dyndq.quantization import EMITS, METHODS, OPS, SCALE_DTYPES, formats
 
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int2/int4/int8 per group, MXFP4, NVFP4)",
                        description="Write OUT: IN with the constant weights of MatMul, Gemm and Gather as int2/int4/int8 "
@@ -24,7 +24,7 @@ def _add_parser(sub) -> None:
                                    "left alone. Exit 1 when nothing could be quantized.")
     q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
-    q.add_argument("--format", choices=FORMATS,  # (None: not given, which a --budget requires; int by default)
+    q.add_argument("--format", choices=formats.names(),  # (None: not given, which a --budget requires; int by default)
                    help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
                         "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale; not with --budget")
     q.add_argument("--bits", type=int, choices=(2, 4, 8),  # (None: not given, which a --budget requires)

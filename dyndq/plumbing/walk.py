@@ -223,3 +223,22 @@ def is_constant_node(node: onnx.NodeProto) -> bool:
     """A Constant node of ai.onnx with its one output and its one value attribute."""
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 \
         and len(node.attribute) == 1
+
+
+def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor a Constant node holds in `value`, `value_float(s)` or `value_int(s)` (None for
+    the sparse and string forms, which hold no weight)."""
+    if not node.attribute:
+        return None
+    attr = node.attribute[0]
+    name = node.output[0]
+    if attr.name == "value":
+        return attr.t
+    if attr.name in ("value_float", "value_int"):
+        kind = onnx.TensorProto.FLOAT if attr.name == "value_float" else onnx.TensorProto.INT64
+        return onnx.helper.make_tensor(name, kind, [], [attr.f if attr.name == "value_float" else attr.i])
+    if attr.name in ("value_floats", "value_ints"):
+        kind = onnx.TensorProto.FLOAT if attr.name == "value_floats" else onnx.TensorProto.INT64
+        values = list(attr.floats if attr.name == "value_floats" else attr.ints)
+        return onnx.helper.make_tensor(name, kind, [len(values)], values)
+    return None

@@ -6,9 +6,11 @@
 The function is `dyndq.quantize` (also `dyndq.quantization.quantize`); this package, named
 otherwise so that the name `dyndq.quantize` means the function only, holds its parts.
 
-The numerics are pure NumPy functions of one weight (`rtn`, `search`, `numerics`), the
-graph side is separate (`plan` finds the weights, `rewrite` makes the nodes), and
-`quantizer` ties them together; docs/quantize.md tells the whole story.
+The numerics are pure NumPy functions of one weight (`rtn`, `search`, `numerics`, `fp4`), each
+format is one module of `formats/` (its option checks, quantize, dequantize, nodes), the graph
+side is separate (`plan` finds the weights, `rewrite` makes a format's nodes), and `quantizer`
+hands its rule of kind QUANTIZE to the one walker (converters/walker.py), which applies it over
+every scope; docs/quantize.md tells the whole story.
 """
 from dyndq.quantization.options import FORMATS, SCALE_DTYPES, OptionError, QuantizeOptions
 from dyndq.quantization.quantizer import NothingToQuantize, quantize, rank_methods

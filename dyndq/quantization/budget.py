@@ -40,10 +40,8 @@ from dyndq.opdefs import Problem
 from dyndq.plumbing.light import initializers_as_inputs, stored_bytes
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.walk import is_constant_node
-from dyndq.quantization.fp4 import quantize_fp4
-from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
-from dyndq.quantization.options import CHOICES  # (name -> (bits, format))
-from dyndq.quantization.rewrite import placed
+from dyndq.quantization import formats
+from dyndq.quantization.numerics import ScaleOutOfRange
 
 
 class BudgetError(ValueError):
@@ -211,18 +209,14 @@ def allocate(model: onnx.ModelProto, targets, arrays: dict, options, feeds: list
 
 
 def _candidate(target, weight, choice, options) -> Candidate | None:
-    bits, fmt = CHOICES[choice]
+    bits, name = formats.choices()[choice]
+    fmt = formats.get(name)
     try:
-        if fmt == "int":
-            q = quantize_weight(weight, axis=target.axis, group_size=options.group_size, bits=bits,
-                                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
-                                method=options.method, rule=target.rule)
-        else:
-            q = quantize_fp4(weight, axis=target.axis, format=fmt)
+        q = fmt.quantize(weight, target, options, bits)
     except ScaleOutOfRange:
         return None
     # (the bytes as the quantizer writes them: its tensors, placed under throwaway names)
-    p = placed(target.name, target.dtype, q, NameScope(set()), 21)
+    p = fmt.nodes(target.name, target.dtype, q, NameScope(set()), 21)
     size = sum(stored_bytes(t) for t in p.tensors)
     return Candidate(choice, q, size, q.stats.relative)
 
@@ -319,20 +313,8 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
 
 
 def dequantized(q, dtype) -> np.ndarray:
-    """The weight the graph gives back for `q` (rewrite.placed's nodes: our kernel, then the Slice
-    and the weight's dtype)."""
-    from dyndq.kernels.dynamic_dequantize import dynamic_dequantize
-    from dyndq.plumbing.types import elem_type
-
-    scales = q.scales
-    if q.tensor_scale is not None:  # NVFP4: the block scales dequantized first, per tensor
-        scales = dynamic_dequantize(scales, np.array([q.tensor_scale], np.float32), qtype="per_tensor",
-                                    output_dtype=elem_type("float32"))
-    fp4 = q.codes.dtype.name == "float4_e2m1fn"
-    values = dynamic_dequantize(q.codes, scales, q.zero_points, qtype="per_group", group_shape=q.group_shape,
-                                output_dtype=elem_type(np.dtype(dtype).name) if fp4 else None)
-    values = np.take(values, np.arange(q.length), axis=q.axis) if q.padded_to else values
-    return values.astype(dtype)
+    """The weight the graph gives back for `q` (its format's dequantize: our kernel, as its nodes)."""
+    return formats.of(q).dequantize(q, dtype)
 
 
 def _is_float(v) -> bool:

@@ -79,7 +79,7 @@ def quantize_fp4(weight: np.ndarray, *, axis: int, format: str) -> QuantizedWeig
     codes = np.moveaxis(codes.reshape(*lead, n_blocks * block), -1, axis)
     scales = np.moveaxis(scales.reshape(*lead, n_blocks), -1, axis)
     return QuantizedWeight(np.ascontiguousarray(codes), np.ascontiguousarray(scales), None, axis, block, length,
-                           stats, tensor_scale=g)
+                           stats, tensor_scale=g, format=format)
 
 
 def _mx_scales(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

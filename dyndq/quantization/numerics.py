@@ -121,6 +121,7 @@ class QuantizedWeight:
     # NVFP4's float32 tensor scale g (fp4.py): then `scales` are float8e4m3fn codes of the block
     # scales, which dequantize with g before the codes dequantize with them
     tensor_scale: np.float32 | None = None
+    format: str = "int"  # the format it is in (formats/: its dequantize, the nodes it writes)
 
     @property
     def padded_to(self) -> int | None:

@@ -13,22 +13,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from dyndq.opdefs import Problem, ValidationError
-from dyndq.quantization import plan as planning
-from dyndq.quantization.fp4 import BLOCK as FP4_BLOCK
+from dyndq.quantization import formats, plan as planning
+from dyndq.quantization.formats.integer import DEFAULT_GROUP  # (integer codes' group size when none is given)
 from dyndq.quantization.numerics import METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
-FORMATS = ("int", *FP4_BLOCK)  # integer codes of `bits` bits, or one of the FP4 formats (fp4.py)
+DEFAULT_FORMAT = "int"
+FORMATS = formats.names()  # the formats registered when dyndq is imported (formats/: one module each)
 
 
 def methods_of(format: str | None) -> tuple[str, ...]:
-    """The methods a format takes: every one for integer codes (None: the default); an FP4 format's rule is its
-    only method."""
-    return METHODS if format in (None, "int") else ("rtn",)
-DEFAULT_GROUP = 128  # integer codes' group size when none is given
-# what a budget chooses among (budget.py): name -> (bits, format)
-CHOICES = {"int2": (2, "int"), "int4": (4, "int"), "int8": (8, "int"), "mxfp4": (4, "mxfp4"), "nvfp4": (4, "nvfp4")}
-DEFAULT_CHOICES = ("int2", "int4", "int8")
+    """The methods a format takes (None: the default format): every one for integer codes; an FP4
+    format's rule is its only method."""
+    try:
+        return formats.methods_of(formats.get(format or DEFAULT_FORMAT))
+    except (KeyError, TypeError):  # (a format none registered: QuantizeOptions.checked names it)
+        return ("rtn",)
 
 
 class OptionError(ValidationError):
@@ -42,7 +42,7 @@ class QuantizeOptions:
 
     bits: int = 4
     group_size: int = DEFAULT_GROUP  # -1: one group per whole axis (per channel)
-    format: str = "int"
+    format: str = DEFAULT_FORMAT
     symmetric: bool = False
     scale_dtype: str | None = None  # None: each weight's own dtype
     ops: tuple[str, ...] = planning.OPS
@@ -50,7 +50,12 @@ class QuantizeOptions:
     method: str = "rtn"
     seed: int = 0  # of the random inputs the output error is measured on
     budget: float | None = None  # bits per weight: mixed widths chosen among format_choices (budget.py)
-    format_choices: tuple[str, ...] = ()  # (with a budget) int2, int4, int8, mxfp4, nvfp4
+    format_choices: tuple[str, ...] = ()  # (with a budget) int2, int4, int8, mxfp4, nvfp4 (formats.choices())
+
+    @property
+    def fmt(self) -> formats.Format:
+        """The format (formats/), which quantizes each weight and writes its nodes."""
+        return formats.get(self.format)
 
     @classmethod
     def checked(cls, model, *, bits=None, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
@@ -61,34 +66,24 @@ class QuantizeOptions:
         budget, which chooses them, neither may be given, whatever its value)."""
         problems = []
         given = {name: value for name, value in (("bits", bits), ("format", format)) if value is not None}
-        bits = 4 if bits is None else bits
-        format = "int" if format is None else format
+        format = DEFAULT_FORMAT if format is None else format
+        fmt = formats.get(format) if isinstance(format, str) and format in formats.names() else None
+        bits = (fmt.bits[0] if fmt is not None else formats.get(DEFAULT_FORMAT).bits[0]) if bits is None else bits
         original = dict(ops=ops, exclude=exclude)
 
         def bad(argument, found, allowed):
             problems.append(Problem(argument, found, allowed))
 
-        if isinstance(bits, bool) or bits not in (2, 4, 8):
-            bad("bits", repr(bits), "2, 4 or 8")
+        every_bits = formats.all_bits()
+        if isinstance(bits, bool) or bits not in every_bits:
+            bad("bits", repr(bits), ", ".join(map(str, every_bits[:-1])) + f" or {every_bits[-1]}")
         if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or
                                        not (group_size >= 1 or group_size == -1)):
             bad("group_size", repr(group_size), "a whole number >= 1, or -1 for one group per whole axis (per channel)")
-        if not isinstance(format, str) or format not in FORMATS:
-            bad("format", repr(format), ", ".join(FORMATS))
-        elif format != "int":  # (its block, scales and rounding are the format's own: what differs is a mistake)
-            block = FP4_BLOCK[format]
-            if group_size is not None and group_size != block:
-                bad("group_size", f"{group_size!r} with format {format!r}",
-                    f"{block} (its blocks) or none given")
-            if bits != 4 and bits in (2, 8):
-                bad("bits", f"{bits!r} with format {format!r}", f"4 (its codes are float4e2m1) or none given")
-            if scale_dtype is not None:
-                bad("scale_dtype", f"{scale_dtype!r} with format {format!r}",
-                    "none (its scales are " + ("float8e8m0" if format == "mxfp4" else "float8e4m3fn times a float32")
-                    + ")")
-            if method not in methods_of(format):
-                bad("method", f"{method!r} with format {format!r}", "'rtn' (the format's rule is the only method)")
-            group_size = block
+        if fmt is None:
+            bad("format", repr(format), ", ".join(formats.names()))
+        else:  # (what the format fixes, its block, scales and rounding: what differs is a mistake)
+            problems += fmt.problems(bits=bits, group_size=group_size, scale_dtype=scale_dtype, method=method)
         if not isinstance(symmetric, (bool, np.bool_)):
             bad("symmetric", repr(symmetric), "True or False")
         name = None
@@ -127,13 +122,13 @@ class QuantizeOptions:
             for name, value in given.items():  # (4 or "int" given too: a budget never reads them)
                 bad(name, f"{value!r} with a budget", "none given: the budget chooses each weight's format among "
                                                       "format_choices")
-            choices, wrong = parse_choices(DEFAULT_CHOICES if format_choices is None else format_choices)
+            choices, wrong = parse_choices(formats.default_choices() if format_choices is None else format_choices)
             problems += wrong
         elif format_choices is not None:
             bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")
         if problems:
             raise OptionError(problems)
-        group_size = DEFAULT_GROUP if group_size is None else group_size
+        group_size = fmt.group_size(group_size)
         return cls(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name, ops=ops,
                    exclude=exclude, method=method, seed=int(seed), format=format,
                    budget=None if budget is None else float(budget), format_choices=choices)
@@ -159,7 +154,8 @@ def _names(value) -> tuple | None:
 def parse_choices(choices) -> tuple[tuple[str, ...], list[Problem]]:
     """A budget's choices as a tuple of names (from a comma-separated string or a sequence), and problems."""
     items = [c.strip() for c in choices.split(",")] if isinstance(choices, str) else list(_names(choices) or [choices])
-    if not items or any(not isinstance(c, str) or c not in CHOICES for c in items):
+    every = formats.choices()
+    if not items or any(not isinstance(c, str) or c not in every for c in items):
         return tuple(items), [Problem("format_choices", repr(",".join(map(str, items))),
-                                      "one or more of " + ", ".join(CHOICES) + ", comma separated")]
+                                      "one or more of " + ", ".join(every) + ", comma separated")]
     return tuple(dict.fromkeys(items)), []

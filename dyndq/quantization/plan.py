@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.plumbing.types import attribute_values, dtype_name
-from dyndq.plumbing.walk import is_constant_node, scopes
+from dyndq.plumbing.walk import constant_value, is_constant_node, scopes  # noqa: F401  (constant_value: as plan.py has it)
 from dyndq.opdefs import Problem
 from dyndq.wording import a as article, plural
 
@@ -163,25 +163,6 @@ def _float_constant(scope, name: str) -> bool:
     if tensor is None and holder is not None and holder.graph is not None:  # (IR < 4: listed among the inputs too)
         tensor = next((t for t in holder.graph.initializer if t.name == name), None)
     return tensor is not None and dtype_name(tensor.data_type) in FLOATS and len(tensor.dims) >= 2
-
-
-def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
-    """The tensor a Constant node holds in `value`, `value_float(s)` or `value_int(s)` (None for
-    the sparse and string forms, which hold no weight)."""
-    if not node.attribute:
-        return None
-    attr = node.attribute[0]
-    name = node.output[0]
-    if attr.name == "value":
-        return attr.t
-    if attr.name in ("value_float", "value_int"):
-        kind = onnx.TensorProto.FLOAT if attr.name == "value_float" else onnx.TensorProto.INT64
-        return onnx.helper.make_tensor(name, kind, [], [attr.f if attr.name == "value_float" else attr.i])
-    if attr.name in ("value_floats", "value_ints"):
-        kind = onnx.TensorProto.FLOAT if attr.name == "value_floats" else onnx.TensorProto.INT64
-        values = list(attr.floats if attr.name == "value_floats" else attr.ints)
-        return onnx.helper.make_tensor(name, kind, [len(values)], values)
-    return None
 
 
 def _source(scope, name: str):

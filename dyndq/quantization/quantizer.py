@@ -1,11 +1,14 @@
 """`quantize(model) -> (model, report)` and `quantize_file(src, dst)`: the whole-graph step.
 
-`plan` finds the weights, `numerics` quantizes each (one at a time), `rewrite` makes the
-nodes and tensors that stand for it, and the report says what came of it.  A model in memory
-is never changed: the result is a new model holding its structure, the new tensors and the
-initializers left as they were.  From a file with external data (`quantize_file`), the weights
-are read one at a time and the new model's tensors written to its data file as they are
-made, so the memory it takes is about the largest weight twice plus the model's structure.
+`plan` finds the weights; the quantize rule (`WeightRule`, a rule of kind QUANTIZE) has each
+quantized in the options' format (formats/, one weight at a time) and the format's nodes and
+tensors made for it; the walker (converters/walker.py) applies the rule over every scope,
+placing those, pointing the readers at them and fixing the opset imports; the report says what
+came of it.  A model in memory is never changed: the result is a new model holding its
+structure, the new tensors and the initializers left as they were.  From a file with external
+data (`quantize_file`), the walker reads the weights through the store (`Tensors`) one at a
+time, and the store writes the new model's tensors to its data file as the walker comes to
+them, so the memory it takes is about the largest weight twice plus the model's structure.
 """
 from __future__ import annotations
 
@@ -15,20 +18,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dyndq.opdefs import DOMAIN, Problem, ValidationError
-from dyndq.plumbing.domain_imports import align as align_domain_imports
-from dyndq.plumbing.function_inputs import pass_out
-from dyndq.plumbing.ir import model_ir
+from dyndq.converters.rewrite import Rewrite
+from dyndq.converters.rules import QUANTIZE, Rule, apply
+from dyndq.converters.walker import Store
+from dyndq.opdefs import DOMAIN, Problem, Refusal, ValidationError
 from dyndq.plumbing.light import copy_fields, stored_bytes
 from dyndq.plumbing.names import NameScope, all_names
-from dyndq.plumbing.opsets import ai_onnx_version, import_at_least
 from dyndq.plumbing.walk import is_constant_node, scopes
-from dyndq.quantization import plan as planning
-from dyndq.quantization.fp4 import quantize_fp4
-from dyndq.quantization.numerics import QuantizedWeight, ScaleOutOfRange, quantize_weight
+from dyndq.quantization import formats, plan as planning
+from dyndq.quantization.numerics import ScaleOutOfRange
 from dyndq.quantization.options import QuantizeOptions
 from dyndq.quantization.report import LayerReport, QuantizeReport
-from dyndq.quantization.rewrite import placed
+from dyndq.quantization.rewrite import version_of
 from dyndq.wording import plural
 
 
@@ -130,7 +131,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     model = model_of(model, "rank_methods")
     # (by default every method the format takes: an FP4 format has its rule alone)
     checked = [QuantizeOptions.checked(model, method=m, seed=seed, **options)
-               for m in (methods or methods_of(options.get("format", "int")))]
+               for m in (methods or methods_of(options.get("format")))]
     evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
                             progress=progress)
     runs = []
@@ -145,29 +146,62 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
 
 
-class Tensors:
-    """Where weights are read from and the new model's tensors go: kept in the model (the
-    default), or, for a model read without its external data, read one at a time and written
-    one at a time to `data` (a files.DataFile) as they come."""
+class Tensors(Store):
+    """The walker's store for quantize: where weights are read from and the new model's tensors
+    go.  By default in memory: the new model holds its tensors.  For a model read without its
+    external data (`loaded`, with `data` a files.DataFile): each weight read one at a time, and
+    each tensor of the new model written to `data` as the walker comes to it, in the model's
+    order, so that what is in memory at once is about one weight and what is made of it.
+
+    `structure(model)` is the model the walker rewrites: the model's structure, with each
+    initializer of the main graph a placeholder (its name, type and shape; which of the given
+    model's initializers it stands for in `external_data`) whose data the store reads from the
+    model given and puts in place (the whole tensor) when the walker keeps it: the weights
+    quantized away are never copied."""
 
     def __init__(self, loaded=None, data=None):
         self.loaded, self.data = loaded, data
+        self.originals: list[onnx.TensorProto] = []
+
+    def structure(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        copy_fields(model, out, skip={"graph"})
+        copy_fields(model.graph, out.graph, skip={"initializer"})
+        self.originals = list(model.graph.initializer)
+        for i, t in enumerate(self.originals):
+            stand_in = out.graph.initializer.add()  # (its fields set one by one: ListFields would copy the data)
+            stand_in.name, stand_in.data_type = t.name, t.data_type
+            stand_in.dims.extend(t.dims)
+            stand_in.data_location = onnx.TensorProto.EXTERNAL
+            stand_in.external_data.add(key=_STANDS_FOR, value=str(i))
+        return out
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
         from dyndq.files import tensor_array
 
+        tensor = self._original(tensor)
         return numpy_helper.to_array(tensor) if self.loaded is None else tensor_array(tensor, self.loaded)
 
-    def add(self, graph: onnx.GraphProto, tensor: onnx.TensorProto) -> None:
+    def put(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         if self.data is None:
-            graph.initializer.append(tensor)
-        else:
-            self.data.add(graph, self._with_data(tensor))
-
-    def _with_data(self, tensor):
+            return tensor
         from dyndq.files import tensor_with_data
 
-        return tensor if self.loaded is None else tensor_with_data(tensor, self.loaded)
+        return self.data.stored(tensor if self.loaded is None else tensor_with_data(tensor, self.loaded))
+
+    def keep(self, tensor: onnx.TensorProto) -> None:
+        stored = self.put(self._original(tensor))
+        if stored is not tensor:
+            tensor.CopyFrom(stored)
+
+    def _original(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and len(tensor.external_data) == 1 \
+                and tensor.external_data[0].key == _STANDS_FOR:
+            return self.originals[int(tensor.external_data[0].value)]
+        return tensor
+
+
+_STANDS_FOR = "dyndq.quantize.stands_for"  # (a placeholder's one external_data key: the index of the tensor it stands for)
 
 
 def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Tensors | None = None, *,
@@ -175,7 +209,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     """`quantize`'s work on a model and its options judged (`QuantizeOptions.checked`), the
     weights read from and the new tensors written to `tensors` (default: the models themselves),
     a budget's widths chosen on `feeds` (a list of feed dicts: `budget_feeds`),
-    the output error not measured."""
+    the output error not measured.  The weights are found here (plan.py) and quantized by one
+    rule of kind QUANTIZE that the walker applies (converters/walker.py: it places the nodes
+    and tensors, points the readers at them, and fixes the opset imports)."""
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
     found = planning.plan(model, ops=options.ops, exclude=options.exclude)
@@ -186,73 +222,19 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if not found.targets:
         raise NothingToQuantize(found.problems, options.ops, found.activation_line(), excluded=found.excluded,
                                 other_weights=found.other_weights_line(options.ops))
-    _group_fits(options, found.targets)
+    misfits = options.fmt.fits(options, found.targets)
+    if misfits:  # (before any work)
+        from dyndq.quantization.options import OptionError
+
+        raise OptionError(misfits)
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
         chosen = report.budget.chosen()
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip={"graph"})
-    copy_fields(model.graph, out.graph, skip={"initializer"})
+    out = tensors.structure(model)
     names = NameScope(all_names(model))
-    every = {scope.path: scope for scope in scopes(out)}  # (the model's scopes, by the paths the plan named)
-    targets = {(t.graph, t.name): t for t in found.targets}
-    new_nodes: dict[str, list] = {}  # scope path -> the nodes standing for its weights (put first)
-    gone: dict[str, list] = {}  # scope path -> the Constant (and Identity) nodes whose weights no node reads as floats any more
-    passing = {key: [(path, every[path].nodes[index]) for path, index in t.via] for key, t in targets.items()}
-    done = 0
-
-    def quantize_one(target, weight, scope, add) -> bool:
-        nonlocal done
-        opset = ai_onnx_version(scope.imports) or 1
-        q = None if chosen is None else chosen.get((target.graph, target.name))
-        layer, nodes = _one_weight(target, weight, options, names, opset, every, add, q)
-        done += 1
-        if layer is None:
-            report.left_alone.append(nodes)
-            return False
-        report.layers.append(layer)
-        new_nodes.setdefault(scope.path, []).extend(nodes)
-        if progress:
-            progress(f"[{done}/{len(targets)}] {layer.name} {'x'.join(map(str, layer.shape))} {layer.form}: "
-                     f"rel. error {layer.relative_error:.4f} ({layer.seconds:.1f} s)")
-        return True
-
-    for path, scope in every.items():
-        graph = scope.graph
-        if graph is not None:
-            # (the main graph's initializers are read from the model given; a nested graph's from its copy)
-            originals = list(model.graph.initializer) if path == "main" else [_copy(t) for t in graph.initializer]
-            del graph.initializer[:]
-            for tensor in originals:
-                target = targets.get((path, tensor.name))
-                if target is None or target.constant_node:
-                    tensors.add(graph, tensor)
-                    continue
-                if not quantize_one(target, tensors.array(tensor), scope, lambda t: tensors.add(graph, t)) \
-                        or target.keep_float:
-                    tensors.add(graph, tensor)
-                    continue
-                if target.listed_as_input:
-                    _drop_input(graph, target.name)
-                for where, identity in passing[(path, tensor.name)]:
-                    gone.setdefault(where, []).append(identity)
-        for node in list(scope.nodes):
-            target = targets.get((path, node.output[0])) if is_constant_node(node) else None
-            if target is None or not target.constant_node:
-                continue
-            # a graph's new tensors are initializers (a Constant node of int4 codes needs ai.onnx 21, which an
-            # exporter's opset 11 or 12 graph does not import); a function has none: Constant nodes, ahead of the
-            # rest (those its opset's Constant does not hold are passed in from the main graph at the end)
-            made = []
-            add = (lambda t: made.append(onnx.helper.make_node("Constant", [], [t.name], value=t))) \
-                if scope.graph is None else (lambda t, graph=scope.graph: tensors.add(graph, t))
-            if quantize_one(target, tensors.array(planning.constant_value(node)), scope, add):
-                new_nodes[path][:0] = made
-                if not target.keep_float:
-                    gone.setdefault(path, []).append(node)
-                    for where, identity in passing[(path, node.output[0])]:
-                        gone.setdefault(where, []).append(identity)
+    rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress)
+    apply(out, [rule.rule()], None, names, store=tensors)
     if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
         report.budget.release()
     if strict and len(report.left_alone) > len(found.problems):
@@ -260,21 +242,66 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if not report.layers:
         raise NothingToQuantize(report.left_alone, options.ops, found.activation_line(), excluded=found.excluded,
                                 other_weights=found.other_weights_line(options.ops))
-    for path, nodes in gone.items():
-        for node in nodes:
-            del every[path].nodes[next(i for i, n in enumerate(every[path].nodes) if n is node)]
-    for path, nodes in new_nodes.items():  # ahead of every node (they read constants only), in place
-        scope = every[path]
-        for node in reversed(nodes):
-            scope.nodes.insert(0, node)
-        if scope.in_function:
-            import_at_least(scope.top.imports, DOMAIN, _version(options, chosen))  # (a superset of the older ones)
-    pass_out(out)  # (uint2 or float4 codes in a function importing opset 21: plumbing/function_inputs.py)
-    _set_imports(out, _version(options, chosen))
-    align_domain_imports(out)  # (a function's import of our domain and the model's: one version)
     report.model_bytes_before, report.model_bytes_after = constant_bytes(model), constant_bytes(out)
     report.seconds = time.perf_counter() - started
     return out, report
+
+
+class WeightRule:
+    """The quantize rule for one call: each weight the plan found (plan.Target), offered by the
+    walker as the constant holding it, quantized in the options' format (or as a budget chose),
+    its nodes and tensors made by the format, its readers pointed at them; a weight that cannot
+    be is named in the report as left alone."""
+
+    def __init__(self, targets, options: QuantizeOptions, report: QuantizeReport, scopes_by_path: dict, chosen,
+                 progress):
+        self.targets = {(t.graph, t.name): t for t in targets}
+        self.options, self.report, self.every, self.chosen, self.progress = options, report, scopes_by_path, chosen, progress
+        self.done = 0
+
+    def rule(self) -> Rule:
+        return Rule("weight -> codes + DynamicDequantize", QUANTIZE, (None, None), self.check, self.rewrite)
+
+    def check(self, held, view):
+        """(target, QuantizedWeight, when it started) for a weight to quantize; a Refusal naming why
+        one cannot be (its Problem goes to the report); not mine: any other constant."""
+        target = self.targets.get((held.scope.path, held.name))
+        if target is None or target.constant_node != (held.node is not None):
+            return Refusal("not a weight of the plan", mine=False)
+        weight = view.read(held.tensor)
+        started = time.perf_counter()  # (the layer's seconds: its quantizing and its nodes, the reading left out)
+        chosen = None if self.chosen is None else self.chosen.get((target.graph, target.name))
+        q = _quantized(target, weight, self.options, chosen)
+        del weight
+        if isinstance(q, Problem):
+            self.done += 1
+            self.report.left_alone.append(q)
+            return Refusal(str(q))
+        return target, q, started
+
+    def rewrite(self, found, held, view) -> Rewrite:
+        target, q, started = found
+        opset = view.imports.get("", view.imports.get("ai.onnx")) or 1
+        p = formats.of(q).nodes(target.name, target.dtype, q, view.names, opset)
+        after = sum(stored_bytes(t) for t in p.tensors)
+        rewires = [(self.every[u.graph].nodes[u.index], planning.WEIGHT_INPUT[u.op][0], p.output) for u in target.uses]
+        passing = [] if target.keep_float else [self.every[path].nodes[index] for path, index in target.via]
+        notes = [f"also read by {', '.join(target.keep_float)}: the float weight is kept for them"] if target.keep_float else []
+        other = [u.node for u in target.uses if u.axis != target.axis]
+        if other:
+            notes.append(f"quantized along axis {target.axis} (for {target.uses[0].node}); {', '.join(other)} "
+                         "would reduce along another")
+        layer = LayerReport(
+            target.name, target.graph, [u.node for u in target.uses], target.ops, list(target.dims), target.dtype, p.form,
+            q.stats.relative, q.stats.max_abs, q.stats.cosine, _float_bytes(target), after,
+            time.perf_counter() - started, notes)
+        self.report.layers.append(layer)
+        self.done += 1
+        if self.progress:
+            self.progress(f"[{self.done}/{len(self.targets)}] {layer.name} {'x'.join(map(str, layer.shape))} {layer.form}: "
+                          f"rel. error {layer.relative_error:.4f} ({layer.seconds:.1f} s)")
+        return Rewrite(([held.node] if held.node is not None else []) + passing, p.nodes, p.tensors, p.form,
+                       domains={DOMAIN: version_of(q)}, rewires=rewires)
 
 
 def constant_bytes(model: onnx.ModelProto) -> int:
@@ -293,25 +320,6 @@ def constant_bytes(model: onnx.ModelProto) -> int:
                 bits = 8
             total += -(-int(np.prod(t.dims, dtype=np.int64)) * bits // 8)
     return total
-
-
-def _group_fits(options: QuantizeOptions, targets) -> None:
-    """A group longer than every weight's axis is refused (OptionError) before any work: a weight
-    shorter than its group is padded to one group, and a group of 2**40 would be padded to that.
-    Up to the default (128) a group is always taken, the longest axis beyond it."""
-    from dyndq.quantization.options import DEFAULT_GROUP, OptionError
-
-    longest = max(t.dims[t.axis] for t in targets)
-    if options.format == "int" and options.group_size > max(longest, DEFAULT_GROUP):
-        raise OptionError([Problem("group_size", repr(options.group_size),
-                                   f"a whole number up to {max(longest, DEFAULT_GROUP)} (the longest axis a weight is "
-                                   "grouped along here), or -1 for one group per whole axis (per channel)")])
-
-
-def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    t = onnx.TensorProto()
-    t.CopyFrom(tensor)
-    return t
 
 
 def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samples: int) -> list[dict] | None:
@@ -335,50 +343,21 @@ def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds
         raise OptionError([e.problem]) from None
 
 
-def _one_weight(target, weight, options: QuantizeOptions, names, opset, scopes_by_path, add, chosen=None):
-    """(LayerReport, nodes), having added the weight's tensors (`add(tensor)`) and pointed its
-    readers at the dequantized value; or (None, Problem) for a weight that cannot be.  chosen: its
-    QuantizedWeight, already made (a budget's allocation)."""
-    started = time.perf_counter()
+def _quantized(target, weight, options: QuantizeOptions, chosen=None):
+    """The weight's QuantizedWeight in the options' format (`chosen`: made already, a budget's
+    allocation), or the Problem of a weight that cannot be quantized."""
     # (a weight with NaN or infinity is told so, whatever else its quantization found: it is
     # looked for only where the quantization's error sums are not finite, or it failed, as a
     # NaN or an infinity makes them: a pass over every weight less)
     try:
-        if chosen is not None:
-            q = chosen
-        elif options.format != "int":
-            q = quantize_fp4(weight, axis=target.axis, format=options.format)
-        else:
-            q: QuantizedWeight = quantize_weight(
-                weight, axis=target.axis, group_size=options.group_size, bits=options.bits,
-                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
-                method=options.method, rule=target.rule)
+        q = chosen if chosen is not None else options.fmt.quantize(weight, target, options, options.bits)
     except ScaleOutOfRange as e:
         if not _finite(weight):
-            return None, _weight_problem(target, *NOT_FINITE)
-        return None, _weight_problem(target, e.found, e.allowed)
+            return _weight_problem(target, *NOT_FINITE)
+        return _weight_problem(target, e.found, e.allowed)
     if not q.stats.finite and not _finite(weight):
-        return None, _weight_problem(target, *NOT_FINITE)
-    del weight
-    p = placed(target.name, target.dtype, q, names, opset)
-    after = 0
-    for t in p.tensors:
-        after += stored_bytes(t)
-        add(t)
-    for u in target.uses:
-        node = scopes_by_path[u.graph].nodes[u.index]
-        k = planning.WEIGHT_INPUT[u.op][0]
-        node.input[k] = p.output
-    notes = [f"also read by {', '.join(target.keep_float)}: the float weight is kept for them"] if target.keep_float else []
-    other = [u.node for u in target.uses if u.axis != target.axis]
-    if other:
-        notes.append(f"quantized along axis {target.axis} (for {target.uses[0].node}); {', '.join(other)} "
-                     "would reduce along another")
-    layer = LayerReport(
-        target.name, target.graph, [u.node for u in target.uses], target.ops, list(target.dims), target.dtype, p.form,
-        q.stats.relative, q.stats.max_abs, q.stats.cosine, _float_bytes(target), after,
-        time.perf_counter() - started, notes)
-    return layer, p.nodes
+        return _weight_problem(target, *NOT_FINITE)
+    return q
 
 
 NOT_FINITE = ("NaN or infinity among its values", "finite weights")
@@ -402,22 +381,3 @@ def _float_bytes(target) -> int:
     return int(np.prod(target.dims, dtype=np.int64)) * (4 if target.dtype == "float32" else 2)
 
 
-def _drop_input(graph: onnx.GraphProto, name: str) -> None:
-    for vi in list(graph.input):
-        if vi.name == name:
-            graph.input.remove(vi)
-
-
-def _version(options: QuantizeOptions, chosen=None) -> int:
-    """The DynamicDequantize version the nodes need: 3 for 2-bit and float4 codes (rewrite.version_of)."""
-    if chosen:
-        from dyndq.quantization.rewrite import version_of
-
-        return max(version_of(q) for q in chosen.values())
-    return 3 if options.bits == 2 or options.format != "int" else 2
-
-
-def _set_imports(model: onnx.ModelProto, version: int) -> None:
-    """Our domain at `version`, and the IR version what the model now holds needs (int4 codes: 10)."""
-    import_at_least(model.opset_import, DOMAIN, version)
-    model.ir_version = max(model.ir_version, model_ir(model))

@@ -93,16 +93,11 @@ class QuantizeReport:
 
     def summary(self) -> str:
         o = self.options
-        kind = f"{'int' if o.symmetric else 'uint'}{o.bits}"
-        group = "per channel" if o.group_size == -1 else f"groups of {o.group_size}"
         alone = f"; {len(self.left_alone)} left alone" if self.left_alone else ""
         if o.budget is not None:
             return (f"quantized {plural(len(self.layers), 'weight')} to mixed formats ({', '.join(o.format_choices)}) "
                     f"within {o.budget:g} bits per weight{alone}")
-        if o.format != "int":  # (the FP4 formats: their blocks and scales are the format's)
-            return f"quantized {plural(len(self.layers), 'weight')} to {o.format} (blocks of {o.group_size}){alone}"
-        return (f"quantized {plural(len(self.layers), 'weight')} to {kind} ({group}, "
-                f"{'symmetric' if o.symmetric else 'asymmetric'}, {o.method}){alone}")
+        return f"quantized {plural(len(self.layers), 'weight')} to {o.fmt.describe(o)}{alone}"
 
     @property
     def model_ratio(self) -> float:

@@ -13,14 +13,11 @@ DynamicDequantize-2 node (or -3, below) whose output replaces W in every node th
 - a Cast to the weight's dtype when the scales have another (the op's output has the
   scales' dtype).
 
-Codes version 2 does not take (int2/uint2, float4e2m1) make DynamicDequantize-3 nodes. The
-float4 ones write the weight's dtype themselves (output_dtype: their scales are float8, so no
-Cast): MXFP4 one node (float8e8m0 scales), NVFP4 two (`QuantizedWeight.tensor_scale`): the
-first dequantizes the float8e4m3fn block scales with the float32 tensor scale g (per_tensor)
-into float32 block scales, the second the float4 codes with those:
-
-    W_block_scales, W_tensor_scale -> DynamicDequantize -> W_scales
-    W_quantized, W_scales -> DynamicDequantize -> [Slice] -> W_dequantized
+Codes version 2 does not take (int2/uint2, float4e2m1) make DynamicDequantize-3 nodes.  What
+differs from one format to another is the format's (formats/): what its codes are called in
+the form, how its scales are read (NVFP4 dequantizes its block scales with a node of their own:
+formats/nvfp4.py), and whether its node writes the weight's dtype itself (output_dtype: the
+FP4 formats' scales are float8, so no Cast).
 """
 from __future__ import annotations
 
@@ -56,8 +53,10 @@ def version_of(q: QuantizedWeight) -> int:
     return 2 if q.codes.dtype.name in VERSION_2_CODES and q.tensor_scale is None else 3
 
 
-def placed(name: str, dtype: str, q: QuantizedWeight, names: NameScope, opset: int) -> Placed:
-    """The tensors and nodes for weight `name` (of `dtype`) quantized as `q`, named after it."""
+def placed(fmt, name: str, dtype: str, q: QuantizedWeight, names: NameScope, opset: int) -> Placed:
+    """The tensors and nodes for weight `name` (of `dtype`) quantized as `q` in format `fmt`
+    (formats.Format: what its codes are called, how its scales are read, whether its node writes
+    the weight's dtype), named after the weight."""
     codes = names.fresh(f"{name}_quantized")
     scales = names.fresh(f"{name}_scales")
     version = version_of(q)
@@ -73,27 +72,15 @@ def placed(name: str, dtype: str, q: QuantizedWeight, names: NameScope, opset: i
         attrs = dict(qtype="per_group", group_shape=q.group_shape)
         scale_array = q.scales
         form = f"per_group {q.group_shape}"
-    if q.tensor_scale is None:
-        tensors.append(numpy_helper.from_array(scale_array, scales))
-    else:  # NVFP4: the block scales dequantized first (see the module doc)
-        block_scales = names.fresh(f"{name}_block_scales")
-        tensor_scale = names.fresh(f"{name}_tensor_scale")
-        tensors += [numpy_helper.from_array(scale_array, block_scales),
-                    numpy_helper.from_array(np.array([q.tensor_scale], np.float32), tensor_scale)]
-        nodes.append(make_node([block_scales, tensor_scale], [scales], name=names.fresh(f"{name}_scales_DynamicDequantize"),
-                               version=3, qtype="per_tensor", output_dtype=elem_type("float32")))
+    fmt.scale_inputs(name, q, scales, scale_array, names, tensors, nodes)
     if q.zero_points is not None:
         zps = names.fresh(f"{name}_zero_points")
         inputs.append(zps)
         tensors.append(numpy_helper.from_array(q.zero_points.reshape(-1) if per_channel(q) else q.zero_points, zps))
-    fp4 = q.codes.dtype.name == "float4_e2m1fn"
-    if fp4:  # (the formats' names say their codes and scales: fp4.py)
-        form = f"{'mxfp4' if q.tensor_scale is None else 'nvfp4'} {form}"
-    else:
-        form = f"{q.codes.dtype.name} {form}"
-    if fp4:  # (its scales are not of the weight's dtype: the node writes the weight's dtype itself)
+    form = f"{fmt.form(q)} {form}"
+    if fmt.writes_dtype:  # (its scales are not of the weight's dtype: the node writes the weight's dtype itself)
         attrs["output_dtype"] = elem_type(dtype)
-    cast = not fp4 and np.dtype(q.scales.dtype).name != dtype
+    cast = not fmt.writes_dtype and np.dtype(q.scales.dtype).name != dtype
     steps = ["DynamicDequantize"] + ["Slice"] * bool(q.padded_to) + ["Cast"] * cast
     out = names.fresh(f"{name}_dequantized")
     outputs = [names.fresh(f"{name}_{step}_out") for step in steps[:-1]] + [out]
