@@ -157,13 +157,15 @@ def _about_unloaded_external_data(model: onnx.ModelProto, message: str) -> bool:
 def onnx_checker_problems(model: onnx.ModelProto, ours_reported: bool) -> list[Problem]:
     """What `onnx.checker.check_model(full_check=True)` finds (it stops at the first),
     leaving out what is about our ops when we have reported on them already."""
+    from dyndq.lent_schemas import lent
     from dyndq.plumbing.light import light_view
 
     light = light_view(model)  # (a model over 2 GiB cannot be serialized for ONNX's checker)
 
     def first(full: bool) -> str | None:
         try:
-            onnx.checker.check_model(light, full_check=full)
+            with lent(model):  # (ONNX Runtime's schemas of its ops in the model, which ONNX has none of)
+                onnx.checker.check_model(light, full_check=full)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             return str(e).strip()
         except ValueError as e:  # e.g. "Invalid tensor data type 0." for a declared UNDEFINED element type

@@ -108,3 +108,31 @@ def test_a_function_called_from_another_passes_the_codes_on():
     exported = dyndq.export(quantized, target="onnxruntime")
     assert [n.op_type for n in exported.functions[0].node][-1] == "MatMulNBits"
     assert np.array_equal(run_ort(exported, EYE)[0], got)
+
+
+@pytest.mark.parametrize("emit", ["onnxruntime", "onnx"])
+def test_a_contrib_op_in_a_function_another_calls_passes_the_check(tmp_path, emit):
+    """MatMulNBits written into Lin, whose output Outer's Add reads: ONNX has no schema of it and
+    its full check, strict inside functions, found Add's input untyped (quantize exit 70, nothing
+    written, though ONNX Runtime loads the file).  dyndq.check lends ONNX Runtime's schema to the
+    checker (dyndq.lent_schemas) for the check alone."""
+    dyndq.save_model(function_model(nested=True), tmp_path / "m.onnx")
+    quantize_file(tmp_path / "m.onnx", tmp_path / "q.onnx", emit=emit, evaluate=False, group_size=32)
+    written = onnx.load(tmp_path / "q.onnx")
+    assert dyndq.check(written) == []
+    assert not onnx.defs.has("MatMulNBits", 1, "com.microsoft")  # (lent for the check only)
+    got = dyndq.run(written, EYE, engine="onnxruntime")["y"]
+    assert np.array_equal(got, dyndq.run(dyndq.quantize(function_model(nested=True), evaluate=False,
+                                                        group_size=32)[0], EYE, engine="reference")["y"])
+
+
+def test_a_contrib_node_is_judged_against_onnxruntimes_schema():
+    """The lent schema judges the node too: a MatMulNBits without its required K is named."""
+    quantized, _ = dyndq.quantize(function_model(nested=True), evaluate=False, group_size=32)
+    exported = dyndq.export(quantized, target="onnxruntime")
+    node, = [n for n in exported.functions[0].node if n.op_type == "MatMulNBits"]
+    kept = [a for a in node.attribute if a.name != "K"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    problems = dyndq.check(exported)
+    assert len(problems) == 1 and "Required attribute 'K' is missing" in str(problems[0]), problems
