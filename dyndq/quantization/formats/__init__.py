@@ -1,7 +1,8 @@
 """The quantization formats: one module each, registered as a contrib op's converter is.
 
 A format is an object of a `Format` subclass (registry.py), registered with `register` by its module
-(`integer.py`: int2/int4/int8; `mxfp4.py`; `nvfp4.py`), and holds what makes it one:
+(`integer.py`: int2/int4/int8; `mxfp4.py`; `nvfp4.py`; the last two share `float4.py`), and holds
+what makes it one:
 
 - its option checks: the data it declares (`bits`, `block`, `methods`, whether it takes
   `scale_dtype`) judged by `Format.problems`, which `options.QuantizeOptions.checked` calls, and

@@ -1,6 +1,6 @@
 """NVFP4: float4e2m1 codes in blocks of 16, float8e4m3fn block scales times a float32 tensor scale: "nvfp4".
 
-The rule is fp4.py's (shared with MXFP4).  Its nodes are two DynamicDequantize-3: the first
+The rule is fp4.py's (shared with MXFP4, float4.py).  Its nodes are two DynamicDequantize-3: the first
 dequantizes the float8e4m3fn block scales with the float32 tensor scale g (per_tensor) into
 float32 block scales, the second the float4 codes with those, writing the weight's dtype:
 
@@ -12,25 +12,14 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from dyndq.quantization import fp4
-from dyndq.quantization.formats.registry import Format, register
+from dyndq.quantization.formats.float4 import Float4Format
+from dyndq.quantization.formats.registry import register
 
 
-class Nvfp4(Format):
+class Nvfp4(Float4Format):
     name = "nvfp4"
     summary = "float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale"
-    bits = (4,)
-    block = fp4.BLOCK["nvfp4"]
-    codes_words = "float4e2m1"
     scales_words = "float8e4m3fn times a float32"
-    choices = {"nvfp4": 4}
-    writes_dtype = True
-
-    def quantize(self, weight, target, options, bits: int):
-        return fp4.quantize_fp4(weight, axis=target.axis, format=self.name)
-
-    def form(self, q) -> str:
-        return self.name
 
     def scale_inputs(self, name, q, scales, scale_array, names, tensors, nodes) -> None:
         from dyndq.build import make_node
