@@ -7,7 +7,7 @@ does; dyndq/plumbing/ (ONNX plumbing) may use onnx and dyndq.opdefs; converters/
 onnx and the plumbing but nothing of the face (dyndq/).  And no module of the package
 imports, at any depth, a module that imports it back.
 
-And the tests' own layout: helpers are shared through tests/cases.py (and conftest.py), never by
+And the tests' own layout: helpers are shared through tests/cases/ (and conftest.py), never by
 importing or loading another test module or a benchmark; names and docstrings say what is
 tested, never which issue asked.
 """
@@ -141,7 +141,7 @@ def _test_files():
 
 def test_tests_share_helpers_only_through_the_helpers_modules():
     """No test imports another test module, nor loads one (or a benchmark script) by file: what tests
-    share lives in tests/cases.py (or tests/conftest.py); benchmarks run as scripts."""
+    share lives in tests/cases/ (or tests/conftest.py); benchmarks run as scripts."""
     test_modules = {p.stem for p in _test_files() if p.name.startswith("test_")}
     for path in _test_files():
         rel = str(path.relative_to(ROOT))
