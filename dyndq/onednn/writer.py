@@ -266,11 +266,11 @@ def weights_folder(path) -> str:
 def save_json(doc: dict, path, weights: dict | None = None, check=None) -> dict:
     """Write `doc` to `path` as JSON and, when `weights` holds arrays ({port name: array}, as
     `dump(weights_as_inputs=True, weights=...)` fills it), each as NAME.npy into
-    `weights_folder(path)`: all or nothing (dyndq.files.write_together: staging files beside
+    `weights_folder(path)`: all or nothing (dyndq.atomic_writes.write_together: staging files beside
     them, then renames; a failure at any step leaves the JSON and the folder as they were).
     Returns {path of each .npy written: its array}.  `check(staged JSON, staged weights folder or
     None)`, when given, is called before anything is put in place (dyndq.written.verify_onednn_json)."""
-    from dyndq.files import write_atomically, write_together
+    from dyndq.atomic_writes import write_atomically, write_together
 
     text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
     if not weights:
