@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.quantization.numerics import ErrorStats
 from dyndq.plumbing.light import stored_bytes
 from dyndq.quantization.rtn import rtn

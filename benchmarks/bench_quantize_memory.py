@@ -116,9 +116,9 @@ def _watch(owner, attr, name):
             p[2] = max(p[2], _rss())
     setattr(owner, attr, watched)
 
-import dyndq.files, dyndq.runner, dyndq.ort_session, dyndq.run_outputs
+import dyndq.model_files, dyndq.runner, dyndq.ort_session, dyndq.run_outputs
 import dyndq.quantization.quantizer as _qz, dyndq.quantization.on_disk as _od, dyndq.quantization.evaluate as _ev
-_watch(dyndq.files, "read_model", "read_model")
+_watch(dyndq.model_files, "read_model", "read_model")
 _watch(_qz, "quantize_model", "quantize_model")
 _watch(_od, "quantize_model", "quantize_model")
 _watch(_ev, "seeded_samples", "seeded_samples")
@@ -146,9 +146,9 @@ _BODIES = {
     "imports": "import dyndq, dyndq.quantization, onnxruntime\nnote = ''",
     "file-evaluate": "from dyndq.cli import main\nassert main(['quantize', SRC, DST, '--json']) == 0\nnote = ''",
     "file-no-evaluate": "from dyndq.cli import main\nassert main(['quantize', SRC, DST, '--no-evaluate']) == 0\nnote = ''",
-    "memory-evaluate": "import dyndq\nfrom dyndq.files import load_model\nmodel = load_model(SRC)\n"
+    "memory-evaluate": "import dyndq\nfrom dyndq.model_files import load_model\nmodel = load_model(SRC)\n"
                        "out, report = dyndq.quantize(model)\nnote = report.outputs_note",
-    "memory-no-evaluate": "import dyndq\nfrom dyndq.files import load_model\nmodel = load_model(SRC)\n"
+    "memory-no-evaluate": "import dyndq\nfrom dyndq.model_files import load_model\nmodel = load_model(SRC)\n"
                           "out, report = dyndq.quantize(model, evaluate=False)\nnote = report.outputs_note",
 }
 

@@ -52,9 +52,9 @@ _LAZY = {
     "lift_with_report": "dyndq.lifter",
     "run": "dyndq.runner",
     "runtime_parity": "dyndq.parity",
-    "ModelFileError": "dyndq.files",
-    "load_model": "dyndq.files",
-    "save_model": "dyndq.files",
+    "ModelFileError": "dyndq.atomic_writes",
+    "load_model": "dyndq.model_files",
+    "save_model": "dyndq.model_files",
     "quantize": "dyndq.quantization",
     "QuantizeReport": "dyndq.quantization",
 }

@@ -13,7 +13,7 @@ from onnx import AttributeProto, external_data_helper
 from dyndq.plumbing.types import (ATTRIBUTE_PROTO_TYPE, attribute_type_name, attribute_value, repeated_attributes,
                                   spec_of_type)
 from dyndq.converters.op_parts import input_specs
-from dyndq.files import model_of
+from dyndq.model_files import model_of
 from dyndq.plumbing.walk import Site, walk
 from dyndq.opdefs import (
     OpVersion,

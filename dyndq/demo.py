@@ -218,7 +218,8 @@ def _ms(seconds: float) -> str:
 def run_demo(out_dir: str = "dyndq-demo", *, stream=None) -> DemoResult:
     """Do the whole demo, print what was done to `stream` (stdout), and return the results."""
     import dyndq
-    from dyndq.files import save_array, save_model
+    from dyndq.npy import save_array
+    from dyndq.model_files import save_model
     from dyndq.written import verify_model
     from dyndq.kernels import native
 

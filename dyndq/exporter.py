@@ -27,7 +27,7 @@ from dyndq.checker import check, value_types
 from dyndq.converters.op_parts import attrs_of, input_specs
 from dyndq.converters.walker import specs_at
 from dyndq.converters.rules import LIFT, LOWER, TARGETS, WRITE, apply, foreign_forms, option_problems, passes, rules
-from dyndq.files import model_of
+from dyndq.model_files import model_of
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
 from dyndq.opdefs import DOMAIN, Needs, ValidationError, domains
 from dyndq.plumbing.function_inputs import pass_out, take_in

@@ -42,7 +42,7 @@ import onnx
 from dyndq.checker import value_types
 from dyndq.converters.rules import LIFT, apply, rules
 from dyndq.converters.walker import settle
-from dyndq.files import model_of
+from dyndq.model_files import model_of
 from dyndq.opdefs import all_versions
 from dyndq.plumbing.names import NameScope, all_names, op_name
 from dyndq.plumbing.opsets import import_at_least

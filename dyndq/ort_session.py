@@ -65,7 +65,7 @@ class OrtSession:
             self.session = _session(path, **settings)
         else:
             if path is not None:  # (a Cast added at the boundary: the model handed over whole)
-                from dyndq.files import load_model
+                from dyndq.model_files import load_model
 
                 exported = load_model(path)
                 self.boundary = OrtBoundary(light_view(exported))

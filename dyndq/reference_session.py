@@ -49,7 +49,7 @@ def installed() -> bool:
 def user_session(source) -> ReferenceSession:
     """The reference engine's session of a model (or a model file), as `dyndq.run` makes it."""
     if not isinstance(source, onnx.ModelProto):
-        from dyndq.files import load_model
+        from dyndq.model_files import load_model
 
         source = load_model(source)
     return ReferenceSession(source)

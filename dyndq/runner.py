@@ -151,7 +151,7 @@ def runner(model: onnx.ModelProto | str | os.PathLike, engine: str = "reference"
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     if isinstance(model, (str, os.PathLike)):
-        from dyndq.files import load_model
+        from dyndq.model_files import load_model
 
         model = load_model(model)
     if not isinstance(model, onnx.ModelProto):

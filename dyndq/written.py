@@ -1,8 +1,8 @@
 """A file a command wrote, checked before it is put in place: `verify_model(staged, form)`.
 
 Every command that writes a model (quantize with each --emit, export with each --target, lift,
-import-onednn, the demo's files) writes it to its staging place (`dyndq.files`), checks the file
-there, and only then renames it onto OUT; a file that fails its check is never put in place.
+import-onednn, the demo's files) writes it to its staging place (`dyndq.atomic_writes`), checks
+the file there, and only then renames it onto OUT; a file that fails its check is never put in place.
 The check, of the file as written (read back from disk, not the model in memory):
 
 - `dyndq check` finds no problem: our rules on our nodes, and onnx.checker's full check;
@@ -60,7 +60,7 @@ def verify_model(path: str | os.PathLike, form: str, *, shown_as: str | None = N
     `model`: the model the caller read from `path` already (it is not read again).
     Returns notes (an engine not installed here); raises WrittenFileError or InheritedProblem."""
     from dyndq.checker import check
-    from dyndq.files import read_model
+    from dyndq.model_files import read_model
 
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; one of {', '.join(FORMS)}")
@@ -110,7 +110,7 @@ def verify_onednn_json(path: str | os.PathLike, folder: str | None = None, ports
     WrittenFileError (a graph dyndq writes, its reader must read)."""
     from dyndq import onednn
     from dyndq.checker import check
-    from dyndq.files import read_array
+    from dyndq.npy import read_array
     from dyndq.opdefs import ValidationError
 
     shown = shown_as or os.fspath(path)
@@ -140,7 +140,7 @@ def verify_onednn_json(path: str | os.PathLike, folder: str | None = None, ports
 def _model(source, load_data: bool = True) -> onnx.ModelProto:
     if isinstance(source, onnx.ModelProto):
         return source
-    from dyndq.files import read_model
+    from dyndq.model_files import read_model
 
     return read_model(source, load_data=load_data).model
 
@@ -186,7 +186,7 @@ def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
     on ONNX Runtime through its export, as `dyndq run --engine onnxruntime` runs it, said in a
     note.  The reference engine is given the weights as inputs (it reads none to be made) unless
     the model holds contrib ops, whose exact lift reads their constants."""
-    from dyndq.files import load_model
+    from dyndq.model_files import load_model
     from dyndq.reference import _foreign
     from dyndq.plumbing.walk import walk
 

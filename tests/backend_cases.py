@@ -1,8 +1,8 @@
 """ONNX's backend node tests, as the onnx wheel generates them: each a one-op model, its inputs and
 the outputs ONNX expects (`onnx.backend.test.case.node.collect_testcases`; the wheel ships the
 generators, not the data files).  They are ONNX's own statement of what each op computes, and
-the reference engine is checked against them (tests/dyndq/test_reference_node_tests.py,
-tests/dyndq/test_reference_ops.py).
+the reference engine is checked against them (tests/dyndq/reference/test_reference_node_tests.py,
+tests/dyndq/reference/test_reference_ops.py).
 
 `node_cases()` generates them once per process and keeps them by name: every module of ONNX's
 generators but the pools' (LEFT_OUT), about 5 s.  The pools' generators compute their expected

@@ -3,7 +3,7 @@ import sys
 import dyndq
 
 # tests/ is on sys.path (pyproject.toml's pythonpath), so that the shared table of cases and helpers
-# (tests/cases.py) imports as `cases`, and the LLM-shaped model of the int4 bridge's tests
+# (tests/cases/, a package) imports as `cases`, and the LLM-shaped model of the int4 bridge's tests
 # (tests/decoder.py) as `decoder`.  tests/dyndq/ mirrors the package: having no __init__.py it is a
 # namespace portion, which Python's import takes only where no regular package dyndq is found; an
 # install that leaves dyndq to an import hook after that search (setuptools' default editable mode)

@@ -7,7 +7,20 @@ does; dyndq/plumbing/ (ONNX plumbing) may use onnx and dyndq.opdefs; converters/
 onnx and the plumbing but nothing of the face (dyndq/).  And no module of the package
 imports, at any depth, a module that imports it back.
 
-And the tests' own layout: helpers are shared through tests/cases.py (and conftest.py), never by
+Within dyndq/, the face modules (dyndq/*.py: check, export, lift, run, the files) and its
+subpackages stand in this order, each importing only what stands below it (`RANKS`):
+
+    5  __main__       python -m dyndq
+    4  cli/           the commands: may use everything below
+    3  quantization/  quantize, evaluate, budget (writes oneDNN graphs: --emit onednn)
+    2  parity/        engines compared     onednn/  the oneDNN graph writer  (neither uses the other)
+    1  the face       dyndq/*.py and dyndq/__init__.py (one another freely)
+    0  below          plumbing/, converters/, opdefs/, kernels/, shape_inference/ (ALLOWED above)
+
+A module of a subpackage may import its own subpackage and what ranks lower, never one of its
+rank or above: parity/ and onednn/ stay apart, quantization/ never reaches cli/ or parity/.
+
+And the tests' own layout: helpers are shared through tests/cases/ (and conftest.py), never by
 importing or loading another test module or a benchmark; names and docstrings say what is
 tested, never which issue asked.
 """
@@ -71,9 +84,8 @@ def test_folder_imports_only_what_it_may(folder):
                 f"{path.relative_to(ROOT)} imports {name}; {folder}/ may import only {sorted(ALLOWED[folder]) or 'the standard library'}")
 
 
-def test_the_import_graph_has_no_circle():
-    """Follow every import between modules of the package (function-local ones too): no module
-    reaches itself.  (A package's __init__ importing its own submodules is not a circle.)"""
+def module_imports() -> tuple[dict[str, set[str]], dict[str, Path]]:
+    """module -> the package's modules it imports (function-local imports too), and the modules."""
     modules = package_modules()
     edges = {}
     for name, path in modules.items():
@@ -82,9 +94,16 @@ def test_the_import_graph_has_no_circle():
         for imported in imports(path, package):
             while imported and imported not in modules:
                 imported = imported.rpartition(".")[0]
-            if imported and imported != name and not imported.startswith(name + "."):
+            if imported and imported != name and not name_is_parent(name, imported):
                 targets.add(imported)
         edges[name] = targets
+    return edges, modules
+
+
+def test_the_import_graph_has_no_circle():
+    """Follow every import between modules of the package (function-local ones too): no module
+    reaches itself.  (A package's __init__ importing its own submodules is not a circle.)"""
+    edges, _ = module_imports()
     state, circle = {}, []
 
     def visit(node, stack):
@@ -106,6 +125,56 @@ def test_the_import_graph_has_no_circle():
 
 def name_is_parent(package: str, module: str) -> bool:
     return module.startswith(package + ".")
+
+
+FACE = "the face"
+RANKS = {"plumbing": 0, "converters": 0, "opdefs": 0, "kernels": 0, "shape_inference": 0,
+         FACE: 1, "parity": 2, "onednn": 2, "quantization": 3, "cli": 4, "__main__": 5}
+
+
+def part_of(module: str, modules: dict[str, Path]) -> str:
+    """The part of dyndq a module belongs to: its subpackage's name, FACE for dyndq/*.py and the
+    package itself, "__main__"."""
+    parts = module.split(".")
+    if len(parts) == 1 or (modules[module].parent == ROOT / "dyndq" and parts[1] != "__main__"):
+        return FACE
+    return parts[1]
+
+
+def against_the_ranks(edges: dict[str, set[str]], modules: dict[str, Path]) -> list[str]:
+    """Each import (module -> module imported) that does not point to a lower rank or within its own
+    part.  (What the parts of rank 0 import among themselves is ALLOWED's to say.)"""
+    wrong = []
+    for name, targets in sorted(edges.items()):
+        mine = part_of(name, modules)
+        if RANKS[mine] == 0:
+            continue
+        for target in sorted(targets):
+            theirs = part_of(target, modules)
+            if theirs == mine:
+                continue
+            if RANKS[theirs] >= RANKS[mine]:
+                wrong.append(f"{name} ({mine}, rank {RANKS[mine]}) imports {target} ({theirs}, rank {RANKS[theirs]})")
+    return wrong
+
+
+def test_every_part_of_dyndq_has_a_rank():
+    _, modules = module_imports()
+    assert {part_of(m, modules) for m in modules} == set(RANKS)
+
+
+def test_the_face_and_dyndqs_subpackages_import_only_what_ranks_below_them():
+    edges, modules = module_imports()
+    wrong = against_the_ranks(edges, modules)
+    assert not wrong, "imports against the order of tests/test_layout.py's RANKS:\n" + "\n".join(wrong)
+
+
+def test_the_rank_guard_refuses_an_import_upward_and_one_between_equals():
+    _, modules = module_imports()
+    made_up = {"dyndq.onednn": {"dyndq.parity"}, "dyndq.quantization": {"dyndq.cli"}, "dyndq.checker": {"dyndq.onednn"},
+               "dyndq.cli": {"dyndq.quantization", "dyndq.checker"}}
+    assert [w.split(" imports ")[0] for w in against_the_ranks(made_up, modules)] == [
+        "dyndq.checker (the face, rank 1)", "dyndq.onednn (onednn, rank 2)", "dyndq.quantization (quantization, rank 3)"]
 
 
 def test_kernels_and_shape_rules_import_and_run_without_onnx():
@@ -141,7 +210,7 @@ def _test_files():
 
 def test_tests_share_helpers_only_through_the_helpers_modules():
     """No test imports another test module, nor loads one (or a benchmark script) by file: what tests
-    share lives in tests/cases.py (or tests/conftest.py); benchmarks run as scripts."""
+    share lives in tests/cases/ (or tests/conftest.py); benchmarks run as scripts."""
     test_modules = {p.stem for p in _test_files() if p.name.startswith("test_")}
     for path in _test_files():
         rel = str(path.relative_to(ROOT))

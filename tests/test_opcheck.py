@@ -1,4 +1,4 @@
-"""Every row of the shared table (tests/cases.py), for every registered op version, through every
+"""Every row of the shared table (tests/cases/table.py), for every registered op version, through every
 layer: `opcheck` is the one runner of the table's rows (what it checks: its docstring)."""
 import pytest
 from cases import ALL_CASES, ALL_INVALID, ALL_VALID, ids, opcheck, opcheck_invalid

@@ -158,7 +158,7 @@ def test_regular_install_runs_every_command(installed, tmp_path):
     and no internal error (an install missing a module fails here, as dyndq.parity did)."""
     from dyndq.cli import COMMANDS
     from dyndq.demo import float_model
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     venv, env = installed
     save_model(float_model(), tmp_path / "float.onnx")  # (the one input no command writes)

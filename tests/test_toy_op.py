@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.opdefs import (AttrKind, Attribute, LiftPlan, Refusal, Needs, OpVersion, Param, Problem,
                           TensorSpec, TypeConstraint, ValidationError, register, registry)
 

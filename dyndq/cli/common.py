@@ -1,8 +1,8 @@
 """What the commands share: the Command record, the stdout that survives a closed pipe, loading
 and saving models as they came, the .npy files they write and read. The helpers that are not
 about the command line (naming .npy files, reading them, summaries, the schema as text, an
-engine's error in one line) live in the API: dyndq.files, dyndq.arrays, dyndq.schema,
-dyndq.wording."""
+engine's error in one line) live in the API: dyndq.model_files, dyndq.atomic_writes, dyndq.npy,
+dyndq.arrays, dyndq.schema, dyndq.wording."""
 from __future__ import annotations
 
 import argparse
@@ -66,10 +66,10 @@ class UntilClosed:
 
 
 def load(path: str):
-    """The model file at `path` with its external data (dyndq.files.LoadedModel); one that cannot
-    be read raises ModelFileError, a usage error. (dyndq.files, which imports onnx, is imported
+    """The model file at `path` with its external data (dyndq.model_files.LoadedModel); one that cannot
+    be read raises ModelFileError, a usage error. (dyndq.model_files, which imports onnx, is imported
     when a command runs, not when the parser is built.)"""
-    from dyndq.files import read_model
+    from dyndq.model_files import read_model
 
     return read_model(path)
 
@@ -79,7 +79,7 @@ def refuse_same_file(given: str, output: str, overwrite: bool | None = None) -> 
     modified, unless --overwrite (`overwrite` True) asks for it; a command without that flag
     (`overwrite` None: OUT is of another format than IN) refuses it always.  Also refused before
     any work: an OUT no file can be written to (a folder, "out/", a device)."""
-    from dyndq.files import ModelFileError, check_target, same_file
+    from dyndq.atomic_writes import ModelFileError, check_target, same_file
 
     check_target(output)
     if not overwrite and same_file(given, output):
@@ -94,7 +94,8 @@ def save(handed: list, path: str, loaded, form: str) -> list[str]:
     the model's memory goes back once it is written, before the file is loaded on its engine) as
     the input was saved (with external data or not), checked as written for `form` before it is
     put in place (dyndq.written); returns notes to print."""
-    from dyndq.files import needs_external_data, staged_write, write_staged
+    from dyndq.model_files import needs_external_data, write_staged
+    from dyndq.atomic_writes import staged_write
     from dyndq.written import verify_model
 
     model = handed.pop()
@@ -122,7 +123,8 @@ def data_notes(location: str | None, kept: list[str]) -> list[str]:
 
 
 def parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
-    from dyndq.files import ModelFileError, read_array
+    from dyndq.atomic_writes import ModelFileError
+    from dyndq.npy import read_array
 
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -154,7 +156,7 @@ def say_saved(path: str, value: np.ndarray, label: str | None = None, *, raw_byt
 
 def output_files(folder: str, arrays: dict) -> list[tuple[str, str, np.ndarray]]:
     """(what, path, array) for each array to save in `folder` (files.npy_files names them)."""
-    from dyndq.files import NpyNameClash, npy_files
+    from dyndq.npy import NpyNameClash, npy_files
 
     try:
         return npy_files(folder, arrays)

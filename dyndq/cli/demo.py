@@ -17,7 +17,7 @@ def _add_parser(sub) -> None:
 
 def cmd_demo(args) -> int:
     from dyndq.demo import run_demo
-    from dyndq.files import check_writable
+    from dyndq.atomic_writes import check_writable
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a folder")

@@ -77,7 +77,7 @@ def table() -> tuple:
     instance of deciding; a subclass comes before its base. Any other Exception is an internal
     error (70)."""
     from dyndq import ValidationError
-    from dyndq.files import ModelFileError
+    from dyndq.atomic_writes import ModelFileError
     from dyndq.quantization import NothingToQuantize, OptionError
     from dyndq.runner import FeedError
     from dyndq.written import InheritedProblem, WrittenFileError

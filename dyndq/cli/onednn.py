@@ -24,7 +24,8 @@ def _add_import(sub) -> None:
 
 def cmd_import_onednn(args) -> int:
     from dyndq import onednn
-    from dyndq.files import save_model, write_together
+    from dyndq.model_files import save_model
+    from dyndq.atomic_writes import write_together
 
     from dyndq.written import verify_model
 

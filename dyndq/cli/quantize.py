@@ -77,7 +77,7 @@ def _samples(args, model_path: str) -> list[dict] | None:
     given = parse_inputs(args.input)
     if not args.inputs_dir:
         return [given] if given else None
-    from dyndq.files import read_model
+    from dyndq.model_files import read_model
 
     model = read_model(model_path, load_data=False).model
     return [{**inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
@@ -89,7 +89,7 @@ def cmd_quantize(args) -> int:
     from dyndq.quantization import quantize_file
     from dyndq.quantization.report import write_report
 
-    from dyndq.files import ModelFileError, check_target, same_file
+    from dyndq.atomic_writes import ModelFileError, check_target, same_file
 
     refuse_same_file(args.input_, args.output, args.overwrite)
     if args.report and os.path.splitext(args.report)[1].lower() not in (".json", ".md"):
@@ -156,7 +156,7 @@ def cmd_quantize(args) -> int:
 def _ranked(args, inputs, progress, options) -> tuple[list[dict], str | None]:
     """(--rank-methods' rows, None), or ([], why none) when the float model cannot run on the
     inputs (as the evaluation then says "not measured")."""
-    from dyndq.files import load_model
+    from dyndq.model_files import load_model
     from dyndq.quantization import rank_methods
     from dyndq.quantization.evaluate import NotMeasured
     from dyndq.quantization.report import ranking_rows

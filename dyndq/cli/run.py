@@ -1,5 +1,5 @@
 """`dyndq run`: a model run on .npy inputs, on the reference engine or ONNX Runtime; its outputs
-described (dyndq.arrays) or saved as .npy files (named by dyndq.files.npy_files)."""
+described (dyndq.arrays) or saved as .npy files (named by dyndq.npy.npy_files)."""
 from __future__ import annotations
 
 import os
@@ -38,7 +38,7 @@ def _add_parser(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from dyndq.files import check_writable, remove_empty_folders
+    from dyndq.atomic_writes import check_writable, remove_empty_folders
 
     loaded = load(args.model)
     feeds = parse_inputs(args.input)
@@ -105,7 +105,8 @@ def inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np
     """Each graph input not in `given`, from its file (NAME.npy, as import-onednn --inputs-dir and
     run --output-dir write them) in the first of `folders` that holds one.  Every input missing
     from all of them is named at once; files for no input are said and left alone."""
-    from dyndq.files import ModelFileError, NpyNameClash, npy_inputs, read_array
+    from dyndq.atomic_writes import ModelFileError
+    from dyndq.npy import NpyNameClash, npy_inputs, read_array
 
     initializers = {t.name for t in model.graph.initializer}
     names = [vi.name for vi in model.graph.input if vi.name not in initializers and vi.name not in given]
@@ -130,7 +131,7 @@ def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool =
     """Write each array (or each item of a list of arrays) as a .npy file in `folder`, named
     by `output_files`, saying what was written (and, with raw_bytes_note, how to read back
     the dtypes NumPy stores as raw bytes)."""
-    from dyndq.files import save_array
+    from dyndq.npy import save_array
 
     files = output_files(folder, arrays)
     try:

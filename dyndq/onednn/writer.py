@@ -64,71 +64,112 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
     arrays, keyed by the names `load` gives those ports (as `import-onednn --inputs-dir`
     names files).  Initializers a handler reads as attributes (Reshape's shape, Quantize's
     scales) stay attributes."""
-    from dyndq.checker import value_types
-
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"dump() takes an onnx.ModelProto, not {type(model).__name__}")
-    g = model.graph
-    meta = {p.key: p.value for p in model.metadata_props}
-    types = value_types(model)
-    specs = {name: spec_of_type(tp) for name, tp in types.at("main").items()}  # dump writes the main graph
-    shapes = {name: (s.shape if s else None) for name, s in specs.items()}
-    problems: list[Problem] = []
-    try:
-        notes = tensor_hints(meta.get("onednn.tensors", "{}"))
-    except ValueError as e:
-        problems.append(Problem("metadata onednn.tensors", str(e), _WRITTEN_BY_LOAD, graph=g.name))
-        notes = {}
-    ids: dict[str, int] = {}
+    out = _Dump(model, weights_as_inputs)
+    for index, node in enumerate(model.graph.node):
+        out.node(index, node)
+    doc = out.document()
+    graph, later = _imported(doc, out.origin, out.troubled, model.graph.name)
+    # (with other problems: the ops' own only)
+    problems = out.problems + [p for p in later if not out.problems or p.node_index is not None]
+    if problems:
+        raise ValidationError(problems)
+    if weights is not None and out.weight_names:
+        from dyndq.onednn.importer import value_names
 
-    def blame_node(i, node):
-        return lambda arg, found, allowed: Problem(arg, found, allowed, op=node.op_type, node=node.name, node_index=i, graph=g.name)
+        names = value_names(graph)
+        weights.update({names[out.ids[n]]: out.constants[n] for n in out.weight_names})
+    return doc
 
-    # ids kept from load, then fresh ones above them
-    groups: dict[str, dict] = {}
-    broken: set[str] = set()  # the onednn.id of ops whose metadata is named as a problem
-    for index, node in enumerate(g.node):
-        props = {p.key: p.value for p in node.metadata_props}
-        if "onednn.op" in props:
+
+class _Dump:
+    """One model being written as a oneDNN graph: the ops written so far, the tensor ids given,
+    the problems found (every one named, then raised at once by `dump`)."""
+
+    def __init__(self, model: onnx.ModelProto, weights_as_inputs: bool):
+        from dyndq.checker import value_types
+
+        self.g, self.weights_as_inputs = model.graph, weights_as_inputs
+        self.meta = {p.key: p.value for p in model.metadata_props}
+        types = value_types(model)
+        self.specs = {name: spec_of_type(tp) for name, tp in types.at("main").items()}  # dump writes the main graph
+        self.problems: list[Problem] = []
+        try:
+            self.notes = tensor_hints(self.meta.get("onednn.tensors", "{}"))
+        except ValueError as e:
+            self.problems.append(Problem("metadata onednn.tensors", str(e), _WRITTEN_BY_LOAD, graph=self.g.name))
+            self.notes = {}
+        self.ids: dict[str, int] = {}
+        self.groups: dict[str, dict] = {}  # onednn.id -> the op load wrote that group of nodes from
+        self.broken: set[str] = set()  # the onednn.id of ops whose metadata is named as a problem
+        self._read_loaded_ops()
+        # ids kept from load, then fresh ones above them
+        self.next_id = max([*self.ids.values(), *(int(k) for k in self.notes)], default=-1) + 1
+        self.next_op = max([int(k) for k in self.groups] or [-1]) + 1
+        self.initializers = {t.name for t in self.g.initializer}
+        self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in self.g.initializer}
+        self.weight_names: list[str] = []
+        self.positions: dict[int, int] = {}  # op id -> its place in the file it was loaded from
+        self.inverse = inverse_table()
+        self.ops, self.written = [], set()
+        self.origin: dict[int, Callable] = {}  # op id -> the blame of the ONNX node it was written from
+        self.refused: set[str] = set()  # the values of nodes no kind writes (named once, by their node)
+        self.named = self.written_ops = 0
+        self.troubled: set[int] = set()  # ops with problems named already (their tensors may be missing)
+        # values of unknown rank, each named once (at the first op reading or making it); whether the last
+        # node's op reads or makes one (its checks after would judge a made-up rank)
+        self.unranked_said: set[str] = set()
+        self.unranked = False
+
+    def _blame(self, i: int, node: onnx.NodeProto):
+        return lambda arg, found, allowed: Problem(arg, found, allowed, op=node.op_type, node=node.name, node_index=i,
+                                                   graph=self.g.name)
+
+    def _read_loaded_ops(self) -> None:
+        """The ops `load` wrote the nodes from (their `onednn.op` metadata), and the ids of their tensors."""
+        for index, node in enumerate(self.g.node):
+            props = {p.key: p.value for p in node.metadata_props}
+            if "onednn.op" not in props:
+                continue
             try:
                 entry = op_entry(props["onednn.op"])
                 if props.get("onednn.id") != str(entry["id"]):
                     raise ValueError(f"onednn.id {props.get('onednn.id')!r} beside an op of id {entry['id']}")
             except ValueError as e:
-                problems.append(blame_node(index, node)("metadata onednn.op", str(e), _WRITTEN_BY_LOAD))
-                broken.add(props.get("onednn.id", ""))
+                self.problems.append(self._blame(index, node)("metadata onednn.op", str(e), _WRITTEN_BY_LOAD))
+                self.broken.add(props.get("onednn.id", ""))
                 continue
-            groups[props["onednn.id"]] = entry
+            self.groups[props["onednn.id"]] = entry
             for name, tid in zip(entry["input_names"] + entry["output_names"], entry["inputs"] + entry["outputs"]):
-                ids.setdefault(name, tid)
-    counter = [max([*ids.values(), *(int(k) for k in notes)], default=-1) + 1]
+                self.ids.setdefault(name, tid)
 
-    def tid(name: str) -> int:
-        if name not in ids:
-            ids[name] = counter[0]
-            counter[0] += 1
-        return ids[name]
+    def _tid(self, name: str) -> int:
+        if name not in self.ids:
+            self.ids[name] = self.next_id
+            self.next_id += 1
+        return self.ids[name]
 
-    def tensor(name: str, blame, described=None) -> dict:
+    def _tensor(self, name: str, blame, described=None) -> dict:
         """The tensor `name` as a oneDNN logical tensor; `described`: [shape, stride, layout type,
         property type] as the loaded op described it (kept where the shape is still that one)."""
-        spec = specs.get(name)
+        spec = self.specs.get(name)
         if spec is None or spec.dtype is None:
-            problems.append(blame(name, "a value of unknown type", "a tensor whose dtype ONNX can infer"))
+            self.problems.append(blame(name, "a value of unknown type", "a tensor whose dtype ONNX can infer"))
             return {}
         if spec.shape is None:  # (a rank written as none would be a rank-0 shape: every check after it untrue)
-            unranked[0] = True
-            if name not in unranked_said:
-                unranked_said.add(name)
-                problems.append(blame(name, "a value of unknown rank (ONNX's shape inference cannot find it)",
-                                      "a tensor of known rank: oneDNN's graph JSON writes each tensor's dims"))
+            self.unranked = True
+            if name not in self.unranked_said:
+                self.unranked_said.add(name)
+                self.problems.append(blame(name, "a value of unknown rank (ONNX's shape inference cannot find it)",
+                                           "a tensor of known rank: oneDNN's graph JSON writes each tensor's dims"))
         row = dtypes.by_name(spec.dtype)
         if row.onednn is None:
-            problems.append(blame(name, f"dtype {spec.dtype}", "a dtype oneDNN has: " +
-                                  ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)))
+            self.problems.append(blame(name, f"dtype {spec.dtype}", "a dtype oneDNN has: " +
+                                       ", ".join(d.onednn for d in dtypes.DTYPES if d.onednn)))
         shape = [d if isinstance(d, int) else -1 for d in (spec.shape or [])]
-        i = tid(name)
-        prop, layout = notes.get(str(i), ["undef", "strided"])
+        i = self._tid(name)
+        prop, layout = self.notes.get(str(i), ["undef", "strided"])
         if described and _same_tensor(described[0], shape):  # as the op was loaded: its view, strides, layout
             shape, stride, layout, prop = described
         else:
@@ -137,92 +178,86 @@ def dump(model: onnx.ModelProto, weights_as_inputs: bool = False, weights: dict 
         return {"id": i, "dtype": row.onednn, "shape": shape, "stride": stride, "layout_type": layout,
                 "property_type": prop}
 
-    initializers = {t.name for t in g.initializer}
-    constants = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
-    weight_names: list[str] = []
-    positions: dict[int, int] = {}  # op id -> its place in the file it was loaded from
-    inverse = inverse_table()
-    ops, written = [], set()
-    origin: dict[int, Callable] = {}  # op id -> the blame of the ONNX node it was written from
-    refused: set[str] = set()  # the values of nodes no kind writes (named once, by their node)
-    next_op = [max([int(k) for k in groups] or [-1]) + 1]
-    named = written_ops = 0
-    troubled: set[int] = set()  # ops with problems named already (their tensors may be missing)
-    unranked_said: set[str] = set()  # values of unknown rank, each named once (at the first op reading or making it)
-    unranked = [False]  # whether the last node's op reads or makes one (its checks after would judge a made-up rank)
-    for index, node in enumerate(g.node):
-        if len(ops) > written_ops and (len(problems) > named or unranked[0]):  # the last node's op, and problems with it
-            troubled.add(ops[-1]["id"])
-        named, written_ops, unranked[0] = len(problems), len(ops), False
+    def _close_op(self) -> None:
+        """Mark the last node's op troubled when problems were named with it (its tensors may be missing)."""
+        if len(self.ops) > self.written_ops and (len(self.problems) > self.named or self.unranked):
+            self.troubled.add(self.ops[-1]["id"])
+        self.named, self.written_ops, self.unranked = len(self.problems), len(self.ops), False
+
+    def node(self, index: int, node: onnx.NodeProto) -> None:
+        """Write the op of one node: as loaded (its group's first node), else by its kind's inverse."""
+        self._close_op()
         props = {p.key: p.value for p in node.metadata_props}
-        blame = blame_node(index, node)
-        if props.get("onednn.id") in broken:  # (named above)
-            refused.update(list(node.input) + list(node.output))
-            continue
-        if "onednn.id" in props and props["onednn.id"] in groups:
-            key = props["onednn.id"]
-            if key in written:
-                continue
-            written.add(key)
-            e = groups[key]
-            names = (e.get("input_names", []), e.get("output_names", []))
-            described = e.get("layouts") or [None] * (len(names[0]) + len(names[1]))
-            origin[e["id"]] = blame
-            ops.append({"id": e["id"], "name": e["name"], "kind": e["kind"], "attrs": e["attrs"],
-                        "inputs": [tensor(n, blame, d) for n, d in zip(names[0], described)],
-                        "outputs": [tensor(n, blame, d) for n, d in zip(names[1], described[len(names[0]):])]})
-            if "position" in e:
-                positions[e["id"]] = e["position"]
-            continue
-        if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in inverse:
-            problems.append(blame("op_type", f"{node.domain + '::' if node.domain else ''}{node.op_type}",
-                                  "an op oneDNN has a kind for: " + ", ".join(sorted(inverse))))
-            refused.update(list(node.input) + list(node.output))
-            continue
-        h = inverse[node.op_type]
+        blame = self._blame(index, node)
+        if props.get("onednn.id") in self.broken:  # (named above)
+            self.refused.update(list(node.input) + list(node.output))
+        elif "onednn.id" in props and props["onednn.id"] in self.groups:
+            self._as_loaded(props["onednn.id"], blame)
+        else:
+            self._by_inverse(node, blame)
+
+    def _as_loaded(self, key: str, blame) -> None:
+        """The op `load` wrote a group of nodes from, as it was (once, at the group's first node)."""
+        if key in self.written:
+            return
+        self.written.add(key)
+        e = self.groups[key]
+        names = (e.get("input_names", []), e.get("output_names", []))
+        described = e.get("layouts") or [None] * (len(names[0]) + len(names[1]))
+        self.origin[e["id"]] = blame
+        self.ops.append({"id": e["id"], "name": e["name"], "kind": e["kind"], "attrs": e["attrs"],
+                         "inputs": [self._tensor(n, blame, d) for n, d in zip(names[0], described)],
+                         "outputs": [self._tensor(n, blame, d) for n, d in zip(names[1], described[len(names[0]):])]})
+        if "position" in e:
+            self.positions[e["id"]] = e["position"]
+
+    def _by_inverse(self, node: onnx.NodeProto, blame) -> None:
+        """A node written by the inverse of the kind its op type maps to, one op for it."""
+        if node.domain not in ("", "ai.onnx", DOMAIN) or node.op_type not in self.inverse:
+            self.problems.append(blame("op_type", f"{node.domain + '::' if node.domain else ''}{node.op_type}",
+                                       "an op oneDNN has a kind for: " + ", ".join(sorted(self.inverse))))
+            self.refused.update(list(node.input) + list(node.output))
+            return
+        h = self.inverse[node.op_type]
         kind = h.kind
         data = [n for n in node.input[:h.onnx_inputs] if n]  # the rest: constants read as attributes
         for name in data:
-            if name in initializers and not weights_as_inputs:
-                problems.append(blame(name, "an initializer (data held in the model)",
-                                      "a graph input: oneDNN's graph JSON holds no tensor data "
-                                      "(or weights_as_inputs, --weights-as-inputs)"))
-            elif name in initializers and name not in weight_names:
-                weight_names.append(name)
-                notes[str(tid(name))] = ["constant", "strided"]
-        attrs = _attrs_of(node, h, specs, constants, lambda *a, blame=blame: problems.append(blame(*a)))
-        origin[next_op[0]] = blame
-        ops.append({"id": next_op[0], "name": node.name or f"{kind.lower()}_{next_op[0]}", "kind": kind,
-                    "attrs": attrs, "inputs": [tensor(n, blame) for n in data],
-                    "outputs": [tensor(n, blame) for n in node.output]})
-        next_op[0] += 1
-    graph_inputs = [vi.name for vi in g.input if vi.name not in initializers] + weight_names
-    if len(ops) > written_ops and (len(problems) > named or unranked[0]):
-        troubled.add(ops[-1]["id"])
-    for name in graph_inputs + [vi.name for vi in g.output]:
-        if name not in ids and name not in refused:
-            problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops", graph=g.name))
-    if len(positions) == len(ops):  # every op came from a loaded file: in the file's order
-        ops.sort(key=lambda op: positions[op["id"]])
-    doc = {
-        "version": meta.get("onednn.version") or FORMAT_VERSION,
-        "engine_kind": meta.get("onednn.engine_kind", "cpu"),
-        "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
-        "fpmath_mode_apply_to_int": meta.get("onednn.fpmath_mode_apply_to_int", "false"),
-        "input_ports": [ids[n] for n in graph_inputs if n in ids],
-        "output_ports": [ids[vi.name] for vi in g.output if vi.name in ids],
-        "graph": ops,
-    }
-    graph, later = _imported(doc, origin, troubled, g.name)
-    problems += [p for p in later if not problems or p.node_index is not None]  # (with others: the ops' own)
-    if problems:
-        raise ValidationError(problems)
-    if weights is not None and weight_names:
-        from dyndq.onednn.importer import value_names
+            if name in self.initializers and not self.weights_as_inputs:
+                self.problems.append(blame(name, "an initializer (data held in the model)",
+                                           "a graph input: oneDNN's graph JSON holds no tensor data "
+                                           "(or weights_as_inputs, --weights-as-inputs)"))
+            elif name in self.initializers and name not in self.weight_names:
+                self.weight_names.append(name)
+                self.notes[str(self._tid(name))] = ["constant", "strided"]
+        attrs = _attrs_of(node, h, self.specs, self.constants, lambda *a, blame=blame: self.problems.append(blame(*a)))
+        op = self.next_op
+        self.origin[op] = blame
+        self.ops.append({"id": op, "name": node.name or f"{kind.lower()}_{op}", "kind": kind,
+                         "attrs": attrs, "inputs": [self._tensor(n, blame) for n in data],
+                         "outputs": [self._tensor(n, blame) for n in node.output]})
+        self.next_op += 1
 
-        names = value_names(graph)
-        weights.update({names[ids[n]]: constants[n] for n in weight_names})
-    return doc
+    def document(self) -> dict:
+        """The graph JSON of the ops written, its ports; a graph input or output no op uses is named."""
+        g = self.g
+        graph_inputs = [vi.name for vi in g.input if vi.name not in self.initializers] + self.weight_names
+        self._close_op()
+        for name in graph_inputs + [vi.name for vi in g.output]:
+            if name not in self.ids and name not in self.refused:
+                self.problems.append(Problem(name, "a graph input or output no op uses", "values of the graph's ops",
+                                             graph=g.name))
+        if len(self.positions) == len(self.ops):  # every op came from a loaded file: in the file's order
+            self.ops.sort(key=lambda op: self.positions[op["id"]])
+        meta = self.meta
+        return {
+            "version": meta.get("onednn.version") or FORMAT_VERSION,
+            "engine_kind": meta.get("onednn.engine_kind", "cpu"),
+            "fpmath_mode": meta.get("onednn.fpmath_mode", "strict"),
+            "fpmath_mode_apply_to_int": meta.get("onednn.fpmath_mode_apply_to_int", "false"),
+            "input_ports": [self.ids[n] for n in graph_inputs if n in self.ids],
+            "output_ports": [self.ids[vi.name] for vi in g.output if vi.name in self.ids],
+            "graph": self.ops,
+        }
 
 
 def _same_tensor(described: list, shape: list) -> bool:
@@ -266,11 +301,11 @@ def weights_folder(path) -> str:
 def save_json(doc: dict, path, weights: dict | None = None, check=None) -> dict:
     """Write `doc` to `path` as JSON and, when `weights` holds arrays ({port name: array}, as
     `dump(weights_as_inputs=True, weights=...)` fills it), each as NAME.npy into
-    `weights_folder(path)`: all or nothing (dyndq.files.write_together: staging files beside
+    `weights_folder(path)`: all or nothing (dyndq.atomic_writes.write_together: staging files beside
     them, then renames; a failure at any step leaves the JSON and the folder as they were).
     Returns {path of each .npy written: its array}.  `check(staged JSON, staged weights folder or
     None)`, when given, is called before anything is put in place (dyndq.written.verify_onednn_json)."""
-    from dyndq.files import write_atomically, write_together
+    from dyndq.atomic_writes import write_atomically, write_together
 
     text = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
     if not weights:

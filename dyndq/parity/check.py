@@ -54,7 +54,7 @@ def runtime_parity(model: onnx.ModelProto | str | os.PathLike, *, engines: Seque
     given (the others get example values, `example_feeds`), each checked against the graph's inputs and
     fed as `dyndq.run` feeds it (a feed that does not fit raises `dyndq.runner.FeedError` naming it);
     `diagnose=False`: no search for causes and first nodes; `progress(text)` is told each step."""
-    from dyndq.files import model_of
+    from dyndq.model_files import model_of
     from dyndq.opdefs import domains
     from dyndq.runner import fitting_feeds, graph_inputs
 

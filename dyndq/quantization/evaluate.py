@@ -131,7 +131,7 @@ class OnOrt(Runner):
             return
         if not _standard(model):
             if loaded is not None:  # (exported whole: its data loaded)
-                from dyndq.files import load_model
+                from dyndq.model_files import load_model
 
                 model = load_model(loaded.path)
             super().__init__(model, ENGINE, arena=False)
@@ -162,7 +162,7 @@ class OnReference(Runner):
     """The file at `path` on the reference engine (`dyndq.run`'s Runner), with `how` for the report."""
 
     def __init__(self, path: str, how: str):
-        from dyndq.files import load_model
+        from dyndq.model_files import load_model
 
         super().__init__(load_model(path), "reference")
         self.how, self.ops = how, sorted({n.op_type for n in self.model.graph.node})
@@ -179,7 +179,7 @@ def _weights_apart(model: onnx.ModelProto, loaded=None) -> tuple[onnx.ModelProto
     """(the model without its big initializers' data, each a graph input instead, as `light_view`
     makes them; {name: array} of them, each read once); a small tensor with external data is
     read into the model."""
-    from dyndq.files import tensor_array, tensor_with_data
+    from dyndq.model_files import tensor_array, tensor_with_data
     from dyndq.plumbing.light import BIG, copy_fields, nbytes
 
     light = onnx.ModelProto()
@@ -200,7 +200,7 @@ def _weights_apart(model: onnx.ModelProto, loaded=None) -> tuple[onnx.ModelProto
 class Evaluation:
     """The float model run once on the evaluation's inputs (its session dropped when done), to
     measure any number of quantized models of it against (`measure`).  `loaded`: the float
-    model as `files.read_model(..., load_data=False)` read it (`float_model` its model), its
+    model as `model_files.read_model(..., load_data=False)` read it (`float_model` its model), its
     weights read from its external data for the run, never the whole model loaded."""
 
     def __init__(self, float_model: onnx.ModelProto, *, seed: int = 0, inputs=None, samples: int = SAMPLES,

@@ -50,8 +50,10 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     error or an interrupt (Ctrl-C, SIGTERM) at any step leaves `dst` as it was.  `dst` naming
     `src` itself is refused (ModelFileError: a model passed in is never modified) unless
     `overwrite`."""
-    from dyndq.files import DataFile, ModelFileError, check_target, needs_external_data, read_model, same_file
-    from dyndq.files import staged_write, write_staged
+    from dyndq.model_files import DataFile, needs_external_data, read_model
+    from dyndq.atomic_writes import ModelFileError, check_target, same_file
+    from dyndq.atomic_writes import staged_write
+    from dyndq.model_files import write_staged
     from dyndq.quantization.evaluate import checked_samples, user_inputs
 
     if emit not in EMITS:
@@ -107,7 +109,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
                 del out  # (the file is what is checked and measured from here on)
                 report.data_file = stage.location
                 on_disk.finish(report, stage.model, emit)  # (each emit of a model is a form dyndq.written checks)
-    if same_file(src, dst):  # (the model replaced: its data files stay, see files.py)
+    if same_file(src, dst):  # (the model replaced: its data files stay, see atomic_writes.py)
         report.kept_files = [location for location in loaded.locations if location != report.data_file]
     return report
 
@@ -123,7 +125,7 @@ class Staged:
 
     def finish(self, report: QuantizeReport, staged: str, form: str) -> None:
         """The model file at `staged`, written for `form`, checked and measured."""
-        from dyndq.files import load_model, read_model
+        from dyndq.model_files import load_model, read_model
         from dyndq.quantization.evaluate import ENGINE, Unloadable
         from dyndq.written import verify_model
 
@@ -160,7 +162,7 @@ class Staged:
         self._placing(report)
 
     def _measured(self, report: QuantizeReport, quantized, as_written: str | None = None) -> bool:
-        from dyndq.files import load_model
+        from dyndq.model_files import load_model
         from dyndq.quantization.evaluate import evaluate_into
 
         loaded = self.loaded
@@ -209,7 +211,7 @@ def _read_what_points_into(model: onnx.ModelProto, loaded) -> None:
     at a file of that name beside OUT, which there is none of when OUT is in another folder."""
     from onnx import external_data_helper as h
 
-    from dyndq.files import tensor_with_data
+    from dyndq.model_files import tensor_with_data
 
     for tensor in h._get_all_tensors(model):
         if h.uses_external_data(tensor):

@@ -98,7 +98,7 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     nvfp4) for the least output error within it (budget.py, docs/quantize.md); bits and format
     are then not given (OptionError names either, whatever its value).
     """
-    from dyndq.files import model_of
+    from dyndq.model_files import model_of
 
     model = model_of(model, "quantize")
     from dyndq.quantization.evaluate import checked_samples, evaluate_into, user_inputs
@@ -124,7 +124,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     the same `options` (as `quantize` takes them) and measured on the same inputs (`inputs`, or
     `samples` seeded ones; the float model run once), best first by what a task would see
     (`QuantizeReport.task_score`)."""
-    from dyndq.files import model_of
+    from dyndq.model_files import model_of
     from dyndq.quantization.evaluate import Evaluation, checked_samples, user_inputs
     from dyndq.quantization.options import methods_of
 
@@ -177,7 +177,7 @@ class Tensors(Store):
         return out
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
-        from dyndq.files import tensor_array
+        from dyndq.model_files import tensor_array
 
         tensor = self._original(tensor)
         return numpy_helper.to_array(tensor) if self.loaded is None else tensor_array(tensor, self.loaded)
@@ -185,7 +185,7 @@ class Tensors(Store):
     def put(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         if self.data is None:
             return tensor
-        from dyndq.files import tensor_with_data
+        from dyndq.model_files import tensor_with_data
 
         return self.data.stored(tensor if self.loaded is None else tensor_with_data(tensor, self.loaded))
 

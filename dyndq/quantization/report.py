@@ -240,7 +240,7 @@ def write_report(report: QuantizeReport, path, extra: dict | None = None) -> str
     import json
     import os
 
-    from dyndq.files import write_atomically
+    from dyndq.atomic_writes import write_atomically
 
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
@@ -336,7 +336,7 @@ def error_chart(report: QuantizeReport, path: str) -> str:
 
     import matplotlib.pyplot as plt
 
-    from dyndq.files import write_atomically
+    from dyndq.atomic_writes import write_atomically
 
     fig = chart_figure(report)
     buffer = io.BytesIO()

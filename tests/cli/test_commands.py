@@ -19,7 +19,7 @@ import dyndq
 from cases import MATMUL_ATOL, MATMUL_RTOL, close_after_matmul, same_values
 from dyndq.cli import main
 from dyndq.demo import build_model, demo_input
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +253,7 @@ def test_export_keeps_external_data(capsys, tmp_path):
     code, _, _ = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "e.onnx")
     assert code == 0
     assert sorted(os.listdir(tmp_path)) == ["e.onnx", "e.onnx.data", "m.onnx", "m.onnx.data"]
-    exported = dyndq.files.load_model(tmp_path / "e.onnx")
+    exported = dyndq.load_model(tmp_path / "e.onnx")
     x = demo_input()
     assert close_after_matmul(dyndq.run(exported, {"x": x}, engine="onnxruntime")["y"], dyndq.run(build_model(), {"x": x})["y"])
     # Rewriting in place writes the data to a new file and keeps the old one (a copy of the

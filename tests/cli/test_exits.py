@@ -14,7 +14,7 @@ def _error_classes() -> set[type]:
     """dyndq's error classes a command can let through: ModelFileError and every ValidationError
     subclass dyndq defines, with the CLI's own two."""
     import dyndq.onednn, dyndq.parity, dyndq.quantization, dyndq.reference, dyndq.run_outputs, dyndq.runner  # noqa: E401, F401
-    from dyndq.files import ModelFileError
+    from dyndq.atomic_writes import ModelFileError
 
     found, todo = set(), [dyndq.ValidationError, ModelFileError]
     while todo:

@@ -30,7 +30,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.cli import build_parser, main
 from dyndq.demo import build_model, demo_input
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 
 from quantize_models import mlp
 

@@ -25,7 +25,7 @@ def _run_with_stdout_closed(args, cwd):
 
 
 def test_run_finishes_its_work_when_stdout_closes(tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(sequence_model(), tmp_path / "m.onnx")
     np.save(tmp_path / "a.npy", A)
@@ -76,7 +76,7 @@ def test_articles_and_flags():
 
 
 def test_os_errors_without_errno(capsys, tmp_path, monkeypatch):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(matmul_model(), tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", X)
@@ -90,7 +90,7 @@ def test_os_errors_without_errno(capsys, tmp_path, monkeypatch):
 
 
 def test_a_folder_as_input_is_named_a_folder(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(matmul_model(), tmp_path / "m.onnx")
     code, out, err = call(capsys, "run", tmp_path / "m.onnx", "-i", f"x={tmp_path}")

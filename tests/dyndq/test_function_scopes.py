@@ -13,7 +13,7 @@ from cases import same_bits, vi
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.plumbing.walk import walk
 
 ONNX = helper.make_opsetid("", 21)

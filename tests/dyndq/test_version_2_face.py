@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 
 
 def _int4_model(group_shape=(1, 32), scales_shape=(4, 2), version=None):

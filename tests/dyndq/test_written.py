@@ -14,7 +14,7 @@ import dyndq
 from cases import call
 from dyndq import written
 from dyndq.demo import build_model
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.written import InheritedProblem, WrittenFileError, verify_model
 
 from quantize_models import mlp
@@ -63,11 +63,11 @@ def _unloadable_for_onnxruntime() -> onnx.ModelProto:
 def test_a_file_its_engine_refuses_is_a_bug_told_in_the_engines_words(tmp_path, capsys, monkeypatch):
     """The export of a good model writes a file ONNX Runtime refuses (as the bias Constant once made
     it): exit 70 with ONNX Runtime's own message, and nothing at OUT."""
-    from dyndq import files
+    from dyndq import model_files
 
     save_model(build_model(), tmp_path / "m.onnx")
-    real = files.write_staged
-    monkeypatch.setattr(files, "write_staged", lambda model, stage: real(_unloadable_for_onnxruntime(), stage))
+    real = model_files.write_staged
+    monkeypatch.setattr(model_files, "write_staged", lambda model, stage: real(_unloadable_for_onnxruntime(), stage))
     code, out, err = call(capsys, "export", tmp_path / "m.onnx", tmp_path / "e.onnx", "--target", "onnxruntime")
     assert code == 70 and out == ""
     assert f"{tmp_path / 'e.onnx'}: not written: ONNX Runtime cannot load the model made" in err
@@ -184,11 +184,11 @@ def test_an_export_onednn_graph_the_reader_refuses_is_never_put_in_place(tmp_pat
 def test_quantize_never_puts_in_place_a_file_its_engine_refuses(tmp_path, capsys, monkeypatch, evaluate):
     """Measured or not: the evaluation's own session is the file's load on ONNX Runtime, and a
     file that does not load there is told as such, never measured as "not measured"."""
-    from dyndq import files
+    from dyndq import model_files
 
     save_model(mlp(), tmp_path / "float.onnx")
-    real = files.write_staged
-    monkeypatch.setattr(files, "write_staged", lambda model, stage: real(_unloadable_for_onnxruntime(), stage))
+    real = model_files.write_staged
+    monkeypatch.setattr(model_files, "write_staged", lambda model, stage: real(_unloadable_for_onnxruntime(), stage))
     code, out, err = call(capsys, "quantize", tmp_path / "float.onnx", tmp_path / "q.onnx", "--emit", "onnxruntime",
                           *evaluate)
     assert code == 70 and "not written: ONNX Runtime cannot load the model made" in err, (out, err)

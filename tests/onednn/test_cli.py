@@ -144,7 +144,7 @@ def test_example_inputs_of_int4_run_from_their_npy_files(tmp_path, capsys):
 
 
 def test_export_onednn_writes_as_every_writer_does(tmp_path, capsys):
-    """Through dyndq.files' atomic writer: a FIFO at the output path is refused, not replaced."""
+    """Through dyndq.atomic_writes' writer: a FIFO at the output path is refused, not replaced."""
     import os
 
     model = tmp_path / "m.onnx"

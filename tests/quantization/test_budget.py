@@ -15,7 +15,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.plumbing.light import stored_bytes
 from dyndq.quantization import OptionError
 

@@ -12,7 +12,7 @@ import pytest
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 
 from quantize_models import mlp
 

@@ -12,7 +12,7 @@ from onnx import TensorProto as T, helper
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.quantization.evaluate import index_bounds, seeded_samples, task_metrics
 from dyndq.task_metrics import output_kind
 from dyndq.quantization.options import OptionError
@@ -200,7 +200,7 @@ def test_the_float_model_runs_with_its_weights_held_once_and_as_the_runner_runs_
     """The evaluation's float run (OnOrt): its big weights fed as arrays, the model ONNX Runtime
     gets holding none of them; from a file with external data read from it, never the whole
     model loaded; the outputs those of `dyndq.run`'s Runner, bit for bit (it feeds them alike)."""
-    from dyndq.files import read_model
+    from dyndq.model_files import read_model
     from dyndq.plumbing.light import BIG
     from dyndq.quantization.evaluate import OnOrt
     from dyndq.runner import Runner

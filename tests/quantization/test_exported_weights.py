@@ -9,7 +9,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.quantization import NothingToQuantize
 from dyndq.quantization.numerics import quantize_weight
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as T, helper, numpy_helper as nh
 
 import dyndq
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.kernels import parallel
 from dyndq.quantization import quantize_file
 
@@ -183,7 +183,7 @@ def test_an_interrupt_before_placing_leaves_the_model_it_would_replace_whole(tmp
 
 
 def test_the_input_itself_as_the_output_is_refused_unless_asked(tmp_path):
-    from dyndq.files import ModelFileError
+    from dyndq.atomic_writes import ModelFileError
 
     save_model(mlp(), tmp_path / "m.onnx")
     before = (tmp_path / "m.onnx").read_bytes()

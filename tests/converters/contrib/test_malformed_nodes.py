@@ -16,7 +16,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 import dyndq
 from dyndq.cli import main
 from dyndq.converters.contrib import shared as foreign
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 
 MS = "com.microsoft"
 KINDS = {"int": lambda v: v, "ints": lambda v: [v, v], "float": float, "string": str}

@@ -23,7 +23,7 @@ def test_big_endian_feeds_give_the_right_answer(engine):
 
 
 def test_big_endian_npy_through_the_cli(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(matmul_model(), tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", X.astype(">f4"))
@@ -54,7 +54,7 @@ def test_sequence_output_is_a_list(engine, b):
 
 
 def test_cli_saves_and_summarizes_each_item(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(sequence_model(), tmp_path / "m.onnx")
     np.save(tmp_path / "a.npy", A)
@@ -72,7 +72,7 @@ def test_cli_saves_and_summarizes_each_item(capsys, tmp_path):
 # -- engines that cannot be built -------------------------------------------------------------
 
 def test_engine_build_failures_are_one_line(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     g = helper.make_graph([helper.make_node("FastGelu", ["y0"], ["y"], domain="com.microsoft"),
                            dyndq.make_node(["w", "s"], ["y0"], name="dq")], "g",
@@ -94,7 +94,7 @@ def test_engine_build_failures_are_one_line(capsys, tmp_path):
 
 def test_an_engine_error_of_many_lines_is_told_by_the_line_that_says_what_failed(capsys, tmp_path, monkeypatch):
     from dyndq import runner
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     def refuses(*args, **kwargs):  # (as OpenVINO words it: where it was thrown first, what failed last)
         raise RuntimeError("Exception from src/inference/src/cpp/core.cpp:112:\n"
@@ -114,7 +114,7 @@ def test_an_engine_error_of_many_lines_is_told_by_the_line_that_says_what_failed
 def _scales_too_long(tmp_path):
     """m.onnx, a per_channel node 'dq' whose scales 's' have a free length, with feeds w.npy
     and s.npy: 5 scales for 3 channels, found only while running."""
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     g = helper.make_graph([dyndq.make_node(["w", "s"], ["y"], name="dq", qtype="per_channel", axis=0)], "g",
                           [helper.make_tensor_value_info("w", T.INT8, [3, 2]), helper.make_tensor_value_info("s", T.FLOAT, ["n"])],

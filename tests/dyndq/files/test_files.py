@@ -1,4 +1,4 @@
-"""dyndq.files: loading with external data, refusing unsafe data paths, atomic saves."""
+"""dyndq.model_files and dyndq.atomic_writes: loading with external data, refusing unsafe data paths, atomic saves."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dyndq import files
-from dyndq.files import ModelFileError, load_model, read_model, save_model
+from dyndq import atomic_writes, model_files
+from dyndq.atomic_writes import ModelFileError
+from dyndq.model_files import load_model, read_model, save_model
 
 
 def _model(n=64) -> onnx.ModelProto:
@@ -124,7 +125,7 @@ def test_missing_file_and_folder(tmp_path):
 
 
 def _fail_after(monkeypatch, n_replaces):
-    """Make the n-th os.replace in dyndq.files fail, as if the process died there."""
+    """Make the n-th os.replace in dyndq.atomic_writes fail, as if the process died there."""
     real = os.replace
     calls = []
 
@@ -134,7 +135,7 @@ def _fail_after(monkeypatch, n_replaces):
             raise OSError(28, "No space left on device")
         return real(src, dst)
 
-    monkeypatch.setattr(files.os, "replace", replace)
+    monkeypatch.setattr(model_files.os, "replace", replace)
     return calls
 
 
@@ -148,7 +149,7 @@ def test_failed_write_leaves_original_untouched(tmp_path, monkeypatch):
             f.write(b"half a mod")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(files.onnx, "save_model", broken_save)
+    monkeypatch.setattr(model_files.onnx, "save_model", broken_save)
     with pytest.raises(ModelFileError, match="No space left"):
         save_model(_model(64), target)
     assert target.read_bytes() == original
@@ -181,7 +182,7 @@ def test_keyboard_interrupt_cleans_up(tmp_path, monkeypatch):
         open(path, "wb").close()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(files.onnx, "save_model", interrupted)
+    monkeypatch.setattr(model_files.onnx, "save_model", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_model(_model(), tmp_path / "m.onnx")
     assert os.listdir(tmp_path) == []
@@ -211,11 +212,11 @@ def _tree(folder) -> dict:
 
 
 def test_write_together_writes_the_file_and_the_folder(tmp_path):
-    written = files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
+    written = atomic_writes.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
                                    {"a.npy": _writer(b"A"), "b.npy": _writer(b"B")})
     assert (tmp_path / "g.json").read_bytes() == b"{}" and _tree(tmp_path / "g-weights") == {"a.npy": b"A", "b.npy": b"B"}
     assert sorted(written) == [str(tmp_path / "g-weights" / n) for n in ("a.npy", "b.npy")]
-    assert oct((tmp_path / "g-weights").stat().st_mode & 0o777) == oct(0o777 & ~files._umask())
+    assert oct((tmp_path / "g-weights").stat().st_mode & 0o777) == oct(0o777 & ~atomic_writes._umask())
     assert sorted(os.listdir(tmp_path)) == ["g-weights", "g.json"]
 
 
@@ -223,10 +224,10 @@ def test_write_together_writes_the_file_and_the_folder(tmp_path):
 def test_a_failure_midway_leaves_nothing_new_and_nothing_damaged(tmp_path, before):
     path, folder = tmp_path / "g.json", tmp_path / "g-weights"
     if before:
-        files.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1"), "mine.txt": _writer(b"x")})
+        atomic_writes.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1"), "mine.txt": _writer(b"x")})
     was = (path.read_bytes() if before else None, _tree(folder))
     with pytest.raises(ModelFileError, match="No space left"):
-        files.write_together(path, _writer(b"new"), folder, _failing_after(2))
+        atomic_writes.write_together(path, _writer(b"new"), folder, _failing_after(2))
     assert (path.read_bytes() if path.exists() else None, _tree(folder)) == was
     assert sorted(os.listdir(tmp_path)) == (["g-weights", "g.json"] if before else [])  # no staging file left
 
@@ -235,7 +236,7 @@ def test_a_failure_midway_leaves_nothing_new_and_nothing_damaged(tmp_path, befor
 def test_a_failure_of_the_last_rename_puts_the_folder_back(tmp_path, monkeypatch, before):
     path, folder = tmp_path / "g.json", tmp_path / "g-weights"
     if before:
-        files.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1")})
+        atomic_writes.write_together(path, _writer(b"old"), folder, {"w1.npy": _writer(b"old 1")})
     was = (path.read_bytes() if before else None, _tree(folder))
     replace = os.replace
 
@@ -246,7 +247,7 @@ def test_a_failure_of_the_last_rename_puts_the_folder_back(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(ModelFileError, match="Input/output error"):
-        files.write_together(path, _writer(b"new"), folder, _failing_after(0))
+        atomic_writes.write_together(path, _writer(b"new"), folder, _failing_after(0))
     assert (path.read_bytes() if path.exists() else None, _tree(folder)) == was
     assert sorted(os.listdir(tmp_path)) == (["g-weights", "g.json"] if before else [])
 
@@ -255,7 +256,7 @@ def test_an_interrupt_midway_leaves_nothing(tmp_path):
     def interrupted(f):
         raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
+        atomic_writes.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights",
                              {"a.npy": _writer(b"A"), "b.npy": interrupted})
     assert os.listdir(tmp_path) == []
 
@@ -263,7 +264,7 @@ def test_an_interrupt_midway_leaves_nothing(tmp_path):
 def test_write_together_refuses_a_folder_that_is_a_file_and_names_that_are_paths(tmp_path):
     (tmp_path / "g-weights").write_bytes(b"not a folder")
     with pytest.raises(ModelFileError, match="is not a folder"):
-        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights", {"a.npy": _writer(b"A")})
+        atomic_writes.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "g-weights", {"a.npy": _writer(b"A")})
     with pytest.raises(ModelFileError, match="not a plain file name"):
-        files.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "w", {"../a.npy": _writer(b"A")})
+        atomic_writes.write_together(tmp_path / "g.json", _writer(b"{}"), tmp_path / "w", {"../a.npy": _writer(b"A")})
     assert sorted(os.listdir(tmp_path)) == ["g-weights"]

@@ -29,7 +29,7 @@ def identity_model(names: list[str]) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("names", [["a/b", "a_b"], ["ä", "ö"], ["y", "..", "."]])
 def test_every_output_gets_a_file_of_its_own(capsys, tmp_path, names):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(identity_model(names), tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.array([1, 2], np.float32))
@@ -44,7 +44,7 @@ def test_every_output_gets_a_file_of_its_own(capsys, tmp_path, names):
 
 
 def test_names_equal_but_for_case_are_refused(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(identity_model(["y", "Y"]), tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.array([1, 2], np.float32))
@@ -76,7 +76,7 @@ def test_rewriting_in_place_keeps_a_copy_made_before_loadable(capsys, tmp_path, 
     import shutil
 
     from dyndq.demo import build_model, demo_input
-    from dyndq.files import load_model
+    from dyndq.model_files import load_model
 
     source = tmp_path / "model.onnx"
     model = build_model() if command == "export" else dyndq.export(build_model())  # something to do
@@ -91,8 +91,9 @@ def test_rewriting_in_place_keeps_a_copy_made_before_loadable(capsys, tmp_path, 
 
 
 def test_a_crash_between_the_renames_leaves_the_old_model_whole(tmp_path, monkeypatch):
-    from dyndq import files
-    from dyndq.files import ModelFileError, load_model, save_model
+    from dyndq import model_files
+    from dyndq.atomic_writes import ModelFileError
+    from dyndq.model_files import load_model, save_model
 
     target = tmp_path / "m.onnx"
     save_model(_weights_model(1.0), target, external_data=True)
@@ -104,7 +105,7 @@ def test_a_crash_between_the_renames_leaves_the_old_model_whole(tmp_path, monkey
             raise OSError(5, "Input/output error")
         return real(src, dst)
 
-    monkeypatch.setattr(files.os, "replace", replace)
+    monkeypatch.setattr(model_files.os, "replace", replace)
     with pytest.raises(ModelFileError):
         save_model(_weights_model(2.0), target, external_data=True)
     assert calls[-1] == "m.onnx" and len(calls) == 2
@@ -117,7 +118,7 @@ import sys, time
 import numpy as np
 from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
-from dyndq import files
+from dyndq import model_files
 w = nh.from_array(np.full((64, 64), 1.0, np.float32), "w")
 g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 64])],
@@ -126,8 +127,8 @@ def slow(model, path, **kw):
     open(path, "wb").write(b"half")
     print("writing", flush=True)
     time.sleep(60)
-files.onnx.save_model = slow
-files.save_model(dyndq.make_model(g), sys.argv[1], external_data=True)
+model_files.onnx.save_model = slow
+model_files.save_model(dyndq.make_model(g), sys.argv[1], external_data=True)
 """
 
 
@@ -151,7 +152,8 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     import subprocess
     import sys
 
-    from dyndq.files import save_array, save_model
+    from dyndq.npy import save_array
+    from dyndq.model_files import save_model
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -168,7 +170,7 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
 
 
 def test_export_twice_from_the_models_folder(capsys, tmp_path, monkeypatch):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(_weights_model(1.0), tmp_path / "m.onnx", external_data=True)
     monkeypatch.chdir(tmp_path)
@@ -192,7 +194,8 @@ def test_in_place_export_with_data_in_a_subfolder(capsys, tmp_path):
 # -- what an output path may be -----------------------------------------------------------------
 
 def test_a_symlink_is_written_through(tmp_path):
-    from dyndq.files import load_model, save_array, save_model
+    from dyndq.model_files import load_model, save_model
+    from dyndq.npy import save_array
 
     save_model(_weights_model(1.0), tmp_path / "real.onnx")
     os.symlink("real.onnx", tmp_path / "link.onnx")
@@ -207,7 +210,7 @@ def test_a_symlink_is_written_through(tmp_path):
 
 @pytest.mark.parametrize("what", ["fifo", "socket", "dangling"])
 def test_anything_but_a_regular_file_is_refused(capsys, tmp_path, what):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(_weights_model(1.0), tmp_path / "m.onnx")
     if what == "fifo":
@@ -241,7 +244,7 @@ def test_anything_but_a_regular_file_is_refused(capsys, tmp_path, what):
 def test_devices_are_refused():
     # Asked of the path check itself: a test that exports to /dev/null would, on code without
     # the check and run as root, replace the machine's /dev/null with a regular file.
-    from dyndq.files import ModelFileError, _writable_target
+    from dyndq.atomic_writes import ModelFileError, _writable_target
 
     for device in ("/dev/null", "/dev/zero"):
         with pytest.raises(ModelFileError, match="character device"):
@@ -255,7 +258,8 @@ def _npy(folder) -> str:
 
 
 def test_npy_files_get_the_mode_models_get(tmp_path):
-    from dyndq.files import save_array, save_model
+    from dyndq.npy import save_array
+    from dyndq.model_files import save_model
 
     save_model(_weights_model(1.0), tmp_path / "m.onnx")
     save_array(tmp_path / "y.npy", np.zeros(2))
@@ -270,7 +274,7 @@ def test_npy_files_get_the_mode_models_get(tmp_path):
     ("length", "99999999", "exceeds available data"), ("length", "1e3", "not a non-negative"),
 ])
 def test_bad_external_data_fields_are_named(capsys, tmp_path, key, value, words):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(_weights_model(1.0), tmp_path / "m.onnx", external_data=True)
     m = onnx.load(tmp_path / "m.onnx", load_external_data=False)
@@ -286,7 +290,7 @@ def test_bad_external_data_fields_are_named(capsys, tmp_path, key, value, words)
 # -- an .npy header that declares a huge shape --------------------------------------------------
 
 def test_npy_header_is_checked_against_the_file_size(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(matmul_model(), tmp_path / "m.onnx")
     with open(tmp_path / "x.npy", "wb") as f:
@@ -297,7 +301,7 @@ def test_npy_header_is_checked_against_the_file_size(capsys, tmp_path):
 
 
 def test_a_model_with_external_data_written_through_a_link_in_another_folder_loads(tmp_path):
-    from dyndq.files import load_model, save_model
+    from dyndq.model_files import load_model, save_model
 
     (tmp_path / "real").mkdir()
     (tmp_path / "links").mkdir()

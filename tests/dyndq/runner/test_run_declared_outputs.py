@@ -12,7 +12,7 @@ from cases import vi
 
 import dyndq
 from dyndq.cli import main
-from dyndq.files import save_model
+from dyndq.model_files import save_model
 from dyndq.runner import OutputError
 
 ENGINES = ("reference", "onnxruntime")

@@ -29,7 +29,7 @@ def untyped_scales_model() -> onnx.ModelProto:
 
 
 def test_untyped_scales_is_a_problem_not_a_crash(capsys, tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     m = untyped_scales_model()
     problems = dyndq.check(m)
@@ -120,7 +120,7 @@ def test_node_metadata_survives_export_and_lift():
 
 
 def test_check_export_and_lift_take_a_path(tmp_path):
-    from dyndq.files import save_model
+    from dyndq.model_files import save_model
 
     save_model(matmul_model(), tmp_path / "m.onnx")
     assert dyndq.check(tmp_path / "m.onnx") == [] and dyndq.check(str(tmp_path / "m.onnx")) == []
@@ -145,7 +145,7 @@ def test_guards_for_items_already_right_on_this_branch():
         dyndq.make_node("ab", ["y"])
     with pytest.raises(dyndq.ValidationError, match="int64 range"):
         dyndq.make_node(["a", "b"], ["y"], qtype="per_channel", axis=2**63)
-    from dyndq.files import ModelFileError
+    from dyndq.atomic_writes import ModelFileError
 
     assert dyndq.ModelFileError is ModelFileError and "ModelFileError" in dyndq.__all__
     g = helper.make_graph([helper.make_node("DequantizeLinear", ["w", "s"], ["y"], name="dql")], "g",
