@@ -309,7 +309,7 @@ def runnable_model(model: onnx.ModelProto) -> onnx.ModelProto:
     the way out (the ONNX Runtime engine), and each graph output the lift removed or renamed."""
     from dyndq.plumbing.walk import walk
 
-    if not any(_foreign(site.node, model) for site in walk(model)):
+    if not holds_foreign_ops(model):
         return model
     from dyndq.lifter import lift_with_report
 
@@ -334,6 +334,15 @@ def runnable_model(model: onnx.ModelProto) -> onnx.ModelProto:
     if problems:
         raise NotRunnable(problems)
     return lifted
+
+
+def holds_foreign_ops(model: onnx.ModelProto) -> bool:
+    """Whether a node in any scope of the model stands in a domain that neither onnx.reference,
+    nor dyndq, nor a model-local function implements (ONNX Runtime's contrib ops): the reference
+    engine runs such a model through its exact lift, which reads their constants."""
+    from dyndq.plumbing.walk import walk
+
+    return any(_foreign(site.node, model) for site in walk(model))
 
 
 def _foreign(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:

@@ -187,10 +187,9 @@ def _on_dyndqs_engines(path: str, model: onnx.ModelProto) -> list[str]:
     note.  The reference engine is given the weights as inputs (it reads none to be made) unless
     the model holds contrib ops, whose exact lift reads their constants."""
     from dyndq.model_files import load_model
-    from dyndq.reference import _foreign
-    from dyndq.plumbing.walk import walk
+    from dyndq.reference import holds_foreign_ops
 
-    whole = load_model(path) if any(_foreign(site.node, model) for site in walk(model)) else None
+    whole = load_model(path) if holds_foreign_ops(model) else None
     try:
         _reference(whole if whole is not None else _weights_as_inputs(model))
         return []

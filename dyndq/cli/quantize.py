@@ -25,10 +25,10 @@ def _add_parser(sub) -> None:
     q.add_argument("input_", metavar="IN")
     q.add_argument("output", metavar="OUT")
     q.add_argument("--format", choices=formats.names(),  # (None: not given, which a --budget requires; int by default)
-                   help="int: integer codes of --bits bits (default); mxfp4: float4e2m1 codes, float8e8m0 scales per 32; "
-                        "nvfp4: float4e2m1 codes, float8e4m3fn scales per 16 times a float32 tensor scale; not with --budget")
-    q.add_argument("--bits", type=int, choices=(2, 4, 8),  # (None: not given, which a --budget requires)
-                   help="2, 4 (default) or 8 (--format int; not with --budget)")
+                   help="; ".join(f"{f}: {formats.get(f).summary}" + (" (default)" if i == 0 else "")
+                                  for i, f in enumerate(formats.names())) + "; not with --budget")
+    q.add_argument("--bits", type=int, choices=formats.all_bits(),  # (None: not given, which a --budget requires)
+                   help=_bits_help(formats))
     q.add_argument("--budget", type=float, metavar="BITS",
                    help="mixed formats: the average bits per weight (codes, scales and zero points over the weights "
                         "quantized) the model may hold; each weight's format is chosen among --format-choices for "
@@ -66,6 +66,17 @@ def _add_parser(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.add_argument("--overwrite", action="store_true",
                    help="OUT may be IN itself: the float model is then replaced (refused without it)")
+
+
+def _bits_help(formats) -> str:
+    """--bits' help from the registry: each format of several widths, its default first in `bits`."""
+    said = []
+    for name in formats.names():
+        bits = formats.get(name).bits
+        if len(bits) > 1:
+            words = [f"{b} (default)" if b == bits[0] else str(b) for b in sorted(bits)]
+            said.append(f"{', '.join(words[:-1])} or {words[-1]} (--format {name})")
+    return "; ".join(said) + "; not with --budget"
 
 
 def _samples(args, model_path: str) -> list[dict] | None:

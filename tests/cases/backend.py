@@ -13,17 +13,11 @@ def backend_case_names() -> list[str]:
     return sorted(set(re.findall(r'name="(test_dequantizelinear[a-z0-9_]*)"', inspect.getsource(source))))
 
 
-_BACKEND: dict = {}
-
-
 def backend_case(name: str):
-    """One of ONNX's DequantizeLinear backend cases (all are built on the first call, once per run)."""
-    if not _BACKEND:
-        import warnings
+    """One of ONNX's DequantizeLinear backend cases, from the one collection of every node test
+    (backend_cases.node_cases, built once per run).  Not `collect_testcases("DequantizeLinear")`:
+    ONNX's collector filters by op on its first call in a process and imports every generator
+    module then, so a later collection of every op would find only DequantizeLinear's cases."""
+    from backend_cases import node_cases
 
-        from onnx.backend.test.case.node import collect_testcases
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _BACKEND.update({c.name: c for c in collect_testcases("DequantizeLinear")})
-    return _BACKEND[name]
+    return node_cases()[name]

@@ -110,6 +110,17 @@ def test_it_is_written_in_every_form_and_the_cli_takes_it(toy, tmp_path, emit, c
     assert "toy per_tensor" in capsys.readouterr().out
 
 
+def test_the_cli_help_says_each_format_and_width_from_the_registry(toy, capsys):
+    class Wide(Toy):  # a format of several widths: --bits' help names them, its default first in `bits`
+        name, bits, choices = "wide", (3, 6), {}
+
+    formats.register(Wide())
+    assert main(["quantize", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "toy: int8 codes, one float32 scale per weight" in said
+    assert "3 (default) or 6 (--format wide)" in said and "2, 4 (default) or 8 (--format int)" in said
+
+
 def test_out_of_its_scope_the_format_is_unknown():
     with formats.scope():
         formats.register(Toy())
