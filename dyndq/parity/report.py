@@ -109,8 +109,10 @@ class ParityReport:
     def summary(self) -> str:
         rule = f"max |a - b| <= {TOLERANCE:g} * max |b|"
         n, bad = len(self.comparisons), len(self.differing)
+        failed = sum(c.error is not None for c in self.comparisons)
         verdict = (f"every engine setting ({n}) agrees" if not bad else f"{bad} of {n} engine settings differ")
-        return f"{verdict} with {self.reference} ({rule})"
+        # a setting that cannot run counts as differing (exit 1), and the summary says how many those are
+        return f"{verdict} with {self.reference} ({rule})" + (f"; {failed} of them cannot run" if failed else "")
 
     def lines(self) -> list[str]:
         given = [f"{i['name']} {i['dtype']}{i['shape']} ({'given' if i['given'] else 'example'})" for i in self.inputs]

@@ -266,3 +266,19 @@ def test_a_search_that_fails_leaves_the_comparison_and_says_why(qdq_model, monke
     c, = report.comparisons
     assert not c.agrees and c.outputs[0].name == "logits" and c.causes == []
     assert c.notes == ["the search for the cause stopped: a session the search made failed"]
+
+
+def test_the_summary_says_how_many_settings_cannot_run():
+    from dyndq.parity.engines import Setting
+    from dyndq.parity.metrics import OutputParity
+    from dyndq.parity.report import Comparison, ParityReport
+
+    same = OutputParity("y", True, 0.0, 1.0, 0.0)
+    moved = OutputParity("y", False, 0.5, 1.0, 0.5)
+    report = ParityReport("m.onnx", "the reference engine", comparisons=[
+        Comparison(Setting("onnxruntime", "disabled"), [same]), Comparison(Setting("onnxruntime", "all"), [moved]),
+        Comparison(Setting("openvino", "default", "openvino"), error="no kernel for Foo")])
+    assert report.summary().startswith("2 of 3 engine settings differ with the reference engine")
+    assert report.summary().endswith("; 1 of them cannot run")
+    report.comparisons[2] = Comparison(Setting("openvino", "default", "openvino"), [same])
+    assert "cannot run" not in report.summary() and report.summary().startswith("1 of 3 engine settings differ")
