@@ -1,0 +1,123 @@
+"""What a block type's write function builds its nodes with: tensors, standard ops, our op.
+
+Every block type writes through one `Writer`, so the pieces they share are written once: the
+float16 scale read from its bytes in the block, the code bytes cut out of the blocks unchanged,
+the integer unpacking of packed fields (BitShift and BitwiseAnd on uint8: exact), a lookup table
+(Gather), a constant filled at run time (ConstantOfShape: zero points that weigh nothing in the
+file) and DynamicDequantize-3, per_group, writing float32.
+
+Values keep the blocks' axes: [rows, n_blocks, ...] (rows: the tensor's leading dims as one), so a
+sub-block's scale broadcasts over its codes without reshaping; `finish` reshapes the result to the
+tensor's shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dyndq.build import make_node
+from dyndq.plumbing.names import NameScope
+from dyndq.quantization.rewrite import Placed
+
+FLOAT = TensorProto.FLOAT
+
+
+class Writer:
+    """The tensors and nodes standing for one GGUF tensor `name`, named after it."""
+
+    def __init__(self, name: str, names: NameScope | None = None):
+        self.name = name
+        self.names = names if names is not None else NameScope()
+        self.nodes: list[onnx.NodeProto] = []
+        self.tensors: list[onnx.TensorProto] = []
+        self.opset = 21  # the ai.onnx opset the nodes need (DynamicDequantize-3's lowering: 21)
+        self.why_opset = ""
+
+    def needs_opset(self, opset: int, why: str) -> None:
+        if opset > self.opset:
+            self.opset, self.why_opset = opset, why
+
+    def fresh(self, hint: str) -> str:
+        return self.names.fresh(f"{self.name}_{hint}")
+
+    # -- tensors --------------------------------------------------------------------------
+
+    def tensor(self, array: np.ndarray, hint: str) -> str:
+        """An initializer holding `array` (its dtype as it is: uint4, float16, ...)."""
+        name = self.fresh(hint)
+        self.tensors.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def half(self, blocks: np.ndarray, at: int, hint: str) -> str:
+        """The float16 at byte `at` of every block, as a tensor [rows, n_blocks, 1] (its two bytes as they are)."""
+        return self.tensor(field(blocks, at, 2).view(np.float16), hint)
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def op(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.fresh(op_type), **attrs))
+        return out
+
+    def reshape(self, value: str, shape, hint: str) -> str:
+        return self.op("Reshape", [value, self.tensor(np.array(shape, np.int64), f"{hint}_shape")], hint)
+
+    def unpack(self, packed: str, shifts, mask: int, hint: str, *, inner: bool = False) -> str:
+        """The bit fields of uint8 `packed`, `(packed >> shift) & mask` for each shift, on a new axis
+        before the last (`inner`: after it), as gguf.quants' NumPy unpacking writes it."""
+        shifts = np.asarray(shifts, np.uint8)
+        axis = -1 if inner else -2
+        spread = self.op("Unsqueeze", [packed, self.tensor(np.array([axis], np.int64), f"{hint}_axis")], f"{hint}_spread")
+        shifts = self.tensor(shifts if inner else shifts.reshape(-1, 1), f"{hint}_shifts")
+        shifted = self.op("BitShift", [spread, shifts], f"{hint}_shifted", direction="RIGHT")
+        return self.op("BitwiseAnd", [shifted, self.tensor(np.array(mask, np.uint8), f"{hint}_mask")], hint)
+
+    def join(self, low: str, high: str, bits: int, hint: str) -> str:
+        """`low | (high << bits)` on uint8: a code whose width ONNX has no type for, from its two fields."""
+        lifted = self.op("BitShift", [high, self.tensor(np.array(bits, np.uint8), f"{hint}_bits")], f"{hint}_high",
+                         direction="LEFT")
+        return self.op("BitwiseOr", [low, lifted], hint)
+
+    def lookup(self, table: np.ndarray, indices: str, hint: str) -> str:
+        """table[indices]: Gather from a constant table, the uint8 indices cast to int64 first."""
+        index = self.op("Cast", [indices], f"{hint}_index", to=TensorProto.INT64)
+        return self.op("Gather", [self.tensor(table, f"{hint}_table"), index], hint, axis=0)
+
+    def filled(self, value: np.ndarray, shape, hint: str) -> str:
+        """A tensor of `shape` holding `value` everywhere, made at run time (nothing in the file)."""
+        return self.op("ConstantOfShape", [self.tensor(np.array(shape, np.int64), f"{hint}_shape")], hint,
+                       value=numpy_helper.from_array(np.asarray(value).reshape(1)))
+
+    def dequantize(self, src: str, scales: str, zps: str | None = None, *, group_shape, hint: str) -> str:
+        """DynamicDequantize-3, per_group, writing float32: float32(src - zps) * float32(scales), one rounding."""
+        out = self.fresh(hint)
+        self.nodes.append(make_node([src, scales] + ([zps] if zps else []), [out], name=self.fresh("DynamicDequantize"),
+                                    version=3, qtype="per_group", group_shape=list(group_shape), output_dtype=FLOAT))
+        return out
+
+    def finish(self, value: str, shape, form: str) -> "Written":
+        """The value reshaped to the tensor's `shape`: what stands for the tensor."""
+        out = self.reshape(value, shape, "dequantized")
+        return Written(self.nodes, self.tensors, out, form, self.opset)
+
+
+@dataclass
+class Written(Placed):
+    """What stands for one GGUF tensor: rewrite.Placed, and the ai.onnx opset its nodes need."""
+    opset: int = 21
+
+
+def field(blocks: np.ndarray, at: int, size: int) -> np.ndarray:
+    """Bytes at..at+size of every block, [rows, n_blocks, size] uint8 (a copy, contiguous)."""
+    return np.ascontiguousarray(blocks[..., at:at + size])
+
+
+def nibbles(packed: np.ndarray, order: str) -> np.ndarray:
+    """The 4-bit fields of `packed` (uint8 [..., k]) as codes in element order, [..., 2k] uint8:
+    "halves": byte i holds element i (low nibble) and element i + k (high nibble), as GGUF's
+    legacy and K-quant blocks lay them."""
+    assert order == "halves"
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)

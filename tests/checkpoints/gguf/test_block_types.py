@@ -1,0 +1,56 @@
+"""Every registered GGUF block type: its nodes give gguf.quants.dequantize's float32 bits, on the
+reference engine and on ONNX Runtime, for tensors gguf's quantizer made and for drawn raw blocks
+(extreme float16 scales included), and the tensors written weigh at most its ratio of the GGUF bytes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dyndq.checkpoints import gguf as ours
+from gguf_blocks import block_of, check_exact, drawn, gguf, quantized, written_bytes
+
+TYPES = ours.names()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_tensors_of_ggufs_own_quantizer_dequantize_exactly(name):
+    data = quantized(name, (6, 512), seed=1)
+    if data is None:
+        pytest.skip(f"gguf {gguf.__version__} has no quantizer for {name}: its drawn blocks are tested")
+    check_exact(name, data, (6, 512))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_drawn_blocks_with_extreme_scales_dequantize_exactly(name):
+    block, _ = block_of(name)
+    n_blocks = max(1, 1024 // block)
+    want = check_exact(name, drawn(name, 8, n_blocks, seed=2), (8, n_blocks * block))
+    assert np.isfinite(want).any() and (want != 0).any()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_tensor_of_more_dims_keeps_its_shape(name):
+    block, _ = block_of(name)
+    check_exact(name, drawn(name, 6, 2, seed=3).reshape(2, 3, -1), (2, 3, 2 * block))
+
+
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(TYPES), rows=st.integers(1, 5), n_blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_any_drawn_blocks_dequantize_exactly(name, rows, n_blocks, seed):
+    check_exact(name, drawn(name, rows, n_blocks, seed), (rows, n_blocks * block_of(name)[0]))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_tensors_written_weigh_at_most_the_types_ratio_of_the_gguf_bytes(name):
+    block, size = block_of(name)
+    data = drawn(name, 64, 4096 // block, seed=4)
+    placed = ours.nodes(ours.GGUFTensor("w", name, (64, 4096), data))
+    ratio = written_bytes(placed) / data.nbytes
+    assert ratio <= ours.get(name).ratio, f"{name}: {ratio:.3f}x the GGUF tensor's bytes"
+
+
+def test_the_registered_blocks_are_ggufs():
+    for name in TYPES:
+        kind = ours.get(name)
+        assert (kind.block, kind.size) == block_of(name), name
