@@ -32,14 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field
-
-
-def sub_block_scales(w: Writer, scales: np.ndarray, blocks: np.ndarray, at: int, hint: str) -> str:
-    """dl = DynamicDequantize(scales, float16 at byte `at`): scales [rows, n_blocks, k, 1] times
-    their super-block's d, float32 [rows, n_blocks, k, 1]."""
-    d = w.tensor(field(blocks, at, 2).view(np.float16)[..., None], f"{hint}_scale")
-    return w.dequantize(w.tensor(scales, hint), d, group_shape=(1, 1, scales.shape[2], 1), hint=f"{hint}_dequantized")
+from dyndq.checkpoints.gguf.writer import Writer, field, spread, sub_block_scales
 
 
 def times_codes(w: Writer, codes: str, dl: str, sub_block: int, zps: str | None = None) -> str:
@@ -59,11 +52,6 @@ def scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
     mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
     return sc[..., None], mn[..., None]
-
-
-def spread(packed: np.ndarray, shifts, mask: int) -> np.ndarray:
-    """NumPy's `(packed[..., None, :] >> shifts[:, None]) & mask`: the fields on a new axis before the last."""
-    return (packed[..., None, :] >> np.asarray(shifts, np.uint8)[:, None]) & np.uint8(mask)
 
 
 @block_type("Q2_K", block=256, size=84, composition="""DynamicDequantize(uint2 q, DynamicDequantize(uint4 sc, float16 d))

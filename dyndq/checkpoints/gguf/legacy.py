@@ -32,13 +32,13 @@ GROUP = (1, 1, 32)  # a block's codes share its scale: [rows, n_blocks, 32] over
 
 @block_type("Q4_0", block=32, size=18, composition="DynamicDequantize(int4 q - 8, float16 d)")
 def q4_0(w: Writer, blocks: np.ndarray) -> str:
-    codes = (nibbles(field(blocks, 2, 16), "halves").astype(np.int8) - 8).astype(ml_dtypes.int4)
+    codes = (nibbles(field(blocks, 2, 16)).astype(np.int8) - 8).astype(ml_dtypes.int4)
     return w.dequantize(w.tensor(codes, "quantized"), w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
 
 
 @block_type("Q4_1", block=32, size=20, composition="DynamicDequantize(uint4 q, float16 d) + Cast(float16 m)")
 def q4_1(w: Writer, blocks: np.ndarray) -> str:
-    codes = nibbles(field(blocks, 4, 16), "halves").astype(ml_dtypes.uint4)
+    codes = nibbles(field(blocks, 4, 16)).astype(ml_dtypes.uint4)
     product = w.dequantize(w.tensor(codes, "quantized"), w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
     return plus_min(w, product, blocks, 2)
 

@@ -115,9 +115,19 @@ def field(blocks: np.ndarray, at: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., at:at + size])
 
 
-def nibbles(packed: np.ndarray, order: str) -> np.ndarray:
+def nibbles(packed: np.ndarray) -> np.ndarray:
     """The 4-bit fields of `packed` (uint8 [..., k]) as codes in element order, [..., 2k] uint8:
-    "halves": byte i holds element i (low nibble) and element i + k (high nibble), as GGUF's
-    legacy and K-quant blocks lay them."""
-    assert order == "halves"
+    byte i holds element i (low nibble) and element i + k (high nibble), as GGUF's blocks lay them."""
     return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+
+
+def sub_block_scales(w: Writer, scales: np.ndarray, blocks: np.ndarray, at: int, hint: str) -> str:
+    """dl = DynamicDequantize(scales, float16 at byte `at`): scales [rows, n_blocks, k, 1] times
+    their super-block's d, float32 [rows, n_blocks, k, 1]."""
+    d = w.tensor(field(blocks, at, 2).view(np.float16)[..., None], f"{hint}_scale")
+    return w.dequantize(w.tensor(scales, hint), d, group_shape=(1, 1, scales.shape[2], 1), hint=f"{hint}_dequantized")
+
+
+def spread(packed: np.ndarray, shifts, mask: int) -> np.ndarray:
+    """NumPy's `(packed[..., None, :] >> shifts[:, None]) & mask`: the fields on a new axis before the last."""
+    return (packed[..., None, :] >> np.asarray(shifts, np.uint8)[:, None]) & np.uint8(mask)
