@@ -19,17 +19,10 @@ from dyndq.checkpoints.gguf.writer import Writer, field, spread, sub_block_scale
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 
-def table_values(w: Writer, packed: np.ndarray, shape) -> str:
-    """KVALUES[index], int8 of `shape`, the indices GGUF's nibble bytes `packed` [..., k] hold
-    (byte i: index i low, i + k high, per group of k bytes)."""
-    indices = w.unpack(w.tensor(packed, "index_bytes"), [0, 4], 0x0F, "indices")
-    return w.lookup(KVALUES, w.reshape(indices, shape, "indices_in_order"), "values")
-
-
 @block_type("IQ4_NL", block=32, size=18, composition="DynamicDequantize(Gather(int8 table, 4-bit index), float16 d)")
 def iq4_nl(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
-    values = table_values(w, field(blocks, 2, 16), (rows, n, 32))
+    values = w.indexed(KVALUES, field(blocks, 2, 16), (rows, n, 32))
     return w.dequantize(values, w.half(blocks, 0, "scales"), group_shape=(1, 1, 32), hint="product")
 
 
@@ -41,5 +34,5 @@ def iq4_xs(w: Writer, blocks: np.ndarray) -> str:
     high = field(blocks, 2, 2).view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)  # 2 bits each, from bit 0
     scales = ((low | ((high.astype(np.uint8) & 0x03) << 4)).astype(np.int8) - 32)[..., None]
     dl = sub_block_scales(w, scales, blocks, 0, "sub_scales")
-    values = table_values(w, field(blocks, 8, 128).reshape(rows, n, 8, 16), (rows, n, 8, 32))
+    values = w.indexed(KVALUES, field(blocks, 8, 128).reshape(rows, n, 8, 16), (rows, n, 8, 32))
     return w.dequantize(values, dl, group_shape=(1, 1, 1, 32), hint="product")

@@ -86,6 +86,12 @@ class Writer:
         index = self.op("Cast", [indices], f"{hint}_index", to=TensorProto.INT64)
         return self.op("Gather", [self.tensor(table, f"{hint}_table"), index], hint, axis=0)
 
+    def indexed(self, table: np.ndarray, packed: np.ndarray, shape, hint: str = "values") -> str:
+        """table[index] in `shape`, the 4-bit indices held by GGUF's nibble bytes `packed` [..., k]
+        (per group of k bytes: byte i holds index i low, index i + k high), unpacked at run time."""
+        indices = self.unpack(self.tensor(packed, "index_bytes"), [0, 4], 0x0F, "indices")
+        return self.lookup(table, self.reshape(indices, shape, "indices_in_order"), hint)
+
     def filled(self, value: np.ndarray, shape, hint: str) -> str:
         """A tensor of `shape` holding `value` everywhere, made at run time (nothing in the file)."""
         return self.op("ConstantOfShape", [self.tensor(np.array(shape, np.int64), f"{hint}_shape")], hint,
