@@ -1,9 +1,10 @@
 """GGUF tensors for the tests of dyndq.checkpoints.gguf, and the one check of their nodes.
 
 `quantized` makes a tensor with gguf's own quantizer (where `gguf.quants.quantize` has one);
-`drawn` draws raw blocks: random bytes (every code value of every field reached, at these sizes),
-with the float16 fields of the first blocks set to the extremes (±0, subnormals, the largest
-finite, ±inf, quiet and signalling NaNs of both signs).  `check_exact` builds the tensor's nodes,
+`drawn` draws raw blocks: random bytes (every code value of every field reached at the sizes the
+tests draw), with the float16 fields of the first blocks set to the extremes (±0, subnormals, the
+largest finite, ±inf, quiet and signalling NaNs of both signs) and the one-byte scales taking
+every byte value in turn.  `check_exact` builds the tensor's nodes,
 runs them on the reference engine (our kernel) and, exported for target onnxruntime, on ONNX
 Runtime, and compares both with `gguf.quants.dequantize`, bit for bit (as uint32).
 """
@@ -26,6 +27,8 @@ FLOAT16_FIELDS = {
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
     "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
 }
+# the byte offsets of each type's one-byte scales (MXFP4's exponent, NVFP4's e4m3): every byte value is drawn in turn
+SCALE_BYTES = {"MXFP4": (0,), "NVFP4": (0, 1, 2, 3)}
 SPECIAL_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
                            0x7E00, 0xFE00, 0x7C01, 0xFD55, 0x3C00, 0xBC00, 0x0200], np.uint16)
 
@@ -35,6 +38,11 @@ def qtype(name: str):
     if name not in gguf.GGMLQuantizationType.__members__:
         pytest.skip(f"the installed gguf has no type {name}")
     return gguf.GGMLQuantizationType[name]
+
+
+def known(names) -> list[str]:
+    """Those of `names` the installed gguf has (NVFP4 came in gguf 0.19)."""
+    return [n for n in names if n in gguf.GGMLQuantizationType.__members__]
 
 
 def block_of(name: str) -> tuple[int, int]:
@@ -49,6 +57,8 @@ def drawn(name: str, rows: int, n_blocks: int, seed: int = 0) -> np.ndarray:
     for i, at in enumerate(FLOAT16_FIELDS.get(name, ())):
         special = np.roll(SPECIAL_HALVES, i)[:rows * n_blocks]
         data[:len(special), at:at + 2] = special.view(np.uint8).reshape(-1, 2)
+    for i, at in enumerate(SCALE_BYTES.get(name, ())):
+        data[:, at] = (np.arange(rows * n_blocks) + 64 * i) % 256
     return data.reshape(rows, n_blocks * size)
 
 
