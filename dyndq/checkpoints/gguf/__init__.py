@@ -13,6 +13,6 @@ bits of `gguf.quants.dequantize`; each module says why.  docs/import.md has the 
 """
 from dyndq.checkpoints.gguf.registry import BlockType, block_type, get, names, scope
 from dyndq.checkpoints.gguf.tensors import GGUFTensor, UnsupportedType, nodes, read
-from dyndq.checkpoints.gguf import floats, fp4, iq4, kquants, legacy, ternary  # noqa: E402,F401  (each family registers its types: the registration)
+from dyndq.checkpoints.gguf import floats, legacy, kquants, iq4, ternary, fp4  # noqa: E402,F401,I001  (each family registers its types, in GGUF's order)
 
 __all__ = ["BlockType", "GGUFTensor", "UnsupportedType", "block_type", "floats", "fp4", "get", "iq4", "kquants", "legacy", "names", "nodes", "read", "scope", "ternary"]
