@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
 from dyndq.checkpoints.gguf.writer import Writer, field, spread, sub_block_scales
@@ -59,9 +60,10 @@ def scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def q2_k(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
     packed = field(blocks, 0, 16)[..., None]
-    codes = spread(field(blocks, 16, 64).reshape(rows, n, 2, 32), [0, 2, 4, 6], 3).reshape(rows, n, 16, 16)
+    codes = w.codes(lambda some: spread(field(some, 16, 64).reshape(*some.shape[:2], 2, 32), [0, 2, 4, 6], 3), blocks,
+                    TensorProto.UINT2, (rows, n, 16, 16))
     dl = sub_block_scales(w, (packed & 0x0F).astype(ml_dtypes.uint4), blocks, 80, "sub_scales")
-    product = times_codes(w, w.tensor(codes.astype(ml_dtypes.uint2), "quantized"), dl, 16)
+    product = times_codes(w, codes, dl, 16)
     return minus_mins(w, product, (packed >> 4).astype(ml_dtypes.uint4), blocks, 82)
 
 
@@ -87,9 +89,9 @@ def q3_k(w: Writer, blocks: np.ndarray) -> str:
 def q4_k(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
     sc, mn = scale_min_k4(field(blocks, 4, 12))
-    codes = spread(field(blocks, 16, 128).reshape(rows, n, 4, 32), [0, 4], 0x0F).reshape(rows, n, 8, 32)
-    dl = sub_block_scales(w, sc, blocks, 0, "sub_scales")
-    product = times_codes(w, w.tensor(codes.astype(ml_dtypes.uint4), "quantized"), dl, 32)
+    codes = w.codes(lambda some: spread(field(some, 16, 128).reshape(*some.shape[:2], 4, 32), [0, 4], 0x0F), blocks,
+                    TensorProto.UINT4, (rows, n, 8, 32))
+    product = times_codes(w, codes, sub_block_scales(w, sc, blocks, 0, "sub_scales"), 32)
     return minus_mins(w, product, mn, blocks, 2)
 
 

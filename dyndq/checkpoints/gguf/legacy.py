@@ -20,7 +20,6 @@ nodes give the same float32 bits:
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
@@ -32,14 +31,15 @@ GROUP = (1, 1, 32)  # a block's codes share its scale: [rows, n_blocks, 32] over
 
 @block_type("Q4_0", block=32, size=18, composition="DynamicDequantize(int4 q - 8, float16 d)")
 def q4_0(w: Writer, blocks: np.ndarray) -> str:
-    codes = (nibbles(field(blocks, 2, 16)).astype(np.int8) - 8).astype(ml_dtypes.int4)
-    return w.dequantize(w.tensor(codes, "quantized"), w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
+    codes = w.codes(lambda some: nibbles(field(some, 2, 16)) ^ np.uint8(8), blocks, TensorProto.INT4, (*blocks.shape[:2], 32))
+    # (q ^ 8, in 4 bits, is q - 8 as a two's complement nibble)
+    return w.dequantize(codes, w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
 
 
 @block_type("Q4_1", block=32, size=20, composition="DynamicDequantize(uint4 q, float16 d) + Cast(float16 m)")
 def q4_1(w: Writer, blocks: np.ndarray) -> str:
-    codes = nibbles(field(blocks, 4, 16)).astype(ml_dtypes.uint4)
-    product = w.dequantize(w.tensor(codes, "quantized"), w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
+    codes = w.codes(lambda some: nibbles(field(some, 4, 16)), blocks, TensorProto.UINT4, (*blocks.shape[:2], 32))
+    product = w.dequantize(codes, w.half(blocks, 0, "scales"), group_shape=GROUP, hint="product")
     return plus_min(w, product, blocks, 2)
 
 

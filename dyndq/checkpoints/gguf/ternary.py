@@ -15,8 +15,8 @@ product as gguf's, exact (11 + 2 bits); the zero point is made at run time (Cons
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
 from dyndq.checkpoints.gguf.writer import Writer, field, spread
@@ -36,8 +36,9 @@ def times_d(w: Writer, codes: str, blocks: np.ndarray, at: int) -> str:
 @block_type("TQ2_0", block=256, size=66, composition="DynamicDequantize(uint2 q, float16 d, zero point 1)")
 def tq2_0(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
-    codes = spread(field(blocks, 0, 64).reshape(rows, n, 2, 32), [0, 2, 4, 6], 3).reshape(rows, n, 256)
-    return times_d(w, w.tensor(codes.astype(ml_dtypes.uint2), "quantized"), blocks, 64)
+    codes = w.codes(lambda some: spread(field(some, 0, 64).reshape(*some.shape[:2], 2, 32), [0, 2, 4, 6], 3), blocks,
+                    TensorProto.UINT2, (rows, n, 256))
+    return times_d(w, codes, blocks, 64)
 
 
 @block_type("TQ1_0", block=256, size=54, ratio=1.25,

@@ -23,6 +23,7 @@ from dyndq.plumbing.names import NameScope
 from dyndq.quantization.rewrite import Placed
 
 FLOAT = TensorProto.FLOAT
+CHUNK_BYTES = 1 << 20  # the blocks whose codes are unpacked at once (codes: Writer.codes)
 
 
 class Writer:
@@ -46,9 +47,31 @@ class Writer:
     # -- tensors --------------------------------------------------------------------------
 
     def tensor(self, array: np.ndarray, hint: str) -> str:
-        """An initializer holding `array` (its dtype as it is: uint4, float16, ...)."""
+        """An initializer holding `array` (its dtype as it is: float16, int8, ...; a view into the
+        file's blocks is copied once, into the tensor)."""
         name = self.fresh(hint)
-        self.tensors.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.tensors.append(numpy_helper.from_array(array, name))
+        return name
+
+    def codes(self, make, blocks: np.ndarray, dtype: int, shape, hint: str = "quantized") -> str:
+        """An initializer of 2- or 4-bit codes (`dtype`: TensorProto.UINT2, INT4, UINT4) of `shape`
+        ([rows, n_blocks, ...]): `make(blocks of some rows)` gives them one a byte, in element order
+        (their low bits: an int4 as its two's complement nibble), and they are packed as ONNX packs
+        them (the first element in the lowest bits) a few rows at a time, so that the whole tensor's
+        codes never stand one a byte in memory."""
+        bits = {TensorProto.UINT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4}[dtype]
+        per_byte = 8 // bits
+        packed = np.empty(int(np.prod(shape)) // per_byte, np.uint8)
+        step, at = max(1, CHUNK_BYTES // max(1, blocks[:1].nbytes)), 0
+        for start in range(0, blocks.shape[0], step):
+            some = make(blocks[start:start + step]).reshape(-1, per_byte)
+            chunk = some[:, 0].copy()
+            for k in range(1, per_byte):
+                chunk |= some[:, k] << np.uint8(bits * k)
+            packed[at:at + len(chunk)] = chunk
+            at += len(chunk)
+        name = self.fresh(hint)
+        self.tensors.append(helper.make_tensor(name, dtype, list(shape), packed.tobytes(), raw=True))
         return name
 
     def half(self, blocks: np.ndarray, at: int, hint: str) -> str:
@@ -117,8 +140,8 @@ class Written(Placed):
 
 
 def field(blocks: np.ndarray, at: int, size: int) -> np.ndarray:
-    """Bytes at..at+size of every block, [rows, n_blocks, size] uint8 (a copy, contiguous)."""
-    return np.ascontiguousarray(blocks[..., at:at + size])
+    """Bytes at..at+size of every block, [rows, n_blocks, size] uint8 (a view: nothing copied)."""
+    return blocks[..., at:at + size]
 
 
 def nibbles(packed: np.ndarray) -> np.ndarray:
