@@ -77,9 +77,8 @@ def q3_k(w: Writer, blocks: np.ndarray) -> str:
     scales = ((low | (high << 4)).astype(np.int8) - 32)[..., None]
     dl = sub_block_scales(w, scales, blocks, 108, "sub_scales")
     shape = (rows, n, 16, 16)
-    ql = w.reshape(w.unpack(w.tensor(field(blocks, 32, 64).reshape(rows, n, 2, 32), "low_bits"), [0, 2, 4, 6], 3, "low"),
-                   shape, "low_codes")
-    qh = w.reshape(w.unpack(w.tensor(field(blocks, 0, 32), "high_bits"), range(8), 1, "high"), shape, "high_codes")
+    ql = w.fields(field(blocks, 32, 64).reshape(rows, n, 2, 32), [0, 2, 4, 6], 3, shape, "low")
+    qh = w.fields(field(blocks, 0, 32), range(8), 1, shape, "high")
     zps = w.filled(np.uint8(4), (rows, n, 16, 1), "zero_points")  # q = ql - 4 * (1 - h) = (ql | h << 2) - 4
     return times_codes(w, w.join(ql, qh, 2, "codes"), dl, 16, zps)
 
@@ -101,9 +100,8 @@ def q5_k(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
     sc, mn = scale_min_k4(field(blocks, 4, 12))
     shape = (rows, n, 8, 32)
-    ql = w.reshape(w.unpack(w.tensor(field(blocks, 48, 128).reshape(rows, n, 4, 32), "nibbles"), [0, 4], 0x0F, "low"),
-                   shape, "low_codes")
-    qh = w.unpack(w.tensor(field(blocks, 16, 32), "high_bits"), range(8), 1, "high")  # [r, b, 8, 32]
+    ql = w.fields(field(blocks, 48, 128).reshape(rows, n, 4, 32), [0, 4], 0x0F, shape, "low")
+    qh = w.fields(field(blocks, 16, 32), range(8), 1, shape, "high")
     product = times_codes(w, w.join(ql, qh, 4, "codes"), sub_block_scales(w, sc, blocks, 0, "sub_scales"), 32)
     return minus_mins(w, product, mn, blocks, 2)
 
@@ -113,10 +111,8 @@ def q5_k(w: Writer, blocks: np.ndarray) -> str:
 def q6_k(w: Writer, blocks: np.ndarray) -> str:
     rows, n = blocks.shape[:2]
     shape = (rows, n, 16, 16)
-    ql = w.reshape(w.unpack(w.tensor(field(blocks, 0, 128).reshape(rows, n, 2, 64), "nibbles"), [0, 4], 0x0F, "low"),
-                   shape, "low_codes")
-    qh = w.reshape(w.unpack(w.tensor(field(blocks, 128, 64).reshape(rows, n, 2, 32), "high_bits"), [0, 2, 4, 6], 3, "high"),
-                   shape, "high_codes")
+    ql = w.fields(field(blocks, 0, 128).reshape(rows, n, 2, 64), [0, 4], 0x0F, shape, "low")
+    qh = w.fields(field(blocks, 128, 64).reshape(rows, n, 2, 32), [0, 2, 4, 6], 3, shape, "high")
     dl = sub_block_scales(w, field(blocks, 192, 16).view(np.int8)[..., None], blocks, 208, "sub_scales")
     zps = w.filled(np.uint8(32), (rows, n, 16, 1), "zero_points")
     return times_codes(w, w.join(ql, qh, 4, "codes"), dl, 16, zps)

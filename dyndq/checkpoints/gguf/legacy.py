@@ -75,9 +75,9 @@ def five_bits(w: Writer, blocks: np.ndarray, *, high_at: int, low_at: int, zero_
     are: 16 nibble bytes (byte i: element i low, i + 16 high) and a 32-bit word of high bits (bit j:
     element j); and the zero point (uint8, made at run time) when one is given."""
     rows, n_blocks = blocks.shape[:2]
-    low = w.unpack(w.tensor(field(blocks, low_at, 16), "nibbles"), [0, 4], 0x0F, "low")  # [r, b, 2, 16]
-    high = w.unpack(w.tensor(field(blocks, high_at, 4), "high_bits"), range(8), 1, "high", inner=True)  # [r, b, 4, 8]
     flat = (rows, n_blocks, 32)
-    codes = w.join(w.reshape(low, flat, "low_codes"), w.reshape(high, flat, "high_codes"), 4, "codes")
+    low = w.fields(field(blocks, low_at, 16), [0, 4], 0x0F, flat, "low")
+    high = w.fields(field(blocks, high_at, 4), range(8), 1, flat, "high", inner=True)  # (bit j of byte i: element 8i + j)
+    codes = w.join(low, high, 4, "codes")
     zps = None if zero_point is None else w.filled(np.uint8(zero_point), (rows, n_blocks, 1), "zero_points")
     return codes, zps

@@ -98,6 +98,12 @@ class Writer:
         shifted = self.op("BitShift", [spread, shifts], f"{hint}_shifted", direction="RIGHT")
         return self.op("BitwiseAnd", [shifted, self.tensor(np.array(mask, np.uint8), f"{hint}_mask")], hint)
 
+    def fields(self, packed: np.ndarray, shifts, mask: int, shape, hint: str, *, inner: bool = False) -> str:
+        """The bit fields of GGUF's bytes `packed`, kept as they are in a tensor, unpacked at run time
+        (`unpack`) and laid out in `shape` (element order)."""
+        return self.reshape(self.unpack(self.tensor(packed, f"{hint}_bytes"), shifts, mask, hint, inner=inner), shape,
+                            f"{hint}_codes")
+
     def join(self, low: str, high: str, bits: int, hint: str) -> str:
         """`low | (high << bits)` on uint8: a code whose width ONNX has no type for, from its two fields."""
         lifted = self.op("BitShift", [high, self.tensor(np.array(bits, np.uint8), f"{hint}_bits")], f"{hint}_high",
@@ -112,8 +118,7 @@ class Writer:
     def indexed(self, table: np.ndarray, packed: np.ndarray, shape, hint: str = "values") -> str:
         """table[index] in `shape`, the 4-bit indices held by GGUF's nibble bytes `packed` [..., k]
         (per group of k bytes: byte i holds index i low, index i + k high), unpacked at run time."""
-        indices = self.unpack(self.tensor(packed, "index_bytes"), [0, 4], 0x0F, "indices")
-        return self.lookup(table, self.reshape(indices, shape, "indices_in_order"), hint)
+        return self.lookup(table, self.fields(packed, [0, 4], 0x0F, shape, "indices"), hint)
 
     def filled(self, value: np.ndarray, shape, hint: str) -> str:
         """A tensor of `shape` holding `value` everywhere, made at run time (nothing in the file)."""
