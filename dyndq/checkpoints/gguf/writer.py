@@ -1,10 +1,12 @@
 """What a block type's write function builds its nodes with: tensors, standard ops, our op.
 
 Every block type writes through one `Writer`, so the pieces they share are written once: the
-float16 scale read from its bytes in the block, the code bytes cut out of the blocks unchanged,
-the integer unpacking of packed fields (BitShift and BitwiseAnd on uint8: exact), a lookup table
-(Gather), a constant filled at run time (ConstantOfShape: zero points that weigh nothing in the
-file) and DynamicDequantize-3, per_group, writing float32.
+float16 scale read from its bytes in the block, 2- and 4-bit codes packed as ONNX packs them (a
+few rows at a time: `codes`), GGUF's code bytes kept unchanged and unpacked at run time (BitShift,
+BitwiseAnd, BitwiseOr on uint8: exact; `fields`, `join`), a lookup table (Gather: `lookup`,
+`indexed`), a constant made at run time (ConstantOfShape: zero points that weigh nothing in the
+file) and DynamicDequantize-3, per_group, writing float32.  Fields are views of the file's blocks:
+a tensor's bytes are copied once, into its initializers.
 
 Values keep the blocks' axes: [rows, n_blocks, ...] (rows: the tensor's leading dims as one), so a
 sub-block's scale broadcasts over its codes without reshaping; `finish` reshapes the result to the
