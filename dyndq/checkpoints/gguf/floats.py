@@ -36,7 +36,7 @@ def f16(w: Writer, blocks: np.ndarray) -> str:
     nan_bits = w.op("BitwiseOr", [w.op("BitwiseOr", fields, "sign_payload"),
                                   w.tensor(np.array(0x7F800000, np.uint32), "nan_exponent")], "nan_bits")
     nan = w.op("BitCast", [nan_bits], "nan", to=TensorProto.FLOAT)
-    w.needs_opset(26, "BitCast")
+    w.needs_opset(26)  # (BitCast)
     return w.op("Where", [w.op("IsNaN", [value], "is_nan"), nan, value], "float32_out")
 
 

@@ -37,11 +37,10 @@ class Writer:
         self.nodes: list[onnx.NodeProto] = []
         self.tensors: list[onnx.TensorProto] = []
         self.opset = 21  # the ai.onnx opset the nodes need (DynamicDequantize-3's lowering: 21)
-        self.why_opset = ""
 
-    def needs_opset(self, opset: int, why: str) -> None:
-        if opset > self.opset:
-            self.opset, self.why_opset = opset, why
+    def needs_opset(self, opset: int) -> None:
+        """The nodes use an op of ai.onnx `opset` (F16's BitCast: 26)."""
+        self.opset = max(self.opset, opset)
 
     def fresh(self, hint: str) -> str:
         return self.names.fresh(f"{self.name}_{hint}")
