@@ -25,7 +25,7 @@ gguf = pytest.importorskip("gguf", reason="the `gguf` package (the test extra in
 FLOAT16_FIELDS = {
     "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-    "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "IQ2_XXS": (0,), "IQ3_XXS": (0,),
 }
 # the byte offsets of each type's one-byte scales (MXFP4's exponent, NVFP4's e4m3): every byte value is drawn in turn
 SCALE_BYTES = {"MXFP4": (0,), "NVFP4": (0, 1, 2, 3)}

@@ -18,7 +18,7 @@ from dyndq.checkpoints.gguf.writer import Writer, Written
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.plumbing.names import NameScope
 
-LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")  # codebook types, not taken yet
+LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XS", "IQ2_S", "IQ3_S")  # codebook types not taken yet (lattice.py has the others)
 
 
 class UnsupportedType(ValidationError):

@@ -89,21 +89,22 @@ class Writer:
     def reshape(self, value: str, shape, hint: str) -> str:
         return self.op("Reshape", [value, self.tensor(np.array(shape, np.int64), f"{hint}_shape")], hint)
 
-    def unpack(self, packed: str, shifts, mask: int, hint: str, *, inner: bool = False) -> str:
-        """The bit fields of uint8 `packed`, `(packed >> shift) & mask` for each shift, on a new axis
-        before the last (`inner`: after it), as gguf.quants' NumPy unpacking writes it."""
-        shifts = np.asarray(shifts, np.uint8)
+    def unpack(self, packed: str, shifts, mask: int, hint: str, *, inner: bool = False, dtype=np.uint8) -> str:
+        """The bit fields of `packed` (of `dtype`: uint8 or uint32), `(packed >> shift) & mask` for
+        each shift, on a new axis before the last (`inner`: after it), as gguf.quants' NumPy
+        unpacking writes it."""
+        shifts = np.asarray(shifts, dtype)
         axis = -1 if inner else -2
         spread = self.op("Unsqueeze", [packed, self.tensor(np.array([axis], np.int64), f"{hint}_axis")], f"{hint}_spread")
         shifts = self.tensor(shifts if inner else shifts.reshape(-1, 1), f"{hint}_shifts")
         shifted = self.op("BitShift", [spread, shifts], f"{hint}_shifted", direction="RIGHT")
-        return self.op("BitwiseAnd", [shifted, self.tensor(np.array(mask, np.uint8), f"{hint}_mask")], hint)
+        return self.op("BitwiseAnd", [shifted, self.tensor(np.array(mask, dtype), f"{hint}_mask")], hint)
 
     def fields(self, packed: np.ndarray, shifts, mask: int, shape, hint: str, *, inner: bool = False) -> str:
         """The bit fields of GGUF's bytes `packed`, kept as they are in a tensor, unpacked at run time
         (`unpack`) and laid out in `shape` (element order)."""
-        return self.reshape(self.unpack(self.tensor(packed, f"{hint}_bytes"), shifts, mask, hint, inner=inner), shape,
-                            f"{hint}_codes")
+        unpacked = self.unpack(self.tensor(packed, f"{hint}_bytes"), shifts, mask, hint, inner=inner, dtype=packed.dtype)
+        return self.reshape(unpacked, shape, f"{hint}_codes")
 
     def join(self, low: str, high: str, bits: int, hint: str) -> str:
         """`low | (high << bits)` on uint8: a code whose width ONNX has no type for, from its two fields."""
@@ -112,7 +113,7 @@ class Writer:
         return self.op("BitwiseOr", [low, lifted], hint)
 
     def lookup(self, table: np.ndarray, indices: str, hint: str) -> str:
-        """table[indices]: Gather from a constant table, the uint8 indices cast to int64 first."""
+        """table[indices]: Gather from a constant table, the unsigned indices cast to int64 first."""
         index = self.op("Cast", [indices], f"{hint}_index", to=TensorProto.INT64)
         return self.op("Gather", [self.tensor(table, f"{hint}_table"), index], hint, axis=0)
 

@@ -46,7 +46,7 @@ def test_the_shape_is_numpys_with_the_row_last(tmp_path):
     assert tensor.shape == (2, 3, 64) and tensor.data.shape == (2, 3, 36)
 
 
-@pytest.mark.parametrize("type_name, words", [("IQ2_XXS", "a lattice (codebook) type"), ("Q8_1", "a type no GGUF block type")])
+@pytest.mark.parametrize("type_name, words", [("IQ2_XS", "a lattice (codebook) type"), ("Q8_1", "a type no GGUF block type")])
 def test_a_tensor_of_a_type_not_taken_is_refused_naming_it_and_its_type(type_name, words):
     tensor = ours.GGUFTensor("blk.3.ffn_down.weight", type_name, (2, 256), np.zeros((2, 66), np.uint8))
     with pytest.raises(ours.UnsupportedType) as e:
