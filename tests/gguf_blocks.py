@@ -25,7 +25,7 @@ gguf = pytest.importorskip("gguf", reason="the `gguf` package (the test extra in
 FLOAT16_FIELDS = {
     "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-    "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "IQ2_XXS": (0,), "IQ3_XXS": (0,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
 }
 # the byte offsets of each type's one-byte scales (MXFP4's exponent, NVFP4's e4m3): every byte value is drawn in turn
 SCALE_BYTES = {"MXFP4": (0,), "NVFP4": (0, 1, 2, 3)}
@@ -62,6 +62,11 @@ def drawn(name: str, rows: int, n_blocks: int, seed: int = 0) -> np.ndarray:
     for i, at in enumerate(FLOAT16_FIELDS.get(name, ())):
         special = np.roll(SPECIAL_HALVES, i)[:rows * n_blocks]
         data[:len(special), at:at + 2] = special.view(np.uint8).reshape(-1, 2)
+    if name == "IQ1_M":  # its float16 d is the top nibbles of the four 16-bit scale words at byte 48
+        special = SPECIAL_HALVES[:rows * n_blocks]
+        words = data[:len(special), 48:56].copy().view(np.uint16)
+        words[:] = (words & 0x0FFF) | (((special[:, None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12)
+        data[:len(special), 48:56] = words.view(np.uint8)
     for i, at in enumerate(SCALE_BYTES.get(name, ())):
         data[:, at] = (np.arange(rows * n_blocks) + 64 * i) % 256
     return data.reshape(rows, n_blocks * size)
@@ -103,6 +108,8 @@ def check_exact(name: str, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarr
     return want
 
 
-def written_bytes(placed) -> int:
-    """The bytes of the tensors the nodes hold (each as ONNX stores it: int4 two to a byte)."""
-    return sum(len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes for t in placed.tensors)
+def written_bytes(placed, tables: bool = False) -> int:
+    """The bytes of the tensors the nodes hold (each as ONNX stores it: int4 two to a byte): those
+    of the tensor's own, or (`tables`) of its lookup tables, which a model holds once per type."""
+    return sum(len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes for t in placed.tensors
+               if (t.name in placed.tables) == tables)

@@ -4,7 +4,7 @@ A sibling of the quantization formats' registry (dyndq/quantization/formats/), n
 `Format` there is a way to quantize a float weight (its options, its quantize, its budget choices,
 its `--format` name), where a GGUF block type is a decoder of blocks someone else quantized.  None
 of a Format's parts but its nodes would apply (a GGUF type has no options, no quantize of ours, no
-budget), and registering them there would put 19 names into `quantize --format` that cannot
+budget), and registering them there would put 26 names into `quantize --format` that cannot
 quantize; so GGUF's types are registered here, by the same pattern (one module per family, each
 registering its types at import, `scope()` for tests), keyed by gguf's own type names.
 """

@@ -18,11 +18,9 @@ from dyndq.checkpoints.gguf.writer import Writer, Written
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.plumbing.names import NameScope
 
-LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XS", "IQ2_S", "IQ3_S")  # codebook types not taken yet (lattice.py has the others)
-
 
 class UnsupportedType(ValidationError):
-    """A GGUF tensor of a block type no registered type writes (a lattice type, an integer type ...)."""
+    """A GGUF tensor of a block type no registered type writes (Q8_1, Q8_K, the integer types ...)."""
 
 
 @dataclass
@@ -55,8 +53,8 @@ def nodes(tensor: GGUFTensor, names_in_use: NameScope | None = None, *, name: st
     default); UnsupportedType, naming the tensor and its type, for a type none writes."""
     kind = get(tensor.type_name)
     if kind is None:
-        why = ("a lattice (codebook) type, not taken yet" if tensor.type_name in LATTICE else "a type no GGUF block type writes")
-        raise UnsupportedType([Problem(f"GGUF tensor {tensor.name!r}", f"of type {tensor.type_name} ({why})",
+        raise UnsupportedType([Problem(f"GGUF tensor {tensor.name!r}", f"of type {tensor.type_name} (a type no GGUF block "
+                                       "type writes: gguf.quants has no dequantization of it either)",
                                        f"one of {', '.join(names())}")])
     row = tensor.shape[-1] if tensor.shape else 1
     data = np.ascontiguousarray(tensor.data)

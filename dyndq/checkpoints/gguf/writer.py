@@ -37,6 +37,7 @@ class Writer:
         self.nodes: list[onnx.NodeProto] = []
         self.tensors: list[onnx.TensorProto] = []
         self.opset = 21  # the ai.onnx opset the nodes need (DynamicDequantize-3's lowering: 21)
+        self.tables: list[str] = []  # the lookup tables: the same for every tensor of the type
 
     def needs_opset(self, opset: int) -> None:
         """The nodes use an op of ai.onnx `opset` (F16's BitCast: 26)."""
@@ -115,7 +116,9 @@ class Writer:
     def lookup(self, table: np.ndarray, indices: str, hint: str) -> str:
         """table[indices]: Gather from a constant table, the unsigned indices cast to int64 first."""
         index = self.op("Cast", [indices], f"{hint}_index", to=TensorProto.INT64)
-        return self.op("Gather", [self.tensor(table, f"{hint}_table"), index], hint, axis=0)
+        table = self.tensor(table, f"{hint}_table")
+        self.tables.append(table)
+        return self.op("Gather", [table, index], hint, axis=0)
 
     def indexed(self, table: np.ndarray, packed: np.ndarray, shape, hint: str = "values") -> str:
         """table[index] in `shape`, the 4-bit indices held by GGUF's nibble bytes `packed` [..., k]
@@ -137,13 +140,16 @@ class Writer:
     def finish(self, value: str, shape, form: str) -> "Written":
         """The value reshaped to the tensor's `shape`: what stands for the tensor."""
         out = self.reshape(value, shape, "dequantized")
-        return Written(self.nodes, self.tensors, out, form, self.opset)
+        return Written(self.nodes, self.tensors, out, form, self.opset, tuple(self.tables))
 
 
 @dataclass
 class Written(Placed):
-    """What stands for one GGUF tensor: rewrite.Placed, and the ai.onnx opset its nodes need."""
+    """What stands for one GGUF tensor: rewrite.Placed, the ai.onnx opset its nodes need and the
+    names of its lookup tables (constants the same for every tensor of its type, which a model
+    needs once)."""
     opset: int = 21
+    tables: tuple[str, ...] = ()
 
 
 def field(blocks: np.ndarray, at: int, size: int) -> np.ndarray:

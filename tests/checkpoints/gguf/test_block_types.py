@@ -45,11 +45,13 @@ def test_any_drawn_blocks_dequantize_exactly(name, rows, n_blocks, seed):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_the_tensors_written_weigh_at_most_the_types_ratio_of_the_gguf_bytes(name):
+    """(its lookup tables apart, which a model needs once per type: at most 17 kB)"""
     block, size = block_of(name)
     data = drawn(name, 64, 4096 // block, seed=4)
     placed = ours.nodes(ours.GGUFTensor("w", name, (64, 4096), data))
     ratio = written_bytes(placed) / data.nbytes
     assert ratio <= ours.get(name).ratio, f"{name}: {ratio:.3f}x the GGUF tensor's bytes"
+    assert written_bytes(placed, tables=True) <= 17 * 1024  # (IQ1_S's grid, 2048 x 8, the largest)
 
 
 def test_the_registered_blocks_are_ggufs():

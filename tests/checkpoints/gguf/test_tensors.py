@@ -46,13 +46,13 @@ def test_the_shape_is_numpys_with_the_row_last(tmp_path):
     assert tensor.shape == (2, 3, 64) and tensor.data.shape == (2, 3, 36)
 
 
-@pytest.mark.parametrize("type_name, words", [("IQ2_XS", "a lattice (codebook) type"), ("Q8_1", "a type no GGUF block type")])
-def test_a_tensor_of_a_type_not_taken_is_refused_naming_it_and_its_type(type_name, words):
+@pytest.mark.parametrize("type_name", ["Q8_1", "Q8_K", "I32"])
+def test_a_tensor_of_a_type_not_taken_is_refused_naming_it_and_its_type(type_name):
     tensor = ours.GGUFTensor("blk.3.ffn_down.weight", type_name, (2, 256), np.zeros((2, 66), np.uint8))
     with pytest.raises(ours.UnsupportedType) as e:
         ours.nodes(tensor)
     assert isinstance(e.value, dyndq.ValidationError)
-    assert "'blk.3.ffn_down.weight'" in str(e.value) and type_name in str(e.value) and words in str(e.value)
+    assert "'blk.3.ffn_down.weight'" in str(e.value) and f"of type {type_name} (a type no GGUF block type" in str(e.value)
 
 
 def test_a_tensor_whose_bytes_do_not_make_its_rows_is_refused():
