@@ -82,6 +82,14 @@ class Lattice:
         bits = self.w.fields(packed, range(8), 1, self.shape, "sign_bits", inner=True)
         return self.w.lookup(SIGN_OF_BIT, bits, "signs")
 
+    def eighths(self, grid: str, delta_bits: str) -> str:
+        """8 * grid + 1, or - 1 where the delta bit is set: IQ1's `grid ± 0.125` in eighths (int32)."""
+        w = self.w
+        eight = w.op("Mul", [w.op("Cast", [grid], "grid_int32", to=TensorProto.INT32),
+                             w.tensor(np.array(8, np.int32), "eight")], "grid_eighths")
+        delta = w.op("Cast", [w.lookup(SIGN_OF_BIT, delta_bits, "delta_sign")], "delta_int32", to=TensorProto.INT32)
+        return w.op("Add", [eight, delta], "grid_plus_delta")
+
     def odd(self, scales: str) -> str:
         """2s + 1 for each group's s."""
         return self.w.lookup(ODD, self.w.reshape(scales, self.one, "scales_in_order"), "two_s_plus_one")
@@ -131,12 +139,7 @@ def iq2_xs(w: Writer, blocks: np.ndarray) -> str:
 @block_type("IQ2_S", block=256, size=82,
             composition="DynamicDequantize(int32 (2s+1) * grid * sign, float16 d) * 0.125, per 16, grid and sign bits by Gather")
 def iq2_s(w: Writer, blocks: np.ndarray) -> str:
-    t = Lattice(w, blocks, "IQ2_S", 16)
-    rows, n = blocks.shape[:2]
-    high = w.fields(field(blocks, 66, 8), [0, 2, 4, 6], 0x03, (rows, n, 32), "index_high", inner=True)
-    grid = t.grid(t.index(field(blocks, 2, 32), high))
-    scales = w.fields(field(blocks, 74, 8), [0, 4], 0x0F, t.one, "scale", inner=True)
-    return t.times_d([grid, t.bit_signs(field(blocks, 34, 32)), t.odd(scales)], 0.125)
+    return with_sign_bits(w, blocks, "IQ2_S", 16, indices=32, high_bits=2, signs_at=34, scales_at=74, factor=0.125)
 
 
 @block_type("IQ3_XXS", block=256, size=98,
@@ -153,12 +156,19 @@ def iq3_xxs(w: Writer, blocks: np.ndarray) -> str:
 @block_type("IQ3_S", block=256, size=110,
             composition="DynamicDequantize(int32 (2s+1) * grid * sign, float16 d), grid and sign bits by Gather")
 def iq3_s(w: Writer, blocks: np.ndarray) -> str:
-    t = Lattice(w, blocks, "IQ3_S", 8)
-    rows, n = blocks.shape[:2]
-    high = w.fields(field(blocks, 66, 8), range(8), 1, (rows, n, 64), "index_high", inner=True)
-    grid = t.grid(t.index(field(blocks, 2, 64), high))
-    scales = w.fields(field(blocks, 106, 4), [0, 4], 0x0F, t.one, "scale", inner=True)
-    return t.times_d([grid, t.bit_signs(field(blocks, 74, 32)), t.odd(scales)], 1)
+    return with_sign_bits(w, blocks, "IQ3_S", 8, indices=64, high_bits=1, signs_at=74, scales_at=106, factor=1)
+
+
+def with_sign_bits(w: Writer, blocks: np.ndarray, name: str, groups: int, *, indices: int, high_bits: int, signs_at: int,
+                   scales_at: int, factor: float) -> str:
+    """IQ2_S and IQ3_S: `indices` grid index bytes at byte 2, their high bits (`high_bits` each) at
+    byte 66, a sign bit a value at `signs_at`, a 4-bit scale a group at `scales_at`."""
+    t = Lattice(w, blocks, name, groups)
+    high = w.fields(field(blocks, 66, indices * high_bits // 8), range(0, 8, high_bits), (1 << high_bits) - 1,
+                    (*blocks.shape[:2], indices), "index_high", inner=True)
+    grid = t.grid(t.index(field(blocks, 2, indices), high))
+    scales = w.fields(field(blocks, scales_at, groups // 2), [0, 4], 0x0F, t.one, "scale", inner=True)
+    return t.times_d([grid, t.bit_signs(field(blocks, signs_at, 32)), t.odd(scales)], factor)
 
 
 @block_type("IQ1_S", block=256, size=50,
@@ -171,12 +181,8 @@ def iq1_s(w: Writer, blocks: np.ndarray) -> str:
                      "index_high_in_order")
     grid = t.grid(t.index(field(blocks, 2, 32), high))
     scales = w.unpack(word, [12], 0x07, "scale", dtype=np.uint32)
-    delta = w.lookup(np.array([1, -1], np.int8), w.unpack(word, [15], 0x01, "delta_bit", dtype=np.uint32), "delta_sign")
-    eighths = w.op("Add", [w.op("Mul", [w.op("Cast", [grid], "grid_int32", to=TensorProto.INT32),
-                                        w.tensor(np.array(8, np.int32), "eight")], "grid_eighths"),
-                           w.op("Cast", [w.reshape(delta, t.one, "delta_in_order")], "delta_int32", to=TensorProto.INT32)],
-                    "grid_plus_delta")
-    return t.times_d([eighths, t.odd(scales)], 0.125)
+    delta_bits = w.reshape(w.unpack(word, [15], 0x01, "delta_bit", dtype=np.uint32), t.one, "delta_bits")
+    return t.times_d([t.eighths(grid, delta_bits), t.odd(scales)], 0.125)
 
 
 @block_type("IQ1_M", block=256, size=56,
@@ -193,7 +199,5 @@ def iq1_m(w: Writer, blocks: np.ndarray) -> str:
     delta_bit = w.op("BitShift", [nibbles, w.tensor(np.array(3, np.uint8), "delta_shift")], "delta_bit", direction="RIGHT")
     grid = w.lookup(tables("IQ1_M")[0], t.index(field(blocks, 0, 32)[..., None], high), "grid_values")  # [r, n, 32, 1, 8]
     grid = w.reshape(grid, (rows, n, 32, 8), "grid_rows")
-    delta = w.op("Cast", [w.lookup(SIGN_OF_BIT, delta_bit, "delta_sign")], "delta_int32", to=TensorProto.INT32)
-    eighths = w.op("Add", [w.op("Mul", [w.op("Cast", [grid], "grid_int32", to=TensorProto.INT32),
-                                        w.tensor(np.array(8, np.int32), "eight")], "grid_eighths"), delta], "grid_plus_delta")
-    return t.times_d([w.reshape(eighths, t.shape, "grid_plus_delta_in_order"), t.odd(scales)], 0.125, d)
+    eighths = w.reshape(t.eighths(grid, delta_bit), t.shape, "grid_plus_delta_in_order")
+    return t.times_d([eighths, t.odd(scales)], 0.125, d)
