@@ -48,7 +48,7 @@ def read(path: str | os.PathLike) -> Iterator[GGUFTensor]:
 
 
 def nodes(tensor: GGUFTensor, names_in_use: NameScope | None = None, *, name: str | None = None) -> Written:
-    """The ONNX tensors and nodes whose output (`Placed.output`, float32 of the tensor's shape)
+    """The ONNX tensors and nodes whose output (`Written.output`, float32 of the tensor's shape)
     holds exactly `gguf.quants.dequantize` of the tensor, named after `name` (the tensor's own by
     default); UnsupportedType, naming the tensor and its type, for a type none writes."""
     kind = get(tensor.type_name)

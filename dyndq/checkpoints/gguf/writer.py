@@ -22,7 +22,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dyndq.build import make_node
 from dyndq.plumbing.names import NameScope
-from dyndq.quantization.rewrite import Placed
 
 FLOAT = TensorProto.FLOAT
 CHUNK_BYTES = 1 << 20  # the blocks whose codes are unpacked at once (codes: Writer.codes)
@@ -144,10 +143,15 @@ class Writer:
 
 
 @dataclass
-class Written(Placed):
-    """What stands for one GGUF tensor: rewrite.Placed, the ai.onnx opset its nodes need and the
-    names of its lookup tables (constants the same for every tensor of its type, which a model
-    needs once)."""
+class Written:
+    """What stands for one GGUF tensor (as the quantizer's rewrite.Placed, without depending on it):
+    its nodes and initializers, the value holding its float32 values, the form in a few words, the
+    ai.onnx opset its nodes need and the names of its lookup tables (constants the same for every
+    tensor of its type, which a model needs once)."""
+    nodes: list[onnx.NodeProto]
+    tensors: list[onnx.TensorProto]
+    output: str
+    form: str
     opset: int = 21
     tables: tuple[str, ...] = ()
 
