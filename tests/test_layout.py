@@ -13,12 +13,13 @@ subpackages stand in this order, each importing only what stands below it (`RANK
     5  __main__       python -m dyndq
     4  cli/           the commands: may use everything below
     3  quantization/  quantize, evaluate, budget (writes oneDNN graphs: --emit onednn)
-    2  parity/        engines compared     onednn/  the oneDNN graph writer  (neither uses the other)
+    2  parity/        engines compared     onednn/  the oneDNN graph writer
+       checkpoints/   quantized checkpoints read (GGUF)   (none of the three uses another)
     1  the face       dyndq/*.py and dyndq/__init__.py (one another freely)
     0  below          plumbing/, converters/, opdefs/, kernels/, shape_inference/ (ALLOWED above)
 
 A module of a subpackage may import its own subpackage and what ranks lower, never one of its
-rank or above: parity/ and onednn/ stay apart, quantization/ never reaches cli/ or parity/.
+rank or above: parity/, onednn/ and checkpoints/ stay apart, quantization/ never reaches cli/ or parity/.
 
 And the tests' own layout: helpers are shared through tests/cases/ (and conftest.py), never by
 importing or loading another test module or a benchmark; names and docstrings say what is
@@ -129,7 +130,7 @@ def name_is_parent(package: str, module: str) -> bool:
 
 FACE = "the face"
 RANKS = {"plumbing": 0, "converters": 0, "opdefs": 0, "kernels": 0, "shape_inference": 0,
-         FACE: 1, "parity": 2, "onednn": 2, "quantization": 3, "cli": 4, "__main__": 5}
+         FACE: 1, "parity": 2, "onednn": 2, "checkpoints": 2, "quantization": 3, "cli": 4, "__main__": 5}
 
 
 def part_of(module: str, modules: dict[str, Path]) -> str:
