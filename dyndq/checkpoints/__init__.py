@@ -7,9 +7,9 @@ its opener (source.py: the seam a format plugs into); matching.py finds which te
 weight of the model, placing.py puts the decodes in, importer.py is the whole import
 (docs/import.md says what exists).
 """
-from dyndq.checkpoints.source import Checkpoint, SourceTensor, open_checkpoint, opener
+from dyndq.checkpoints.source import Checkpoint, MissingExtra, SourceTensor, open_checkpoint, opener
 from dyndq.checkpoints.gguf import checkpoint as _gguf_checkpoint  # noqa: F401  (registers GGUF's opener)
 from dyndq.checkpoints.importer import EMITS, ImportReport, import_file, import_weights
 
-__all__ = ["Checkpoint", "EMITS", "ImportReport", "SourceTensor", "import_file", "import_weights", "open_checkpoint",
+__all__ = ["Checkpoint", "EMITS", "ImportReport", "MissingExtra", "SourceTensor", "import_file", "import_weights", "open_checkpoint",
            "opener"]

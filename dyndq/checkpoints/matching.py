@@ -147,7 +147,8 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
     for tensor, fitting in candidates.items():
         if not fitting:
             continue
-        decoded = tensors[tensor].values()  # (one tensor's values at a time)
+        with np.errstate(all="ignore"):  # (a drawn or damaged tensor's inf * 0 in its format's dequantization)
+            decoded = tensors[tensor].values()  # (one tensor's values at a time)
         for w in fitting:
             theirs = values(w.name).astype(np.float32)
             ours = decoded.T if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded

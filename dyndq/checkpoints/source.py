@@ -22,6 +22,10 @@ import numpy as np
 _OPENERS: list[tuple[str, Callable]] = []
 
 
+class MissingExtra(ImportError):
+    """A format's reader needs a package of an optional extra that is not installed (its message says which)."""
+
+
 @dataclass
 class SourceTensor:
     name: str  # its name in the checkpoint (GGUF: "blk.0.attn_q.weight"; a safetensors module: PREFIX.weight)

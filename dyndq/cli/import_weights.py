@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from dyndq.cli.common import Command, data_notes, refuse_same_file
-from dyndq.cli.exits import OK
+from dyndq.cli.exits import OK, UsageError
 
 
 def _add_parser(sub) -> None:
@@ -31,10 +31,13 @@ def _add_parser(sub) -> None:
 
 
 def cmd_import_weights(args) -> int:
-    from dyndq.checkpoints import import_file
+    from dyndq.checkpoints import MissingExtra, import_file
 
     refuse_same_file(args.model, args.output)
-    report = import_file(args.model, args.checkpoint, args.output, names=args.names, emit=args.emit)
+    try:
+        report = import_file(args.model, args.checkpoint, args.output, names=args.names, emit=args.emit)
+    except MissingExtra as e:  # (an optional extra not installed: gguf)
+        raise UsageError(str(e)) from None
     if args.json:
         print(json.dumps({"input": args.model, "output": args.output, **report.as_dict()}, indent=2))
     else:

@@ -142,3 +142,41 @@ def test_the_float_models_opset_is_raised_when_lower(llama):
     out, report = dyndq.import_weights(model, path)
     assert "raised to 21" in report.converted and dyndq.check(out) == []
     assert (bits(dyndq.run(with_outputs(out, [UP, NORM]), ids())[UP]) == bits(expected(tensors)[UP])).all()
+
+
+def test_a_weight_inside_a_subgraph_is_refused_by_name(llama):
+    """A checkpoint tensor naming an initializer of an If branch: not imported, said by name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    src, tensors, path = llama
+    model = float_model(src)
+    branch = helper.make_graph([helper.make_node("Identity", ["blk.0.attn_v.weight"], ["v"])], "then", [],
+                               [helper.make_tensor_value_info("v", TensorProto.FLOAT, [128, 256])],
+                               initializer=[numpy_helper.from_array(np.zeros((128, 256), np.float32), "blk.0.attn_v.weight")])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+    model.graph.node.append(helper.make_node("If", ["cond"], ["vv"], then_branch=branch, else_branch=branch))
+    model.graph.output.append(helper.make_tensor_value_info("vv", TensorProto.FLOAT, [128, 256]))
+    with pytest.raises(dyndq.ValidationError, match="weight 'blk.0.attn_v.weight'.*inside a subgraph"):
+        dyndq.import_weights(model, path)
+
+
+def test_lookup_tables_are_written_once_for_every_tensor_of_a_type(llama, tmp_path):
+    """Two IQ4_NL tensors (drawn raw blocks: gguf has no quantizer for it) read one int8 table of 16 values."""
+    from gguf_blocks import drawn
+    from gguf_models import unpermute
+
+    src, tensors, _ = llama
+    two = dict(tensors)
+    two["blk.0.attn_q.weight"] = ("IQ4_NL", drawn("IQ4_NL", 256, 8, seed=1))
+    two["blk.0.ffn_up.weight"] = ("IQ4_NL", drawn("IQ4_NL", 256, 8, seed=2))
+    write_gguf(tmp_path / "iq.gguf", two)
+    out, report = dyndq.import_weights(float_model(src), tmp_path / "iq.gguf")
+    tables = [t for t in out.graph.initializer if t.data_type == onnx.TensorProto.INT8 and list(t.dims) == [16]]
+    assert len(tables) == 1
+    from gguf_models import dequantized
+
+    with np.errstate(all="ignore"):
+        got = dyndq.run(with_outputs(out, [Q, UP]), ids())
+        want = {Q: unpermute(dequantized(two, "blk.0.attn_q.weight"), 4), UP: dequantized(two, "blk.0.ffn_up.weight")}
+    for name in (Q, UP):
+        assert (bits(got[name]) == bits(want[name])).all(), name

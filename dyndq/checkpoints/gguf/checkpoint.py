@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from dyndq.checkpoints.gguf.tensors import GGUFTensor, nodes
-from dyndq.checkpoints.source import Checkpoint, SourceTensor, opener
+from dyndq.checkpoints.source import Checkpoint, MissingExtra, SourceTensor, opener
 from dyndq.opdefs import Problem, ValidationError
 
 # architecture -> the suffixes of Q and K tensors llama.cpp's converter permutes
@@ -45,7 +45,7 @@ class GGUFCheckpoint(Checkpoint):
         try:
             from gguf import GGUFReader
         except ImportError as e:  # (an optional extra: dyndq itself runs without it)
-            raise ImportError("reading GGUF files needs the `gguf` package: pip install 'dyndq[import]'") from e
+            raise MissingExtra("reading GGUF files needs the `gguf` package: pip install 'dyndq[import]'") from e
         self.path = os.fspath(path)
         try:
             self.reader = GGUFReader(self.path, "r")
