@@ -63,7 +63,7 @@ class ImportReport:
                 "data_file": self.data_file}
 
 
-def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, loaded=None):
+def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
     """(the model with the checkpoint's weights in place of its float ones, ImportReport).
     model: an onnx.ModelProto or a path; checkpoint: a path or an open Checkpoint; names: a dict
     {checkpoint tensor: initializer} or a JSON file of one; emit: "dyndq" (our op) or an export
@@ -79,7 +79,7 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, loaded
     tensors = {t.name: t for t in ckpt.tensors()}
     out = onnx.ModelProto()
     out.CopyFrom(given)  # (the model passed in is never modified)
-    matches, problems = match(out, ckpt, tensors, names_map, weight_values(out, loaded))
+    matches, problems = match(out, ckpt, tensors, names_map, weight_values(out))
     if problems:
         raise ValidationError(problems)
     if not matches:
