@@ -180,3 +180,24 @@ def test_lookup_tables_are_written_once_for_every_tensor_of_a_type(llama, tmp_pa
         want = {Q: unpermute(dequantized(two, "blk.0.attn_q.weight"), 4), UP: dequantized(two, "blk.0.ffn_up.weight")}
     for name in (Q, UP):
         assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def test_a_float16_weight_reads_the_decode_cast_to_float16(tmp_path):
+    """The checkpoint's dequantization is float32: a float16 weight gets a Cast after it, said in the report."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gguf_blocks import gguf, qtype
+
+    embed = (np.random.default_rng(3).standard_normal((8, 32)) * 0.1).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Gather", ["model.embed_tokens.weight", "ids"], ["h"])], "half",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("h", TensorProto.FLOAT16, [2, 32])],
+                              initializer=[numpy_helper.from_array(embed.astype(np.float16), "model.embed_tokens.weight")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    data = gguf.quants.quantize(embed, qtype("Q8_0"))
+    write_gguf(tmp_path / "h.gguf", {"token_embd.weight": ("Q8_0", data)})
+    out, report = dyndq.import_weights(model, tmp_path / "h.gguf")
+    assert "cast to float16" in report.imported[0].note
+    got = dyndq.run(out, {"ids": np.array([5, 1])})["h"]
+    want = gguf.quants.dequantize(data, qtype("Q8_0")).astype(np.float16)[[5, 1]]
+    assert got.dtype == np.float16 and (got.view(np.uint16) == want.view(np.uint16)).all()
