@@ -59,7 +59,8 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: 
     read by every weight it stands for; returns a row per weight.  `store(tensor)`, when given,
     takes each new initializer as it is made and returns what the graph holds (an external data
     file's stub)."""
-    names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in node.output})
+    names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
+                      | {t.name for w in decoded.values() for t in w.tensors})
     graph = model.graph
     dtypes = {t.name: t.data_type for t in graph.initializer}
     by_tensor: dict[str, list[Match]] = {}
