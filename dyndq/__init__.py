@@ -57,6 +57,8 @@ _LAZY = {
     "save_model": "dyndq.model_files",
     "quantize": "dyndq.quantization",
     "QuantizeReport": "dyndq.quantization",
+    "import_weights": "dyndq.checkpoints",
+    "ImportReport": "dyndq.checkpoints",
 }
 
 

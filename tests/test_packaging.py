@@ -162,6 +162,7 @@ def test_regular_install_runs_every_command(installed, tmp_path):
 
     venv, env = installed
     save_model(float_model(), tmp_path / "float.onnx")  # (the one input no command writes)
+    _gguf_of_w1(tmp_path / "w1.gguf")  # (and the checkpoint import-weights reads)
     commands = [  # in order: the demo writes the models the others read
         ["demo", "--out", "demo"],
         ["schema"],
@@ -173,6 +174,7 @@ def test_regular_install_runs_every_command(installed, tmp_path):
         ["export-onednn", "--weights-as-inputs", "demo/model.onnx", "graph.json"],
         ["import-onednn", "graph.json", "imported.onnx"],
         ["quantize", "float.onnx", "quantized.onnx"],
+        ["import-weights", "float.onnx", "w1.gguf", "-o", "weights.onnx"],
     ]
     assert {c[0] for c in commands} == set(COMMANDS)  # (a new command gets a line here)
     for command in commands:
@@ -180,8 +182,24 @@ def test_regular_install_runs_every_command(installed, tmp_path):
                              text=True)
         said = out.stdout + out.stderr
         assert out.returncode == 0 and "internal error" not in said, (command, out.returncode, said[-3000:])
-    for written in ("demo/model.onnx", "exported.onnx", "lifted.onnx", "graph.json", "imported.onnx", "quantized.onnx"):
+    for written in ("demo/model.onnx", "exported.onnx", "lifted.onnx", "graph.json", "imported.onnx", "quantized.onnx",
+                    "weights.onnx"):
         assert (tmp_path / written).is_file(), written
+
+
+def _gguf_of_w1(path) -> None:
+    """A GGUF file holding the demo's w1 ([64, 128], read by MatMul) as torch stores it, [128, 64], in Q8_0."""
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w1", gguf.quants.quantize(np.linspace(-1, 1, 128 * 64, dtype=np.float32).reshape(128, 64), q8),
+                      raw_dtype=q8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 # -- importable from the clone: its root, and its parent folder (the clone named dyndq) -------------

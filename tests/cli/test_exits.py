@@ -53,7 +53,8 @@ def test_every_error_class_the_commands_raise_is_told_with_a_users_exit_code(cap
 def test_every_command_tells_its_errors_through_the_mapping(capsys, monkeypatch):
     """Each command's errors reach exits.tell, about the file the command reads."""
     argv = {"demo": [], "check": ["F"], "export": ["F", "O"], "lift": ["F", "O"], "run": ["F"],
-            "import-onednn": ["F", "O"], "export-onednn": ["F", "O"], "quantize": ["F", "O"], "schema": []}
+            "import-onednn": ["F", "O"], "export-onednn": ["F", "O"], "quantize": ["F", "O"], "schema": [],
+            "import-weights": ["F", "C", "-o", "O"]}
     assert set(argv) == set(COMMANDS)
     cases = [
         (exits.UsageError("--x: bad"), 2, "dyndq: --x: bad\n"),

@@ -36,7 +36,7 @@ from quantize_models import mlp
 
 EXAMPLES = int(os.environ.get("DYNDQ_FUZZ_EXAMPLES", "100"))  # argument vectors per command (the env: more, to look)
 KIND = os.path.join(os.path.dirname(__file__), "..", "data", "onednn", "kinds", "DynamicDequantize.json")
-FUZZED = ("check", "export", "lift", "run", "import-onednn", "export-onednn", "quantize")
+FUZZED = ("check", "export", "lift", "run", "import-onednn", "export-onednn", "quantize", "import-weights")
 
 
 def _invalid() -> onnx.ModelProto:
@@ -74,6 +74,7 @@ def pool(tmp_path_factory):
     save_model(_output_dtype(999), d / "odtype.onnx")
     shutil.copy(KIND, d / "graph.json")
     (d / "bad.json").write_text('{"graph": [')
+    _checkpoints(d)
     (d / "text.txt").write_text("hello")
     np.save(d / "ids.npy", np.array([1, 7], np.int64))
     np.save(d / "ids_empty.npy", np.zeros(0, np.int64))
@@ -90,6 +91,8 @@ def pool(tmp_path_factory):
     return d
 
 
+CHECKPOINTS = ["pool/m.gguf", "pool/shape.gguf", "pool/nomatch.gguf", "pool/float.onnx", "pool/text.txt",
+               "pool/missing.gguf", "pool"]
 MODELS = ["pool/float.onnx", "pool/ext.onnx", "pool/dq.onnx", "pool/std.onnx", "pool/ort.onnx", "pool/invalid.onnx",
           "pool/odtype.onnx", "pool/text.txt", "pool/missing.onnx", "pool", "pool/graph.json"]
 GRAPHS = ["pool/graph.json", "pool/bad.json", "pool/float.onnx", "pool/missing.json", "pool"]
@@ -98,7 +101,7 @@ GRAPHS = ["pool/graph.json", "pool/bad.json", "pool/float.onnx", "pool/missing.j
 MEANT = {"check": ["pool/dq.onnx", "pool/invalid.onnx", "pool/ort.onnx"], "export": ["pool/dq.onnx", "pool/ort.onnx"],
          "lift": ["pool/std.onnx", "pool/ort.onnx"], "run": ["pool/dq.onnx", "pool/float.onnx"],
          "export-onednn": ["pool/dq.onnx", "pool/odtype.onnx"], "quantize": ["pool/float.onnx", "pool/ext.onnx"],
-         "import-onednn": ["pool/graph.json"]}
+         "import-onednn": ["pool/graph.json"], "import-weights": ["pool/float.onnx", "pool/ext.onnx"]}
 OUTS = ["out/new.onnx", "out/new.json", "out/no/such/folder/new.onnx", "out/", "out", "IN", "out/existing.onnx",
         "out/new.onnx/."]
 NPYS = ["pool/ids.npy", "pool/ids_empty.npy", "pool/ids_big.npy", "pool/ids_2d.npy", "pool/f32.npy", "pool/x.npy",
@@ -122,8 +125,37 @@ VALUES = {
     "report": ["out/r.json", "out/r.md", "out/r.txt", "out/", "IN", "out/new.onnx"],
     "inputs_dir": FOLDERS,
     "input": [f"{name}={npy}" for name in ("ids", "x", "nope") for npy in NPYS] + ["ids", "=pool/ids.npy", "ids="],
+    "names": ["pool/map.json", "pool/badmap.json", "pool/listmap.json", "pool/bad.json", "pool/text.txt",
+              "pool/missing.json"],
+    "output": ["out/new.onnx", "out/new.onnx", *OUTS],  # (import-weights' -o)
 }
 SKIP = {"output", "input_", "model", "graph", "out", "help"}  # (positionals, drawn apart)
+
+
+def _checkpoints(d) -> None:
+    """GGUF files for import-weights (where gguf is installed): the pool model's E and W1 in Q8_0 and
+    Q4_0, one whose E is of another shape, one matching nothing; --names maps."""
+    import json
+
+    try:
+        import gguf
+    except ImportError:
+        return
+    q8, q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
+    rng = np.random.default_rng(0)
+    for name, tensors in (("m", {"E": ((8, 32), q8), "W1": ((16, 32), q4)}), ("shape", {"E": ((4, 32), q8)}),
+                          ("nomatch", {"other": ((2, 32), q8)})):
+        writer = gguf.GGUFWriter(str(d / f"{name}.gguf"), "llama")
+        for tensor, (shape, kind) in tensors.items():
+            writer.add_tensor(tensor, gguf.quants.quantize(rng.standard_normal(shape).astype(np.float32), kind),
+                              raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    (d / "map.json").write_text(json.dumps({"W1": "W2"}))
+    (d / "badmap.json").write_text(json.dumps({"nope": "E"}))
+    (d / "listmap.json").write_text("[1]")
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -150,8 +182,9 @@ def argv_of(draw, command: str) -> list[str]:
             argv.append(draw(st.one_of(st.just("out/new.json" if command == "export-onednn" else "out/new.onnx"),
                                        st.sampled_from(OUTS))))
         else:
-            every = GRAPHS if action.dest == "graph" else MODELS
-            argv.append(draw(st.one_of(st.sampled_from(MEANT[command]), st.sampled_from(every))))
+            every = GRAPHS if action.dest == "graph" else CHECKPOINTS if action.dest == "checkpoint" else MODELS
+            meant = ["pool/m.gguf"] if action.dest == "checkpoint" else MEANT[command]
+            argv.append(draw(st.one_of(st.sampled_from(meant), st.sampled_from(every))))
     options = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
     drawn = draw(st.lists(st.sampled_from(options), max_size=4, unique_by=lambda a: a.dest)) if options else []
     for action in drawn:

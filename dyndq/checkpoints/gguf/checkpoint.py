@@ -1,0 +1,147 @@
+"""A GGUF file opened for import: its tensors in the source model's order, and gguf's name map.
+
+Names: gguf's own `TensorNameMap` for the file's `general.architecture` maps a Hugging Face /
+torch name (`model.layers.0.self_attn.q_proj.weight`) to the GGUF one (`blk.0.attn_q.weight`).
+
+Orientation: GGUF's NumPy shape is already torch's ([out, in], the blocks along a row).  But
+llama.cpp's converter (convert_hf_to_gguf.py, `LlamaModel.permute`) reorders the rows of
+attention Q and K for the llama family: `w.reshape(n_head, 2, rows // n_head // 2, ...)
+.swapaxes(1, 2)`, with K's `n_head` its key-value heads where they differ.  GGUF row i is the
+source's row perm[i]; the source's rows are GGUF's rows argsort(perm).  Rows are whole blocks
+(blocks run along a row), so the undo reorders the tensor's bytes row by row before its nodes
+are written: exact, and nothing at run time.  ARCHITECTURES_PERMUTED lists the architectures
+whose converter class permutes, and what (read in llama.cpp's converter: LlamaModel permutes
+weights and biases, MiniCPM weights only).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from dyndq.checkpoints.gguf.tensors import GGUFTensor, nodes
+from dyndq.checkpoints.source import Checkpoint, MissingExtra, SourceTensor, opener
+from dyndq.opdefs import Problem, ValidationError
+
+# architecture -> the suffixes of Q and K tensors llama.cpp's converter permutes
+ARCHITECTURES_PERMUTED = {"llama": (".weight", ".bias"), "minicpm": (".weight",)}
+_QK = re.compile(r"^blk\.\d+\.attn_(q|k)(\.weight|\.bias)$")
+MAGIC = b"GGUF"
+
+
+@opener("GGUF (.gguf)")
+def open_gguf(path: str):
+    with open(path, "rb") as f:
+        if f.read(4) != MAGIC:
+            return None
+    return GGUFCheckpoint(path)
+
+
+class GGUFCheckpoint(Checkpoint):
+    format = "GGUF"
+
+    def __init__(self, path: str | os.PathLike):
+        try:
+            from gguf import GGUFReader
+        except ImportError as e:  # (an optional extra: dyndq itself runs without it)
+            raise MissingExtra("reading GGUF files needs the `gguf` package: pip install 'dyndq[import]'") from e
+        self.path = os.fspath(path)
+        try:
+            self.reader = GGUFReader(self.path, "r")
+        except Exception as e:  # noqa: BLE001 - gguf's reader raises several kinds on a damaged file
+            raise ValidationError([Problem(f"GGUF file {self.path!r}", f"unreadable ({type(e).__name__}: {e})",
+                                           "a GGUF file gguf's reader reads")]) from None
+        self.architecture = self._field("general.architecture")
+        self._raw = list(read_tensors(self.reader))
+        self._map = self._name_map()
+
+    def _field(self, key: str):
+        field = self.reader.get_field(key)
+        if field is None:
+            return None
+        value = field.contents()
+        return value
+
+    def _name_map(self):
+        from gguf import MODEL_ARCH_NAMES, TensorNameMap
+
+        arch = next((a for a, n in MODEL_ARCH_NAMES.items() if n == self.architecture), None)
+        if arch is None:
+            return None
+        blocks = self._field(f"{self.architecture}.block_count")
+        if blocks is None:  # (the highest blk.N of its tensors, plus one)
+            blocks = 1 + max((int(t.name.split(".")[1]) for t in self._raw if t.name.startswith("blk.")), default=-1)
+        return TensorNameMap(arch, int(blocks))
+
+    def mapped_name(self, weight_name: str) -> str | None:
+        if self._map is None:
+            return None
+        return self._map.get_name(weight_name, try_suffixes=(".weight", ".bias"))
+
+    def notes(self) -> list[str]:
+        if self._map is None:
+            return [f"architecture {self.architecture!r}: gguf has no tensor-name map of it (names matched as they are)"]
+        return []
+
+    def tensors(self) -> list[SourceTensor]:
+        return [self._source(t) for t in self._raw]
+
+    def _source(self, t: GGUFTensor) -> SourceTensor:
+        order, note = self._row_order(t)
+        if order is not None:
+            t = _rows_taken(t, order)
+
+        def make_values(t=t):
+            import gguf
+
+            values = gguf.quants.dequantize(np.ascontiguousarray(t.data), gguf.GGMLQuantizationType[t.type_name])
+            return values.astype(np.float32, copy=False).reshape(t.shape)
+
+        return SourceTensor(t.name, t.shape, f"GGUF {t.type_name}", t.nbytes,
+                            lambda names, name, t=t: nodes(t, names, name=name), make_values, note)
+
+    def _row_order(self, t: GGUFTensor):
+        """(the rows of the source in GGUF's rows, a note) for a permuted Q or K, else (None, "")."""
+        found = _QK.match(t.name)
+        suffixes = ARCHITECTURES_PERMUTED.get(self.architecture or "")
+        if not found or not suffixes or found.group(2) not in suffixes:
+            return None, ""
+        n_head = self._field(f"{self.architecture}.attention.head_count")
+        n_kv = self._field(f"{self.architecture}.attention.head_count_kv")
+        if n_head is None:
+            raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"no {self.architecture}.attention.head_count "
+                                           "in the file", "the head count (to undo llama.cpp's row permutation)")])
+        n = int(n_kv) if found.group(1) == "k" and n_kv is not None and int(n_kv) != int(n_head) else int(n_head)
+        rows = t.shape[0]
+        if rows % (2 * n):
+            raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"{rows} rows", f"a multiple of 2 x {n} heads")])
+        perm = np.arange(rows).reshape(n, 2, rows // n // 2).swapaxes(1, 2).reshape(rows)
+        return np.argsort(perm), f"rows un-permuted (llama.cpp's rotary permutation of {n} heads undone)"
+
+
+def read_tensors(reader):
+    """GGUFTensors of an open gguf.GGUFReader (as `read` gives them)."""
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        data = t.data.view(np.uint8)
+        yield GGUFTensor(t.name, t.tensor_type.name, shape, data.reshape(*shape[:-1], -1))
+
+
+def _rows_taken(t: GGUFTensor, order: np.ndarray) -> GGUFTensor:
+    """The tensor with its rows (its first axis) in `order`: whole rows of blocks, bytes moved as they are.
+    A 1-D tensor (a bias) is one row: its elements are moved, which only a type of one element a
+    block (F32, F16, BF16) allows."""
+    if len(t.shape) >= 2:
+        return GGUFTensor(t.name, t.type_name, t.shape, np.ascontiguousarray(t.data[order]))
+    from dyndq.checkpoints.gguf.registry import get
+
+    kind = get(t.type_name)
+    if kind is None or kind.block != 1:
+        raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"a 1-D {t.type_name} tensor whose elements llama.cpp's "
+                                       "converter permuted", "a type of one element a block (F32, F16, BF16)")])
+    data = np.ascontiguousarray(t.data).reshape(t.shape[0], -1)[order].reshape(-1)
+    return GGUFTensor(t.name, t.type_name, t.shape, data)
+
+
+__all__ = ["ARCHITECTURES_PERMUTED", "GGUFCheckpoint", "open_gguf"]

@@ -1,0 +1,179 @@
+"""Which checkpoint tensor becomes which float weight of the model, and read which way round.
+
+The float weights are the main graph's float initializers of more than one element.  How the
+graph reads one says its orientation against the checkpoint's [out, in] (torch's order):
+MatMul's B is [in, out] (`transposed`: a Transpose follows the decode), a Transpose node, Gemm's B
+with transB=1 and Gather's table read it as stored.  A square weight goes by that; any other by
+its shape (equal: as stored; reversed: transposed).
+
+The matching, in this order: by name (the checkpoint tensor's name is the weight's); by the
+format's own name map (GGUF's TensorNameMap); by the --names map (checkpoint tensor ->
+initializer); by shape and closeness of the checkpoint's dequantized values to the float weight
+(the relative error ||w' - w|| / ||w||, the best below CLOSE_ENOUGH).  One checkpoint tensor may
+stand for several weights (tied embeddings: one decode read by both).  Weights inside subgraphs
+or functions are not imported: a tensor naming one is refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from dyndq.opdefs import Problem, ValidationError
+from dyndq.plumbing.walk import graphs
+
+FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+CLOSE_ENOUGH = 0.5  # the largest relative error a by-shape match takes (unrelated weights: about 1.4)
+STORED, TRANSPOSED = "as stored", "transposed"
+
+
+@dataclass
+class Weight:
+    name: str
+    shape: tuple[int, ...]
+    dtype: int
+    reads: set = field(default_factory=set)  # STORED / TRANSPOSED, from the nodes reading it
+
+
+@dataclass
+class Match:
+    weight: str
+    tensor: str
+    how: str  # "name", "name map", "--names", "shape"
+    orientation: str  # STORED or TRANSPOSED
+    error: float | None = None  # a by-shape match's relative error
+
+
+def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
+    """The main graph's float initializers of more than one element, with how its nodes read them."""
+    out = {t.name: Weight(t.name, tuple(t.dims), t.data_type) for t in model.graph.initializer
+           if t.data_type in FLOATS and int(np.prod(t.dims)) > 1}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            w = out.get(name)
+            if w is None or len(w.shape) != 2:
+                continue
+            if node.op_type == "MatMul" and i == 1:
+                w.reads.add(TRANSPOSED)
+            elif node.op_type == "Gemm" and i == 1:
+                trans = next((a.i for a in node.attribute if a.name == "transB"), 0)
+                w.reads.add(STORED if trans else TRANSPOSED)
+            elif node.op_type == "Transpose" or (node.op_type == "Gather" and i == 0):
+                w.reads.add(STORED)
+    return out
+
+
+def nested_weights(model: onnx.ModelProto) -> set[str]:
+    """Names of initializers inside If/Loop/Scan bodies and of Constants in functions (not imported)."""
+    names = set()
+    for g in list(graphs(model.graph))[1:]:
+        names.update(t.name for t in g.initializer)
+    for f in model.functions:
+        names.update(n.output[0] for n in f.node if n.op_type == "Constant")
+    return names
+
+
+def orientation(shape: tuple[int, ...], w: Weight) -> str | None:
+    """How weight `w` holds a checkpoint tensor of `shape`: STORED, TRANSPOSED, or None (it fits not)."""
+    shape = tuple(shape)
+    square = len(shape) == 2 and shape[0] == shape[1]
+    if square and w.shape == shape:
+        return TRANSPOSED if w.reads == {TRANSPOSED} else STORED
+    if w.shape == shape:
+        return STORED
+    if len(shape) == 2 and w.shape == shape[::-1]:
+        return TRANSPOSED
+    return None
+
+
+def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | None = None,
+          values=None) -> tuple[list[Match], list[Problem]]:
+    """The matches of checkpoint tensors (`tensors`: name -> SourceTensor) onto the model's float
+    weights, and the problems (a tensor whose shape fits not its weight, a --names entry naming
+    nothing, a weight inside a subgraph).  `values(name)`: a weight's float values (by-shape)."""
+    weights = float_weights(model)
+    nested = nested_weights(model)
+    matches: dict[str, Match] = {}
+    problems: list[Problem] = []
+
+    def take(weight: str, tensor: str, how: str) -> None:
+        if weight in matches:
+            return
+        if weight in nested and weight not in weights:
+            problems.append(Problem(f"weight {weight!r}", f"inside a subgraph or function (matched {how} to "
+                                    f"checkpoint tensor {tensor!r})", "a weight of the main graph: only those are imported"))
+            return
+        w = weights[weight]
+        way = orientation(tensors[tensor].shape, w)
+        if way is None:
+            problems.append(Problem(f"checkpoint tensor {tensor!r}", f"shape {list(tensors[tensor].shape)} (matched {how} "
+                                    f"to weight {weight!r} of shape {list(w.shape)})",
+                                    "the weight's shape or, for a matrix, its transpose"))
+            return
+        matches[weight] = Match(weight, tensor, how, way)
+
+    known = set(weights) | nested
+    for name in tensors:  # 1. by name
+        if name in known:
+            take(name, name, "by name")
+    for weight in weights:  # 2. the format's own name map
+        if weight not in matches:
+            mapped = checkpoint.mapped_name(weight)
+            if mapped in tensors:
+                take(weight, mapped, f"by {checkpoint.format}'s name map")
+    for tensor, weight in (names_map or {}).items():  # 3. --names
+        if tensor not in tensors:
+            problems.append(Problem(f"--names entry {tensor!r}", "no tensor of that name in the checkpoint",
+                                    "a tensor of the checkpoint"))
+        elif weight not in known:
+            problems.append(Problem(f"--names entry {tensor!r}", f"initializer {weight!r}: none in the model",
+                                    "a float initializer of the model"))
+        elif weight in matches and matches[weight].tensor != tensor:
+            problems.append(Problem(f"--names entry {tensor!r}", f"initializer {weight!r}, matched {matches[weight].how} "
+                                    f"to {matches[weight].tensor!r} already", "one tensor per initializer"))
+        else:
+            take(weight, tensor, "by --names")
+    if values is not None:  # 4. by shape and closeness
+        _by_shape(weights, tensors, matches, values)
+    return list(matches.values()), problems
+
+
+def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
+    left = [w for w in weights.values() if w.name not in matches]
+    candidates = {t: [w for w in left if orientation(s.shape, w) is not None] for t, s in tensors.items()}
+    best: dict[str, tuple[float, str]] = {}
+    for tensor, fitting in candidates.items():
+        if not fitting:
+            continue
+        with np.errstate(all="ignore"):  # (a drawn or damaged tensor's inf * 0 in its format's dequantization)
+            decoded = tensors[tensor].values()  # (one tensor's values at a time)
+        for w in fitting:
+            theirs = values(w.name).astype(np.float32)
+            ours = decoded.T if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded
+            with np.errstate(all="ignore"):
+                norm = float(np.linalg.norm(theirs))
+                error = float(np.linalg.norm(ours - theirs)) / norm if norm else float(np.linalg.norm(ours))
+            if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
+                best[w.name] = (error, tensor)
+        del decoded
+    for weight, (error, tensor) in best.items():
+        matches[weight] = Match(weight, tensor, "by shape", orientation(tensors[tensor].shape, weights[weight]), error)
+
+
+def weight_values(model: onnx.ModelProto, loaded=None):
+    """name -> the initializer's values (its external data read when `loaded` says where)."""
+    by_name = {t.name: t for t in model.graph.initializer}
+
+    def values(name: str) -> np.ndarray:
+        if loaded is not None:
+            from dyndq.model_files import tensor_array
+
+            return tensor_array(by_name[name], loaded)
+        return numpy_helper.to_array(by_name[name])
+    return values
+
+
+__all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "float_weights", "match", "orientation",
+           "ValidationError"]

@@ -1,0 +1,138 @@
+"""The matched checkpoint tensors put into the model in place of its float weights.
+
+Each checkpoint tensor is decoded once (its `Written`: our op and standard ops), whatever number
+of weights it stands for (tied embeddings: the Gather's table and the output projection read one
+decode, so the file holds its codes once).  A weight read as stored takes the decode's value
+itself (its producer renamed to the weight's name), or an Identity of it for a second weight; a
+transposed one a Transpose of it; a float16 or bfloat16 weight a Cast after (float32 is what the
+checkpoints' dequantization computes).  The nodes go first in the main graph (their inputs are
+their own initializers), the weights' initializers (and graph inputs of the same name) go.
+Lookup tables equal to one written before (the same for every tensor of a block type) are
+shared, not written again.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+from dyndq.checkpoints.matching import TRANSPOSED, Match
+from dyndq.opdefs import DOMAIN
+from dyndq.plumbing.ir import model_ir
+from dyndq.plumbing.names import NameScope, all_names
+from dyndq.plumbing.opsets import import_at_least
+
+
+@dataclass
+class Imported:
+    """One weight replaced: by which tensor, found how, read which way, its nodes in a few words."""
+
+    weight: str
+    tensor: str
+    kind: str
+    how: str
+    orientation: str
+    form: str
+    shape: tuple
+    error: float | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
+    """checkpoint tensor name -> its Written (its nodes named after the first weight it stands for),
+    once per tensor, in the order of `matches`."""
+    names = NameScope(all_names(model))
+    written = {}
+    for m in matches:
+        if m.tensor not in written:
+            written[m.tensor] = tensors[m.tensor].nodes(names, m.weight)
+    return written
+
+
+def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict, store=None) -> list[Imported]:
+    """Put the matches into `model` (in place), each tensor's decode (`decoded`: from `decode`)
+    read by every weight it stands for; returns a row per weight.  `store(tensor)`, when given,
+    takes each new initializer as it is made and returns what the graph holds (an external data
+    file's stub)."""
+    names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
+                      | {t.name for w in decoded.values() for t in w.tensors})
+    graph = model.graph
+    dtypes = {t.name: t.data_type for t in graph.initializer}
+    by_tensor: dict[str, list[Match]] = {}
+    for m in matches:
+        by_tensor.setdefault(m.tensor, []).append(m)
+    nodes, rows, tables = [], [], {}
+    for tensor_name, ms in by_tensor.items():
+        source = tensors[tensor_name]
+        written = decoded[tensor_name]
+        shared = _share_tables(written, tables)
+        for t in written.tensors:
+            if t.name not in shared:
+                graph.initializer.append(store(t) if store is not None else t)
+        nodes += written.nodes
+        value_of, renamed = written.output, False
+        for i, m in enumerate(ms):
+            steps = []
+            if m.orientation == TRANSPOSED:
+                steps.append(("Transpose", {}))
+            if dtypes[m.weight] != onnx.TensorProto.FLOAT:
+                steps.append(("Cast", {"to": dtypes[m.weight]}))
+            if not steps and not renamed:  # (the decode's own value takes the weight's name)
+                _rename(written.nodes, value_of, m.weight)
+                value_of, renamed = m.weight, True
+            else:
+                value = value_of
+                for j, (op, attrs) in enumerate(steps or [("Identity", {})]):
+                    out = m.weight if j == len(steps or [None]) - 1 else names.fresh(f"{m.weight}_{op.lower()}")
+                    nodes.append(helper.make_node(op, [value], [out], name=names.fresh(f"{m.weight}_{op}"), **attrs))
+                    value = out
+            note = "; ".join(x for x in (source.note, f"one decode with {', '.join(o.weight for o in ms if o is not m)}"
+                                         if len(ms) > 1 else "",
+                                         f"cast to {onnx.TensorProto.DataType.Name(dtypes[m.weight]).lower()}"
+                                         if dtypes[m.weight] != onnx.TensorProto.FLOAT else "") if x)
+            rows.append(Imported(m.weight, tensor_name, source.kind, m.how, m.orientation, written.form,
+                                 tuple(source.shape), m.error, note))
+    replaced = {m.weight for m in matches}
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    inputs = [vi for vi in graph.input if vi.name not in replaced]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    rest = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + rest)
+    import_at_least(model.opset_import, DOMAIN, 3)  # (DynamicDequantize-3)
+    model.ir_version = max(model.ir_version, model_ir(model))
+    return rows
+
+
+def _rename(nodes: list, old: str, new: str) -> None:
+    for n in nodes:
+        for i, name in enumerate(n.output):
+            if name == old:
+                n.output[i] = new
+        for i, name in enumerate(n.input):
+            if name == old:
+                n.input[i] = new
+
+
+def _share_tables(written, seen: dict) -> set[str]:
+    """Lookup tables of `written` equal to one written before: its nodes read that one instead;
+    returns their names (not to be written)."""
+    shared = set()
+    for t in written.tensors:
+        if t.name not in written.tables:
+            continue
+        key = (t.data_type, tuple(t.dims), hashlib.sha256(t.raw_data).hexdigest())
+        if key in seen:
+            _rename(written.nodes, t.name, seen[key])
+            shared.add(t.name)
+        else:
+            seen[key] = t.name
+    return shared
