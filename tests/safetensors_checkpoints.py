@@ -1,10 +1,14 @@
 """Safetensors checkpoints for the tests of dyndq.checkpoints.safetensors, their formats' own
 dequantizations, and the one check of the nodes.
 
-GPTQModel and AutoAWQ do not install here (CUDA extensions; tried with pip), so their packing and
-dequantization are written below from their published code (GPTQModel 7.7's
+GPTQModel and AutoAWQ do not install here as usable packages (tried with pip: gptqmodel 7.7
+needs torch >= 2.14.1, where the torch extra pins 2.13.0, and some twenty packages besides;
+autoawq 0.2.9, archived by its authors, needs triton, accelerate and datasets), so their
+dequantization is written below from their published code (GPTQModel 7.7's
 `PackableQuantLinear.dequantize_weight` and `_dequantize_from_codes`, AutoGPTQ's `zeros + 1` of
-v1, AutoAWQ/GPTQModel's `dequantize_gemm`), torch ops as NumPy ops in the same order and dtype:
+v1, AutoAWQ/GPTQModel's `dequantize_gemm`), torch ops as NumPy ops in the same order and dtype.
+(Checked once by hand, not here: those libraries' own functions, run with torch from their
+sources, give these bits for every case the tests draw, NaNs included.)  The arithmetic:
 `scales[g_idx] * (weight - zeros[g_idx])`, the integer difference promoted to float16 (torch's
 promotion; NumPy's would be float64, so it is cast explicitly) and one float16 multiply.  The
 packers put code i at bit i*b of each run's bit string, built bit by bit (not by the code under
@@ -50,7 +54,9 @@ def gptq_tensors(n_in, out, bits, group_size, *, act_order=False, v1=True, seed=
     rng = np.random.default_rng(seed)
     groups = n_in // group_size
     q = rng.integers(0, 1 << bits, (n_in, out), dtype=np.uint8)
-    z = rng.integers(0, 1 << bits, (groups, out), dtype=np.uint8)
+    # (v1 cannot hold a zero point of 0: AutoGPTQ's packer ORs its -1 over the fields above it, and
+    # GPTQModel's reader adds 1 to the packed word with a carry, where AutoGPTQ's wraps each field)
+    z = rng.integers(1 if v1 else 0, 1 << bits, (groups, out), dtype=np.uint8)
     g_idx = rng.permutation(np.arange(n_in) // group_size).astype(np.int32) if act_order else (np.arange(n_in) // group_size).astype(np.int32)
     stored = (z - 1) & ((1 << bits) - 1) if v1 else z
     return {"qweight": pack_bits(q.T, bits).T.copy(), "qzeros": pack_bits(stored, bits),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from dyndq.checkpoints import safetensors as ours
 from safetensors_checkpoints import awq_oracle, awq_tensors, check_exact, gptq_oracle, gptq_tensors, written_bytes
@@ -69,3 +70,26 @@ def test_bad_tensors_are_refused_by_name():
         ours.nodes(gptq(t, 4))
     with pytest.raises(dyndq.ValidationError, match="bits 5"):
         ours.nodes(gptq(gptq_tensors(64, 32, 4, 32), 5))
+
+
+@pytest.mark.parametrize("kind", ["gptq", "awq"])
+def test_codes_packed_a_few_rows_at_a_time_are_the_same(kind, monkeypatch):
+    """(the codes are unpacked and packed in chunks of output rows: here one chunk a row)"""
+    from dyndq.checkpoints import writer
+
+    monkeypatch.setattr(writer, "CHUNK_BYTES", 1)
+    if kind == "gptq":
+        t = gptq_tensors(64, 48, 4, 32, seed=8)
+        check_exact(gptq(t, 4), gptq_oracle(t, 4))
+    else:
+        t = awq_tensors(64, 48, 32, seed=8)
+        check_exact(ours.Module("m", "awq", t, {"quant_method": "awq", "bits": 4}), awq_oracle(t, 32))
+
+
+@settings(max_examples=10, deadline=None)
+@given(bits=st.sampled_from([2, 3, 4, 8]), n_in=st.sampled_from([32, 64, 96]), out=st.sampled_from([32, 64]),
+       act_order=st.booleans(), v1=st.booleans(), one_group=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_any_drawn_gptq_module_dequantizes_exactly(bits, n_in, out, act_order, v1, one_group, seed):
+    group = n_in if one_group else 32
+    t = gptq_tensors(n_in, out, bits, group, act_order=act_order, v1=v1, seed=seed)
+    check_exact(gptq(t, bits, group, "gptq" if v1 else "gptq_v2"), gptq_oracle(t, bits, v1))
