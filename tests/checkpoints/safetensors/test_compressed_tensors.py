@@ -72,3 +72,54 @@ def test_nvfp4_modules_dequantize_as_compressed_tensors_does():
     assert np.isnan(want.astype(np.float32)).sum() == 64  # (the 4 NaN e4m3 scale bytes of each 256, 16 codes each)
     check_exact(module, want, any_nan=True)
     assert written_bytes(ours.nodes(module)) <= 1.10 * sum(numpy_of(v).nbytes for v in state.values())
+
+
+@pytest.mark.parametrize("preset", ["int4-asym-group", "int8-sym-channel", "nvfp4"])
+def test_a_checkpoint_compressed_tensors_wrote_from_a_torch_module_reads_exactly(preset, tmp_path):
+    """A torch model quantized (min-max scales), compressed by compressed-tensors' own ModelCompressor
+    and saved as a checkpoint folder (safetensors + config.json by its update_config); each module's
+    nodes give what its decompress_model gives."""
+    import copy
+    import json
+
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("up_proj", torch.nn.Linear(128, 64, bias=False))
+    model.add_module("down_proj", torch.nn.Linear(64, 128, bias=False))
+    model = model.to(torch.float16 if preset == "int8-sym-channel" else torch.bfloat16)
+    args = {"int4-asym-group": dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32),
+            "int8-sym-channel": dict(num_bits=8, type="int", symmetric=True, strategy="channel"),
+            "nvfp4": dict(num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16)}[preset]
+    kind = "nvfp4-pack-quantized" if preset == "nvfp4" else "pack-quantized"
+    config = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**args))},
+                                format=kind)
+    apply_quantization_config(model, config)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            w = m.weight.data.float()
+            g = w.reshape(w.shape[0], -1, args.get("group_size") or w.shape[1])
+            global_scale = None
+            if preset == "nvfp4":
+                global_scale = (448.0 * 6.0 / w.abs().amax()).reshape(1)
+                m.weight_global_scale.data.copy_(global_scale)
+            scale, zero = calculate_qparams(g.amin(-1), g.amax(-1), QuantizationArgs(**args), global_scale=global_scale)
+            m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
+            if hasattr(m, "weight_zero_point") and m.weight_zero_point is not None:
+                m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape))
+    compressor = ModelCompressor(quantization_config=config)
+    compressor.compress_model(model)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
+    compressor.update_config(str(tmp_path))
+    decompressed = copy.deepcopy(model)
+    compressor.decompress_model(decompressed)
+    weights = {f"{name}.weight": numpy_of(m.weight.data) for name, m in decompressed.named_modules() if isinstance(m, torch.nn.Linear)}
+    modules = list(ours.read(tmp_path))
+    assert sorted(m.weight_name for m in modules) == sorted(weights) and {m.format for m in modules} == {kind}
+    for module in modules:
+        check_exact(module, weights[module.weight_name], any_nan=True)
