@@ -34,7 +34,7 @@ def columns(words: np.ndarray) -> np.ndarray:
 def write(w: Writer, module: Module) -> tuple[str, tuple[int, int], str]:
     config, t = module.config, module.tensors
     where = f"AWQ module {module.name!r}"
-    bits = int(config.get("bits", config.get("w_bit", 4)))
+    bits = int(config.get("bits", config.get("w_bit", 4)))  # (w_bit: AutoAWQ's quant_config.json)
     need(bits == 4, where, f"bits {bits}", "4 (AutoAWQ's GEMM packing)")
     for suffix in ("qweight", "qzeros", "scales"):
         need(suffix in t, where, f"tensors {sorted(t)}", f"a {suffix} tensor")

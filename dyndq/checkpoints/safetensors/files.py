@@ -49,12 +49,20 @@ class Module:
         return sum(int(t.nbytes) for t in self.tensors.values())
 
 
+# the files older quantizers wrote their settings to, beside the weights, and their quant_method
+OLDER_CONFIGS = {"quantize_config.json": "gptq", "quant_config.json": "awq"}  # (AutoGPTQ's, AutoAWQ's)
+
+
 def quantization_config(path: Path) -> dict | None:
-    """config.json's `quantization_config` in folder `path`, or None."""
+    """config.json's `quantization_config` in folder `path`, else AutoGPTQ's quantize_config.json or
+    AutoAWQ's quant_config.json there (their quant_method added), else None."""
     config = path / "config.json"
-    if not config.is_file():
-        return None
-    return json.loads(config.read_text()).get("quantization_config")
+    if config.is_file() and "quantization_config" in (found := json.loads(config.read_text())):
+        return found["quantization_config"]
+    for name, method in OLDER_CONFIGS.items():
+        if (path / name).is_file():
+            return {"quant_method": method, **json.loads((path / name).read_text())}
+    return None
 
 
 def format_of(config: dict, suffixes: set[str], where: str) -> str:

@@ -59,3 +59,28 @@ def test_a_format_not_taken_is_refused_naming_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "hqq"}}))
     with pytest.raises(dyndq.ValidationError, match="quant_method 'hqq'"):
         list(ours.read(tmp_path))
+
+
+def test_autogptqs_own_config_file_is_taken_where_config_json_has_none(tmp_path):
+    t = write_checkpoint(tmp_path, config=None)
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 32, "desc_act": True}))
+    [q] = [m for m in ours.read(tmp_path) if m.format != "dense"]
+    assert q.format == "gptq"
+    check_exact(q, gptq_oracle(t, 4))
+
+
+def test_float8_tensors_are_read_as_their_bytes(tmp_path):
+    """(safetensors' NumPy framework has no float8: the file's own layout is read for them)"""
+    import struct
+
+    import ml_dtypes
+
+    scale = np.arange(64, dtype=np.uint8).reshape(4, 16)
+    header = json.dumps({"m.weight_scale": {"dtype": "F8_E4M3", "shape": [4, 16], "data_offsets": [0, 64]},
+                         "m.bias": {"dtype": "F32", "shape": [2], "data_offsets": [64, 72]}}).encode()
+    (tmp_path / "w.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + scale.tobytes() +
+                                             np.array([1.5, -2], np.float32).tobytes())
+    modules = {m.name: m for m in ours.read(tmp_path / "w.safetensors", config={"quant_method": "compressed-tensors"})}
+    got = modules["m"].tensors["weight_scale"]
+    assert got.dtype == ml_dtypes.float8_e4m3fn and got.shape == (4, 16) and got.view(np.uint8).tobytes() == scale.tobytes()
+    assert modules["m.bias"].tensors[""].tolist() == [1.5, -2.0]
