@@ -49,8 +49,9 @@ def test_awqs_packing_order_matters():
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
-def test_gptq_tensors_written_weigh_at_most_1_10_of_the_checkpoints(bits):
-    t = gptq_tensors(1024, 256, bits, 128, seed=5)
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_tensors_written_weigh_at_most_1_10_of_the_checkpoints(bits, act_order):
+    t = gptq_tensors(1024, 256, bits, 128, act_order=act_order, seed=5)
     placed = ours.nodes(gptq(t, bits, 128))
     ratio = written_bytes(placed) / sum(a.nbytes for a in t.values())
     assert ratio <= 1.10, f"{bits}-bit: {ratio:.3f}x"
