@@ -12,7 +12,29 @@ from safetensors_checkpoints import SPECIAL_HALVES, check_exact, written_bytes
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch", reason="torch (the torch extra: make test-torch installs it)")
-ct = pytest.importorskip("compressed_tensors", reason="compressed-tensors (the torch extra: make test-torch installs it)")
+
+
+def import_compressed_tensors():
+    """compressed-tensors imports transformers, whose check for Hugging Face's `kernels` package
+    imports a top-level module `kernels`: in this editable install that finds dyndq's own kernels/
+    folder and runs it a second time, attaching new kernel functions to the registered ops (which
+    tests/kernels/test_arguments.py then sees).  So, while it is imported, `kernels` is dyndq's
+    kernels package, already imported (not a package of that name: transformers then passes it by)."""
+    import sys
+
+    import dyndq.kernels
+
+    alias = "kernels" not in sys.modules
+    if alias:
+        sys.modules["kernels"] = dyndq.kernels
+    try:
+        return pytest.importorskip("compressed_tensors", reason="compressed-tensors (the torch extra: make test-torch installs it)")
+    finally:
+        if alias and sys.modules.get("kernels") is dyndq.kernels:
+            del sys.modules["kernels"]
+
+
+ct = import_compressed_tensors()
 from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32  # noqa: E402
