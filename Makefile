@@ -82,7 +82,7 @@ test-openvino: $(STAMP)
 	$(call install_extra,openvino)
 	$(PY) -m pytest -q -m openvino
 
-# the tests that compare with torch's and torchao's reference functions (marked `torch`; `make test`
+# the tests that compare with torch's, torchao's and compressed-tensors' reference functions (marked `torch`; `make test`
 # skips them where torch is not installed, saying so): the `torch` extra of pyproject.toml
 test-torch: $(STAMP)
 	$(call install_extra,torch)

@@ -4,8 +4,8 @@ Each checkpoint tensor is decoded once (its `Written`: our op and standard ops),
 of weights it stands for (tied embeddings: the Gather's table and the output projection read one
 decode, so the file holds its codes once).  A weight read as stored takes the decode's value
 itself (its producer renamed to the weight's name), or an Identity of it for a second weight; a
-transposed one a Transpose of it; a float16 or bfloat16 weight a Cast after (float32 is what the
-checkpoints' dequantization computes).  The nodes go first in the main graph (their inputs are
+transposed one a Transpose of it; a Cast after where the weight's type is not the decode's (GGUF's
+decode is float32, GPTQ's and AWQ's float16: a float32 weight widens it exactly).  The nodes go first in the main graph (their inputs are
 their own initializers), the weights' initializers (and graph inputs of the same name) go.
 Lookup tables equal to one written before (the same for every tensor of a block type) are
 shared, not written again.
@@ -80,7 +80,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: 
             steps = []
             if m.orientation == TRANSPOSED:
                 steps.append(("Transpose", {}))
-            if dtypes[m.weight] != onnx.TensorProto.FLOAT:
+            if dtypes[m.weight] != written.dtype:  # (exact: float16 -> float32 widens; float32 -> float16 as the model holds it)
                 steps.append(("Cast", {"to": dtypes[m.weight]}))
             if not steps and not renamed:  # (the decode's own value takes the weight's name)
                 _rename(written.nodes, value_of, m.weight)
@@ -94,7 +94,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: 
             note = "; ".join(x for x in (source.note, f"one decode with {', '.join(o.weight for o in ms if o is not m)}"
                                          if len(ms) > 1 else "",
                                          f"cast to {onnx.TensorProto.DataType.Name(dtypes[m.weight]).lower()}"
-                                         if dtypes[m.weight] != onnx.TensorProto.FLOAT else "") if x)
+                                         if dtypes[m.weight] != written.dtype else "") if x)
             rows.append(Imported(m.weight, tensor_name, source.kind, m.how, m.orientation, written.form,
                                  tuple(source.shape), m.error, note))
     replaced = {m.weight for m in matches}

@@ -32,6 +32,8 @@ MAGIC = b"GGUF"
 
 @opener("GGUF (.gguf)")
 def open_gguf(path: str):
+    if not os.path.isfile(path):  # (a folder: another format's)
+        return None
     with open(path, "rb") as f:
         if f.read(4) != MAGIC:
             return None

@@ -13,7 +13,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer
+from dyndq.checkpoints.writer import Writer
 
 
 @block_type("F32", block=1, size=4, composition="the float32 tensor itself")

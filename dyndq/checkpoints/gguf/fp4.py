@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field
+from dyndq.checkpoints.writer import Writer, field
 
 KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
 _BYTES = np.arange(256)

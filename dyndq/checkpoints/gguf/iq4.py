@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field, spread, sub_block_scales
+from dyndq.checkpoints.writer import Writer, field, spread, sub_block_scales
 
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 

@@ -33,7 +33,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field, spread, sub_block_scales
+from dyndq.checkpoints.writer import Writer, field, spread, sub_block_scales
 
 
 def times_codes(w: Writer, codes: str, dl: str, sub_block: int, zps: str | None = None) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field
+from dyndq.checkpoints.writer import Writer, field
 
 ODD = np.arange(1, 32, 2, dtype=np.int32)  # 2s + 1 of each 4-bit s
 SIGN_OF_BIT = np.array([1, -1], np.int8)

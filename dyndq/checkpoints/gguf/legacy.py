@@ -24,7 +24,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field, nibbles
+from dyndq.checkpoints.writer import Writer, field, nibbles
 
 GROUP = (1, 1, 32)  # a block's codes share its scale: [rows, n_blocks, 32] over [rows, n_blocks, 1]
 

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from dyndq.checkpoints.gguf.registry import get, names
-from dyndq.checkpoints.gguf.writer import Writer, Written
+from dyndq.checkpoints.writer import Writer, Written
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.plumbing.names import NameScope
 

@@ -19,7 +19,7 @@ import numpy as np
 from onnx import TensorProto
 
 from dyndq.checkpoints.gguf.registry import block_type
-from dyndq.checkpoints.gguf.writer import Writer, field, spread
+from dyndq.checkpoints.writer import Writer, field, spread
 
 POWERS = np.array([1, 3, 9, 27, 81], np.uint8)
 # TRITS[b, k]: trit k (0, 1 or 2) of byte b, as gguf.quants' TQ1_0 and llama.cpp compute it (uint8 products wrap)

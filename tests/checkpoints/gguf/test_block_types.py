@@ -63,7 +63,7 @@ def test_the_registered_blocks_are_ggufs():
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q2_K", "TQ2_0"])
 def test_codes_packed_a_few_rows_at_a_time_are_the_same(name, monkeypatch):
     """(the packed codes are made in chunks of rows: here one row a chunk)"""
-    from dyndq.checkpoints.gguf import writer
+    from dyndq.checkpoints import writer
 
     monkeypatch.setattr(writer, "CHUNK_BYTES", 1)
     block, _ = block_of(name)

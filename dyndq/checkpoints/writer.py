@@ -1,6 +1,6 @@
-"""What a block type's write function builds its nodes with: tensors, standard ops, our op.
+"""What a checkpoint format's write functions build their nodes with: tensors, standard ops, our op.
 
-Every block type writes through one `Writer`, so the pieces they share are written once: the
+Shared by the GGUF block types (gguf/) and the safetensors formats (safetensors/).  Every block type writes through one `Writer`, so the pieces they share are written once: the
 float16 scale read from its bytes in the block, 2- and 4-bit codes packed as ONNX packs them (a
 few rows at a time: `codes`), GGUF's code bytes kept unchanged and unpacked at run time (BitShift,
 BitwiseAnd, BitwiseOr on uint8: exact; `fields`, `join`), a lookup table (Gather: `lookup`,
@@ -60,7 +60,7 @@ class Writer:
         (their low bits: an int4 as its two's complement nibble), and they are packed as ONNX packs
         them (the first element in the lowest bits) a few rows at a time, so that the whole tensor's
         codes never stand one a byte in memory."""
-        bits = {TensorProto.UINT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4}[dtype]
+        bits = {TensorProto.UINT2: 2, TensorProto.INT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4}[dtype]
         per_byte = 8 // bits
         packed = np.empty(int(np.prod(shape)) // per_byte, np.uint8)
         step, at = max(1, CHUNK_BYTES // max(1, blocks[:1].nbytes)), 0
@@ -129,31 +129,36 @@ class Writer:
         return self.op("ConstantOfShape", [self.tensor(np.array(shape, np.int64), f"{hint}_shape")], hint,
                        value=numpy_helper.from_array(np.asarray(value).reshape(1)))
 
-    def dequantize(self, src: str, scales: str, zps: str | None = None, *, group_shape, hint: str) -> str:
-        """DynamicDequantize-3, per_group, writing float32: float32(src - zps) * float32(scales), one rounding."""
+    def dequantize(self, src: str, scales: str, zps: str | None = None, *, group_shape, hint: str,
+                   output_dtype: int = FLOAT) -> str:
+        """DynamicDequantize-3, per_group, writing float32 (or `output_dtype`): float32(src - zps) *
+        float32(scales), one rounding (then one more to float16/bfloat16 where asked)."""
         out = self.fresh(hint)
         self.nodes.append(make_node([src, scales] + ([zps] if zps else []), [out], name=self.fresh("DynamicDequantize"),
-                                    version=3, qtype="per_group", group_shape=list(group_shape), output_dtype=FLOAT))
+                                    version=3, qtype="per_group", group_shape=list(group_shape), output_dtype=output_dtype))
         return out
 
-    def finish(self, value: str, shape, form: str) -> "Written":
-        """The value reshaped to the tensor's `shape`: what stands for the tensor."""
+    def finish(self, value: str, shape, form: str, dtype: int = FLOAT) -> "Written":
+        """The value (of ONNX type `dtype`) reshaped to the tensor's `shape`: what stands for the tensor."""
         out = self.reshape(value, shape, "dequantized")
-        return Written(self.nodes, self.tensors, out, form, self.opset, tuple(self.tables))
+        return Written(self.nodes, self.tensors, out, form, self.opset, tuple(self.tables), dtype)
 
 
 @dataclass
 class Written:
-    """What stands for one GGUF tensor (as the quantizer's rewrite.Placed, without depending on it):
-    its nodes and initializers, the value holding its float32 values, the form in a few words, the
-    ai.onnx opset its nodes need and the names of its lookup tables (constants the same for every
-    tensor of its type, which a model needs once)."""
+    """What stands for one checkpoint tensor (as the quantizer's rewrite.Placed, without depending on
+    it): its nodes and initializers, the value holding its values, the form in a few words, the
+    ai.onnx opset its nodes need, the names of its lookup tables (constants the same for every
+    tensor of its type, which a model needs once) and the value's ONNX element type (`dtype`:
+    float32 for every GGUF type; float16 or bfloat16 where the format's own dequantization computes
+    in it, as GPTQ's and AWQ's float16 scales do)."""
     nodes: list[onnx.NodeProto]
     tensors: list[onnx.TensorProto]
     output: str
     form: str
     opset: int = 21
     tables: tuple[str, ...] = ()
+    dtype: int = FLOAT
 
 
 def field(blocks: np.ndarray, at: int, size: int) -> np.ndarray:

@@ -1,0 +1,139 @@
+"""A safetensors checkpoint's modules, one at a time.
+
+`read` takes a `.safetensors` file or a folder of them (with `config.json` holding
+`quantization_config`, or that dict given) and yields one `Module` at a time: a quantized
+module's tensors grouped under its name (`model.layers.0.mlp.down_proj`: `qweight`, `qzeros`,
+`scales`, `g_idx`; compressed-tensors' `weight_packed`, `weight_scale`, ...), every other tensor
+as a module of its own (format "dense").  The tensors are read by the `safetensors` package
+(`safe_open`, NumPy framework: no torch), only when their module is reached; those its NumPy
+framework cannot give (float8: safetensors 0.8 looks the dtype up in NumPy, which has none) are
+read as their bytes at the header's offsets and viewed as ml_dtypes' type.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import ml_dtypes
+import numpy as np
+
+from dyndq.opdefs import Problem, ValidationError
+
+# the tensors a quantized module holds, by format family (a module is named by what comes before them)
+QUANTIZED_SUFFIXES = {"qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point",
+                      "weight_shape", "weight_global_scale"}
+# the formats taken: quant_method (and compressed-tensors' format) -> the writer's name
+TAKEN = "gptq (checkpoint_format gptq, gptq_v2), awq (version gemm), compressed-tensors (pack-quantized, nvfp4-pack-quantized)"
+# safetensors' dtypes NumPy's framework cannot give, read as bytes
+RAW_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+@dataclass
+class Module:
+    name: str  # the module's name: its weight is `name + ".weight"` (a dense tensor: its own full name)
+    format: str  # "gptq", "awq", "pack-quantized", "nvfp4-pack-quantized" or "dense"
+    tensors: dict[str, np.ndarray]  # by suffix ("qweight", ...); a dense tensor: {"": the tensor}
+    config: dict = field(default_factory=dict)  # the checkpoint's quantization_config
+
+    @property
+    def weight_name(self) -> str:
+        return self.name if self.format == "dense" else f"{self.name}.weight"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+# the files older quantizers wrote their settings to, beside the weights, and their quant_method
+OLDER_CONFIGS = {"quantize_config.json": "gptq", "quant_config.json": "awq"}  # (AutoGPTQ's, AutoAWQ's)
+
+
+def quantization_config(path: Path) -> dict | None:
+    """config.json's `quantization_config` in folder `path`, else AutoGPTQ's quantize_config.json or
+    AutoAWQ's quant_config.json there (their quant_method added), else None."""
+    config = path / "config.json"
+    if config.is_file() and "quantization_config" in (found := json.loads(config.read_text())):
+        return found["quantization_config"]
+    for name, method in OLDER_CONFIGS.items():
+        if (path / name).is_file():
+            return {"quant_method": method, **json.loads((path / name).read_text())}
+    return None
+
+
+def format_of(config: dict, suffixes: set[str], where: str) -> str:
+    """The format of a module holding tensors `suffixes`, by the checkpoint's quantization_config."""
+    method = str(config.get("quant_method", "")).lower()
+    if method == "gptq":
+        return "gptq"
+    if method == "awq":
+        version = str(config.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValidationError([Problem(where, f"an AWQ checkpoint of version {version!r} (not taken yet)", "version gemm")])
+        return "awq"
+    if method == "compressed-tensors":
+        kind = "nvfp4-pack-quantized" if "weight_global_scale" in suffixes else "pack-quantized"
+        stated = config.get("format")
+        if stated not in (kind, "mixed-precision", None):
+            raise ValidationError([Problem(where, f"a compressed-tensors checkpoint of format {stated!r}",
+                                           "pack-quantized or nvfp4-pack-quantized")])
+        return kind
+    raise ValidationError([Problem(where, f"quant_method {config.get('quant_method')!r}", f"one of: {TAKEN}")])
+
+
+def read(path: str | os.PathLike, config: dict | None = None) -> Iterator[Module]:
+    """The modules of safetensors checkpoint `path` (a file, or a folder of `*.safetensors`), in the
+    files' order, each read when reached.  `config` is the checkpoint's `quantization_config`
+    (default: config.json's, beside the file or in the folder)."""
+    try:
+        from safetensors import safe_open
+    except ImportError as e:  # (an optional extra: dyndq itself runs without it)
+        raise ImportError("reading safetensors checkpoints needs the `safetensors` package: pip install 'dyndq[import]'") from e
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise ValidationError([Problem(f"checkpoint {str(path)!r}", "a folder with no *.safetensors file", "one or more")])
+    config = config if config is not None else quantization_config(path if path.is_dir() else path.parent)
+    with contextlib.ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(str(f), framework="np")) for f in files}
+        where: dict[str, Path] = {}  # every tensor's file (a module's tensors may lie in two shards)
+        modules: dict[str, dict[str, str]] = {}  # module name -> suffix -> tensor name, in the files' order
+        for f, handle in handles.items():
+            for key in handle.keys():
+                where[key] = f
+                prefix, _, suffix = key.rpartition(".")
+                if suffix in QUANTIZED_SUFFIXES and prefix:
+                    modules.setdefault(prefix, {})[suffix] = key
+                else:
+                    modules.setdefault(key, {})[""] = key
+        for name, keys in modules.items():
+            if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
+                yield Module(name, "dense", {"": tensor(handles[where[name]], where[name], name)})
+                del keys[""]
+            tensors = {suffix: tensor(handles[where[key]], where[key], key) for suffix, key in keys.items()}
+            if "" in tensors:
+                yield Module(name, "dense", tensors)
+                continue
+            if config is None:
+                raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
+                                               "and no quantization_config (no config.json beside them, none given)",
+                                               "config.json holding quantization_config, or the config passed")])
+            yield Module(name, format_of(config, set(keys), f"module {name!r}"), tensors, config)
+
+
+def tensor(handle, path: Path, key: str) -> np.ndarray:
+    """Tensor `key`: by safetensors' NumPy framework, or as its bytes where that has no dtype for it."""
+    dtype = handle.get_slice(key).get_dtype()
+    if dtype not in RAW_DTYPES:
+        return handle.get_tensor(key)
+    with open(path, "rb") as f:  # the file's own layout: an 8-byte header length, the JSON header, the data
+        (length,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(length))[key]
+        start, end = entry["data_offsets"]
+        f.seek(8 + length + start)
+        data = np.frombuffer(f.read(end - start), np.uint8)
+    return data.view(RAW_DTYPES[dtype]).reshape(entry["shape"])

@@ -1,0 +1,112 @@
+"""dyndq.import_weights and `dyndq import-weights` with a safetensors checkpoint (GPTQ, AWQ): its
+modules matched to the float model's weights by name (torch's module names), oriented as the graph
+reads each one, and each imported weight exactly the format's own dequantization (float16, widened
+exactly to the model's float32), on the reference engine and on ONNX Runtime."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import dyndq
+from dyndq.cli import main
+from engines import run_onnxruntime
+from safetensors_checkpoints import awq_oracle, awq_tensors, gptq_oracle, gptq_tensors
+
+save_file = pytest.importorskip("safetensors.numpy").save_file
+
+UP, Q, O = "model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"
+N_IN, OUT, GROUP = 256, 64, 64
+
+
+def float_model() -> onnx.ModelProto:
+    """x [2, N_IN] -> Gemm(transB) with UP's weight [OUT, N_IN]; Transpose+MatMul with Q's (torch's
+    export); O's weight [OUT, OUT] on a Gemm too; a float16 weight would be cast: these are float32."""
+    rng = np.random.default_rng(1)
+    w = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(w(OUT, N_IN), f"{UP}.weight"), numpy_helper.from_array(w(OUT, N_IN), f"{Q}.weight"),
+             numpy_helper.from_array(w(OUT, OUT), f"{O}.weight")]
+    nodes = [helper.make_node("Gemm", ["x", f"{UP}.weight"], ["up"], transB=1),
+             helper.make_node("Transpose", [f"{Q}.weight"], ["qT"], perm=[1, 0]), helper.make_node("MatMul", ["x", "qT"], ["q"]),
+             helper.make_node("Gemm", ["q", f"{O}.weight"], ["o"], transB=1)]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, N_IN])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, OUT]) for n in ("up", "q", "o")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def probe(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.output[:]
+    out.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items())
+    return out
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("fmt", ["gptq v1", "gptq v2 act-order", "awq"])
+def test_each_module_is_its_formats_dequantization_on_both_engines(tmp_path, fmt):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    want, tensors = {}, {}
+    for i, module in enumerate((UP, Q)):
+        if fmt == "awq":
+            t = awq_tensors(N_IN, OUT, GROUP, seed=i)
+            want[f"{module}.weight"] = awq_oracle(t, GROUP)
+            config = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm"}
+        else:
+            v1 = fmt == "gptq v1"
+            t = gptq_tensors(N_IN, OUT, 4, GROUP, act_order=not v1, v1=v1, seed=i)
+            want[f"{module}.weight"] = gptq_oracle(t, 4, v1=v1)
+            config = {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": not v1,
+                      "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+        tensors.update({f"{module}.{k}": v for k, v in t.items()})
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": config}))
+    model = float_model()
+    before = model.SerializeToString()
+    out, report = dyndq.import_weights(model, folder)
+    assert model.SerializeToString() == before and dyndq.check(out) == []
+    rows = {r.weight: r for r in report.imported}
+    assert set(rows) == set(want) and all(r.how == "by name" for r in rows.values()), report.lines()
+    assert [w for w, *_ in report.left_float] == [f"{O}.weight"]
+    assert all("cast to float" in r.note for r in rows.values())  # (float16 decode widened to the model's float32)
+    shapes = {n: [OUT, N_IN] for n in want}
+    check = probe(out, shapes)
+    with np.errstate(all="ignore"):
+        got = {"reference": dyndq.run(check, {"x": np.ones((2, N_IN), np.float32)}),
+               "onnxruntime": dict(zip(shapes, run_onnxruntime(dyndq.export(check, target="onnxruntime"),
+                                                               {"x": np.ones((2, N_IN), np.float32)})))}
+    for engine, values in got.items():
+        for name, value in want.items():
+            wide = value.astype(np.float32)  # (float16 -> float32: exact, NaN payloads and signs kept)
+            same = (bits(values[name]) == bits(wide)) | (np.isnan(values[name]) & np.isnan(wide))
+            assert same.all(), f"{name} on {engine}: {np.count_nonzero(~same)} values differ"
+            assert (np.signbit(values[name]) == np.signbit(wide)).all(), f"{name} on {engine}: signs"
+
+
+def test_the_command_imports_a_gptq_folder_and_checks_the_file(tmp_path, capsys):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    t = gptq_tensors(N_IN, OUT, 4, GROUP, v1=False, seed=3)
+    save_file({f"{UP}.{k}": v for k, v in t.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": GROUP, "checkpoint_format": "gptq_v2"}}))
+    src = tmp_path / "m.onnx"
+    onnx.save(float_model(), src)
+    for emit in ("dyndq", "onnxruntime"):
+        assert main(["import-weights", str(src), str(folder), "-o", str(tmp_path / f"{emit}.onnx"), "--emit", emit]) == 0
+        said = capsys.readouterr().out
+        assert f"{UP}.weight" in said and "gptq" in said, said
+    # a safetensors file that matches nothing: exit 1, nothing written
+    save_file({"other.qweight": t["qweight"], "other.qzeros": t["qzeros"], "other.scales": t["scales"]},
+              str(tmp_path / "lone.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4,
+                                                                              "group_size": GROUP}}))
+    assert main(["import-weights", str(src), str(tmp_path / "lone.safetensors"), "-o", str(tmp_path / "x.onnx")]) == 1
+    assert not (tmp_path / "x.onnx").exists()
