@@ -92,6 +92,9 @@ def source() -> Path:
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(SOURCE_IN_SDIST)]
             tar.extractall(tmp, members, filter="data")
+        # (the sdist keeps the submodule's .git file, pointing to no repository: cmake's look for the
+        # commit would print "fatal: not a git repository" at every configure)
+        (Path(tmp) / SOURCE_IN_SDIST / ".git").unlink(missing_ok=True)
         (Path(tmp) / SOURCE_IN_SDIST).rename(tree)
     print(f"wrote {tree} (llama.cpp's source tree from {LLAMA_PACKAGE} {LLAMA_VERSION}'s sdist)")
     return tree
@@ -107,11 +110,16 @@ def quantizer(tree: Path) -> Path:
         if shutil.which(tool) is None:
             raise SystemExit(f"building llama.cpp's quantizer needs {tool}, not found on PATH (Debian: apt-get install cmake g++)")
     started = time.monotonic()
-    subprocess.run(["cmake", "-S", str(HERE / "llama_cpp"), "-B", str(build), f"-DLLAMA_CPP={tree}",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "--target", PROGRAM, "-j2"], check=True, stdout=subprocess.DEVNULL)
+    steps = [["cmake", "-S", str(HERE / "llama_cpp"), "-B", str(build), f"-DLLAMA_CPP={tree}",
+              "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
+              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+             ["cmake", "--build", str(build), "--target", PROGRAM, "-j2"]]
+    print(f"building llama.cpp's quantizer into {build} (cmake -j2: minutes)", flush=True)
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode:  # (its log, and llama.cpp's compiler warnings, shown only where it failed)
+            raise SystemExit(f"{' '.join(step[:3])} failed (exit {done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
     print(f"built {program} in {time.monotonic() - started:.0f} s (llama.cpp's llama and ggml libraries, -j2)")
     return program
 
@@ -130,17 +138,20 @@ def make() -> None:
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(tmp, [n for n in z.namelist() if n.startswith(tm.MINILM_FOLDER)])
             staged = out / ".minilm-F32.gguf.tmp"
-            subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(Path(tmp) / tm.MINILM_FOLDER),
-                            "--outtype", "f32", "--outfile", str(staged)], check=True,
-                           env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+            done = subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(Path(tmp) / tm.MINILM_FOLDER),
+                                   "--outtype", "f32", "--outfile", str(staged)], capture_output=True, text=True,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+            if done.returncode:  # (its log, a line a tensor, shown only where it failed)
+                raise SystemExit(f"convert_hf_to_gguf.py failed (exit {done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
             staged.replace(path_of("F32"))
     for kind in QUANTS:
         if path_of(kind).is_file():
             continue
         staged = out / f".minilm-{kind}.gguf.tmp"
         ftype = gguf.LlamaFileType[f"MOSTLY_{kind}"].value
-        subprocess.run([str(program), str(path_of("F32")), str(staged), str(ftype)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run([str(program), str(path_of("F32")), str(staged), str(ftype)], capture_output=True, text=True)
+        if done.returncode:  # (its log, hundreds of lines, shown only where it failed)
+            raise SystemExit(f"{program} {kind} failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         staged.replace(path_of(kind))
     for path, counts in files():
         print(f"{path.name}: {path.stat().st_size} bytes; tensors {counts}")
