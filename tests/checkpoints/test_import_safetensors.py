@@ -73,7 +73,7 @@ def test_each_module_is_its_formats_dequantization_on_both_engines(tmp_path, fmt
     out, report = dyndq.import_weights(model, folder)
     assert model.SerializeToString() == before and dyndq.check(out) == []
     rows = {r.weight: r for r in report.imported}
-    assert set(rows) == set(want) and all(r.how == "by name" for r in rows.values()), report.lines()
+    assert set(rows) == set(want) and all(r.how == "by name" for r in rows.values()), report.table()
     assert [w for w, *_ in report.left_float] == [f"{O}.weight"]
     assert all("cast to float" in r.note for r in rows.values())  # (float16 decode widened to the model's float32)
     shapes = {n: [OUT, N_IN] for n in want}

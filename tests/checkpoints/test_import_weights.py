@@ -201,3 +201,14 @@ def test_a_float16_weight_reads_the_decode_cast_to_float16(tmp_path):
     got = dyndq.run(out, {"ids": np.array([5, 1])})["h"]
     want = gguf.quants.dequantize(data, qtype("Q8_0")).astype(np.float16)[[5, 1]]
     assert got.dtype == np.float16 and (got.view(np.uint16) == want.view(np.uint16)).all()
+
+
+def test_an_exporters_wrapper_prefix_is_looked_through_by_the_name_map(llama):
+    # torch.onnx.export of a model wrapped in another module prefixes its attribute name (a
+    # BertModel under `bert.`): gguf's map knows the name without it, as llama.cpp's converter strips it
+    src, tensors, path = llama
+    model = float_model(src, names={Q: f"wrapper.{Q}", K: f"wrapper.{K}"})
+    out, report = dyndq.import_weights(model, path)
+    rows = {r.weight: r for r in report.imported}
+    assert rows[f"wrapper.{Q}"].how == rows[f"wrapper.{K}"].how == "by GGUF's name map", report.table()
+    assert rows[f"wrapper.{Q}"].tensor == "blk.0.attn_q.weight" and rows[f"wrapper.{K}"].tensor == "blk.0.attn_k.weight"

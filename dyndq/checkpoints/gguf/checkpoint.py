@@ -77,9 +77,16 @@ class GGUFCheckpoint(Checkpoint):
         return TensorNameMap(arch, int(blocks))
 
     def mapped_name(self, weight_name: str) -> str | None:
+        """The GGUF tensor of a model's weight by gguf's name map: its name, else its name without
+        the first component (an exporter's wrapper: torch.onnx.export of a BertModel names
+        `bert.encoder...`, where the map, like llama.cpp's converter, which strips `bert.`, knows
+        `encoder...`)."""
         if self._map is None:
             return None
-        return self._map.get_name(weight_name, try_suffixes=(".weight", ".bias"))
+        found = self._map.get_name(weight_name, try_suffixes=(".weight", ".bias"))
+        if found is None and "." in weight_name:
+            found = self._map.get_name(weight_name.split(".", 1)[1], try_suffixes=(".weight", ".bias"))
+        return found
 
     def notes(self) -> list[str]:
         if self._map is None:
