@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from dyndq.checkpoints.gguf.tensors import GGUFTensor, nodes
+from dyndq.checkpoints.gguf.tensors import GGUFTensor, nodes, tensors_of
 from dyndq.checkpoints.source import Checkpoint, MissingExtra, SourceTensor, opener
 from dyndq.opdefs import Problem, ValidationError
 
@@ -55,7 +55,7 @@ class GGUFCheckpoint(Checkpoint):
             raise ValidationError([Problem(f"GGUF file {self.path!r}", f"unreadable ({type(e).__name__}: {e})",
                                            "a GGUF file gguf's reader reads")]) from None
         self.architecture = self._field("general.architecture")
-        self._raw = list(read_tensors(self.reader))
+        self._raw = list(tensors_of(self.reader))
         self._map = self._name_map()
 
     def _field(self, key: str):
@@ -127,14 +127,6 @@ class GGUFCheckpoint(Checkpoint):
             raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"{rows} rows", f"a multiple of 2 x {n} heads")])
         perm = np.arange(rows).reshape(n, 2, rows // n // 2).swapaxes(1, 2).reshape(rows)
         return np.argsort(perm), f"rows un-permuted (llama.cpp's rotary permutation of {n} heads undone)"
-
-
-def read_tensors(reader):
-    """GGUFTensors of an open gguf.GGUFReader (as `read` gives them)."""
-    for t in reader.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        data = t.data.view(np.uint8)
-        yield GGUFTensor(t.name, t.tensor_type.name, shape, data.reshape(*shape[:-1], -1))
 
 
 def _rows_taken(t: GGUFTensor, order: np.ndarray) -> GGUFTensor:

@@ -41,7 +41,13 @@ def read(path: str | os.PathLike) -> Iterator[GGUFTensor]:
         from gguf import GGUFReader
     except ImportError as e:  # (an optional extra: dyndq itself runs without it)
         raise ImportError("reading GGUF files needs the `gguf` package: pip install 'dyndq[import]'") from e
-    for t in GGUFReader(os.fspath(path), "r").tensors:
+    yield from tensors_of(GGUFReader(os.fspath(path), "r"))
+
+
+def tensors_of(reader) -> Iterator[GGUFTensor]:
+    """The GGUFTensors of an open gguf.GGUFReader, in the file's order (gguf's dims reversed to
+    NumPy's, each a view of its bytes)."""
+    for t in reader.tensors:
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         data = t.data.view(np.uint8)
         yield GGUFTensor(t.name, t.tensor_type.name, shape, data.reshape(*shape[:-1], -1))
