@@ -40,6 +40,20 @@ def qtype(name: str):
     return gguf.GGMLQuantizationType[name]
 
 
+def write_gguf(path, tensors: dict, architecture: str = "llama", **metadata) -> None:
+    """A GGUF file holding `tensors` (name -> (type name, bytes)) by gguf's own writer, with
+    `metadata` written by the writer's own adders (block_count=1 -> writer.add_block_count(1))."""
+    writer = gguf.GGUFWriter(str(path), architecture)
+    for key, value in metadata.items():
+        getattr(writer, f"add_{key}")(value)
+    for name, (type_name, data) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=qtype(type_name))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def known(names) -> list[str]:
     """Those of `names` the installed gguf has (NVFP4 came in gguf 0.19)."""
     return [n for n in names if n in gguf.GGMLQuantizationType.__members__]

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+import gguf_blocks
 from gguf_blocks import gguf, qtype
 
 V, D, HEADS, KV_HEADS, FFN, T = 64, 256, 4, 2, 256, 5
@@ -106,16 +107,7 @@ def k_quant(shape, kind: str) -> np.ndarray:
 
 def write_gguf(path, tensors: dict, architecture: str = "llama") -> None:
     """A GGUF file of `tensors` by gguf's own writer, with the llama metadata the import reads."""
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_block_count(1)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    for name, (kind, data) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=qtype(kind))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    gguf_blocks.write_gguf(path, tensors, architecture, block_count=1, head_count=HEADS, head_count_kv=KV_HEADS)
 
 
 def dequantized(tensors: dict, name: str) -> np.ndarray:

@@ -8,18 +8,7 @@ import pytest
 
 import dyndq
 from dyndq.checkpoints import gguf as ours
-from gguf_blocks import check_exact, drawn, gguf, qtype, quantized
-
-
-def write_gguf(path, tensors) -> None:
-    """A GGUF file holding `tensors` (name -> (type name, bytes)), by gguf's own writer."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for name, (type_name, data) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=qtype(type_name))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+from gguf_blocks import check_exact, drawn, quantized, write_gguf
 
 
 def test_a_files_tensors_are_read_one_at_a_time_and_dequantize_exactly(tmp_path):
