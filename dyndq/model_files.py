@@ -246,14 +246,49 @@ class DataFile:
             return tensor
         stub = onnx.TensorProto()
         copy_fields(tensor, stub, skip={"raw_data", "external_data", "data_location"})
-        offset = self.file.tell()
         data = tensor.raw_data  # (one tensor's bytes at a time)
-        self.file.write(data)
+        self._point(stub, [data])
         del data
+        return stub
+
+    def stored_bytes(self, name: str, data_type: int, dims, chunks) -> onnx.TensorProto:
+        """The stub of a tensor `name` of ONNX type `data_type` and `dims` whose raw bytes are
+        `chunks` (bytes-like objects, in order: a C-contiguous array's `.data`, or a few rows of
+        one at a time), written straight from them: a tensor made to be written here never holds
+        its bytes in a TensorProto (whose raw_data protobuf hands out as a copy)."""
+        stub = onnx.TensorProto(name=name, data_type=data_type, dims=list(dims))
+        self._point(stub, chunks)
+        return stub
+
+    def _point(self, stub: onnx.TensorProto, chunks) -> None:
+        offset = self.file.tell()
+        for data in chunks:
+            self.file.write(data)
         stub.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(self.file.tell() - offset))):
             stub.external_data.add(key=key, value=value)
-        return stub
+
+
+class Moved:
+    """Tensors moved from a model read without its external data (`loaded`) to a new external data
+    file (`data`, a DataFile), one at a time: `put(tensor)` writes a tensor (its data read from
+    `loaded`'s files when it points there) and returns its stub; `keep(tensor)` does so to a
+    tensor of the graph in place.  What is in memory at once is one tensor's bytes.  With no
+    `data`, `put` returns the tensor as it is (a model kept in memory).  quantize's store
+    (`quantization.quantizer.Tensors`) and the checkpoint import write through it."""
+
+    def __init__(self, loaded: LoadedModel | None = None, data: DataFile | None = None):
+        self.loaded, self.data = loaded, data
+
+    def put(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        if self.data is None:
+            return tensor
+        return self.data.stored(tensor if self.loaded is None else tensor_with_data(tensor, self.loaded))
+
+    def keep(self, tensor: onnx.TensorProto) -> None:
+        stored = self.put(tensor)
+        if stored is not tensor:
+            tensor.CopyFrom(stored)
 
 
 def _check_external_fields(path: str, tensor: onnx.TensorProto) -> None:

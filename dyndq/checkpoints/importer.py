@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.checkpoints.matching import float_weights, match, weight_values
-from dyndq.checkpoints.placing import Imported, decode, place
+from dyndq.checkpoints.placing import Imported, place
 from dyndq.checkpoints.source import Checkpoint, open_checkpoint
+from dyndq.checkpoints.writer import written_to
 from dyndq.converters.rules import TARGETS
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.plumbing.opsets import ai_onnx_version
@@ -71,15 +72,30 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
     tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched)."""
     from dyndq.model_files import model_of
 
-    if emit not in EMITS:
-        raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
+    _check_emit(emit)
     given = model_of(model, "import_weights")
     names_map = _names(names)
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
-    tensors = {t.name: t for t in ckpt.tensors()}
     out = onnx.ModelProto()
     out.CopyFrom(given)  # (the model passed in is never modified)
-    matches, problems = match(out, ckpt, tensors, names_map, weight_values(out))
+    return _imported(out, ckpt, names_map, emit)
+
+
+def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, emit: str, *, loaded=None,
+              data=None, before_placing=None):
+    """The import's work on `out` (the caller's own model: changed in place, or replaced by its
+    opset's conversion), (the model, ImportReport).  `loaded`: where `out`'s external data is
+    (read one weight at a time, for the by-shape matching alone: the weights matched by name are
+    never read); `data`: the new external data file (a model_files.DataFile) each decode's tensors
+    are written to as they are made (writer.written_to), the graph holding stubs of them;
+    `before_placing(model, replaced)`: called once the weights to replace are known."""
+    tensors = {t.name: t for t in ckpt.tensors()}
+    weights = float_weights(out)
+    values = weight_values(out, loaded)
+    try:
+        matches, problems = match(out, ckpt, tensors, names_map, values)
+    finally:
+        values.close()
     if problems:
         raise ValidationError(problems)
     if not matches:
@@ -87,12 +103,18 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
                                        "weight of the model (by name, name map, --names or shape)",
                                        "at least one weight matched (--names maps tensors to initializers)")])
     report = ImportReport(ckpt.path, ckpt.format, ckpt.architecture, emit, notes=ckpt.notes())
-    decoded = decode(out, matches, tensors)
-    out = _opset_for(out, max(w.opset for w in decoded.values()), report)
-    report.imported = place(out, matches, tensors, decoded)
-    used = {m.tensor for m in matches}
+    out = _opset_for(out, _opset_needed(matches, tensors), report)
     replaced = {m.weight for m in matches}
-    report.left_float = [(w.name, w.shape) for w in float_weights(given).values() if w.name not in replaced]
+    if before_placing is not None:
+        before_placing(out, replaced)
+    if data is None:
+        report.imported = place(out, matches, tensors)  # (one tensor decoded at a time)
+    else:
+        with written_to(data):
+            report.imported = place(out, matches, tensors, store=data.stored)
+    # (the model placed, its report written: a step on both, fn(out, report), goes here)
+    used = {m.tensor for m in matches}
+    report.left_float = [(w.name, w.shape) for w in weights.values() if w.name not in replaced]
     report.unused = [(t.name, t.kind, t.shape) for t in tensors.values() if t.name not in used]
     if emit != "dyndq":
         from dyndq.exporter import export_with_report
@@ -100,6 +122,35 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
         out, exported = export_with_report(out, target=emit)
         report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
     return out, report
+
+
+def _check_emit(emit: str) -> None:
+    if emit not in EMITS:
+        raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
+
+
+def _opset_needed(matches, tensors: dict) -> int:
+    """The ai.onnx opset the decodes need (21; F16's BitCast 26), asked of the smallest matched
+    tensor of each kind, decoded and let go (a kind's nodes are the same whatever its tensor):
+    the float model is converted before any decode is placed, so the decodes, made one at a time
+    as they are placed, are not all held to learn it."""
+    smallest: dict = {}
+    for m in matches:
+        t = tensors[m.tensor]
+        if t.kind not in smallest or t.nbytes < smallest[t.kind].nbytes:
+            smallest[t.kind] = t
+    with written_to(_Nowhere()):  # (the probe's tensors kept nowhere: its nodes are all it is asked for)
+        return max([21] + [t.nodes().opset for t in smallest.values()])
+
+
+class _Nowhere:
+    """A data file that keeps nothing (writer.written_to's): each tensor's bytes passed by, a few
+    rows at a time, its stub returned."""
+
+    def stored_bytes(self, name: str, data_type: int, dims, chunks) -> onnx.TensorProto:
+        for _ in chunks:
+            pass
+        return onnx.TensorProto(name=name, data_type=data_type, dims=list(dims))
 
 
 def _opset_for(model: onnx.ModelProto, need: int, report: ImportReport) -> onnx.ModelProto:
@@ -140,19 +191,86 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
     """Import into the model file `src` and write `dst` (as the input was stored: its external data
     in a file beside it when it had one, or when too big for one message), staged and checked
     (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine `emit` is for) before
-    it is put in place; `dst` naming `src` is refused unless `overwrite`."""
+    it is put in place; `dst` naming `src` is refused unless `overwrite`.
+
+    Streamed from a model with external data (emit "dyndq"): the model is read without its
+    data, the weights kept are copied to the new data file one at a time, the weights replaced
+    are never read (but for the by-shape matching: each candidate read once), and each checkpoint
+    tensor is read, decoded and written to the new data file before the next (docs/import.md:
+    the memory it takes)."""
     from dyndq.atomic_writes import ModelFileError, check_target, same_file, staged_write
-    from dyndq.model_files import needs_external_data, read_model, write_staged
+    from dyndq.model_files import DataFile, Moved, needs_external_data, read_model, write_staged
     from dyndq.written import verify_model
 
+    _check_emit(emit)
     check_target(dst)
     if not overwrite and same_file(src, dst):
         raise ModelFileError(f"{dst}: is the input model itself; write to another file")
-    loaded = read_model(src)
-    out, report = import_weights(loaded.model, checkpoint, names, emit)
-    with staged_write(dst, external_data=needs_external_data(out, loaded.external_data)) as stage:
-        write_staged(out, stage)
-        del out
-        report.notes += verify_model(stage.model, emit, shown_as=os.fspath(dst), source=os.fspath(src))
+    names_map = _names(names)
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
+    loaded = read_model(src, load_data=False)
+    if loaded.external_data and emit == "dyndq":
+        with staged_write(dst, external_data=True) as stage:
+            with open(os.path.join(stage.folder, stage.location), "wb") as f:
+                data = DataFile(f, stage.location)
+                moved = Moved(loaded, data)
+                out, report = _imported(loaded.model, ckpt, names_map, emit, loaded=loaded, data=data,
+                                        before_placing=lambda model, replaced: _kept(model, replaced, moved, loaded))
+            onnx.save_model(out, stage.model, format="protobuf")  # (binary, whatever dst's name)
+            del out
+            report.notes += verify_model(stage.model, emit, shown_as=os.fspath(dst), source=os.fspath(src))
+    else:  # (a model held in memory: an export to another form takes the model whole)
+        if loaded.external_data:
+            loaded = read_model(src)
+        had_data = loaded.external_data
+        out, report = _imported(loaded.model, ckpt, names_map, emit)  # (the model read here: ours to change)
+        del loaded
+        with staged_write(dst, external_data=needs_external_data(out, had_data)) as stage:
+            write_staged(out, stage)
+            del out
+            report.notes += verify_model(stage.model, emit, shown_as=os.fspath(dst), source=os.fspath(src))
     report.data_file = stage.location
     return report
+
+
+def _kept(model: onnx.ModelProto, replaced: set[str], moved, loaded) -> None:
+    """Before the decodes are placed: each main-graph initializer kept copied to the new data file
+    (`moved`, one at a time: its stub then points there), the weights replaced never read; any
+    other tensor whose data is in the input's files (in a subgraph, a Constant's value) read into
+    the model, whose new data file does not hold it."""
+    from onnx import external_data_helper as h
+
+    from dyndq.model_files import tensor_with_data
+
+    for t in model.graph.initializer:
+        if t.name not in replaced:
+            moved.keep(t)
+    for t in _tensors_beside_initializers(model, replaced):
+        if h.uses_external_data(t):
+            t.CopyFrom(tensor_with_data(t, loaded))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+
+
+def _tensors_beside_initializers(model: onnx.ModelProto, replaced: set[str]):
+    """Every tensor of the model but the main graph's initializers and the Constant values replaced."""
+    def of_nodes(nodes, main: bool):
+        for n in nodes:
+            if main and n.op_type == "Constant" and list(n.output) and n.output[0] in replaced:
+                continue
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("g"):
+                    yield from of_graph(a.g)
+                for g in a.graphs:
+                    yield from of_graph(g)
+
+    def of_graph(g):
+        yield from g.initializer
+        yield from of_nodes(g.node, False)
+
+    yield from of_nodes(model.graph.node, True)
+    for f in model.functions:
+        yield from of_nodes(f.node, False)

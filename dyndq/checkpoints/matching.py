@@ -1,6 +1,8 @@
 """Which checkpoint tensor becomes which float weight of the model, and read which way round.
 
-The float weights are the main graph's float initializers of more than one element.  How the
+The float weights are the main graph's float initializers of more than one element, and the
+float tensors of more than one element its Constant nodes make (`value`: a weight an exporter
+folded into a Constant is imported as an initializer is, the Constant node going).  How the
 graph reads one says its orientation against the checkpoint's [out, in] (torch's order):
 MatMul's B is [in, out] (`transposed`: a Transpose follows the decode), a Transpose node, Gemm's B
 with transB=1 and Gather's table read it as stored.  A square weight goes by that; any other by
@@ -16,6 +18,8 @@ or functions are not imported: a tensor naming one is refused by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import tempfile
 
 import numpy as np
 import onnx
@@ -35,6 +39,7 @@ class Weight:
     shape: tuple[int, ...]
     dtype: int
     reads: set = field(default_factory=set)  # STORED / TRANSPOSED, from the nodes reading it
+    held_by: str = "initializer"  # or "Constant" (a main-graph Constant node's `value`)
 
 
 @dataclass
@@ -47,9 +52,13 @@ class Match:
 
 
 def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
-    """The main graph's float initializers of more than one element, with how its nodes read them."""
+    """The main graph's float initializers and Constant tensors of more than one element, with how
+    its nodes read them."""
     out = {t.name: Weight(t.name, tuple(t.dims), t.data_type) for t in model.graph.initializer
            if t.data_type in FLOATS and int(np.prod(t.dims)) > 1}
+    for name, t in constant_tensors(model.graph).items():
+        if t.data_type in FLOATS and int(np.prod(t.dims)) > 1 and name not in out:
+            out[name] = Weight(name, tuple(t.dims), t.data_type, held_by="Constant")
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             w = out.get(name)
@@ -63,6 +72,12 @@ def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
             elif node.op_type == "Transpose" or (node.op_type == "Gather" and i == 0):
                 w.reads.add(STORED)
     return out
+
+
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """output name -> the tensor of each Constant node of `graph` holding one (`value`)."""
+    return {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+            and len(n.output) == 1 for a in n.attribute if a.name == "value"}
 
 
 def nested_weights(model: onnx.ModelProto) -> set[str]:
@@ -150,11 +165,12 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
         with np.errstate(all="ignore"):  # (a drawn or damaged tensor's inf * 0 in its format's dequantization)
             decoded = tensors[tensor].values()  # (one tensor's values at a time)
         for w in fitting:
-            theirs = values(w.name).astype(np.float32)
+            theirs = np.asarray(values(w.name), np.float32)  # (float32 already: not copied)
             ours = decoded.T if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded
             with np.errstate(all="ignore"):
                 norm = float(np.linalg.norm(theirs))
                 error = float(np.linalg.norm(ours - theirs)) / norm if norm else float(np.linalg.norm(ours))
+            del theirs, ours
             if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
                 best[w.name] = (error, tensor)
         del decoded
@@ -162,18 +178,50 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
         matches[weight] = Match(weight, tensor, "by shape", orientation(tensors[tensor].shape, weights[weight]), error)
 
 
-def weight_values(model: onnx.ModelProto, loaded=None):
-    """name -> the initializer's values (its external data read when `loaded` says where)."""
-    by_name = {t.name: t for t in model.graph.initializer}
+class WeightValues:
+    """`values(name)`: a float weight's values as float32 (an initializer's, its external data read
+    when `loaded` says where, or a Constant's), each read from the model once: the by-shape
+    matching compares a weight with every checkpoint tensor of its shape, and a weight read again
+    is read from a float32 copy in a temporary file (mapped, the pages the OS's), not from the
+    model, whose external data would be read and converted once per candidate, nor held in
+    memory, where all the candidates together would be the whole float model.  `reads` counts
+    the reads from the model."""
 
-    def values(name: str) -> np.ndarray:
-        if loaded is not None:
+    def __init__(self, model: onnx.ModelProto, loaded=None):
+        self.by_name = {**constant_tensors(model.graph), **{t.name: t for t in model.graph.initializer}}
+        self.loaded = loaded
+        self.cached: dict[str, tuple] = {}  # name -> (temporary file, shape)
+        self.reads = 0
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name in self.cached:
+            f, shape = self.cached[name]
+            return np.memmap(f, np.float32, "r", shape=shape)
+        self.reads += 1
+        tensor = self.by_name[name]
+        if self.loaded is not None:
             from dyndq.model_files import tensor_array
 
-            return tensor_array(by_name[name], loaded)
-        return numpy_helper.to_array(by_name[name])
-    return values
+            array = tensor_array(tensor, self.loaded)
+        else:
+            array = numpy_helper.to_array(tensor)
+        array = np.ascontiguousarray(array, np.float32)
+        f = tempfile.TemporaryFile()  # (removed when closed: by close(), or when the object goes)
+        f.write(array.data)
+        f.flush()
+        self.cached[name] = (f, array.shape)
+        return array
+
+    def close(self) -> None:
+        for f, _ in self.cached.values():
+            f.close()
+        self.cached.clear()
 
 
-__all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "float_weights", "match", "orientation",
+def weight_values(model: onnx.ModelProto, loaded=None) -> WeightValues:
+    """name -> the weight's float32 values, each read from the model once (WeightValues)."""
+    return WeightValues(model, loaded)
+
+
+__all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "WeightValues", "constant_tensors", "float_weights", "match", "orientation",
            "ValidationError"]

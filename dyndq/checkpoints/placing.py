@@ -6,7 +6,10 @@ decode, so the file holds its codes once).  A weight read as stored takes the de
 itself (its producer renamed to the weight's name), or an Identity of it for a second weight; a
 transposed one a Transpose of it; a Cast after where the weight's type is not the decode's (GGUF's
 decode is float32, GPTQ's and AWQ's float16: a float32 weight widens it exactly).  The nodes go first in the main graph (their inputs are
-their own initializers), the weights' initializers (and graph inputs of the same name) go.
+their own initializers), the weights' initializers (and graph inputs of the same name, and the
+Constant nodes making a weight) go.  Each tensor is decoded when its turn comes and its tensors
+handed to the `store` (the import from a file: written to the new external data file) before
+the next is decoded.
 Lookup tables equal to one written before (the same for every tensor of a block type) are
 shared, not written again.
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from dyndq.checkpoints.matching import TRANSPOSED, Match
+from dyndq.checkpoints.matching import TRANSPOSED, Match, constant_tensors
 from dyndq.opdefs import DOMAIN
 from dyndq.plumbing.ir import model_ir
 from dyndq.plumbing.names import NameScope, all_names
@@ -54,26 +57,36 @@ def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
     return written
 
 
-def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict, store=None) -> list[Imported]:
-    """Put the matches into `model` (in place), each tensor's decode (`decoded`: from `decode`)
-    read by every weight it stands for; returns a row per weight.  `store(tensor)`, when given,
-    takes each new initializer as it is made and returns what the graph holds (an external data
-    file's stub)."""
-    names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
-                      | {t.name for w in decoded.values() for t in w.tensors})
+def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict | None = None,
+          store=None) -> list[Imported]:
+    """Put the matches into `model` (in place), each tensor's decode read by every weight it stands
+    for; returns a row per weight.  `decoded`: the decodes made before (`decode`); by default each
+    tensor is decoded here when its turn comes and let go once placed, so that one tensor's decode
+    is in memory at a time.  `store(tensor)`, when given, takes each new initializer as it is made
+    and returns what the graph holds (an external data file's stub)."""
+    if decoded is None:
+        names = NameScope(all_names(model))  # (the decodes' names and the placing's from one scope)
+        decoded_of = lambda tensor_name, weight: tensors[tensor_name].nodes(names, weight)  # noqa: E731
+    else:
+        names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
+                          | {t.name for w in decoded.values() for t in w.tensors})
+        decoded_of = lambda tensor_name, weight: decoded[tensor_name]  # noqa: E731
     graph = model.graph
     dtypes = {t.name: t.data_type for t in graph.initializer}
+    dtypes.update({name: t.data_type for name, t in constant_tensors(graph).items() if name not in dtypes})
     by_tensor: dict[str, list[Match]] = {}
     for m in matches:
         by_tensor.setdefault(m.tensor, []).append(m)
     nodes, rows, tables = [], [], {}
     for tensor_name, ms in by_tensor.items():
         source = tensors[tensor_name]
-        written = decoded[tensor_name]
+        written = decoded_of(tensor_name, ms[0].weight)
         shared = _share_tables(written, tables)
         for t in written.tensors:
             if t.name not in shared:
                 graph.initializer.append(store(t) if store is not None else t)
+        if decoded is None:  # (the graph holds copies of them, or the store's stubs: the decode's own go now)
+            del written.tensors[:]
         nodes += written.nodes
         value_of, renamed = written.output, False
         for i, m in enumerate(ms):
@@ -104,7 +117,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: 
     inputs = [vi for vi in graph.input if vi.name not in replaced]
     del graph.input[:]
     graph.input.extend(inputs)
-    rest = list(graph.node)
+    rest = [n for n in graph.node if not (n.op_type == "Constant" and list(n.output) and n.output[0] in replaced)]
     del graph.node[:]
     graph.node.extend(nodes + rest)
     import_at_least(model.opset_import, DOMAIN, 3)  # (DynamicDequantize-3)

@@ -14,6 +14,8 @@ tensor's shape.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,24 @@ from dyndq.plumbing.names import NameScope
 
 FLOAT = TensorProto.FLOAT
 CHUNK_BYTES = 1 << 20  # the blocks whose codes are unpacked at once (codes: Writer.codes)
+DIRECT_BYTES = 1024  # tensors of this many bytes or more go straight to the data file `written_to` names
+# the dtypes whose array bytes are ONNX's raw_data as they are (not int4's one code a byte, which ONNX packs)
+_PLAIN = {np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                np.uint32, np.int64, np.uint64)}
+_DATA_FILE: contextvars.ContextVar = contextvars.ContextVar("dyndq_checkpoint_data_file", default=None)
+
+
+@contextlib.contextmanager
+def written_to(data):
+    """Within it, the Writers put each tensor of DIRECT_BYTES or more straight into `data` (a
+    model_files.DataFile: the streamed import's new external data file) as they make it, their
+    tensors stubs pointing there: a decode's bytes are in memory once (as an array), never again
+    in a TensorProto and in the copy protobuf gives of its raw_data to write it."""
+    token = _DATA_FILE.set(data)
+    try:
+        yield
+    finally:
+        _DATA_FILE.reset(token)
 
 
 class Writer:
@@ -47,11 +67,17 @@ class Writer:
 
     # -- tensors --------------------------------------------------------------------------
 
-    def tensor(self, array: np.ndarray, hint: str) -> str:
+    def tensor(self, array: np.ndarray, hint: str, *, table: bool = False) -> str:
         """An initializer holding `array` (its dtype as it is: float16, int8, ...; a view into the
-        file's blocks is copied once, into the tensor)."""
+        file's blocks is copied once, into the tensor, or into the data file `written_to` names;
+        a lookup table, `table`, always into the tensor: placing compares tables by their bytes)."""
         name = self.fresh(hint)
-        self.tensors.append(numpy_helper.from_array(array, name))
+        data = _DATA_FILE.get()
+        if data is not None and not table and array.nbytes >= DIRECT_BYTES and array.dtype in _PLAIN:
+            self.tensors.append(data.stored_bytes(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape,
+                                                  _chunks(array)))
+        else:
+            self.tensors.append(numpy_helper.from_array(array, name))
         return name
 
     def codes(self, make, blocks: np.ndarray, dtype: int, shape, hint: str = "quantized") -> str:
@@ -72,7 +98,11 @@ class Writer:
             packed[at:at + len(chunk)] = chunk
             at += len(chunk)
         name = self.fresh(hint)
-        self.tensors.append(helper.make_tensor(name, dtype, list(shape), packed.tobytes(), raw=True))
+        data = _DATA_FILE.get()
+        if data is not None and packed.nbytes >= DIRECT_BYTES:
+            self.tensors.append(data.stored_bytes(name, dtype, shape, [packed.data]))
+        else:
+            self.tensors.append(helper.make_tensor(name, dtype, list(shape), packed.tobytes(), raw=True))
         return name
 
     def half(self, blocks: np.ndarray, at: int, hint: str) -> str:
@@ -115,7 +145,7 @@ class Writer:
     def lookup(self, table: np.ndarray, indices: str, hint: str) -> str:
         """table[indices]: Gather from a constant table, the unsigned indices cast to int64 first."""
         index = self.op("Cast", [indices], f"{hint}_index", to=TensorProto.INT64)
-        table = self.tensor(table, f"{hint}_table")
+        table = self.tensor(table, f"{hint}_table", table=True)
         self.tables.append(table)
         return self.op("Gather", [table, index], hint, axis=0)
 
@@ -142,6 +172,17 @@ class Writer:
         """The value (of ONNX type `dtype`) reshaped to the tensor's `shape`: what stands for the tensor."""
         out = self.reshape(value, shape, "dequantized")
         return Written(self.nodes, self.tensors, out, form, self.opset, tuple(self.tables), dtype)
+
+
+def _chunks(array: np.ndarray):
+    """The array's bytes in C order: itself when contiguous, else a few rows copied at a time (a
+    field of the file's blocks is a strided view: copied whole, it would be a second tensor)."""
+    if array.flags.c_contiguous or array.ndim == 0:
+        yield np.ascontiguousarray(array).data
+        return
+    step = max(1, CHUNK_BYTES // max(1, array[:1].nbytes))
+    for start in range(0, array.shape[0], step):
+        yield np.ascontiguousarray(array[start:start + step]).data
 
 
 @dataclass

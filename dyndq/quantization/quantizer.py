@@ -21,6 +21,7 @@ from onnx import numpy_helper
 from dyndq.converters.rewrite import Rewrite
 from dyndq.converters.rules import QUANTIZE, Rule, apply
 from dyndq.converters.walker import Store
+from dyndq.model_files import Moved
 from dyndq.opdefs import DOMAIN, Problem, Refusal, ValidationError
 from dyndq.plumbing.light import copy_fields, stored_bytes
 from dyndq.plumbing.names import NameScope, all_names
@@ -146,7 +147,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
 
 
-class Tensors(Store):
+class Tensors(Moved, Store):
     """The walker's store for quantize: where weights are read from and the new model's tensors
     go.  By default in memory: the new model holds its tensors.  For a model read without its
     external data (`loaded`, with `data` a files.DataFile): each weight read one at a time, and
@@ -160,7 +161,7 @@ class Tensors(Store):
     quantized away are never copied."""
 
     def __init__(self, loaded=None, data=None):
-        self.loaded, self.data = loaded, data
+        super().__init__(loaded, data)  # (put: model_files.Moved's, one tensor read and written at a time)
         self.originals: list[onnx.TensorProto] = []
 
     def structure(self, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -181,13 +182,6 @@ class Tensors(Store):
 
         tensor = self._original(tensor)
         return numpy_helper.to_array(tensor) if self.loaded is None else tensor_array(tensor, self.loaded)
-
-    def put(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
-        if self.data is None:
-            return tensor
-        from dyndq.model_files import tensor_with_data
-
-        return self.data.stored(tensor if self.loaded is None else tensor_with_data(tensor, self.loaded))
 
     def keep(self, tensor: onnx.TensorProto) -> None:
         stored = self.put(self._original(tensor))

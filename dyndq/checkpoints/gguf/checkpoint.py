@@ -15,6 +15,7 @@ weights and biases, MiniCPM weights only).
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 
@@ -98,17 +99,35 @@ class GGUFCheckpoint(Checkpoint):
 
     def _source(self, t: GGUFTensor) -> SourceTensor:
         order, note = self._row_order(t)
-        if order is not None:
-            t = _rows_taken(t, order)
 
-        def make_values(t=t):
+        def taken(t=t):  # (the rows reordered when the tensor is decoded, not when it is listed: one copy at a time)
+            return t if order is None else _rows_taken(t, order)
+
+        def make_values():
             import gguf
 
+            t = taken()
             values = gguf.quants.dequantize(np.ascontiguousarray(t.data), gguf.GGMLQuantizationType[t.type_name])
             return values.astype(np.float32, copy=False).reshape(t.shape)
 
-        return SourceTensor(t.name, t.shape, f"GGUF {t.type_name}", t.nbytes,
-                            lambda names, name, t=t: nodes(t, names, name=name), make_values, note)
+        def make_nodes(names, name):
+            written = nodes(taken(), names, name=name)  # (its tensors copies of the file's bytes)
+            self._release()
+            return written
+
+        return SourceTensor(t.name, t.shape, f"GGUF {t.type_name}", t.nbytes, make_nodes, make_values, note)
+
+    def _release(self) -> None:
+        """The file's pages read so far let go from this process (madvise MADV_DONTNEED on gguf's
+        read-only map of it: they stay in the OS's cache, and are read again from there if asked):
+        a map keeps every page it has touched resident, so decoding each tensor in turn would
+        leave the whole checkpoint in the process's memory by the last."""
+        mapped = getattr(self.reader.data, "_mmap", None)  # (np.memmap's mmap.mmap)
+        if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mapped.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # (a platform without it: the pages stay, as the OS keeps them)
+                pass
 
     def _row_order(self, t: GGUFTensor):
         """(the rows of the source in GGUF's rows, a note) for a permuted Q or K, else (None, "")."""

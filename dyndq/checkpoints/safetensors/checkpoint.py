@@ -4,9 +4,9 @@ orientation [out, in] as the formats' nodes give it.
 
 Names: a module's weight is the float model's initializer of the same name (torch and optimum
 keep the module names), else `--names` or by shape and closeness: safetensors checkpoints have no
-name map of their own.  A module's bytes are read when the checkpoint is opened (`read` streams
-them one module at a time; the import holds them all until it writes: the streamed import is
-still to come, docs/import.md).
+name map of their own.  The modules are listed from the files' headers when the checkpoint is
+opened (files.listed), and a module's bytes read each time its nodes or values are asked for
+and let go after: the import holds one module at a time.
 """
 from __future__ import annotations
 
@@ -54,22 +54,23 @@ class SafetensorsCheckpoint(Checkpoint):
         except ImportError as e:  # (an optional extra: dyndq itself runs without it)
             raise MissingExtra("reading safetensors checkpoints needs the `safetensors` package: "
                                "pip install 'dyndq[import]'") from e
-        from dyndq.checkpoints.safetensors.files import read
+        from dyndq.checkpoints.safetensors.files import listed
 
         self.path = os.fspath(path)
-        self._modules = list(read(self.path))
+        self._modules = listed(self.path)
 
     def tensors(self) -> list[SourceTensor]:
         return [_source(m) for m in self._modules]
 
 
-def _source(module) -> SourceTensor:
+def _source(listed) -> SourceTensor:
     from dyndq.checkpoints.safetensors import nodes
 
+    module = listed.stand_in()  # (shapes and types: no data)
     kind = (f"dense {module.tensors[''].dtype}" if module.format == "dense"
             else f"{module.format} {module.config.get('bits', '')}".strip())
     return SourceTensor(module.weight_name, weight_shape(module), kind, module.nbytes,
-                        lambda names, name: nodes(module, names, name=name), lambda: _values(module))
+                        lambda names, name: nodes(listed.load(), names, name=name), lambda: _values(listed.load()))
 
 
 def _values(module) -> np.ndarray:

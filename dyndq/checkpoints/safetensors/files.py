@@ -7,7 +7,9 @@ module's tensors grouped under its name (`model.layers.0.mlp.down_proj`: `qweigh
 as a module of its own (format "dense").  The tensors are read by the `safetensors` package
 (`safe_open`, NumPy framework: no torch), only when their module is reached; those its NumPy
 framework cannot give (float8: safetensors 0.8 looks the dtype up in NumPy, which has none) are
-read as their bytes at the header's offsets and viewed as ml_dtypes' type.
+read as their bytes at the header's offsets and viewed as ml_dtypes' type.  `listed` gives the
+modules from the files' headers alone (the import lists every module, and reads one when it
+decodes it).
 """
 from __future__ import annotations
 
@@ -85,10 +87,58 @@ def format_of(config: dict, suffixes: set[str], where: str) -> str:
     raise ValidationError([Problem(where, f"quant_method {config.get('quant_method')!r}", f"one of: {TAKEN}")])
 
 
+# safetensors' dtype names -> NumPy's (for a module listed before it is read: its tensors' shapes and sizes)
+DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+          "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+          "U8": np.uint8, "BOOL": np.bool_, **RAW_DTYPES}
+SMALL = {"weight_shape"}  # tensors read when a module is listed (a few integers: the weight's shape)
+
+
+@dataclass
+class Listed:
+    """A module as listed from the files' headers, its tensors not read: `stand_in()` has their
+    shapes and types (for its weight's shape, its size and kind), `load()` reads them."""
+    name: str
+    format: str
+    keys: dict[str, tuple[Path, str]]  # suffix -> (file, tensor name)
+    config: dict
+    dtypes: dict[str, str]  # suffix -> safetensors' dtype name
+    shapes: dict[str, tuple[int, ...]]
+
+    def load(self) -> Module:
+        from safetensors import safe_open
+
+        with contextlib.ExitStack() as stack:
+            handles = {f: stack.enter_context(safe_open(str(f), framework="np")) for f in {f for f, _ in self.keys.values()}}
+            return Module(self.name, self.format, {suffix: tensor(handles[f], f, key) for suffix, (f, key) in self.keys.items()},
+                          self.config)
+
+    def stand_in(self) -> Module:
+        """The module with each tensor a read-only array of its shape and type that holds no data
+        (one element broadcast: its shape, size and nbytes are the tensor's), but the few read."""
+        small = {suffix: self.load_one(suffix) for suffix in self.keys if suffix in SMALL}
+        return Module(self.name, self.format, {suffix: small[suffix] if suffix in small else
+                                               np.broadcast_to(np.zeros((), DTYPES[self.dtypes[suffix]]), self.shapes[suffix])
+                                               for suffix in self.keys}, self.config)
+
+    def load_one(self, suffix: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        f, key = self.keys[suffix]
+        with safe_open(str(f), framework="np") as handle:
+            return tensor(handle, f, key)
+
+
 def read(path: str | os.PathLike, config: dict | None = None) -> Iterator[Module]:
     """The modules of safetensors checkpoint `path` (a file, or a folder of `*.safetensors`), in the
     files' order, each read when reached.  `config` is the checkpoint's `quantization_config`
     (default: config.json's, beside the file or in the folder)."""
+    for module in listed(path, config):
+        yield module.load()
+
+
+def listed(path: str | os.PathLike, config: dict | None = None) -> list[Listed]:
+    """The modules of checkpoint `path` as its files' headers list them (`read`'s), none read."""
     try:
         from safetensors import safe_open
     except ImportError as e:  # (an optional extra: dyndq itself runs without it)
@@ -98,6 +148,7 @@ def read(path: str | os.PathLike, config: dict | None = None) -> Iterator[Module
     if not files:
         raise ValidationError([Problem(f"checkpoint {str(path)!r}", "a folder with no *.safetensors file", "one or more")])
     config = config if config is not None else quantization_config(path if path.is_dir() else path.parent)
+    out: list[Listed] = []
     with contextlib.ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(str(f), framework="np")) for f in files}
         where: dict[str, Path] = {}  # every tensor's file (a module's tensors may lie in two shards)
@@ -110,19 +161,26 @@ def read(path: str | os.PathLike, config: dict | None = None) -> Iterator[Module
                     modules.setdefault(prefix, {})[suffix] = key
                 else:
                     modules.setdefault(key, {})[""] = key
+
+        def entry(name: str, format: str, keys: dict[str, str], config: dict) -> Listed:
+            slices = {suffix: handles[where[key]].get_slice(key) for suffix, key in keys.items()}
+            return Listed(name, format, {suffix: (where[key], key) for suffix, key in keys.items()}, config,
+                          {s: sl.get_dtype() for s, sl in slices.items()},
+                          {s: tuple(sl.get_shape()) for s, sl in slices.items()})
+
         for name, keys in modules.items():
             if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
-                yield Module(name, "dense", {"": tensor(handles[where[name]], where[name], name)})
+                out.append(entry(name, "dense", {"": keys[""]}, {}))
                 del keys[""]
-            tensors = {suffix: tensor(handles[where[key]], where[key], key) for suffix, key in keys.items()}
-            if "" in tensors:
-                yield Module(name, "dense", tensors)
+            if "" in keys:
+                out.append(entry(name, "dense", keys, {}))
                 continue
             if config is None:
                 raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
                                                "and no quantization_config (no config.json beside them, none given)",
                                                "config.json holding quantization_config, or the config passed")])
-            yield Module(name, format_of(config, set(keys), f"module {name!r}"), tensors, config)
+            out.append(entry(name, format_of(config, set(keys), f"module {name!r}"), keys, config))
+    return out
 
 
 def tensor(handle, path: Path, key: str) -> np.ndarray:

@@ -1,0 +1,138 @@
+"""The streamed import (`dyndq.checkpoints.import_file` from a model with external data): the same
+model as the import in memory; the weights replaced by name never read, each by-shape candidate
+read once; the peak memory of a fresh Python near one checkpoint tensor, not the checkpoint's or
+the float model's (benchmarks/bench_import_memory.py measures it); weights held in Constant nodes
+imported as initializers are."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import dyndq
+import dyndq.model_files as model_files
+from dyndq.checkpoints import import_file
+from dyndq.model_files import load_model, save_model
+from gguf_models import (DOWN, EMBED, HEAD_W, K, NORM, Q, UP, expected, float_model, gguf_tensors, ids,
+                         source_weights, with_outputs, write_gguf)
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def llama(tmp_path):
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(tmp_path / "m.gguf", tensors)
+    return src, tensors, tmp_path / "m.gguf"
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def test_streamed_from_external_data_equals_the_import_in_memory(llama, tmp_path):
+    src, tensors, path = llama
+    model = float_model(src, extra=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    report = import_file(tmp_path / "in" / "f.onnx", path, tmp_path / "out.onnx")
+    in_memory, memory_report = dyndq.import_weights(model, path)
+    assert report.data_file == "out.onnx.data"
+    written = onnx.load(str(tmp_path / "out.onnx"), load_external_data=False)
+    assert any(onnx.external_data_helper.uses_external_data(t) for t in written.graph.initializer)
+    assert [r.as_dict() for r in report.imported] == [r.as_dict() for r in memory_report.imported]
+    assert report.left_float == memory_report.left_float == [("extra.bias", (256,))]
+    assert report.unused == memory_report.unused
+    streamed = load_model(tmp_path / "out.onnx")
+    assert dyndq.check(streamed) == []
+    got, want = dyndq.run(streamed, ids()), dyndq.run(in_memory, ids())
+    assert set(got) == set(want)
+    for name in want:
+        assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def test_weights_replaced_by_name_are_never_read_and_a_by_shape_candidate_once(llama, tmp_path, monkeypatch):
+    src, _, path = llama
+    save_model(float_model(src, extra=True), tmp_path / "f.onnx", external_data=True)
+    read_whole, read_values = [], []
+    real_with_data, real_array = model_files.tensor_with_data, model_files.tensor_array
+    monkeypatch.setattr(model_files, "tensor_with_data", lambda t, loaded: read_whole.append(t.name) or real_with_data(t, loaded))
+    monkeypatch.setattr(model_files, "tensor_array", lambda t, loaded: read_values.append(t.name) or real_array(t, loaded))
+    (tmp_path / "out").mkdir()
+    report = import_file(tmp_path / "f.onnx", path, tmp_path / "out" / "q.onnx")
+    replaced = {r.weight for r in report.imported}
+    assert replaced == {Q, K, UP, DOWN, EMBED, NORM, HEAD_W}
+    # the weights kept are copied (their data read once each); none replaced is read whole
+    assert not replaced & set(read_whole) and "extra.bias" in read_whole
+    # the by-shape candidates read from the model once each: DOWN, matched among the three 256 x 256
+    # tensors (q, up, down: compared with each), and extra.bias, compared with output_norm's [256]
+    assert {r.weight: r.how for r in report.imported}[DOWN] == "by shape"
+    assert sorted(read_values) == sorted([DOWN, "extra.bias"])
+
+
+def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_the_float_model(tmp_path):
+    """12 float32 weights of 8 MiB (96 MiB, external data) and a GGUF of their Q8_0 tensors (2.1 MiB
+    each, 25.5 MiB): the streamed import's peak resident memory over a fresh Python's after a
+    warm-up import stays under 1.5x the largest tensor, the graph (here nothing) and 4 MiB of the
+    allocator's and the interpreter's slack; holding the checkpoint whole would be 25.5 MiB more,
+    the float weights 96 MiB."""
+    pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    if not pathlib.Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs here to reset the peak resident memory (Linux has it)")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_import_memory as bench
+    finally:
+        sys.path.remove(str(BENCH))
+    result = bench.measure(rows=1024, cols=2048, tensors=12, cases=("stream",), folder=str(tmp_path))
+    sizes, run = result["sizes"], result["cases"]["stream"]
+    assert run["imported"] == 12 and run["left_float"] == ["kept.bias"]
+    extra = run["peak"] - run["base"]
+    bound = 1.5 * sizes["largest_tensor"] + (4 << 20)
+    assert extra < bound, (f"peak - base {extra / 2**20:.1f} MiB: {extra / sizes['largest_tensor']:.2f}x the largest "
+                           f"tensor ({sizes['largest_tensor'] / 2**20:.2f} MiB), bound {bound / 2**20:.1f} MiB")
+    assert bound < sizes["checkpoint"] < sizes["floats"]  # (the test can fail: either held whole is over the bound)
+
+
+def test_a_weight_held_in_a_constant_node_is_imported_as_an_initializer_is(llama):
+    src, tensors, path = llama
+    model = float_model(src, extra=True)
+    as_constant = {Q, "extra.bias"}  # (Q has a tensor in the checkpoint; extra.bias none: left float, listed)
+    graph = model.graph
+    constants = [helper.make_node("Constant", [], [t.name], value=t) for t in graph.initializer if t.name in as_constant]
+    kept = [t for t in graph.initializer if t.name not in as_constant]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(constants + nodes)
+    out, report = dyndq.import_weights(model, path)
+    rows = {r.weight: r for r in report.imported}
+    assert rows[Q].how == "by GGUF's name map" and rows[Q].tensor == "blk.0.attn_q.weight"
+    assert report.left_float == [("extra.bias", (256,))]
+    assert not any(n.op_type == "Constant" and n.output[0] == Q for n in out.graph.node)  # (its Constant gone)
+    assert any(n.op_type == "Constant" and n.output[0] == "extra.bias" for n in out.graph.node)
+    assert dyndq.check(out) == []
+    got = dyndq.run(with_outputs(out, [Q]), ids())[Q]
+    assert (bits(got) == bits(expected(tensors)[Q])).all()
+
+
+def test_a_constant_weight_by_shape_is_read_from_its_node(llama):
+    src, tensors, path = llama
+    model = float_model(src)
+    graph = model.graph
+    down = next(t for t in graph.initializer if t.name == DOWN)
+    constant = helper.make_node("Constant", [], [DOWN], value=numpy_helper.from_array(numpy_helper.to_array(down), "v"))
+    kept = [t for t in graph.initializer if t.name != DOWN]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.node.insert(0, constant)
+    out, report = dyndq.import_weights(model, path)
+    assert {r.weight: r.how for r in report.imported}[DOWN] == "by shape"
+    got = dyndq.run(with_outputs(out, [DOWN]), ids())[DOWN]
+    assert (bits(got) == bits(expected(tensors)[DOWN])).all()
