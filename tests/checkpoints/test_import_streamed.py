@@ -1,11 +1,14 @@
 """The streamed import (`dyndq.checkpoints.import_file` from a model with external data): the same
 model as the import in memory; the weights replaced by name never read, each by-shape candidate
 read once; the peak memory of a fresh Python near one checkpoint tensor, not the checkpoint's or
-the float model's (benchmarks/bench_import_memory.py measures it); weights held in Constant nodes
-imported as initializers are."""
+the float model's (benchmarks/bench_import_memory.py measures it, run as a script), and onto a
+float model over 2 GiB (`big`: `make test-big`); weights held in Constant nodes imported as
+initializers are."""
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -20,7 +23,15 @@ from dyndq.model_files import load_model, save_model
 from gguf_models import (DOWN, EMBED, HEAD_W, K, NORM, Q, UP, expected, float_model, gguf_tensors, ids,
                          source_weights, with_outputs, write_gguf)
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_import_memory.py"
+
+
+def measured(rows: int, cols: int, tensors: int, folder) -> dict:
+    """The benchmark's streamed case (its own script, in fresh Pythons): the sizes and the run."""
+    p = subprocess.run([sys.executable, str(BENCH), "--rows", str(rows), "--cols", str(cols), "--tensors", str(tensors),
+                        "--case", "stream", "--json", "--folder", str(folder)], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
 
 
 @pytest.fixture
@@ -84,12 +95,7 @@ def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_th
     pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
     if not pathlib.Path("/proc/self/clear_refs").exists():
         pytest.skip("no /proc/self/clear_refs here to reset the peak resident memory (Linux has it)")
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_import_memory as bench
-    finally:
-        sys.path.remove(str(BENCH))
-    result = bench.measure(rows=1024, cols=2048, tensors=12, cases=("stream",), folder=str(tmp_path))
+    result = measured(rows=1024, cols=2048, tensors=12, folder=tmp_path)
     sizes, run = result["sizes"], result["cases"]["stream"]
     assert run["imported"] == 12 and run["left_float"] == ["kept.bias"]
     extra = run["peak"] - run["base"]
@@ -97,6 +103,25 @@ def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_th
     assert extra < bound, (f"peak - base {extra / 2**20:.1f} MiB: {extra / sizes['largest_tensor']:.2f}x the largest "
                            f"tensor ({sizes['largest_tensor'] / 2**20:.2f} MiB), bound {bound / 2**20:.1f} MiB")
     assert bound < sizes["checkpoint"] < sizes["floats"]  # (the test can fail: either held whole is over the bound)
+
+
+@pytest.mark.big
+def test_a_model_over_2_gib_is_imported_streamed_within_the_bound(tmp_path):
+    """34 float32 weights of 4096 x 4096 (2.1 GiB, external data) from a GGUF of their Q8_0 tensors
+    (17 MiB each, 578 MiB): external data out, the peak under 1.5x the largest tensor, the graph
+    (a few KiB) and 4 MiB of slack.  `big`: 2.7 GiB of files (`make test-big`)."""
+    pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    result = measured(rows=4096, cols=4096, tensors=34, folder=tmp_path)
+    sizes, run = result["sizes"], result["cases"]["stream"]
+    assert sizes["floats"] > 2 ** 31
+    assert run["imported"] == 34 and run["left_float"] == ["kept.bias"]
+    assert 0.9 * sizes["checkpoint"] < run["written"] < 1.1 * sizes["checkpoint"]  # (external data out: the codes once)
+    extra = run["peak"] - run["base"]
+    bound = 1.5 * sizes["largest_tensor"] + (4 << 20)
+    print(f"peak - base {extra / 2**20:.1f} MiB = {extra / sizes['largest_tensor']:.2f}x the largest tensor "
+          f"({sizes['largest_tensor'] / 2**20:.1f} MiB); checkpoint {sizes['checkpoint'] / 2**20:.0f} MiB, "
+          f"float weights {sizes['floats'] / 2**30:.2f} GiB; {run['seconds']:.0f} s")
+    assert extra < bound, f"peak - base {extra / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB"
 
 
 def test_a_weight_held_in_a_constant_node_is_imported_as_an_initializer_is(llama):
@@ -136,3 +161,19 @@ def test_a_constant_weight_by_shape_is_read_from_its_node(llama):
     assert {r.weight: r.how for r in report.imported}[DOWN] == "by shape"
     got = dyndq.run(with_outputs(out, [DOWN]), ids())[DOWN]
     assert (bits(got) == bits(expected(tensors)[DOWN])).all()
+
+
+def test_streamed_a_lower_opset_is_raised_with_the_weights_on_disk(llama, tmp_path):
+    src, tensors, path = llama
+    model = float_model(src, extra=True)
+    model.opset_import[0].version = 17
+    model.ir_version = 8
+    save_model(model, tmp_path / "f.onnx", external_data=True)
+    report = import_file(tmp_path / "f.onnx", path, tmp_path / "out.onnx")
+    assert "raised to 21" in report.converted
+    out = load_model(tmp_path / "out.onnx")
+    assert dyndq.check(out) == []
+    assert (bits(dyndq.run(with_outputs(out, [UP]), ids())[UP]) == bits(expected(tensors)[UP])).all()
+    got, want = dyndq.run(out, ids()), dyndq.run(dyndq.import_weights(model, path)[0], ids())
+    for name in want:  # (ffn_biased: the bias kept, copied over to the new data file)
+        assert (bits(got[name]) == bits(want[name])).all(), name
