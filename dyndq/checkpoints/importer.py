@@ -1,11 +1,13 @@
 """`import_weights(model, checkpoint)`: a quantized checkpoint's weights put onto the float ONNX model
 of the same network, exactly (`dyndq.import_weights`, `dyndq import-weights`; docs/import.md).
 
-The checkpoint is opened by its format's reader (source.py: GGUF today), its tensors matched to
+The checkpoint is opened by its format's reader (source.py: GGUF, safetensors), its tensors matched to
 the model's float weights (matching.py: by name, the format's name map, --names, by shape and
 closeness), each matched tensor decoded once by its exact nodes and put in place of its weights
 (placing.py), then the model written for the engine asked (`emit`: "dyndq", our op; or an export
 target of the engine table, `dyndq.export` of it).  The model passed in is never modified.
+`import_file` from a model with external data streams (docs/import.md, "Memory"): the float
+model's graph read alone, one checkpoint tensor decoded at a time, written to the new data file.
 """
 from __future__ import annotations
 
@@ -76,8 +78,11 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
     given = model_of(model, "import_weights")
     names_map = _names(names)
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
-    out = onnx.ModelProto()
-    out.CopyFrom(given)  # (the model passed in is never modified)
+    if given is model:  # (the model passed in is never modified; one read from a path here is ours)
+        out = onnx.ModelProto()
+        out.CopyFrom(given)
+    else:
+        out = given
     return _imported(out, ckpt, names_map, emit)
 
 
@@ -206,9 +211,9 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
     check_target(dst)
     if not overwrite and same_file(src, dst):
         raise ModelFileError(f"{dst}: is the input model itself; write to another file")
+    loaded = read_model(src, load_data=False)  # (the model's graph: its data read as needed, or whole below)
     names_map = _names(names)
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
-    loaded = read_model(src, load_data=False)
     if loaded.external_data and emit == "dyndq":
         with staged_write(dst, external_data=True) as stage:
             with open(os.path.join(stage.folder, stage.location), "wb") as f:

@@ -1,6 +1,7 @@
 """The matched checkpoint tensors put into the model in place of its float weights.
 
-Each checkpoint tensor is decoded once (its `Written`: our op and standard ops), whatever number
+Each checkpoint tensor is decoded once (its `Written`: our op and standard ops), when its turn
+comes, whatever number
 of weights it stands for (tied embeddings: the Gather's table and the output projection read one
 decode, so the file holds its codes once).  A weight read as stored takes the decode's value
 itself (its producer renamed to the weight's name), or an Identity of it for a second weight; a
@@ -46,31 +47,13 @@ class Imported:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
-    """checkpoint tensor name -> its Written (its nodes named after the first weight it stands for),
-    once per tensor, in the order of `matches`."""
-    names = NameScope(all_names(model))
-    written = {}
-    for m in matches:
-        if m.tensor not in written:
-            written[m.tensor] = tensors[m.tensor].nodes(names, m.weight)
-    return written
-
-
-def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict | None = None,
-          store=None) -> list[Imported]:
+def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=None) -> list[Imported]:
     """Put the matches into `model` (in place), each tensor's decode read by every weight it stands
-    for; returns a row per weight.  `decoded`: the decodes made before (`decode`); by default each
-    tensor is decoded here when its turn comes and let go once placed, so that one tensor's decode
-    is in memory at a time.  `store(tensor)`, when given, takes each new initializer as it is made
-    and returns what the graph holds (an external data file's stub)."""
-    if decoded is None:
-        names = NameScope(all_names(model))  # (the decodes' names and the placing's from one scope)
-        decoded_of = lambda tensor_name, weight: tensors[tensor_name].nodes(names, weight)  # noqa: E731
-    else:
-        names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
-                          | {t.name for w in decoded.values() for t in w.tensors})
-        decoded_of = lambda tensor_name, weight: decoded[tensor_name]  # noqa: E731
+    for; returns a row per weight.  Each tensor is decoded here when its turn comes and let go
+    once placed, so that one tensor's decode is in memory at a time.  `store(tensor)`, when
+    given, takes each new initializer as it is made and returns what the graph holds (an external
+    data file's stub)."""
+    names = NameScope(all_names(model))  # (the decodes' names and the placing's from one scope)
     graph = model.graph
     dtypes = {t.name: t.data_type for t in graph.initializer}
     dtypes.update({name: t.data_type for name, t in constant_tensors(graph).items() if name not in dtypes})
@@ -80,13 +63,12 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: 
     nodes, rows, tables = [], [], {}
     for tensor_name, ms in by_tensor.items():
         source = tensors[tensor_name]
-        written = decoded_of(tensor_name, ms[0].weight)
+        written = source.nodes(names, ms[0].weight)
         shared = _share_tables(written, tables)
         for t in written.tensors:
             if t.name not in shared:
                 graph.initializer.append(store(t) if store is not None else t)
-        if decoded is None:  # (the graph holds copies of them, or the store's stubs: the decode's own go now)
-            del written.tensors[:]
+        del written.tensors[:]  # (the graph holds copies of them, or the store's stubs: the decode's own go now)
         nodes += written.nodes
         value_of, renamed = written.output, False
         for i, m in enumerate(ms):

@@ -177,3 +177,48 @@ def test_streamed_a_lower_opset_is_raised_with_the_weights_on_disk(llama, tmp_pa
     got, want = dyndq.run(out, ids()), dyndq.run(dyndq.import_weights(model, path)[0], ids())
     for name in want:  # (ffn_biased: the bias kept, copied over to the new data file)
         assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def test_a_safetensors_checkpoint_is_listed_unread_and_streamed_as_in_memory(tmp_path, monkeypatch):
+    """Its modules listed from the files' headers (no tensor read when opened, but pack-quantized's
+    few-integer weight_shape), each read when decoded; the streamed import equals the import in
+    memory bit for bit."""
+    save_file = pytest.importorskip("safetensors.numpy").save_file
+    from dyndq.checkpoints.safetensors import files
+    from dyndq.checkpoints.safetensors.checkpoint import SafetensorsCheckpoint
+    from safetensors_checkpoints import gptq_tensors
+
+    n_in, n_out, group = 256, 64, 64
+    modules = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    tensors = {}
+    for i, module in enumerate(modules):
+        tensors.update({f"{module}.{k}": v for k, v in gptq_tensors(n_in, n_out, 4, group, v1=False, seed=i).items()})
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": group, "checkpoint_format": "gptq_v2"}}))
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((n_out, n_in)) * 0.05).astype(np.float32), f"{m}.weight")
+             for m in modules]
+    nodes = [helper.make_node("Gemm", ["x", f"{m}.weight"], [f"y{i}"], transB=1) for i, m in enumerate(modules)]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, n_in])],
+                              [helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, [2, n_out])
+                               for i in range(len(modules))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    save_model(model, tmp_path / "f.onnx", external_data=True)
+
+    read = []
+    real = files.tensor
+    monkeypatch.setattr(files, "tensor", lambda handle, path, key: read.append(key) or real(handle, path, key))
+    checkpoint = SafetensorsCheckpoint(folder)
+    assert [t.shape for t in checkpoint.tensors()] == [(n_out, n_in)] * 2 and read == []  # (listed: nothing read)
+    report = import_file(tmp_path / "f.onnx", checkpoint, tmp_path / "out.onnx")
+    assert {r.weight for r in report.imported} == {f"{m}.weight" for m in modules}
+    assert {key.rsplit(".", 1)[0] for key in read} == set(modules)  # (read when decoded)
+    feeds = {"x": np.linspace(-1, 1, 2 * n_in, dtype=np.float32).reshape(2, n_in)}
+    with np.errstate(all="ignore"):  # (the drawn float16 scales hold inf and NaN: both imports' alike)
+        got = dyndq.run(load_model(tmp_path / "out.onnx"), feeds)
+        want = dyndq.run(dyndq.import_weights(model, folder)[0], feeds)
+    for name in want:
+        assert (bits(got[name]) == bits(want[name])).all(), name
