@@ -1,7 +1,6 @@
 """The matched checkpoint tensors put into the model in place of its float weights.
 
-Each checkpoint tensor is decoded once (its `Written`: our op and standard ops), when its turn
-comes, whatever number
+Each checkpoint tensor is decoded once (its `Written`: our op and standard ops), whatever number
 of weights it stands for (tied embeddings: the Gather's table and the output projection read one
 decode, so the file holds its codes once).  A weight read as stored takes the decode's value
 itself (its producer renamed to the weight's name), or an Identity of it for a second weight; a

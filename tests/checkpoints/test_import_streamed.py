@@ -222,3 +222,30 @@ def test_a_safetensors_checkpoint_is_listed_unread_and_streamed_as_in_memory(tmp
         want = dyndq.run(dyndq.import_weights(model, folder)[0], feeds)
     for name in want:
         assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def test_streamed_a_constants_data_in_the_input_file_is_read_into_the_model(llama, tmp_path):
+    """A Constant node's value (no tensor for it: left float) whose data ONNX's saver put in the
+    input's external data file (convert_attribute): the new data file does not hold it, so the
+    streamed import reads it into the model."""
+    src, _, path = llama
+    model = float_model(src, extra=True)
+    graph = model.graph
+    bias = next(t for t in graph.initializer if t.name == "extra.bias")
+    kept = [t for t in graph.initializer if t.name != "extra.bias"]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.node.insert(0, helper.make_node("Constant", [], ["extra.bias"], value=bias))
+    (tmp_path / "in").mkdir()
+    saved = onnx.ModelProto()
+    saved.CopyFrom(model)  # (onnx's saver points the model it is given at the file)
+    onnx.save_model(saved, str(tmp_path / "in" / "f.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="f.onnx.data", size_threshold=1024, convert_attribute=True)
+    written = onnx.load(str(tmp_path / "in" / "f.onnx"), load_external_data=False)
+    assert onnx.external_data_helper.uses_external_data(written.graph.node[0].attribute[0].t)
+    report = import_file(tmp_path / "in" / "f.onnx", path, tmp_path / "out.onnx")
+    assert report.left_float == [("extra.bias", (256,))]
+    got = dyndq.run(load_model(tmp_path / "out.onnx"), ids())
+    want = dyndq.run(dyndq.import_weights(model, path)[0], ids())
+    for name in want:
+        assert (bits(got[name]) == bits(want[name])).all(), name
