@@ -1,0 +1,244 @@
+"""`--emit onnxruntime`: ONNX Runtime's fused contrib ops where a checkpoint's format fits them
+exactly, the standard composition elsewhere, and the form of each weight said with its reason.
+
+The export for ONNX Runtime (converters/contrib/matmul_nbits.py, gather_block_quantized.py) writes
+com.microsoft::MatMulNBits from a DynamicDequantize per_group on constant 2-D codes [K, N] in
+blocks [bs, 1] (bs a power of two >= 16) feeding a MatMul's B, and GatherBlockQuantized from one
+on codes [V, D] in blocks [1, bs] feeding a Gather's data.  A format's decode (gguf/, safetensors/)
+keeps its blocks' axes ([rows, n_blocks, 32]) and the checkpoint's [out, in] orientation, so it
+never has that form: `prepare` rewrites the decode of each weight that fits into it (the codes and
+scales moved into the graph's orientation: moving values is exact), before the decodes are placed.
+
+Which formats fit, and why (each against the float32 the model's weight holds):
+
+- GGUF Q4_0 ((q - 8) * d) and Q8_0 (x * d): gguf computes float32(q) * float32(d), one rounding.
+  ONNX Runtime's MatMulNBits and GatherBlockQuantized with float32 scales compute the same float32
+  product (measured, A = identity: tests/checkpoints/test_import_fused.py), so the scales are d
+  widened to float32 (exact).  Int4 codes q - 8 become MatMulNBits' 4-bit codes q with its absent
+  zero point 8; int8 codes x become uint8 x + 128 with zero point 128 (the exporter's shift).
+  The cost: a float32 scale is 4 bytes where GGUF's is 2: 20/18 bytes a Q4_0 block, 36/34 Q8_0.
+  (float16 scales would make the kernel's result float16: the product rounded twice.)
+- everything else keeps the composition, with the reason (`why_not`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dyndq.build import make_node
+from dyndq.checkpoints.matching import STORED, TRANSPOSED, Match
+from dyndq.checkpoints.writer import Written
+
+MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
+FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d widened to float32
+# safetensors formats whose decode is one DynamicDequantize (q - z) * s, exact on a model of its
+# dtype (float16: ONNX Runtime's kernel rounds the float32 product once; measured in the tests)
+SAFETENSORS_FITS = ("gptq", "awq", "pack-quantized")
+
+_FLOAT16_PRODUCT = ("the format dequantizes in {t} (the product rounded to {t}); on this float32 weight "
+                    "MatMulNBits would give the float32 product, unrounded: other bits")
+_REASONS = {  # kind prefix -> why the composition is written
+    "GGUF Q4_1": "a min added after the product (d*q + m): MatMulNBits' zero points are integer codes",
+    "GGUF Q5_1": "a min added after the product (d*q + m): MatMulNBits' zero points are integer codes",
+    "GGUF Q5_0": "5-bit codes: MatMulNBits and GatherBlockQuantized take 2, 4 and 8 bits",
+    "GGUF Q6_K": "super-block scales nested (d * sc) over blocks of 16 of 6-bit codes: not written fused yet",
+    "GGUF Q2_K": "a min per sub-block (d*sc*q - dmin*m): MatMulNBits' zero points are integer codes",
+    "GGUF Q3_K": "super-block scales nested (d * (sc - 32)) over 3-bit codes: MatMulNBits takes 2, 4 and 8 bits",
+    "GGUF Q4_K": "a min per sub-block (d*sc*q - dmin*m): MatMulNBits' zero points are integer codes",
+    "GGUF Q5_K": "a min per sub-block (d*sc*q - dmin*m) over 5-bit codes",
+    "GGUF IQ": "codes index a lookup table (a grid or a non-uniform table), not (q - zp) * scale",
+    "GGUF TQ": "ternary codes with their own packing: not (q - zp) * scale in MatMulNBits' layout",
+    "GGUF MXFP4": "fp4 values with an e8m0 scale: not (q - zp) * scale",
+    "GGUF NVFP4": "fp4 values with an fp8 scale: not (q - zp) * scale",
+    "GGUF F": "a float tensor: no codes to fuse",
+    "GGUF BF16": "a float tensor: no codes to fuse",
+    "dense": "a float tensor: no codes to fuse",
+    "nvfp4-pack-quantized": "fp4 values with two scales: not (q - zp) * scale",
+}
+
+
+def why_not(kind: str) -> str:
+    """Why a tensor of `kind` keeps the composition whatever the model ("": its format may fit)."""
+    if kind in FITS or kind.split(" ")[0] in SAFETENSORS_FITS:
+        return ""
+    for prefix, reason in _REASONS.items():
+        if kind.startswith(prefix):
+            return reason
+    return f"{kind}: no fused form written for it"
+
+
+def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict):
+    """(decoded, matches) with each weight that fits rewritten into the lowering's form, and
+    {weight: the form planned, or "composition: <reason>"}.  A rewritten weight's decode gives
+    the graph's orientation itself, so its match reads it as stored (no Transpose after)."""
+    by_tensor: dict[str, list[Match]] = {}
+    for m in matches:
+        by_tensor.setdefault(m.tensor, []).append(m)
+    readers = _readers(model)
+    dtypes = {t.name: t.data_type for t in model.graph.initializer}
+    decoded, planned, oriented = dict(decoded), {}, {}
+    for tensor, ms in by_tensor.items():
+        source, written = tensors[tensor], decoded[tensor]
+        widen = source.kind in FITS  # (GGUF: float16 d, float32 result)
+        reason, use = why_not(source.kind), None
+        if not reason:
+            reason = _dtype_problem(dtypes.get(ms[0].weight), TensorProto.FLOAT if widen else written.dtype)
+        if not reason and len(ms) > 1:
+            reason = (f"one decode read by {len(ms)} weights (a tied embedding): kept once, as the composition (each "
+                      "fused op would hold its own codes)")
+        if not reason:
+            use, reason = _use(ms[0], readers.get(ms[0].weight, []))
+        rewritten = None
+        if use is not None:
+            rewritten, reason = _rewrite(written, tuple(source.shape), use, widen)
+        if rewritten is None:
+            for m in ms:
+                planned[m.weight] = f"composition: {reason}"
+            continue
+        decoded[tensor] = rewritten
+        op = MATMUL if use == "matmul" else GATHER
+        planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "")
+        oriented[ms[0].weight] = STORED
+    matches = [dataclasses.replace(m, orientation=oriented[m.weight]) if m.weight in oriented else m for m in matches]
+    return decoded, matches, planned
+
+
+def _dtype_problem(weight: int | None, result: int) -> str:
+    """Why a fused op cannot give a weight of type `weight` whose decode is of type `result` ("": it can)."""
+    name = lambda t: TensorProto.DataType.Name(t).lower()  # noqa: E731
+    if result == TensorProto.BFLOAT16:
+        return "the format dequantizes in bfloat16: the fused ops' scales are float32 or float16"
+    if weight == result:
+        return ""
+    if weight == TensorProto.FLOAT and result == TensorProto.FLOAT16:
+        return _FLOAT16_PRODUCT.format(t="float16")
+    return (f"the model's weight is {name(weight) if weight else 'not an initializer'}, the decode {name(result)}: "
+            "the fused op gives its scales' type")
+
+
+def confirm(exported: onnx.ModelProto, planned: dict, export_lines: list[str]) -> dict:
+    """The forms written: a planned fused weight whose value the exported graph still computes
+    was not fused by the export (its reason is in the export's lines)."""
+    computed = {o for n in exported.graph.node for o in n.output}
+    return {w: (f"composition: the export did not fuse it ({_line_for(w, export_lines)})"
+                if not form.startswith("composition") and w in computed else form) for w, form in planned.items()}
+
+
+def _line_for(weight: str, lines: list[str]) -> str:
+    return next((line.strip() for line in lines if weight in line), "see the export's lines")
+
+
+def _readers(model: onnx.ModelProto) -> dict:
+    out: dict[str, list] = {}
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            out.setdefault(name, []).append((n, i))
+    return out
+
+
+def _use(m: Match, readers: list) -> tuple[str | None, str]:
+    """("matmul" | "gather", "") where the weight's one reader is a MatMul's B (the weight stored
+    [in, out]) or a Gather's data on axis 0 (stored as the checkpoint's [rows, D]); else (None, why)."""
+    if len(readers) != 1:
+        return None, (f"read by {len(readers)} nodes ({', '.join(sorted({n.op_type for n, _ in readers}))}; a tied "
+                      f"embedding): one decode kept, as the composition (each fused op would hold its own codes)")
+    node, i = readers[0]
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and i == 1 and m.orientation == TRANSPOSED:
+        return "matmul", ""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and i == 0 and axis == 0 and m.orientation == STORED:
+        return "gather", ""
+    return None, (f"read by {node.op_type} (input {i}, {m.orientation}): the fused ops replace a MatMul reading the "
+                  "weight as its B, or a Gather of its rows")
+
+
+_BITS = {TensorProto.INT2: 2, TensorProto.UINT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4,
+         TensorProto.INT8: 8, TensorProto.UINT8: 8}
+
+
+def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Written | None, str]:
+    """(the decode, the fused form in a few words) or (None, why not): the decode of a tensor [rows, K] (one DynamicDequantize per_group in blocks along K, then
+    Reshape) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
+    [rows, K] in blocks [1, bs] (a Gather's table).  Codes, scales and zero points are the same
+    values moved; `widen`: float16 scales written float32 (exact), the output float32."""
+    ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]
+    if len(ddq) != 1 or len(shape) != 2 or any(n.op_type not in ("DynamicDequantize", "Reshape") for n in written.nodes):
+        return None, "its decode is more than one DynamicDequantize of a 2-D tensor (act-order's Gathers, a Cast, bit ops)"
+    node = ddq[0]
+    by_name = {t.name: t for t in written.tensors}
+    given = [by_name.get(n) for n in node.input]
+    if any(t is None for t in given):
+        return None, "its codes, scales or zero points are not initializers of its decode"
+    codes_t, scales_t, zps_t = (given + [None])[:3]
+    if codes_t.data_type not in _BITS or scales_t.data_type not in (TensorProto.FLOAT16, TensorProto.FLOAT):
+        return None, (f"{TensorProto.DataType.Name(codes_t.data_type).lower()} codes, "
+                      f"{TensorProto.DataType.Name(scales_t.data_type).lower()} scales: the fused ops take 2-, 4- and "
+                      "8-bit codes and float32 or float16 scales")
+    rows, k = shape
+    group = _group_of(node)
+    scales = numpy_helper.to_array(scales_t)
+    if scales.size == 0 or k % (scales.size // rows) or group[-1] != k // (scales.size // rows) \
+            or any(g != 1 for g in group[:-1]):
+        return None, f"its blocks {group} are not runs along K of [{rows}, {k}]"
+    bs = group[-1]
+    if bs < 16 or bs & (bs - 1):
+        return None, f"blocks of {bs}: the fused ops take a power of two from 16"
+    codes = _values(codes_t).reshape(rows, k)
+    scales = scales.reshape(rows, k // bs)
+    if widen:
+        scales = scales.astype(np.float32)  # (exact)
+    zps = None if zps_t is None else _values(zps_t).reshape(rows, k // bs)
+    if use == "matmul":
+        codes, scales = np.ascontiguousarray(codes.T), np.ascontiguousarray(scales.T)
+        zps = None if zps is None else np.ascontiguousarray(zps.T)
+        group = [bs, 1]
+    else:
+        group = [1, bs]
+    tensors = [_codes_tensor(codes, codes_t), numpy_helper.from_array(scales, scales_t.name)]
+    if zps is not None:
+        tensors.append(_codes_tensor(zps, zps_t))
+    out_type = TensorProto.FLOAT if scales.dtype == np.float32 else TensorProto.FLOAT16
+    new = make_node(list(node.input), [node.output[0]], name=node.name, version=3, qtype="per_group",
+                    group_shape=group, output_dtype=out_type)
+    form = (f"{_BITS[codes_t.data_type]}-bit block {bs}, {'float32' if out_type == TensorProto.FLOAT else 'float16'} scales"
+            + (", zero points" if zps is not None else ""))
+    moved = f"{written.form}; codes and scales moved to {'[K, N]' if use == 'matmul' else '[rows, K]'}, blocks {group}"
+    return Written([new], tensors, node.output[0], moved, written.opset, (), out_type), form
+
+
+def _group_of(node: onnx.NodeProto) -> list[int]:
+    return next((list(a.ints) for a in node.attribute if a.name == "group_shape"), [])
+
+
+def _values(t: onnx.TensorProto) -> np.ndarray:
+    """A codes tensor's values as int64 (int4/uint4/int2/uint2 unpacked as ONNX packs them)."""
+    bits = _BITS[t.data_type]
+    if bits == 8:
+        return numpy_helper.to_array(t).astype(np.int64)
+    n = int(np.prod(t.dims))
+    raw = np.frombuffer(t.raw_data, np.uint8) if t.raw_data else np.asarray(t.int32_data, np.uint8)
+    per = 8 // bits
+    fields = (raw[:, None] >> (bits * np.arange(per, dtype=np.uint8))) & np.uint8((1 << bits) - 1)
+    values = fields.reshape(-1)[:n].astype(np.int64)
+    if t.data_type in (TensorProto.INT4, TensorProto.INT2):
+        values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+    return values
+
+
+def _codes_tensor(codes: np.ndarray, like: onnx.TensorProto) -> onnx.TensorProto:
+    """`codes` (int64 values) as a tensor of `like`'s type and name (2- and 4-bit packed as ONNX packs
+    them: the first element in the low bits)."""
+    bits = _BITS[like.data_type]
+    if bits == 8:
+        dtype = np.int8 if like.data_type == TensorProto.INT8 else np.uint8
+        return numpy_helper.from_array(codes.astype(dtype), like.name)
+    per = 8 // bits
+    values = (codes.reshape(-1) & ((1 << bits) - 1)).astype(np.uint8)  # (two's complement fields for signed codes)
+    values = np.concatenate([values, np.zeros((-values.size) % per, np.uint8)]).reshape(-1, per)
+    packed = np.zeros(len(values), np.uint8)
+    for i in range(per):
+        packed |= values[:, i] << np.uint8(bits * i)
+    return helper.make_tensor(like.name, like.data_type, list(codes.shape), packed.tobytes(), raw=True)
