@@ -9,16 +9,27 @@ keeps its blocks' axes ([rows, n_blocks, 32]) and the checkpoint's [out, in] ori
 never has that form: `prepare` rewrites the decode of each weight that fits into it (the codes and
 scales moved into the graph's orientation: moving values is exact), before the decodes are placed.
 
-Which formats fit, and why (each against the float32 the model's weight holds):
+Which formats fit, and why.  ONNX Runtime 1.32's CPU MatMulNBits (measured: the tests) multiplies A
+by the weights (q - z) * s computed in float32 and rounded once there, with float32 scales and with
+float16 ones alike (integer zero points, given or absent: (q - z) * s, not q*s - z*s); its float16
+form does not round a weight to float16 before using it.  So:
 
-- GGUF Q4_0 ((q - 8) * d) and Q8_0 (x * d): gguf computes float32(q) * float32(d), one rounding.
-  ONNX Runtime's MatMulNBits and GatherBlockQuantized with float32 scales compute the same float32
-  product (measured, A = identity: tests/checkpoints/test_import_fused.py), so the scales are d
-  widened to float32 (exact).  Int4 codes q - 8 become MatMulNBits' 4-bit codes q with its absent
-  zero point 8; int8 codes x become uint8 x + 128 with zero point 128 (the exporter's shift).
-  The cost: a float32 scale is 4 bytes where GGUF's is 2: 20/18 bytes a Q4_0 block, 36/34 Q8_0.
-  (float16 scales would make the kernel's result float16: the product rounded twice.)
-- everything else keeps the composition, with the reason (`why_not`).
+- GGUF Q4_0 ((q - 8) * d) and Q8_0 (x * d): gguf computes float32(q) * float32(d), one rounding
+  (exact anyway: at most 19 significant bits).  Fused, with the scales d widened to float32
+  (exact): the kernel's weights are gguf's bits.  Int4 codes q - 8 are written as MatMulNBits'
+  4-bit codes with its absent zero point 8; int8 codes x as uint8 x + 128 with zero point 128
+  (the exporter's shift, which leaves q - z as it was).  The cost: a float32 scale is 4 bytes
+  where GGUF's is 2: 20/18 bytes a Q4_0 block, 36/34 a Q8_0 one.  (float16 scales would give a
+  float16 result: the product rounded to float16, not gguf's float32.)
+- GPTQ, AWQ, compressed-tensors pack-quantized: their weights are the product rounded to the
+  scales' type (float16 or bfloat16).  On a float32 weight MatMulNBits would give the float32
+  product unrounded; on a float16 one too (measured above): other weights either way, so the
+  composition.  Where the scales are float32 (compressed-tensors can store them so) the weights
+  are the float32 product: fused, exact.
+- everything else keeps the composition, with the reason (`why_not`): a min added after the
+  product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
+  act-order (the decode gathers its scales), a tied embedding (one decode read twice: kept once),
+  a weight read through another node than a MatMul's B or a Gather's data.
 """
 from __future__ import annotations
 
@@ -34,12 +45,18 @@ from dyndq.checkpoints.writer import Written
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
 FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d widened to float32
-# safetensors formats whose decode is one DynamicDequantize (q - z) * s, exact on a model of its
-# dtype (float16: ONNX Runtime's kernel rounds the float32 product once; measured in the tests)
+# safetensors formats whose decode may be one DynamicDequantize (q - z) * s: fused where its
+# weights are float32 (float32 scales) and the model's too; float16 ones: see EXACT_RESULTS
 SAFETENSORS_FITS = ("gptq", "awq", "pack-quantized")
 
-_FLOAT16_PRODUCT = ("the format dequantizes in {t} (the product rounded to {t}); on this float32 weight "
-                    "MatMulNBits would give the float32 product, unrounded: other bits")
+# The types of a decode a fused op gives exactly: ONNX Runtime 1.32's CPU MatMulNBits multiplies A
+# by the weights (q - z) * s computed in float32 and rounded once there, with float32 and with
+# float16 scales alike (measured with rows of A holding two ones: tests/checkpoints/
+# test_import_fused.py), so it keeps a float16 format's products unrounded where the format
+# rounds each weight to float16 first.
+EXACT_RESULTS = {TensorProto.FLOAT}
+_FLOAT16_PRODUCT = ("the format's weights are {t} ((q - z) * s rounded to {t}); ONNX Runtime 1.32's MatMulNBits "
+                    "multiplies by the float32 products unrounded (measured), other weights")
 _REASONS = {  # kind prefix -> why the composition is written
     "GGUF Q4_1": "a min added after the product (d*q + m): MatMulNBits' zero points are integer codes",
     "GGUF Q5_1": "a min added after the product (d*q + m): MatMulNBits' zero points are integer codes",
@@ -110,11 +127,11 @@ def _dtype_problem(weight: int | None, result: int) -> str:
     """Why a fused op cannot give a weight of type `weight` whose decode is of type `result` ("": it can)."""
     name = lambda t: TensorProto.DataType.Name(t).lower()  # noqa: E731
     if result == TensorProto.BFLOAT16:
-        return "the format dequantizes in bfloat16: the fused ops' scales are float32 or float16"
+        return "the format's weights are bfloat16: the fused ops' scales are float32 or float16"
+    if result not in EXACT_RESULTS:
+        return _FLOAT16_PRODUCT.format(t=name(result))
     if weight == result:
         return ""
-    if weight == TensorProto.FLOAT and result == TensorProto.FLOAT16:
-        return _FLOAT16_PRODUCT.format(t="float16")
     return (f"the model's weight is {name(weight) if weight else 'not an initializer'}, the decode {name(result)}: "
             "the fused op gives its scales' type")
 
@@ -165,10 +182,16 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
     [rows, K] in blocks [1, bs] (a Gather's table).  Codes, scales and zero points are the same
     values moved; `widen`: float16 scales written float32 (exact), the output float32."""
     ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]
-    if len(ddq) != 1 or len(shape) != 2 or any(n.op_type not in ("DynamicDequantize", "Reshape") for n in written.nodes):
-        return None, "its decode is more than one DynamicDequantize of a 2-D tensor (act-order's Gathers, a Cast, bit ops)"
+    casts = [n for n in written.nodes if n.op_type == "Cast"]
+    if len(ddq) != 1 or len(shape) != 2 or any(n.op_type not in ("DynamicDequantize", "Reshape", "Cast") for n in written.nodes):
+        return None, "its decode is more than one DynamicDequantize of a 2-D tensor (act-order's Gathers, bit ops)"
     node = ddq[0]
     by_name = {t.name: t for t in written.tensors}
+    # (GPTQ, AWQ: float32 product, then Cast to the float16 of the scales: one rounding, which a
+    # DynamicDequantize writing float16 does itself)
+    scales_type = by_name[node.input[1]].data_type if node.input[1] in by_name else None
+    if len(casts) > 1 or (casts and (casts[0].input[0] != node.output[0] or _to(casts[0]) != scales_type)):
+        return None, "its decode casts to another type than its scales'"
     given = [by_name.get(n) for n in node.input]
     if any(t is None for t in given):
         return None, "its codes, scales or zero points are not initializers of its decode"
@@ -207,6 +230,10 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
             + (", zero points" if zps is not None else ""))
     moved = f"{written.form}; codes and scales moved to {'[K, N]' if use == 'matmul' else '[rows, K]'}, blocks {group}"
     return Written([new], tensors, node.output[0], moved, written.opset, (), out_type), form
+
+
+def _to(node: onnx.NodeProto) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
 def _group_of(node: onnx.NodeProto) -> list[int]:

@@ -121,8 +121,8 @@ def test_drawn_blocks_over_the_whole_float16_range_are_exact_through_matmul_nbit
     write_gguf(tmp_path / "w.gguf", {"blk.0.ffn_down.weight": (name, data)})
     w = np.zeros((n_in, n_out), np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n_in, n_in])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n_in, n_out])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", n_in])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n_out])],
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     out, report = dyndq.import_weights(model, tmp_path / "w.gguf", names={"blk.0.ffn_down.weight": "w"},
@@ -131,7 +131,9 @@ def test_drawn_blocks_over_the_whole_float16_range_are_exact_through_matmul_nbit
     with np.errstate(all="ignore"):
         want = np.ascontiguousarray(gguf.quants.dequantize(data, qtype(name)).astype(np.float32).T)
     same_bits(run_onnxruntime(out, {"x": np.eye(n_in, dtype=np.float32)})[0], want, zeros_by_value=True)
-    assert report.forms["w"].startswith("com.microsoft::MatMulNBits")
+    # sums of two weights: the kernel multiplies by gguf's float32 weights themselves
+    same_bits(run_onnxruntime(out, {"x": pairs(n_in, np.float32)})[0], summed(want, np.float32), zeros_by_value=True)
+    assert report.forms["w"] == f"com.microsoft::MatMulNBits {name[1]}-bit block 32, float32 scales (d widened)"
 
 
 def test_the_exporter_without_the_rewrite_writes_no_fused_op(tmp_path, monkeypatch):
@@ -167,27 +169,92 @@ def test_a_tied_embedding_keeps_one_decode_and_says_why(tmp_path, monkeypatch, t
     assert len(codes) == 1  # token_embd's codes, once
 
 
-def test_gptq_on_a_float32_model_keeps_the_composition_with_the_float16_reason(tmp_path):
+def gptq_folder(tmp_path, bits: int, *, finite: bool = False):
+    """A GPTQ v2 folder of one module (UP) [64, 256], groups of 64 (`finite`: scales without inf/NaN,
+    which A = identity would spread along a column as 0 * inf)."""
     safetensors = pytest.importorskip("safetensors.numpy")
     from safetensors_checkpoints import gptq_tensors
 
-    UP, N_IN, OUT, GROUP = "model.layers.0.mlp.up_proj", 256, 64, 64
-    weight = np.zeros((N_IN, OUT), np.float32)  # ([in, out]: a MatMul's B, the form MatMulNBits would replace)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", f"{UP}.weight"], ["y"])], "linear",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, N_IN])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, OUT])],
-                              [numpy_helper.from_array(weight, f"{UP}.weight")])
-    linear_model = lambda: helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)  # noqa: E731
-
-    folder = tmp_path / "ckpt"
+    t = gptq_tensors(256, 64, bits, 64, v1=False, seed=3)
+    if finite:
+        t["scales"] = (np.random.default_rng(1).standard_normal(t["scales"].shape) * 0.013).astype(np.float16)
+    folder = tmp_path / f"gptq{bits}"
     folder.mkdir()
-    safetensors.save_file({f"{UP}.{k}": v for k, v in gptq_tensors(N_IN, OUT, 4, GROUP, v1=False, seed=3).items()},
-                          str(folder / "model.safetensors"))
+    safetensors.save_file({f"{LINEAR}.{k}": v for k, v in t.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "gptq", "bits": 4, "group_size": GROUP, "checkpoint_format": "gptq_v2"}}))
-    out, report = dyndq.import_weights(linear_model(), folder, emit="onnxruntime")
-    assert report.forms[f"{UP}.weight"].startswith("composition: the format dequantizes in float16")
+        "quant_method": "gptq", "bits": bits, "group_size": 64, "checkpoint_format": "gptq_v2"}}))
+    return folder, t
+
+
+LINEAR = "model.layers.0.mlp.up_proj"
+
+
+def linear_model(dtype=np.float32, n_in=256, out=64) -> onnx.ModelProto:
+    """x [m, n_in] @ the weight stored [in, out] (a MatMul's B: the form MatMulNBits replaces)."""
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", f"{LINEAR}.weight"], ["y"])], "linear",
+                              [helper.make_tensor_value_info("x", t, ["m", n_in])],
+                              [helper.make_tensor_value_info("y", t, ["m", out])],
+                              [numpy_helper.from_array(np.zeros((n_in, out), dtype), f"{LINEAR}.weight")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def pairs(n: int, dtype) -> np.ndarray:
+    """Rows of A holding two ones (row i: columns i and i + 1): A @ W sums two weights, once rounded,
+    so the weights the kernel multiplies by show (A = identity rounds each to the output type, which
+    hides a float16 weight's rounding)."""
+    a = np.zeros((n - 1, n), dtype)
+    a[np.arange(n - 1), np.arange(n - 1)] = 1
+    a[np.arange(n - 1), np.arange(1, n)] = 1
+    return a
+
+
+def summed(w: np.ndarray, dtype) -> np.ndarray:
+    """The sums of consecutive rows of float32 weights `w`, in float32, then in `dtype`."""
+    return (w[:-1].astype(np.float32) + w[1:].astype(np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gptq_keeps_the_composition_with_the_measured_reason(tmp_path, dtype):
+    folder, t = gptq_folder(tmp_path, 4)
+    out, report = dyndq.import_weights(linear_model(dtype), folder, emit="onnxruntime")
+    assert report.forms[f"{LINEAR}.weight"].startswith("composition: the format's weights are float16"), report.forms
     assert "MatMulNBits" not in ops(out)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_fused_float16_matmul_nbits_multiplies_by_unrounded_products_which_is_why_it_is_not_written(tmp_path, monkeypatch, bits):
+    """The measurement behind the decision (ONNX Runtime 1.32's CPU kernel): forced, the fused form
+    of a GPTQ float16 weight gives the format's weights through A = identity (each rounded to the
+    float16 output), but sums of two weights show it multiplies by the float32 products (q - z) * s
+    unrounded, not by the format's float16 weights."""
+    from dyndq.checkpoints import fused
+    from safetensors_checkpoints import gptq_oracle
+
+    folder, t = gptq_folder(tmp_path, bits, finite=True)
+    monkeypatch.setattr(fused, "EXACT_RESULTS", {TensorProto.FLOAT, TensorProto.FLOAT16})
+    out, report = dyndq.import_weights(linear_model(np.float16), folder, emit="onnxruntime")
+    assert ops(out) == ["MatMulNBits"], ops(out)
+    assert report.forms[f"{LINEAR}.weight"] == f"com.microsoft::MatMulNBits {bits}-bit block 64, float16 scales, zero points"
+    want = np.ascontiguousarray(gptq_oracle(t, bits, v1=False).T)  # [in, out] float16: the format's weights
+    same = run_onnxruntime(out, {"x": np.eye(256, dtype=np.float16)})[0]
+    differ = (same.view(np.uint16) != want.view(np.uint16)) & ~((same == 0) & (want == 0))  # (a -0 weight: +0)
+    assert not differ.any(), (differ.sum(), same[differ][:4], want[differ][:4])
+    got = run_onnxruntime(out, {"x": pairs(256, np.float16)})[0]
+    rounded_first = summed(want, np.float16)
+    products = gptq_products(t, bits)
+    assert (got.view(np.uint16) != rounded_first.view(np.uint16)).sum() > 0.01 * got.size
+    assert (got.view(np.uint16) == summed(products, np.float16).view(np.uint16)).mean() > 0.95
+
+
+def gptq_products(t, bits) -> np.ndarray:
+    """GPTQ v2's (q - z) * s as float32 products (rounded once, in float32), [in, out]."""
+    mask = (1 << bits) - 1
+    shifts = np.arange(0, 32, bits, dtype=np.int32)
+    q = ((t["qweight"][:, None, :] >> shifts[None, :, None]) & mask).reshape(-1, t["qweight"].shape[1])
+    z = ((t["qzeros"][:, :, None] >> shifts[None, None, :]) & mask).reshape(t["qzeros"].shape[0], -1)[:, :q.shape[1]]
+    g = t["g_idx"].astype(np.int64)
+    return (q - z[g]).astype(np.float32) * t["scales"].astype(np.float32)[g]
 
 
 def test_the_report_says_the_form_per_weight_in_text_and_json(tmp_path, capsys):
