@@ -107,16 +107,18 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
             reason = (f"one decode read by {len(ms)} weights (a tied embedding): kept once, as the composition (each "
                       "fused op would hold its own codes)")
         if not reason:
-            use, reason = _use(ms[0], readers.get(ms[0].weight, []))
+            use, reason = _use(ms[0], readers.get(ms[0].weight, []), readers)
         rewritten = None
         if use is not None:
-            rewritten, reason = _rewrite(written, tuple(source.shape), use, widen)
+            rewritten, reason = _rewrite(written, tuple(source.shape), use.split(" ")[0], widen)
         if rewritten is None:
             for m in ms:
                 planned[m.weight] = f"composition: {reason}"
             continue
         decoded[tensor] = rewritten
-        op = MATMUL if use == "matmul" else GATHER
+        if use == "matmul through Transpose":  # (the decode is [in, out] itself: the MatMul reads it, the Transpose goes)
+            _drop_transpose(model, readers[ms[0].weight][0][0], ms[0].weight)
+        op = MATMUL if use.startswith("matmul") else GATHER
         planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "")
         oriented[ms[0].weight] = STORED
     matches = [dataclasses.replace(m, orientation=oriented[m.weight]) if m.weight in oriented else m for m in matches]
@@ -148,23 +150,50 @@ def _line_for(weight: str, lines: list[str]) -> str:
     return next((line.strip() for line in lines if weight in line), "see the export's lines")
 
 
+def _drop_transpose(model: onnx.ModelProto, transpose: onnx.NodeProto, weight: str) -> None:
+    """The MatMul reading `transpose`'s output reads `weight` instead; the Transpose is removed."""
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            if name == transpose.output[0]:
+                n.input[i] = weight
+    gone = transpose.output[0]
+    kept = [n for n in model.graph.node if gone not in n.output]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    infos = [v for v in model.graph.value_info if v.name != gone]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(infos)
+
+
 def _readers(model: onnx.ModelProto) -> dict:
+    """value -> [(node, input index)] of the main graph; a graph output: (None, -1)."""
     out: dict[str, list] = {}
     for n in model.graph.node:
         for i, name in enumerate(n.input):
             out.setdefault(name, []).append((n, i))
+    for o in model.graph.output:
+        out.setdefault(o.name, []).append((None, -1))
     return out
 
 
-def _use(m: Match, readers: list) -> tuple[str | None, str]:
-    """("matmul" | "gather", "") where the weight's one reader is a MatMul's B (the weight stored
-    [in, out]) or a Gather's data on axis 0 (stored as the checkpoint's [rows, D]); else (None, why)."""
+def _use(m: Match, readers: list, next_readers: dict | None = None) -> tuple[str | None, str]:
+    """("matmul" | "matmul through Transpose" | "gather", "") where the weight's one reader is a
+    MatMul's B (the weight stored [in, out]), a Transpose whose one reader is a MatMul's B (torch's
+    export of a linear layer: the weight stored [out, in]), or a Gather's data on axis 0 (stored as
+    the checkpoint's [rows, D]); else (None, why)."""
     if len(readers) != 1:
         return None, (f"read by {len(readers)} nodes ({', '.join(sorted({n.op_type for n, _ in readers}))}; a tied "
                       f"embedding): one decode kept, as the composition (each fused op would hold its own codes)")
     node, i = readers[0]
+    if node is None:
+        return None, "the weight is a graph output"
     if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and i == 1 and m.orientation == TRANSPOSED:
         return "matmul", ""
+    if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and m.orientation == STORED \
+            and next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0]) == [1, 0]:
+        after = [(n, j) for n, j in (next_readers or {}).get(node.output[0], [])]
+        if len(after) == 1 and after[0][0] is not None and after[0][0].op_type == "MatMul" and after[0][0].domain in ("", "ai.onnx") and after[0][1] == 1:
+            return "matmul through Transpose", ""
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and i == 0 and axis == 0 and m.orientation == STORED:
         return "gather", ""

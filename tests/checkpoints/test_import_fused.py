@@ -67,6 +67,7 @@ def same_bits(got: np.ndarray, want: np.ndarray, zeros_by_value: bool = False) -
 def test_q4_0_and_q8_0_become_fused_ops_giving_ggufs_bits(tmp_path, monkeypatch, k_type, embed_type):
     monkeypatch.setitem(gguf_models.TYPES, "blk.0.attn_k.weight", k_type)
     monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", embed_type)
+    monkeypatch.setitem(gguf_models.TYPES, "blk.0.ffn_up.weight", k_type)
     src = source_weights()
     tensors = gguf_tensors(src)
     write_gguf(tmp_path / "m.gguf", tensors)
@@ -76,10 +77,12 @@ def test_q4_0_and_q8_0_become_fused_ops_giving_ggufs_bits(tmp_path, monkeypatch,
     assert report.forms[K] == f"com.microsoft::MatMulNBits {bits[k_type]}-bit block 32, float32 scales (d widened)"
     assert report.forms[EMBED] == (f"com.microsoft::GatherBlockQuantized {bits[embed_type]}-bit block 32, "
                                    "float32 scales (d widened)")
-    assert ops(out).count("MatMulNBits") == 1 and ops(out).count("GatherBlockQuantized") == 1
+    # Q: torch's Transpose + MatMul, its Transpose gone (the decode written [in, out] itself)
+    assert report.forms[Q] == "com.microsoft::MatMulNBits 8-bit block 32, float32 scales (d widened)"
+    assert ops(out).count("MatMulNBits") == 2 and ops(out).count("GatherBlockQuantized") == 1
+    assert "qT" in {o for n in model.graph.node for o in n.output} and "qT" not in {o for n in out.graph.node for o in n.output}
     # the rest: the composition, each with its reason
-    assert report.forms[Q].startswith("composition: read by Transpose")
-    assert report.forms[UP].startswith("composition: a min per sub-block")  # Q5_K
+    assert report.forms[UP].startswith("composition: read by Gemm (input 1, as stored)")  # (a Q4_0/Q8_0 tensor)
     assert report.forms[DOWN].startswith("composition: a min added after the product")  # Q4_1
     assert report.forms[HEAD_W].startswith("composition: 5-bit codes")  # Q5_0
     rows = {r.weight: r for r in report.imported}
@@ -87,10 +90,9 @@ def test_q4_0_and_q8_0_become_fused_ops_giving_ggufs_bits(tmp_path, monkeypatch,
     # the weights through the fused nodes: gguf's float32 bits
     want = expected(tensors)
     fused = weights_through_fused(out)
-    matmul = next(n for n in out.graph.node if n.op_type == "MatMulNBits")
-    gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
-    same_bits(fused[matmul.output[0]], want[K], zeros_by_value=True)
-    same_bits(fused[gather.output[0]], want[EMBED])
+    same_bits(fused["k"], want[K], zeros_by_value=True)
+    same_bits(fused["q"], np.ascontiguousarray(want[Q].T), zeros_by_value=True)
+    same_bits(fused["e"], want[EMBED])
     # the outputs: the float model holding gguf's weights, within 1e-5 of the largest
     oracle = gguf_models.with_weights(model, want)
     theirs = run_onnxruntime(oracle, ids())
@@ -266,7 +268,7 @@ def test_the_report_says_the_form_per_weight_in_text_and_json(tmp_path, capsys):
     said = capsys.readouterr().out
     assert "form: com.microsoft::MatMulNBits 4-bit block 32" in said, said
     assert "form: composition: 5-bit codes" in said
-    assert "(2 fused, 5 composition)" in said
+    assert "(3 fused, 4 composition)" in said
     assert main(args + ["-o", str(tmp_path / "b.onnx"), "--json"]) == 0
     rows = {r["weight"]: r for r in json.loads(capsys.readouterr().out)["imported"]}
     assert rows[K]["written_as"].startswith("com.microsoft::MatMulNBits")
