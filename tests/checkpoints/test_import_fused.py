@@ -259,6 +259,33 @@ def gptq_products(t, bits) -> np.ndarray:
     return (q - z[g]).astype(np.float32) * t["scales"].astype(np.float32)[g]
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_compressed_tensors_with_float32_scales_are_fused_exactly(tmp_path, bits):
+    """pack-quantized int4/int8 with float32 scales: its weights are the float32 product (q * s,
+    rounded once), which MatMulNBits multiplies by: fused, bit for bit through A = identity and
+    through sums of two weights."""
+    safetensors = pytest.importorskip("safetensors.numpy")
+    from safetensors_checkpoints import pack_bits
+
+    out_f, n_in, group = 64, 256, 32
+    rng = np.random.default_rng(7)
+    q = rng.integers(-(1 << bits - 1), 1 << bits - 1, (out_f, n_in))
+    scales = (rng.standard_normal((out_f, n_in // group)) * np.exp2(rng.integers(-30, 10, (out_f, 1)))).astype(np.float32)
+    stored = (q + (1 << bits - 1)).astype(np.uint8)  # (compressed-tensors packs q + 2^(bits-1))
+    safetensors.save_file({f"{LINEAR}.weight_packed": pack_bits(stored, bits), f"{LINEAR}.weight_scale": scales,
+                           f"{LINEAR}.weight_shape": np.array([out_f, n_in], np.int64)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group",
+                                               "group_size": group}}}}}))
+    out, report = dyndq.import_weights(linear_model(), tmp_path, emit="onnxruntime")
+    assert ops(out) == ["MatMulNBits"], (ops(out), report.forms)
+    assert report.forms[f"{LINEAR}.weight"] == f"com.microsoft::MatMulNBits {bits}-bit block 32, float32 scales"
+    want = np.ascontiguousarray((q.astype(np.float32) * np.repeat(scales, group, axis=1)).T)  # [in, out]
+    same_bits(run_onnxruntime(out, {"x": np.eye(n_in, dtype=np.float32)})[0], want, zeros_by_value=True)
+    same_bits(run_onnxruntime(out, {"x": pairs(n_in, np.float32)})[0], summed(want, np.float32), zeros_by_value=True)
+
+
 def test_the_report_says_the_form_per_weight_in_text_and_json(tmp_path, capsys):
     src = source_weights()
     write_gguf(tmp_path / "m.gguf", gguf_tensors(src))
