@@ -88,5 +88,65 @@ def main(size: int = 4096, rows=(1, 32)) -> None:
                 print(f"  {form:12s} file {nbytes} bytes ({nbytes / data.nbytes:.3f}x the GGUF tensor); {shown}; ops {ops}")
 
 
+def tied(vocab: int = 8192, width: int = 1024) -> None:
+    """A tied Q4_0 embedding [vocab, width] read by a Gather and (Transpose) the output projection:
+    the file as written (GatherBlockQuantized and MatMulNBits sharing one set of initializers),
+    with the rewrite off (one decode, the composition), and untied (the same values in two GGUF
+    tensors: each fused op with its own codes); the logits of one row (M = 1) on ONNX Runtime,
+    median of REPEATS."""
+    import gguf
+
+    rng = np.random.default_rng(1)
+    embed = (rng.standard_normal((vocab, width)) * 0.05).astype(np.float32)
+    data = gguf.quants.quantize(embed, gguf.GGMLQuantizationType.Q4_0)
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes = {}
+        for form in ("tied", "tied composition", "untied"):
+            path = os.path.join(tmp, f"{form}.gguf")
+            writer = gguf.GGUFWriter(path, "llama")
+            writer.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            if form == "untied":
+                writer.add_tensor("output.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            head = "lm_head.weight" if form == "untied" else "model.embed_tokens.weight"
+            inits = [numpy_helper.from_array(np.zeros_like(embed), "model.embed_tokens.weight")]
+            if form == "untied":
+                inits.append(numpy_helper.from_array(np.zeros_like(embed), "lm_head.weight"))
+            graph = helper.make_graph(
+                [helper.make_node("Gather", ["model.embed_tokens.weight", "ids"], ["h"]),
+                 helper.make_node("Transpose", [head], ["headT"], perm=[1, 0]),
+                 helper.make_node("MatMul", ["h", "headT"], ["logits"])], "tied",
+                [helper.make_tensor_value_info("ids", TensorProto.INT64, ["m"])],
+                [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["m", vocab])], inits)
+            float_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+            rewrite = fused._rewrite
+            if form == "tied composition":  # (the rewrite turned off: one decode, the composition)
+                fused._rewrite = lambda *a: (None, "off")
+            try:
+                out, report = dyndq.import_weights(float_model, path, emit="onnxruntime")
+            finally:
+                fused._rewrite = rewrite
+            file = os.path.join(tmp, f"{form}.onnx")
+            onnx.save(out, file)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 2
+            session = ort.InferenceSession(file, options, providers=["CPUExecutionProvider"])
+            ids = np.array([3], np.int64)
+            session.run(None, {"ids": ids})
+            times = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                session.run(None, {"ids": ids})
+                times.append(time.perf_counter() - start)
+            sizes[form] = os.path.getsize(file)
+            print(f"tied Q4_0 [{vocab}, {width}] {form}: file {sizes[form]} bytes ({sizes[form] / data.nbytes:.3f}x the GGUF "
+                  f"tensor), one row's logits {statistics.median(times) * 1e3:.2f} ms; "
+                  f"ops {sorted({n.op_type for n in out.graph.node})}")
+
+
 if __name__ == "__main__":
     main(*(int(a) for a in sys.argv[1:2]))
+    tied()

@@ -96,16 +96,29 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
         by_tensor.setdefault(m.tensor, []).append(m)
     readers = _readers(model)
     dtypes = {t.name: t.data_type for t in model.graph.initializer}
-    decoded, planned, oriented = dict(decoded), {}, {}
+    decoded, planned, oriented, shared = dict(decoded), {}, {}, {}
     for tensor, ms in by_tensor.items():
         source, written = tensors[tensor], decoded[tensor]
         widen = source.kind in FITS  # (GGUF: float16 d, float32 result)
         reason, use = why_not(source.kind), None
         if not reason:
             reason = _dtype_problem(dtypes.get(ms[0].weight), TensorProto.FLOAT if widen else written.dtype)
-        if not reason and len(ms) > 1:
-            reason = (f"one decode read by {len(ms)} weights (a tied embedding): kept once, as the composition (each "
-                      "fused op would hold its own codes)")
+        tied = _tied(ms, readers) if not reason and widen else None
+        if tied is not None:  # (one set of codes and scales, read by GatherBlockQuantized and MatMulNBits)
+            rewritten, form = _rewrite(written, tuple(source.shape), "gather", widen)
+            if rewritten is not None:
+                decoded[tensor] = rewritten
+                shared[tensor] = (rewritten.nodes[0].name, *tied)
+                for m in ms:
+                    planned[m.weight] = (f"{GATHER} and {MATMUL} sharing one set of initializers, {form} (d widened): "
+                                         "a tied embedding")
+                    oriented[m.weight] = STORED
+                continue
+            reason = form
+        if not reason and (len(ms) > 1 or len(readers.get(ms[0].weight, [])) > 1):
+            reason = (f"a tied embedding read as {len(ms)} weight(s) by {sum(len(readers.get(m.weight, [])) for m in ms)} "
+                      "nodes, not one Gather of its rows and one MatMul (through torch's Transpose): one decode kept, as "
+                      "the composition")
         if not reason:
             use, reason = _use(ms[0], readers.get(ms[0].weight, []), readers)
         rewritten = None
@@ -122,7 +135,86 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
         planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "")
         oriented[ms[0].weight] = STORED
     matches = [dataclasses.replace(m, orientation=oriented[m.weight]) if m.weight in oriented else m for m in matches]
-    return decoded, matches, planned
+    return decoded, matches, Plan(planned, list(shared.values()))
+
+
+@dataclasses.dataclass
+class Plan:
+    """What `prepare` decided: the form of each weight, and the tied embeddings to write shared
+    (after the decodes are placed: `share`)."""
+    forms: dict
+    tied: list
+
+
+def _tied(ms: list[Match], readers: dict):
+    """(the Gather reading the embedding's rows, the MatMul reading it as B, the Transpose between
+    or None) where the weights of one tensor are read by exactly those; else None."""
+    gathers, matmuls = [], []
+    for m in ms:
+        for node, i in readers.get(m.weight, []):
+            if node is None:
+                return None
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and i == 0 and axis == 0 \
+                    and m.orientation == STORED:
+                gathers.append(node)
+            elif (use := _use(m, [(node, i)], readers)[0]) == "matmul":
+                matmuls.append((node, None))
+            elif use == "matmul through Transpose":
+                matmuls.append((readers[node.output[0]][0][0], node))
+            else:
+                return None
+    if len(gathers) != 1 or len(matmuls) != 1:
+        return None
+    return gathers[0].output[0], matmuls[0][0].output[0], matmuls[0][1].output[0] if matmuls[0][1] is not None else None
+
+
+def share(model: onnx.ModelProto, plan: "Plan") -> None:
+    """Each tied GGUF Q4_0/Q8_0 embedding (placed as one 2-D decode [V, D] in blocks [1, 32], its
+    weights read by one Gather and one MatMul) written as GatherBlockQuantized and MatMulNBits
+    reading one set of initializers, as ONNX Runtime's model builder writes tied embeddings:
+    MatMulNBits' B [V, D/32, 32*bits/8] (uint8 codes, q - 8 + 8 and x + 128: their absent zero
+    points 8 and 128 are the same for both ops), GatherBlockQuantized's data the same bytes through
+    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor."""
+    if not plan.tied:
+        return
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    gone, new_inits = set(), []
+    for ddq_name, gather_out, matmul_out, transpose_out in plan.tied:
+        ddq = next(n for n in graph.node if n.name == ddq_name)
+        codes_t, scales_t = inits[ddq.input[0]], inits[ddq.input[1]]
+        bits = _BITS[codes_t.data_type]
+        vocab, width = codes_t.dims
+        codes = _values(codes_t).reshape(vocab, width) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
+        per = 8 // bits
+        packed = np.zeros((vocab, width // per), np.uint8)
+        for i in range(per):
+            packed |= (codes[:, i::per].astype(np.uint8) << np.uint8(bits * i))
+        b_name, shape_name, data_name = (f"{codes_t.name}_B", f"{codes_t.name}_data_shape", f"{codes_t.name}_data")
+        new_inits += [numpy_helper.from_array(packed.reshape(vocab, width // 32, 32 // per), b_name),
+                      numpy_helper.from_array(np.array([vocab, width // per], np.int64), shape_name)]
+        gather, matmul = producers[gather_out], producers[matmul_out]
+        reshape = helper.make_node("Reshape", [b_name, shape_name], [data_name], name=f"{codes_t.name}_Reshape")
+        gbq = helper.make_node("GatherBlockQuantized", [data_name, gather.input[1], scales_t.name], [gather_out],
+                               name=gather.name or f"{gather_out}_GatherBlockQuantized", domain="com.microsoft",
+                               bits=bits, block_size=32, gather_axis=0, quantize_axis=1)
+        nbits = helper.make_node("MatMulNBits", [matmul.input[0], b_name, scales_t.name], [matmul_out],
+                                 name=matmul.name or f"{matmul_out}_MatMulNBits", domain="com.microsoft",
+                                 K=width, N=vocab, bits=bits, block_size=32, accuracy_level=0)
+        weights = {ddq.output[0]} | {n.output[0] for n in graph.node if n.op_type == "Identity" and n.input[0] == ddq.output[0]}
+        replaced = {gather_out: gbq, matmul_out: nbits, ddq.output[0]: reshape}
+        drop = weights - {ddq.output[0]} | ({transpose_out} if transpose_out else set())
+        nodes = [replaced.get(n.output[0], n) for n in graph.node if n.output[0] not in drop]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        gone.add(codes_t.name)
+    kept = [t for t in graph.initializer if t.name not in gone]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 def _dtype_problem(weight: int | None, result: int) -> str:

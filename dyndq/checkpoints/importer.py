@@ -96,9 +96,12 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
     report = ImportReport(ckpt.path, ckpt.format, ckpt.architecture, emit, notes=ckpt.notes())
     decoded = decode(out, matches, tensors)
     if emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py)
-        decoded, matches, report.forms = fused.prepare(out, matches, tensors, decoded)
+        decoded, matches, plan = fused.prepare(out, matches, tensors, decoded)
+        report.forms = plan.forms
     out = _opset_for(out, max(w.opset for w in decoded.values()), report)
     report.imported = place(out, matches, tensors, decoded)
+    if emit == "onnxruntime":
+        fused.share(out, plan)
     for row in report.imported:  # (a fused weight's decode is read as stored; the report says how the model reads it)
         row.orientation = orientations.get(row.weight, row.orientation)
     used = {m.tensor for m in matches}

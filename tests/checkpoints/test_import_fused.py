@@ -150,25 +150,60 @@ def test_the_exporter_without_the_rewrite_writes_no_fused_op(tmp_path, monkeypat
     assert report.forms[K] == "composition: turned off"
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
 @pytest.mark.parametrize("two_initializers", [False, True])
-def test_a_tied_embedding_keeps_one_decode_and_says_why(tmp_path, monkeypatch, two_initializers):
-    """Tied in either form (one initializer read by the Gather and the output projection, or
-    lm_head's own initializer matched to token_embd): one decode, the composition, the reason."""
-    monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", "Q4_0")
+def test_a_tied_embedding_is_written_as_two_fused_ops_sharing_one_set_of_initializers(tmp_path, monkeypatch, kind,
+                                                                                      two_initializers):
+    """Tied in either form (one initializer read by the Gather and, through torch's Transpose, the
+    output projection; or lm_head's own initializer matched to token_embd): GatherBlockQuantized and
+    MatMulNBits reading one B and one float32 scales tensor, each giving gguf's bits."""
+    monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", kind)
     src = source_weights()
     if two_initializers:
         src["lm_head"] = src["embed"].copy()
     tensors = gguf_tensors(src, tied=True)
     write_gguf(tmp_path / "t.gguf", tensors)
-    out, report = dyndq.import_weights(float_model(src, tied=not two_initializers), tmp_path / "t.gguf",
-                                       emit="onnxruntime")
-    said = "one decode read by 2 weights" if two_initializers else "read by 2 nodes (Gather, Transpose; a tied embedding)"
+    model = float_model(src, tied=not two_initializers)
+    out, report = dyndq.import_weights(model, tmp_path / "t.gguf", emit="onnxruntime")
     tied = [EMBED, HEAD_W] if two_initializers else [EMBED]
     for weight in tied:
-        assert report.forms[weight].startswith(f"composition: {said}"), report.forms[weight]
+        assert report.forms[weight] == (f"com.microsoft::GatherBlockQuantized and com.microsoft::MatMulNBits sharing one "
+                                        f"set of initializers, {kind[1]}-bit block 32, float32 scales (d widened): a tied "
+                                        "embedding"), report.forms[weight]
+    gbq = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
+    nbits = next(n for n in out.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    reshape = next(n for n in out.graph.node if n.output[0] == gbq.input[0])
+    assert reshape.op_type == "Reshape" and reshape.input[0] == nbits.input[1] and gbq.input[2] == nbits.input[2]
+    codes = [t for t in out.graph.initializer if t.data_type in (TensorProto.INT4, TensorProto.INT8)
+             and t.dims[0] == gguf_models.V]
+    assert codes == []  # (the decode's codes gone: only B, once)
+    want = expected(tensors, tied=True)[EMBED]
+    nbits_alone = alone(out, nbits, 0, np.eye(gguf_models.D, dtype=np.float32))
+    same_bits(nbits_alone, np.ascontiguousarray(want.T), zeros_by_value=True)
+    rows = run_onnxruntime(helper.make_model(helper.make_graph(
+        [reshape, gbq], "gbq", [helper.make_tensor_value_info(gbq.input[1], TensorProto.INT64, [gguf_models.V])],
+        [helper.make_tensor_value_info(gbq.output[0], TensorProto.FLOAT, None)],
+        [t for t in out.graph.initializer if t.name in (*reshape.input, gbq.input[2])]),
+        opset_imports=list(out.opset_import), ir_version=out.ir_version), {gbq.input[1]: np.arange(gguf_models.V)})[0]
+    same_bits(rows, want)
+    oracle = gguf_models.with_weights(model, {**expected(tensors, tied=True), **({HEAD_W: want} if two_initializers else {})})
+    for value, wanted in zip(run_onnxruntime(out, ids()), run_onnxruntime(oracle, ids())):
+        np.testing.assert_allclose(value, wanted, rtol=1e-5, atol=1e-5 * float(np.abs(wanted).max()))
+
+
+def test_a_tied_embedding_read_otherwise_keeps_one_decode_and_says_why(tmp_path, monkeypatch):
+    """A tied Q4_0 embedding also read by a third node: one decode, the composition, the reason."""
+    monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", "Q4_0")
+    src = source_weights()
+    tensors = gguf_tensors(src, tied=True)
+    write_gguf(tmp_path / "t.gguf", tensors)
+    model = float_model(src, tied=True)
+    model.graph.node.append(helper.make_node("ReduceSum", [EMBED], ["total"]))
+    model.graph.output.append(helper.make_tensor_value_info("total", TensorProto.FLOAT, [1, 1]))
+    out, report = dyndq.import_weights(model, tmp_path / "t.gguf", emit="onnxruntime")
+    assert report.forms[EMBED].startswith("composition: a tied embedding read as 1 weight(s) by 3 nodes"), report.forms
     assert "GatherBlockQuantized" not in ops(out)
-    codes = [t for t in out.graph.initializer if t.data_type == TensorProto.INT4]
-    assert len(codes) == 1  # token_embd's codes, once
+    assert len([t for t in out.graph.initializer if t.data_type == TensorProto.INT4]) == 1  # (its codes, once)
 
 
 def gptq_folder(tmp_path, bits: int, *, finite: bool = False):
