@@ -279,12 +279,12 @@ def _use(m: Match, readers: list, next_readers: dict | None = None) -> tuple[str
     node, i = readers[0]
     if node is None:
         return None, "the weight is a graph output"
-    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and i == 1 and m.orientation == TRANSPOSED:
+    if _is_matmul_b(node, i) and m.orientation == TRANSPOSED:
         return "matmul", ""
     if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and m.orientation == STORED \
             and next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0]) == [1, 0]:
-        after = [(n, j) for n, j in (next_readers or {}).get(node.output[0], [])]
-        if len(after) == 1 and after[0][0] is not None and after[0][0].op_type == "MatMul" and after[0][0].domain in ("", "ai.onnx") and after[0][1] == 1:
+        after = (next_readers or {}).get(node.output[0], [])
+        if len(after) == 1 and _is_matmul_b(*after[0]):
             return "matmul through Transpose", ""
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and i == 0 and axis == 0 and m.orientation == STORED:
@@ -293,13 +293,18 @@ def _use(m: Match, readers: list, next_readers: dict | None = None) -> tuple[str
                   "weight as its B, or a Gather of its rows")
 
 
+def _is_matmul_b(node: onnx.NodeProto | None, i: int) -> bool:
+    return node is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and i == 1
+
+
 _BITS = {TensorProto.INT2: 2, TensorProto.UINT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4,
          TensorProto.INT8: 8, TensorProto.UINT8: 8}
 
 
 def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Written | None, str]:
-    """(the decode, the fused form in a few words) or (None, why not): the decode of a tensor [rows, K] (one DynamicDequantize per_group in blocks along K, then
-    Reshape) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
+    """(the decode, the fused form in a few words) or (None, why not): the decode of a tensor
+    [rows, K] (one DynamicDequantize per_group in blocks along K, then Reshape; a Cast to the
+    scales' type folded) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
     [rows, K] in blocks [1, bs] (a Gather's table).  Codes, scales and zero points are the same
     values moved; `widen`: float16 scales written float32 (exact), the output float32."""
     ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]

@@ -51,8 +51,8 @@ class ImportReport:
     def table(self) -> list[str]:
         lines = [f"  {r.weight} <- {r.tensor} ({r.kind}, {r.how}"
                  + (f", relative error {r.error:.3g}" if r.error is not None else "") + f", {r.orientation})"
-                 + (f": {r.note}" if r.note else "") + (f"\n    form: {self.forms[r.weight]}" if r.weight in self.forms else "")
-                 for r in self.imported]
+                 + (f": {r.note}" if r.note else "")
+                 + (f"\n    form: {self.forms[r.weight]}" if r.weight in self.forms else "") for r in self.imported]
         lines += [f"  left float: {name} {list(shape)}" for name, shape in self.left_float]
         lines += [f"  unused: {name} ({kind} {list(shape)})" for name, kind, shape in self.unused]
         lines += [f"  note: {n}" for n in ([self.converted] if self.converted else []) + self.notes]
@@ -61,8 +61,9 @@ class ImportReport:
 
     def as_dict(self) -> dict:
         return {"checkpoint": self.checkpoint, "format": self.format, "architecture": self.architecture,
-                "emit": self.emit, "imported": [dict(r.as_dict(), **({"written_as": self.forms[r.weight]} if r.weight in self.forms else {}))
-                             for r in self.imported],
+                "emit": self.emit, "imported": [{**r.as_dict(), **({"written_as": self.forms[r.weight]}
+                                                                     if r.weight in self.forms else {})}
+                                                    for r in self.imported],
                 "left_float": [{"weight": n, "shape": list(s)} for n, s in self.left_float],
                 "unused": [{"tensor": n, "kind": k, "shape": list(s)} for n, k, s in self.unused],
                 "notes": ([self.converted] if self.converted else []) + self.notes, "emitted": self.emitted,
