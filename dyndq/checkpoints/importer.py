@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from dyndq.checkpoints import fused
 from dyndq.checkpoints.matching import float_weights, match, weight_values
-from dyndq.checkpoints.placing import Imported, place
+from dyndq.checkpoints.placing import Imported, decode, place
 from dyndq.checkpoints.source import Checkpoint, open_checkpoint
 from dyndq.checkpoints.writer import written_to
 from dyndq.converters.rules import TARGETS
@@ -41,16 +42,20 @@ class ImportReport:
     emitted: list[str] = field(default_factory=list)
     converted: str = ""  # the float model's opset raised, in a few words
     data_file: str | None = None
+    forms: dict = field(default_factory=dict)  # weight -> the form written for ONNX Runtime, with why (fused.py)
 
     def summary(self) -> str:
         tensors = len({r.tensor for r in self.imported})
+        fused = sum(not f.startswith("composition") for f in self.forms.values())
         return (f"{len(self.imported)} weight(s) from {tensors} {self.format} tensor(s), {len(self.left_float)} left float, "
-                f"{len(self.unused)} checkpoint tensor(s) unused; emit {self.emit}")
+                f"{len(self.unused)} checkpoint tensor(s) unused; emit {self.emit}"
+                + (f" ({fused} fused, {len(self.forms) - fused} composition)" if self.forms else ""))
 
     def table(self) -> list[str]:
         lines = [f"  {r.weight} <- {r.tensor} ({r.kind}, {r.how}"
                  + (f", relative error {r.error:.3g}" if r.error is not None else "") + f", {r.orientation})"
-                 + (f": {r.note}" if r.note else "") for r in self.imported]
+                 + (f": {r.note}" if r.note else "")
+                 + (f"\n    form: {self.forms[r.weight]}" if r.weight in self.forms else "") for r in self.imported]
         lines += [f"  left float: {name} {list(shape)}" for name, shape in self.left_float]
         lines += [f"  unused: {name} ({kind} {list(shape)})" for name, kind, shape in self.unused]
         lines += [f"  note: {n}" for n in ([self.converted] if self.converted else []) + self.notes]
@@ -59,7 +64,9 @@ class ImportReport:
 
     def as_dict(self) -> dict:
         return {"checkpoint": self.checkpoint, "format": self.format, "architecture": self.architecture,
-                "emit": self.emit, "imported": [r.as_dict() for r in self.imported],
+                "emit": self.emit, "imported": [{**r.as_dict(), **({"written_as": self.forms[r.weight]}
+                                                                     if r.weight in self.forms else {})}
+                                                    for r in self.imported],
                 "left_float": [{"weight": n, "shape": list(s)} for n, s in self.left_float],
                 "unused": [{"tensor": n, "kind": k, "shape": list(s)} for n, k, s in self.unused],
                 "notes": ([self.converted] if self.converted else []) + self.notes, "emitted": self.emitted,
@@ -103,21 +110,30 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
         values.close()
     if problems:
         raise ValidationError(problems)
+    orientations = {m.weight: m.orientation for m in matches}
     if not matches:
         raise ValidationError([Problem(f"checkpoint {ckpt.path!r}", f"no tensor of its {len(tensors)} matched a float "
                                        "weight of the model (by name, name map, --names or shape)",
                                        "at least one weight matched (--names maps tensors to initializers)")])
     report = ImportReport(ckpt.path, ckpt.format, ckpt.architecture, emit, notes=ckpt.notes())
     out = _opset_for(out, _opset_needed(matches, tensors), report)
+    decoded = plan = None
+    if emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; the
+        # export that follows holds the whole model anyway, so the decodes are made first, then placed)
+        decoded, matches, plan = fused.prepare(out, matches, tensors, decode(out, matches, tensors))
+        report.forms = plan.forms
     replaced = {m.weight for m in matches}
     if before_placing is not None:
         before_placing(out, replaced)
     if data is None:
-        report.imported = place(out, matches, tensors)  # (one tensor decoded at a time)
+        report.imported = place(out, matches, tensors, decoded=decoded)  # (else one tensor decoded at a time)
     else:
         with written_to(data):
-            report.imported = place(out, matches, tensors, store=data.stored)
-    # (the model placed, its report written: a step on both, fn(out, report), goes here)
+            report.imported = place(out, matches, tensors, store=data.stored, decoded=decoded)
+    if plan is not None:
+        fused.share(out, plan)
+    for row in report.imported:  # (a fused weight's decode is read as stored; the report says how the model reads it)
+        row.orientation = orientations.get(row.weight, row.orientation)
     used = {m.tensor for m in matches}
     report.left_float = [(w.name, w.shape) for w in weights.values() if w.name not in replaced]
     report.unused = [(t.name, t.kind, t.shape) for t in tensors.values() if t.name not in used]
@@ -126,6 +142,7 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
 
         out, exported = export_with_report(out, target=emit)
         report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
+        report.forms = fused.confirm(out, report.forms, report.emitted)
     return out, report
 
 

@@ -46,13 +46,27 @@ class Imported:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=None) -> list[Imported]:
+def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
+    """checkpoint tensor name -> its Written, all made at once, for a step that rewrites decodes
+    before they are placed (fused.prepare); `place` otherwise decodes one tensor at a time."""
+    names = NameScope(all_names(model))
+    written = {}
+    for m in matches:
+        if m.tensor not in written:
+            written[m.tensor] = tensors[m.tensor].nodes(names, m.weight)
+    return written
+
+
+def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=None, decoded: dict | None = None
+          ) -> list[Imported]:
     """Put the matches into `model` (in place), each tensor's decode read by every weight it stands
     for; returns a row per weight.  Each tensor is decoded here when its turn comes and let go
-    once placed, so that one tensor's decode is in memory at a time.  `store(tensor)`, when
-    given, takes each new initializer as it is made and returns what the graph holds (an external
-    data file's stub)."""
-    names = NameScope(all_names(model))  # (the decodes' names and the placing's from one scope)
+    once placed, so that one tensor's decode is in memory at a time (`decoded`: decodes made
+    before, from `decode`, taken instead).  `store(tensor)`, when given, takes each new
+    initializer as it is made and returns what the graph holds (an external data file's stub)."""
+    decoded = dict(decoded or {})
+    names = NameScope(all_names(model) | {n for w in decoded.values() for node in w.nodes for n in [*node.output, node.name]}
+                      | {t.name for w in decoded.values() for t in w.tensors})  # (the decodes' and the placing's names from one scope)
     graph = model.graph
     dtypes = {t.name: t.data_type for t in graph.initializer}
     dtypes.update({name: t.data_type for name, t in constant_tensors(graph).items() if name not in dtypes})
@@ -62,7 +76,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
     nodes, rows, tables = [], [], {}
     for tensor_name, ms in by_tensor.items():
         source = tensors[tensor_name]
-        written = source.nodes(names, ms[0].weight)
+        written = decoded.pop(tensor_name) if tensor_name in decoded else source.nodes(names, ms[0].weight)
         shared = _share_tables(written, tables)
         for t in written.tensors:
             if t.name not in shared:
