@@ -63,19 +63,28 @@ class ImportReport:
                 "data_file": self.data_file}
 
 
-def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
+def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unpermute: bool = True):
     """(the model with the checkpoint's weights in place of its float ones, ImportReport).
     model: an onnx.ModelProto or a path; checkpoint: a path or an open Checkpoint; names: a dict
     {checkpoint tensor: initializer} or a JSON file of one; emit: "dyndq" (our op) or an export
     target ("onnx", "onnxruntime", "openvino").  Raises ValidationError for the problems found (a
-    tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched)."""
+    tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched).
+    unpermute=False leaves a GGUF file's Q/K rows as stored (llama.cpp's rotary permutation not
+    undone: a Mistral-format checkpoint converted as llama); for an open Checkpoint, give it to
+    its constructor."""
     from dyndq.model_files import model_of
 
     if emit not in EMITS:
         raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
     given = model_of(model, "import_weights")
     names_map = _names(names)
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
+    if isinstance(checkpoint, Checkpoint):
+        ckpt = checkpoint
+        if not unpermute and ckpt.unpermute:
+            raise ValidationError([Problem("unpermute", "False with a checkpoint opened already",
+                                           f"{type(ckpt).__name__}(path, unpermute=False), or the checkpoint's path")])
+    else:
+        ckpt = open_checkpoint(checkpoint, unpermute=unpermute)
     tensors = {t.name: t for t in ckpt.tensors()}
     out = onnx.ModelProto()
     out.CopyFrom(given)  # (the model passed in is never modified)
@@ -136,7 +145,8 @@ def _names(names) -> dict | None:
     return given
 
 
-def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwrite: bool = False) -> ImportReport:
+def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwrite: bool = False,
+                unpermute: bool = True) -> ImportReport:
     """Import into the model file `src` and write `dst` (as the input was stored: its external data
     in a file beside it when it had one, or when too big for one message), staged and checked
     (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine `emit` is for) before
@@ -149,7 +159,7 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
     if not overwrite and same_file(src, dst):
         raise ModelFileError(f"{dst}: is the input model itself; write to another file")
     loaded = read_model(src)
-    out, report = import_weights(loaded.model, checkpoint, names, emit)
+    out, report = import_weights(loaded.model, checkpoint, names, emit, unpermute=unpermute)
     with staged_write(dst, external_data=needs_external_data(out, loaded.external_data)) as stage:
         write_staged(out, stage)
         del out
