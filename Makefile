@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export test-gguf-real bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export test-gguf-real bench-trained bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -159,6 +159,11 @@ test-sanitize: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py
+
+# what `dyndq import-weights` costs per checkpoint format (GGUF, GPTQ, AWQ, compressed-tensors), against
+# ONNX Runtime's float model and its own int4, side by side (minutes; docs/import.md "What it costs")
+bench-import: $(STAMP)
+	$(PY) benchmarks/bench_import.py $(BENCH_IMPORT_ARGS)
 
 # The whole suite on the oldest releases pyproject.toml allows (each ">=X.Y" read as
 # "==X.Y.*"), in a venv of its own: keeps those lower bounds true.
