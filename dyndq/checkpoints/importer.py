@@ -73,18 +73,21 @@ class ImportReport:
                 "data_file": self.data_file}
 
 
-def import_weights(model, checkpoint, names=None, emit: str = "dyndq"):
+def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unpermute: bool = True):
     """(the model with the checkpoint's weights in place of its float ones, ImportReport).
     model: an onnx.ModelProto or a path; checkpoint: a path or an open Checkpoint; names: a dict
     {checkpoint tensor: initializer} or a JSON file of one; emit: "dyndq" (our op) or an export
     target ("onnx", "onnxruntime", "openvino").  Raises ValidationError for the problems found (a
-    tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched)."""
+    tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched).
+    unpermute=False leaves a GGUF file's Q/K rows as stored (llama.cpp's rotary permutation not
+    undone: a Mistral-format checkpoint converted as llama); for an open Checkpoint, give it to
+    its constructor."""
     from dyndq.model_files import model_of
 
     _check_emit(emit)
     given = model_of(model, "import_weights")
     names_map = _names(names)
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
+    ckpt = _opened(checkpoint, unpermute)
     if given is model:  # (the model passed in is never modified; one read from a path here is ours)
         out = onnx.ModelProto()
         out.CopyFrom(given)
@@ -144,6 +147,17 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
         report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
         report.forms = fused.confirm(out, report.forms, report.emitted)
     return out, report
+
+
+def _opened(checkpoint, unpermute: bool) -> Checkpoint:
+    """The checkpoint open (a path opened by its format's opener); unpermute=False with one opened
+    already is refused, not ignored (its constructor took the choice)."""
+    if not isinstance(checkpoint, Checkpoint):
+        return open_checkpoint(checkpoint, unpermute=unpermute)
+    if not unpermute and checkpoint.unpermute:
+        raise ValidationError([Problem("unpermute", "False with a checkpoint opened already",
+                                       f"{type(checkpoint).__name__}(path, unpermute=False), or the checkpoint's path")])
+    return checkpoint
 
 
 def _check_emit(emit: str) -> None:
@@ -209,7 +223,8 @@ def _names(names) -> dict | None:
     return given
 
 
-def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwrite: bool = False) -> ImportReport:
+def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwrite: bool = False,
+                unpermute: bool = True) -> ImportReport:
     """Import into the model file `src` and write `dst` (as the input was stored: its external data
     in a file beside it when it had one, or when too big for one message), staged and checked
     (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine `emit` is for) before
@@ -230,7 +245,7 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
         raise ModelFileError(f"{dst}: is the input model itself; write to another file")
     loaded = read_model(src, load_data=False)  # (the model's graph: its data read as needed, or whole below)
     names_map = _names(names)
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
+    ckpt = _opened(checkpoint, unpermute)
     if loaded.external_data and emit == "dyndq":
         with staged_write(dst, external_data=True) as stage:
             with open(os.path.join(stage.folder, stage.location), "wb") as f:

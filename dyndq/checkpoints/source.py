@@ -49,6 +49,8 @@ class Checkpoint:
     format = "?"
     path = ""
     architecture: str | None = None
+    # GGUF: undo llama.cpp's rotary Q/K row permutation (a format that has none ignores it)
+    unpermute = True
 
     def tensors(self) -> list[SourceTensor]:
         raise NotImplementedError
@@ -69,9 +71,10 @@ def opener(name: str):
     return register
 
 
-def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike, *, unpermute: bool = True) -> Checkpoint:
     """The checkpoint at `path`, by the first registered format that takes it; ModelFileError
-    (a file the command cannot use) where there is no such file or no format takes it."""
+    (a file the command cannot use) where there is no such file or no format takes it.
+    unpermute=False: llama.cpp's Q/K row permutation left as stored (see Checkpoint.unpermute)."""
     from dyndq.atomic_writes import ModelFileError
 
     path = os.fspath(path)
@@ -80,5 +83,6 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     for _, fn in _OPENERS:
         found = fn(path)
         if found is not None:
+            found.unpermute = unpermute
             return found
     raise ModelFileError(f"{path}: not a checkpoint dyndq reads (it reads: {', '.join(n for n, _ in _OPENERS)})")

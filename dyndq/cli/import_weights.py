@@ -27,6 +27,9 @@ def _add_parser(sub) -> None:
     p.add_argument("--names", metavar="MAP.json", help="a JSON object {checkpoint tensor: initializer name}")
     p.add_argument("--emit", choices=("dyndq", *TARGETS), default="dyndq",
                    help="dyndq: DynamicDequantize (default); " + "; ".join(f"{e.name}: {e.writes}" for e in ENGINES.values()))
+    p.add_argument("--no-unpermute", dest="unpermute", action="store_false",
+                   help="leave a GGUF file's Q/K rows as stored (llama.cpp's rotary row permutation not undone: "
+                        "for a checkpoint converted as llama that was never permuted, Mistral's own format)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -35,7 +38,8 @@ def cmd_import_weights(args) -> int:
 
     refuse_same_file(args.model, args.output)
     try:
-        report = import_file(args.model, args.checkpoint, args.output, names=args.names, emit=args.emit)
+        report = import_file(args.model, args.checkpoint, args.output, names=args.names, emit=args.emit,
+                             unpermute=args.unpermute)
     except MissingExtra as e:  # (an optional extra not installed: gguf)
         raise UsageError(str(e)) from None
     if args.json:

@@ -10,8 +10,15 @@ attention Q and K for the llama family: `w.reshape(n_head, 2, rows // n_head // 
 source's row perm[i]; the source's rows are GGUF's rows argsort(perm).  Rows are whole blocks
 (blocks run along a row), so the undo reorders the tensor's bytes row by row before its nodes
 are written: exact, and nothing at run time.  ARCHITECTURES_PERMUTED lists the architectures
-whose converter class permutes, and what (read in llama.cpp's converter: LlamaModel permutes
-weights and biases, MiniCPM weights only).
+whose converter class permutes, and what: read in llama.cpp's converter (the one in the
+llama-cpp-python 0.3.16 sdist, and ggml-org/llama.cpp's master for nanbeige): the classes whose
+`modify_tensors` calls a `permute` of this form on `q_proj`/`k_proj` (or on Q and K split from a
+fused QKV), directly or through LlamaModel's with `undo_permute = True`.  Left out: llama4 and
+Mistral's own format (`undo_permute = False`), chameleon (its q_norm/k_norm are permuted another
+way, not undone here), clip/mmproj vision towers.  A head count stored per layer (deci,
+granitehybrid) is read at the tensor's block.  `unpermute=False` (`--no-unpermute`) leaves the
+rows as stored: a checkpoint converted as `llama` from one that was never permuted (Mistral's
+consolidated format, say) needs it.
 """
 from __future__ import annotations
 
@@ -25,8 +32,21 @@ from dyndq.checkpoints.gguf.tensors import GGUFTensor, nodes, tensors_of
 from dyndq.checkpoints.source import Checkpoint, MissingExtra, SourceTensor, opener
 from dyndq.opdefs import Problem, ValidationError
 
-# architecture -> the suffixes of Q and K tensors llama.cpp's converter permutes
-ARCHITECTURES_PERMUTED = {"llama": (".weight", ".bias"), "minicpm": (".weight",)}
+# architecture -> the suffixes of Q and K tensors llama.cpp's converter permutes (its class)
+_BOTH, _WEIGHTS = (".weight", ".bias"), (".weight",)
+ARCHITECTURES_PERMUTED = {
+    "llama": _BOTH,  # LlamaModel (and Mistral3Model, InternLM3Model, written as llama)
+    "arcee": _BOTH, "smollm3": _BOTH, "nanbeige": _BOTH,  # LlamaModel's subclasses
+    "granite": _BOTH, "granitemoe": _BOTH, "granitehybrid": _BOTH,  # GraniteModel(LlamaModel) and its subclasses
+    "deci": _BOTH,  # DeciModel, heads per layer
+    "llada": _BOTH,  # LLaDAModel
+    "deepseek": _BOTH,  # DeepseekModel (not deepseek2)
+    "minicpm": _WEIGHTS,  # MiniCPMModel
+    "olmo": _WEIGHTS,  # OlmoModel (not olmo2)
+    "arctic": _WEIGHTS,  # ArcticModel
+    "internlm2": _WEIGHTS,  # InternLM2Model: Q and K split from wqkv, then permuted
+    "bailingmoe": _WEIGHTS,  # BailingMoeModel: Q and K split from query_key_value, then permuted
+}
 _QK = re.compile(r"^blk\.\d+\.attn_(q|k)(\.weight|\.bias)$")
 MAGIC = b"GGUF"
 
@@ -44,12 +64,13 @@ def open_gguf(path: str):
 class GGUFCheckpoint(Checkpoint):
     format = "GGUF"
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, unpermute: bool = True):
         try:
             from gguf import GGUFReader
         except ImportError as e:  # (an optional extra: dyndq itself runs without it)
             raise MissingExtra("reading GGUF files needs the `gguf` package: pip install 'dyndq[import]'") from e
         self.path = os.fspath(path)
+        self.unpermute = unpermute
         try:
             self.reader = GGUFReader(self.path, "r")
         except Exception as e:  # noqa: BLE001 - gguf's reader raises several kinds on a damaged file
@@ -90,9 +111,13 @@ class GGUFCheckpoint(Checkpoint):
         return found
 
     def notes(self) -> list[str]:
+        notes = []
         if self._map is None:
-            return [f"architecture {self.architecture!r}: gguf has no tensor-name map of it (names matched as they are)"]
-        return []
+            notes.append(f"architecture {self.architecture!r}: gguf has no tensor-name map of it (names matched as they are)")
+        if not self.unpermute and (self.architecture or "") in ARCHITECTURES_PERMUTED:
+            notes.append(f"Q/K rows left as stored (unpermute off): llama.cpp's rotary permutation of {self.architecture} "
+                         "not undone")
+        return notes
 
     def tensors(self) -> list[SourceTensor]:
         return [self._source(t) for t in self._raw]
@@ -133,19 +158,34 @@ class GGUFCheckpoint(Checkpoint):
         """(the rows of the source in GGUF's rows, a note) for a permuted Q or K, else (None, "")."""
         found = _QK.match(t.name)
         suffixes = ARCHITECTURES_PERMUTED.get(self.architecture or "")
-        if not found or not suffixes or found.group(2) not in suffixes:
+        if not self.unpermute or not found or not suffixes or found.group(2) not in suffixes:
             return None, ""
-        n_head = self._field(f"{self.architecture}.attention.head_count")
-        n_kv = self._field(f"{self.architecture}.attention.head_count_kv")
+        block = int(t.name.split(".")[1])
+        n_head = self._heads(t, "head_count", block)
+        n_kv = self._heads(t, "head_count_kv", block)
         if n_head is None:
             raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"no {self.architecture}.attention.head_count "
                                            "in the file", "the head count (to undo llama.cpp's row permutation)")])
-        n = int(n_kv) if found.group(1) == "k" and n_kv is not None and int(n_kv) != int(n_head) else int(n_head)
+        n = n_kv if found.group(1) == "k" and n_kv is not None and n_kv != n_head else n_head
+        if n <= 0:
+            raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"{n} heads in block {block}",
+                                           "a positive head count (to undo llama.cpp's row permutation)")])
         rows = t.shape[0]
         if rows % (2 * n):
             raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"{rows} rows", f"a multiple of 2 x {n} heads")])
         perm = np.arange(rows).reshape(n, 2, rows // n // 2).swapaxes(1, 2).reshape(rows)
         return np.argsort(perm), f"rows un-permuted (llama.cpp's rotary permutation of {n} heads undone)"
+
+
+    def _heads(self, t: GGUFTensor, key: str, block: int) -> int | None:
+        """`{arch}.attention.{key}`: one count, or a count per layer (deci, granitehybrid) read at `block`."""
+        value = self._field(f"{self.architecture}.attention.{key}")
+        if value is None or not isinstance(value, (list, tuple)):
+            return None if value is None else int(value)
+        if block >= len(value):
+            raise ValidationError([Problem(f"GGUF tensor {t.name!r}", f"{self.architecture}.attention.{key} of "
+                                           f"{len(value)} layers", f"a count for block {block}")])
+        return int(value[block])
 
 
 def _rows_taken(t: GGUFTensor, order: np.ndarray) -> GGUFTensor:
