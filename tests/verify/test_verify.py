@@ -1,0 +1,296 @@
+"""dyndq.verify: ONNX Runtime's own quantizer outputs (MatMulNBits 4-bit, DequantizeLinear 8-bit)
+verify as round to nearest with no false alarm; copies with one planted fault each (nibbles
+swapped, zero points plus one, blocks reversed, a square weight quantized transposed, one weight
+requantized) name that weight and that fault, and nothing else; an import of a GGUF checkpoint
+verifies identical against the GGUF; the outputs are compared on both engines."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper as nh
+
+import dyndq
+
+ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
+from onnxruntime.quantization import QuantFormat  # noqa: E402
+
+V, D, H = 64, 64, 128  # the square weight W1 [D, D]; W2 [D, H] has 4 blocks of 32 along K in W3 [H, V]
+
+
+def float_model(seed: int = 0, w1=None) -> onnx.ModelProto:
+    """ids -> Gather(E [V, D]) -> MatMul(W1 [D, D]) -> Relu -> MatMul(W2 [D, H]) -> Relu -> MatMul(W3 [H, V]) = logits."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
+    weights = {"E": w(V, D), "W1": w(D, D), "W2": w(D, H), "W3": w(H, V)}
+    if w1 is not None:
+        weights["W1"] = w1
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["x"], name="embed"),
+             helper.make_node("MatMul", ["x", "W1"], ["h1"], name="fc1"), helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="fc2"), helper.make_node("Relu", ["h2"], ["r2"]),
+             helper.make_node("MatMul", ["r2", "W3"], ["logits"], name="fc3")]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", V])],
+                          [nh.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def ort_quantized(model: onnx.ModelProto, **kw) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # (it changes the model it is given)
+    q = ort_quant.MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul",), **kw)
+    q.process()
+    return q.model.model
+
+
+def nbits(model=None, **kw):
+    return ort_quantized(model or float_model(), bits=4, block_size=32, is_symmetric=False, **kw)
+
+
+def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
+    """ONNX Runtime's static QDQ quantizer (int8 weights, its default symmetric; the activations
+    quantized too, calibrated on two samples): DequantizeLinear per tensor or per channel + MatMul."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self.left = iter([{"ids": np.array([1, 2, 3], np.int64)}, {"ids": np.array([5, 63], np.int64)}])
+
+        def get_next(self):
+            return next(self.left, None)
+
+    onnx.save(model, folder / "float.onnx")
+    quantize_static(folder / "float.onnx", folder / "qdq.onnx", Samples(), quant_format=QuantFormat.QDQ,
+                    weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul"])
+    return onnx.load(folder / "qdq.onnx")
+
+
+def statuses(report) -> dict:
+    return {w.weight: (w.status, w.kind) for w in report.weights}
+
+
+def node_of(model, weight: str) -> onnx.NodeProto:
+    """The MatMulNBits node quantizing `weight` (its B input is named after it)."""
+    return next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[1].startswith(weight + "_"))
+
+
+def init(model, name) -> onnx.TensorProto:
+    return next(t for t in model.graph.initializer if t.name == name)
+
+
+def replace(model, name, array) -> None:
+    init(model, name).CopyFrom(nh.from_array(np.ascontiguousarray(array), name))
+
+
+def faithful_weights(report) -> list:
+    return [w.weight for w in report.weights if w.faithful]
+
+
+@pytest.fixture(scope="module")
+def source():
+    return float_model()
+
+
+@pytest.fixture(scope="module")
+def quantized(source):
+    return nbits(source)
+
+
+def test_onnxruntimes_matmulnbits_output_verifies_as_round_to_nearest(source, quantized):
+    report = dyndq.verify(quantized, source, outputs=False)
+    got = {w.source: w for w in report.weights}
+    assert {k: (w.status, w.kind) for k, w in got.items()} == {
+        "W1": ("rtn", None), "W2": ("rtn", None), "W3": ("rtn", None), "E": ("float", None)}
+    assert report.faithful and report.unused == []
+    assert "matmul rule" in got["W2"].rule and "asymmetric" in got["W2"].rule and "block 32" in got["W2"].rule
+    assert got["E"].error == 0.0
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnxruntimes_qdq_8bit_output_verifies_as_its_rule(source, tmp_path, per_channel):
+    model = qdq8(source, tmp_path, per_channel)
+    assert sum(n.op_type == "DequantizeLinear" for n in model.graph.node) > 3  # (weights and activations)
+    report = dyndq.verify(model, source, samples=1)
+    assert {w.source: w.status for w in report.weights} == {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}
+    form = "per channel" if per_channel else "per tensor"
+    assert all(w.rule == f"ONNX Runtime's qdq rule (quant_utils.quantize_data), symmetric, 8 bits, {form}"
+               for w in report.weights if w.status == "rtn")
+    assert {w.weight for w in report.weights} == {"W1_DequantizeLinear_Output", "W2_DequantizeLinear_Output",
+                                                  "W3_DequantizeLinear_Output", "E"}  # (the values the MatMuls read)
+    assert [o.top1 for o in report.outputs] == [1.0, 1.0]  # (both engines)
+
+
+def test_onnxruntimes_qdq_4bit_output_verifies_as_round_to_nearest(source):
+    model = ort_quantized(source, bits=4, block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+    assert any(n.op_type == "DequantizeLinear" for n in model.graph.node)
+    report = dyndq.verify(model, source, outputs=False)
+    assert {w.source: w.status for w in report.weights} == {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}
+    assert all("matmul rule" in w.rule and "asymmetric, 4 bits, block 32" in w.rule
+               for w in report.weights if w.status == "rtn")
+
+
+def test_a_symmetric_quantization_is_named_symmetric(source):
+    model = ort_quantized(source, bits=4, block_size=16, is_symmetric=True)
+    report = dyndq.verify(model, source, outputs=False)
+    rtn = [w for w in report.weights if w.status == "rtn"]
+    assert len(rtn) == 3 and all(", symmetric, 4 bits, block 16" in w.rule for w in rtn)
+
+
+def unpack(packed: np.ndarray) -> np.ndarray:
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
+def pack(codes: np.ndarray) -> np.ndarray:
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+
+
+def copy_of(model):
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def nibbles_swapped(model, weight):
+    out = copy_of(model)
+    b = nh.to_array(init(out, node_of(out, weight).input[1]))
+    replace(out, node_of(out, weight).input[1], ((b >> 4) | (b << 4)).astype(np.uint8))
+    return out
+
+
+def zero_points_plus_one(model, weight):
+    out = copy_of(model)
+    name = node_of(out, weight).input[3]
+    zp = unpack(nh.to_array(init(out, name)))
+    replace(out, name, pack(np.where(zp < 15, zp + 1, zp).astype(np.uint8)))
+    return out
+
+
+def blocks_reversed(model, weight):
+    out = copy_of(model)
+    node = node_of(out, weight)
+    n_rows = next(a.i for a in node.attribute if a.name == "N")
+    b = nh.to_array(init(out, node.input[1]))
+    replace(out, node.input[1], b[:, ::-1])
+    s = nh.to_array(init(out, node.input[2]))
+    replace(out, node.input[2], s.reshape(n_rows, -1)[:, ::-1].reshape(s.shape))
+    zp = nh.to_array(init(out, node.input[3]))
+    blocks = b.shape[1]
+    z = unpack(zp)[:, :blocks][:, ::-1]
+    replace(out, node.input[3], pack(z).reshape(zp.shape))
+    return out
+
+
+def transposed_square(model, weight, source):
+    """The square weight's quantized tensors taken from ONNX Runtime's quantization of its transpose."""
+    out = copy_of(model)
+    wrong = nbits(float_model(w1=np.ascontiguousarray(nh.to_array(init(source, weight)).T)))
+    for i in (1, 2, 3):
+        name = node_of(out, weight).input[i]
+        replace(out, name, nh.to_array(init(wrong, node_of(wrong, weight).input[i])))
+    return out
+
+
+def requantized(model, weight, source):
+    """One weight's tensors from ONNX Runtime's quantization of that weight slightly moved (1e-3 of
+    its spread): a few codes a level off, the scales a little off."""
+    out = copy_of(model)
+    w = nh.to_array(init(source, weight))
+    moved = copy_of(source)
+    rng = np.random.default_rng(7)
+    replace(moved, weight, (w + rng.standard_normal(w.shape).astype(np.float32) * 1e-3 * w.std()).astype(np.float32))
+    other = nbits(moved)
+    for i in (1, 2, 3):
+        replace(out, node_of(out, weight).input[i], nh.to_array(init(other, node_of(other, weight).input[i])))
+    return out
+
+
+@pytest.mark.parametrize("plant,weight,status,kind", [
+    ("nibbles", "W2", "layout", "nibble-order"),
+    ("zero points", "W3", "layout", "zero-point-off-by-one"),
+    ("blocks", "W3", "layout", "block-order"),
+    ("transposed", "W1", "layout", "transposed"),
+    ("requantized", "W2", "requantized", None),
+])
+def test_a_planted_fault_is_named_and_only_that_one(source, quantized, plant, weight, status, kind):
+    faulty = {"nibbles": lambda: nibbles_swapped(quantized, weight),
+              "zero points": lambda: zero_points_plus_one(quantized, weight),
+              "blocks": lambda: blocks_reversed(quantized, weight),
+              "transposed": lambda: transposed_square(quantized, weight, source),
+              "requantized": lambda: requantized(quantized, weight, source)}[plant]()
+    report = dyndq.verify(faulty, source, outputs=False)
+    found = {w.source: w for w in report.weights}
+    assert (found[weight].status, found[weight].kind) == (status, kind), found[weight]
+    assert sorted(w.source for w in report.findings) == [weight]
+    assert {k: w.status for k, w in found.items() if k != weight} == {
+        k: v for k, v in {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}.items() if k != weight}
+    if status == "requantized":
+        assert found[weight].codes_off in (1, 2) and 0 < found[weight].error < 0.2
+    assert not report.faithful
+
+
+def test_a_float_weight_changed_is_a_finding(source, quantized):
+    changed = copy_of(quantized)
+    e = nh.to_array(init(changed, "E")).copy()
+    e[3, 5] += 1.0
+    replace(changed, "E", e)
+    report = dyndq.verify(changed, source, outputs=False)
+    bad = report.findings
+    assert [(w.weight, w.status) for w in bad] == [("E", "float")] and bad[0].error > 0
+
+
+def test_outputs_are_compared_on_both_engines_with_logits_metrics(source, quantized):
+    report = dyndq.verify(quantized, source, samples=2)
+    assert {(o.engine, o.name) for o in report.outputs} == {("reference", "logits"), ("onnxruntime", "logits")}
+    for o in report.outputs:
+        assert 0.98 < o.cosine <= 1.0 + 1e-9 and 0 < o.relative < 0.3
+        assert 0.5 <= o.top1 <= 1.0 and 0 <= o.kl < 0.05
+    assert "2 seeded samples (seed 0" in report.inputs
+    # the engines agree on a quantized model's outputs (the same dequantized weights) to float rounding
+    ref, ort = sorted(report.outputs, key=lambda o: o.engine != "reference")
+    assert abs(ref.relative - ort.relative) < 1e-4
+
+
+def test_the_users_inputs_are_used_when_given(source, quantized):
+    feeds = {"ids": np.array([0, 63, 5], np.int64)}
+    report = dyndq.verify(quantized, source, inputs=feeds)
+    assert report.inputs.startswith("1 sample given")
+
+
+def test_the_report_as_json_has_the_documented_keys(source, quantized):
+    d = dyndq.verify(quantized, source, samples=1).as_dict()
+    assert {"quantized", "source", "weights", "outputs", "blame"} <= set(d)
+    assert all({"weight", "source", "status"} <= set(w) for w in d["weights"])
+    assert all({"engine", "setting", "name", "cosine", "relative", "top1", "kl"} <= set(o) for o in d["outputs"])
+
+
+def test_a_model_passed_in_is_not_modified(source, quantized):
+    before = (source.SerializeToString(), quantized.SerializeToString())
+    dyndq.verify(quantized, source, samples=1)
+    assert (source.SerializeToString(), quantized.SerializeToString()) == before
+
+
+# -- a checkpoint as the source ---------------------------------------------------------------------
+
+def test_an_import_of_a_gguf_checkpoint_verifies_identical_against_it(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_models import float_model as llama_model, gguf_tensors, source_weights, write_gguf
+
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(tmp_path / "m.gguf", tensors)
+    imported, _ = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf")
+    report = dyndq.verify(imported, tmp_path / "m.gguf")
+    assert report.faithful and len(report.weights) == 7
+    assert {w.status for w in report.weights} == {"identical"}
+    assert report.unused == ["blk.0.attn_v.weight"]
+    assert report.outputs == [] and "checkpoint" in report.outputs_note
+    # one weight's decode changed: no longer the checkpoint's own dequantization
+    broken = copy_of(imported)
+    ddq = next(n for n in broken.graph.node if n.op_type == "DynamicDequantize")
+    codes = init(broken, ddq.input[0])
+    arr = nh.to_array(codes).copy()
+    arr.reshape(-1)[0] = arr.reshape(-1)[1] if arr.reshape(-1)[0] != arr.reshape(-1)[1] else arr.reshape(-1)[0] ^ 1
+    codes.CopyFrom(nh.from_array(arr, codes.name))
+    report = dyndq.verify(broken, tmp_path / "m.gguf")
+    assert len(report.findings) == 1 and report.findings[0].status in ("requantized", "differs")
