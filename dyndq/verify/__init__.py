@@ -72,7 +72,7 @@ class VerifyReport:
             for o in self.outputs:
                 task = f"  top-1 {o.top1:.4f}  KL {o.kl:.3g}" if o.top1 is not None else ""
                 lines.append(f"    {o.engine} ({o.setting}) {o.name}: cosine {o.cosine:.6f}  relative {o.relative:.3g}{task}")
-        elif self.outputs_note:
+        if self.outputs_note:
             lines.append(f"  outputs: {self.outputs_note}")
         return lines
 
@@ -112,7 +112,8 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
         from dyndq.verify.outputs import compare, samples_for
 
         feeds, report.inputs = samples_for(src.model, inputs, seed, samples)
-        report.outputs = compare(model, src.model, feeds, engines)
+        report.outputs, notes = compare(model, src.model, feeds, engines)
+        report.outputs_note = "; ".join(notes)
     return report
 
 

@@ -110,7 +110,7 @@ def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) ->
     rules = ("gather", "matmul") if reader == "Gather" else ("matmul", "gather")
     out = []
     for rule in rules:
-        if rule == "gather" and g.bits != 4:  # (ONNX Runtime's gather rule is 4-bit only)
+        if rule == "gather" and g.bits == 2:  # (ONNX Runtime quantizes no Gather at 2 bits)
             continue
         for symmetric in (False, True):
             with np.errstate(all="ignore"):
@@ -128,7 +128,8 @@ def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn
     """ONNX Runtime's QDQ quantizer's codes of `source` (per tensor, or per channel: each channel
     by itself), by its own function (quant_utils.quantize_data; [] where onnxruntime's quantization
     package is not installed, or the codes are not 8 bits)."""
-    if not (g.tensor or g.block == -1) or code_dtype not in ("int8", "uint8"):
+    if not (g.tensor or g.block == -1) or code_dtype not in ("int8", "uint8") or \
+            source.dtype not in (np.float32, np.float16):  # (its QDQ quantizer takes float and float16 weights)
         return []
     try:
         from onnx import TensorProto
@@ -158,10 +159,12 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}")))
 
 
-def exact(offsets: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, rtn: Rtn) -> bool:
-    """Whether the quantized form is this RTN's: offsets equal, scales bit for bit, zero points
-    equal (where the form stores them and RTN is asymmetric)."""
-    if not (np.array_equal(offsets, rtn.offsets) and same_bits(scales, rtn.scales)):
+def exact(offsets: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, rtn: Rtn, covered=None) -> bool:
+    """Whether the quantized form is this RTN's: offsets equal (where `covered`: the codes the
+    weight reads, not a last block's padding, which a quantizer fills as it likes), scales bit for
+    bit, zero points equal (where the form stores them and RTN is asymmetric)."""
+    mask = np.ones(offsets.shape, bool) if covered is None else covered
+    if not (np.array_equal(offsets[mask], rtn.offsets[mask]) and same_bits(scales, rtn.scales)):
         return False
     return zeros is None or rtn.zeros is None or np.array_equal(_ints(zeros), rtn.zeros)
 
@@ -175,7 +178,7 @@ def swapped_pairs(codes: np.ndarray, axis: int | None) -> np.ndarray | None:
     return pairs.reshape(codes.shape) if axis is None else np.moveaxis(pairs, -1, axis)
 
 
-def block_permutation(codes, scales, zeros, rtn: Rtn, g: Grouping) -> int | None:
+def block_permutation(codes, scales, zeros, rtn: Rtn, g: Grouping, covered) -> int | None:
     """The number of rows whose blocks (code offsets and scale together) are RTN's in another
     order; None when some block is no block of RTN's in its row, or every row is in order."""
     if g.block == -1 or codes.shape[g.axis] % g.block:
@@ -188,8 +191,8 @@ def block_permutation(codes, scales, zeros, rtn: Rtn, g: Grouping) -> int | None
         s = np.ascontiguousarray(np.moveaxis(np.asarray(sc), g.axis, -1).reshape(-1, n_blocks))
         return [[(lv[r, b].tobytes(), s[r, b].tobytes()) for b in range(n_blocks)] for r in range(lv.shape[0])]
 
-    ours = blocks(offsets_of(codes, zeros, g), scales)
-    theirs = blocks(rtn.offsets, rtn.scales)
+    ours = blocks(np.where(covered, offsets_of(codes, zeros, g), 0), scales)
+    theirs = blocks(np.where(covered, rtn.offsets, 0), rtn.scales)
     moved = 0
     for mine, want in zip(ours, theirs):
         if mine == want:
@@ -200,32 +203,33 @@ def block_permutation(codes, scales, zeros, rtn: Rtn, g: Grouping) -> int | None
     return moved or None
 
 
-def layout(codes, scales, zeros, rtn: Rtn, g: Grouping) -> tuple[str, str] | None:
-    """(kind, what was found) of the known wrong layout that, undone, gives `rtn` exactly; or None."""
+def layout(codes, scales, zeros, rtn: Rtn, g: Grouping, covered) -> tuple[str, str] | None:
+    """(kind, what was found) of the known wrong layout that, undone, gives `rtn` exactly (on the
+    `covered` codes); or None."""
     codes_int, n_zeros = _ints(codes), zeros
     for axis, where in ((g.axis, "along the blocks"), (None, "in storage order")):
         if g.bits > 4:
             break
         swapped = swapped_pairs(codes_int, axis)
-        if swapped is not None and exact(offsets_of(swapped, n_zeros, g), scales, n_zeros, rtn):
+        if swapped is not None and exact(offsets_of(swapped, n_zeros, g), scales, n_zeros, rtn, covered):
             return "nibble-order", f"every pair of neighbouring codes swapped {where}"
     if zeros is not None and rtn.zeros is not None and same_bits(scales, rtn.scales):
         diff = _ints(zeros) - rtn.zeros
         off = np.unique(diff[diff != 0])
-        if len(off) == 1 and abs(int(off[0])) == 1 and np.array_equal(codes_int, rtn.levels):
+        if len(off) == 1 and abs(int(off[0])) == 1 and np.array_equal(codes_int[covered], rtn.levels[covered]):
             return "zero-point-off-by-one", (f"codes and scales exact; {int((diff != 0).sum())} of {diff.size} zero "
                                              f"points {int(off[0]):+d}")
-    moved = block_permutation(codes, scales, zeros, rtn, g)
+    moved = block_permutation(codes, scales, zeros, rtn, g, covered)
     if moved:
         return "block-order", f"the blocks of {moved} row(s) in another order (codes, scales and zero points)"
     return None
 
 
-def levels_off(values: np.ndarray, rtn_values: np.ndarray, rtn: Rtn, g: Grouping) -> int:
-    """The most levels of RTN's step by which the values differ from RTN's."""
+def levels_off(values: np.ndarray, rtn_values: np.ndarray, rtn: Rtn, g: Grouping, covered) -> int:
+    """The most levels of RTN's step by which the (covered) values differ from RTN's."""
     step = np.abs(_spread(np.asarray(rtn.scales, np.float64), g, values.shape))
     with np.errstate(all="ignore"):
-        off = np.where(step > 0, np.abs(values.astype(np.float64) - rtn_values) / step, 0.0)
+        off = np.where(step > 0, np.abs(values.astype(np.float64) - rtn_values) / step, 0.0)[covered]
     off = off[np.isfinite(off)]
     return int(np.round(off.max())) if off.size else 0
 

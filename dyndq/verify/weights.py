@@ -296,7 +296,8 @@ def _reader_nodes(model: onnx.ModelProto) -> dict:
 
 
 def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> WeightVerdict:
-    theirs = _theirs(source, name, value.shape, d.reader).astype(np.float32)
+    raw = _theirs(source, name, value.shape, d.reader)  # (in its own dtype: ONNX Runtime's rules compute in it)
+    theirs = raw.astype(np.float32)
     ours32 = value.astype(np.float32)
     error = relative_error(ours32, theirs)
     if theirs.shape != ours32.shape:
@@ -304,7 +305,9 @@ def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> 
                              f"{list(theirs.shape)}")
     if C.same_bits(ours32, theirs):
         return WeightVerdict(d.value, name, "identical", error=0.0, matched=how)
-    verdict = _against_rtn(model, d, value, theirs, error, name, how) if source.kind == "onnx" else None
+    verdict = None
+    if source.kind == "onnx":
+        verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
     if verdict is not None:
         return verdict
     if error < CLOSE_ENOUGH:
@@ -328,9 +331,11 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
     zeros = C.grouped(stored(model, d.decoder.input[2]), g, codes.shape) if len(d.decoder.input) > 2 and \
         d.decoder.input[2] else None
     offsets = C.offsets_of(codes, zeros, g)
+    covered = np.zeros(codes.shape, bool)
+    covered.reshape(-1)[index.reshape(-1)] = True
 
     def laid_out(weight: np.ndarray) -> np.ndarray:
-        out = np.zeros(codes.shape, np.float32)  # (a partial block padded with zeros, as ONNX Runtime pads)
+        out = np.zeros(codes.shape, weight.dtype)  # (a partial block padded with zeros, as ONNX Runtime pads)
         out.reshape(-1)[index.reshape(-1)] = weight.reshape(-1)
         return out
 
@@ -339,24 +344,56 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
     if not candidates:
         return None
     for rtn in candidates:
-        if C.exact(offsets, scales, zeros, rtn):
+        if C.exact(offsets, scales, zeros, rtn, covered):
             return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g))
     for rtn in candidates:
-        found = C.layout(codes, scales, zeros, rtn, g)
+        found = C.layout(codes, scales, zeros, rtn, g, covered)
         if found is not None:
             return WeightVerdict(d.value, name, "layout", kind=found[0], error=error, matched=how, rule=rtn.name(g),
                                  note=found[1])
     if theirs.ndim == 2 and theirs.shape[0] == theirs.shape[1]:
         flipped = laid_out(theirs.T.copy())
         for rtn in C.rtn_candidates(flipped, g, scales.dtype, d.reader) + C.qdq_candidates(flipped, g, codes.dtype.name):
-            if C.exact(offsets, scales, zeros, rtn):
+            if C.exact(offsets, scales, zeros, rtn, covered):
                 return WeightVerdict(d.value, name, "layout", kind="transposed", error=error, matched=how,
                                      rule=rtn.name(g), note="its codes are round to nearest of the source transposed")
     # the candidate nearest in values: how far off, in its levels
     decoded = laid_out(np.asarray(value, np.float32))
+    theirs = theirs.astype(np.float32)
     nearest = min(candidates, key=lambda r: relative_error(decoded, C.rtn_values(r, g, codes.shape)))
     rtn_error = relative_error(np.asarray(C.rtn_values(nearest, g, codes.shape)).reshape(-1)[index], theirs)
-    off = C.levels_off(decoded, C.rtn_values(nearest, g, codes.shape), nearest, g)
+    off = C.levels_off(decoded, C.rtn_values(nearest, g, codes.shape), nearest, g, covered)
     status = "requantized" if off <= C.K_LEVELS or error <= C.REQUANTIZED_ERROR * rtn_error else "differs"
     return WeightVerdict(d.value, name, status, codes_off=off, error=error, matched=how, rule=nearest.name(g),
                          note=f"round to nearest's own error {rtn_error:.3g}")
+
+
+def _by_values(model, d: Decode, value, theirs, error, name, how) -> WeightVerdict | None:
+    """A decode holding one DynamicDequantize of stored codes, with arithmetic after it (an export's
+    NaN quieting, a Cast of the scales): its values against each RTN's dequantization, computed on
+    the source as the weight reads it, bit for bit (its codes are not compared one by one)."""
+    ddq = [n for n in d.nodes if n.op_type == "DynamicDequantize"]
+    inits = {t.name for t in model.graph.initializer}
+    if len(ddq) != 1 or ddq[0].input[0] not in inits:
+        return None
+    codes = stored(model, ddq[0].input[0])
+    scale_type = _leaf_dtype(model, d, ddq[0].input[1])
+    g = C.grouping(ddq[0], codes, None)
+    if g is None or g.tensor or theirs.ndim != codes.ndim or any(a > b for a, b in zip(theirs.shape, codes.shape)):
+        return None
+    for rtn in C.rtn_candidates(theirs, g, scale_type or theirs.dtype, d.reader):
+        dequantized = C.rtn_values(rtn, g, rtn.offsets.shape)[tuple(slice(0, s) for s in theirs.shape)]
+        if C.same_bits(dequantized.astype(value.dtype), np.asarray(value)):
+            return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g),
+                                 note="by values: its decode is not one DynamicDequantize alone, so its codes were "
+                                      "compared through the values they give")
+    return None
+
+
+def _leaf_dtype(model, d: Decode, value: str):
+    """The dtype of the stored tensor a value of the decode is computed from (a Cast's input)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    made_by = {o: n for n in d.nodes for o in n.output}
+    while value not in inits and value in made_by:
+        value = made_by[value].input[0]
+    return stored(model, value).dtype if value in inits else None

@@ -294,3 +294,34 @@ def test_an_import_of_a_gguf_checkpoint_verifies_identical_against_it(tmp_path):
     codes.CopyFrom(nh.from_array(arr, codes.name))
     report = dyndq.verify(broken, tmp_path / "m.gguf")
     assert len(report.findings) == 1 and report.findings[0].status in ("requantized", "differs")
+
+
+# -- dyndq's own quantizer, in each form it writes -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype,options", [("float32", {}), ("float32", dict(symmetric=True, group_size=32)),
+                                           ("float16", {}), ("bfloat16", dict(bits=8)), ("float32", dict(bits=2))])
+@pytest.mark.parametrize("form", ["dyndq", "onnx", "onnxruntime"])
+def test_dyndqs_own_round_to_nearest_verifies_as_rtn_in_each_form_it_writes(dtype, options, form):
+    """dyndq.quantize(method="rtn") gives ONNX Runtime's codes: verify says rtn for every weight, in our
+    op, exported to standard ONNX (DequantizeLinear, and float16 NaN quieting after it) and to ONNX
+    Runtime's contrib ops; a weight whose last group is padded (k=200) too."""
+    import ml_dtypes
+    from quantize_models import mlp
+
+    source = mlp(k=200, n=96, dtype={"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype])
+    ours, _ = dyndq.quantize(source, evaluate=False, **options)
+    model = ours if form == "dyndq" else dyndq.export(ours, target=form)
+    report = dyndq.verify(model, source, outputs=False)
+    assert [(w.source, w.status) for w in report.weights] == [("E", "rtn"), ("W1", "rtn"), ("W2", "rtn")], report.table()
+
+
+def test_an_engine_that_cannot_run_a_model_is_said_not_raised():
+    """ONNX Runtime has no bfloat16 MatMul: the outputs are compared on the reference engine alone."""
+    import ml_dtypes
+    from quantize_models import mlp
+
+    source = mlp(k=64, n=32, dtype=ml_dtypes.bfloat16)
+    ours, _ = dyndq.quantize(source, evaluate=False, bits=8, group_size=32)
+    report = dyndq.verify(ours, source, samples=1)
+    assert {o.engine for o in report.outputs} == {"reference"}
+    assert report.outputs_note.startswith("onnxruntime: not compared: the source does not run there")
