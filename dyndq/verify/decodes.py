@@ -33,6 +33,7 @@ class Decode:
     nodes: list  # the constant nodes computing it, in graph order
     reader: str  # the op type of the node reading it ("MatMul", "Gemm", "Gather", ...)
     decoder: onnx.NodeProto | None  # the one DynamicDequantize when the rest only moves values
+    quantized: bool = True  # False: no DynamicDequantize, a float tensor moved or cast (a Transpose of it)
 
     @property
     def codes_name(self) -> str | None:
@@ -105,7 +106,7 @@ def find(model: onnx.ModelProto) -> tuple[list[Decode], dict[str, str]]:
             done.add(value)
             decoder = ddq[0] if len(ddq) == 1 and all(x in inits for x in ddq[0].input if x) and all(
                 n.op_type in MOVES for n in nodes if n is not ddq[0] and _after(n, ddq[0], made_by)) else None
-            decodes.append(Decode(value, nodes, node.op_type, decoder))
+            decodes.append(Decode(value, nodes, node.op_type, decoder, bool(ddq)))
     return decodes, floats
 
 

@@ -282,7 +282,8 @@ def _up_to(d: Decode, value: str, made_by: dict) -> Decode:
             stack.extend(node.input)
     nodes = [n for n in d.nodes if id(n) in keep]
     reader = next((n.op_type for n in d.nodes if value in n.input), d.reader)
-    return Decode(value, nodes, reader, d.decoder if d.decoder is not None and id(d.decoder) in keep else None)
+    return Decode(value, nodes, reader, d.decoder if d.decoder is not None and id(d.decoder) in keep else None,
+                  any(n.op_type == "DynamicDequantize" for n in nodes))
 
 
 def _reader_nodes(model: onnx.ModelProto) -> dict:
@@ -303,11 +304,19 @@ def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> 
     if theirs.shape != ours32.shape:
         return WeightVerdict(d.value, name, "differs", matched=how, note=f"shape {list(ours32.shape)}, the source's "
                              f"{list(theirs.shape)}")
+    if not d.quantized:  # (a float weight moved or cast on its way: left float)
+        equal = C.same_bits(ours32, theirs)
+        return WeightVerdict(d.value, name, "float", error=0.0 if equal else error, matched=how,
+                             note="left float" + ("" if equal else ", not the source's values"))
     if C.same_bits(ours32, theirs):
         return WeightVerdict(d.value, name, "identical", error=0.0, matched=how)
-    verdict = None
-    if source.kind == "onnx":
-        verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
+    verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
+    if verdict is not None and source.kind == "checkpoint" and verdict.status in ("rtn", "layout"):
+        # (round to nearest of the checkpoint's dequantization: another route, which requantized it)
+        was = f"{verdict.kind} layout of " if verdict.status == "layout" else ""
+        return WeightVerdict(d.value, name, "requantized", error=error, matched=how, rule=verdict.rule, codes_off=None,
+                             note=f"its codes are a {was}round to nearest of the checkpoint's dequantization, not "
+                                  "the checkpoint's own codes")
     if verdict is not None:
         return verdict
     if error < CLOSE_ENOUGH:

@@ -282,7 +282,7 @@ def test_an_import_of_a_gguf_checkpoint_verifies_identical_against_it(tmp_path):
     imported, _ = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf")
     report = dyndq.verify(imported, tmp_path / "m.gguf")
     assert report.faithful and len(report.weights) == 7
-    assert {w.status for w in report.weights} == {"identical"}
+    assert {w.source: w.status for w in report.weights if w.status != "identical"} == {"output_norm.weight": "float"}
     assert report.unused == ["blk.0.attn_v.weight"]
     assert report.outputs == [] and "checkpoint" in report.outputs_note
     # one weight's decode changed: no longer the checkpoint's own dequantization
@@ -325,3 +325,27 @@ def test_an_engine_that_cannot_run_a_model_is_said_not_raised():
     report = dyndq.verify(ours, source, samples=1)
     assert {o.engine for o in report.outputs} == {"reference"}
     assert report.outputs_note.startswith("onnxruntime: not compared: the source does not run there")
+
+
+def test_a_gguf_checkpoint_requantized_by_another_route_shows_requantized(tmp_path):
+    """The GGUF's dequantization put into the float model, then ONNX Runtime's quantizer: the MatMul
+    weights it quantized are requantized (round to nearest of the checkpoint's values, named), the
+    weights it left float are the checkpoint's own values."""
+    pytest.importorskip("gguf")
+    from gguf_models import (DOWN, K, expected, float_model as llama_model, gguf_tensors, source_weights, with_weights,
+                             write_gguf)
+
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(tmp_path / "m.gguf", tensors)
+    other_route = nbits(with_weights(llama_model(src), expected(tensors)))
+    report = dyndq.verify(other_route, tmp_path / "m.gguf")
+    got = {w.source: w for w in report.weights}
+    requantized = {k: w for k, w in got.items() if w.status == "requantized"}
+    assert set(requantized) == {"blk.0.attn_k.weight", "blk.0.ffn_down.weight"}
+    for w in requantized.values():
+        assert "matmul rule" in w.rule and 0.01 < w.error < 0.2 and "checkpoint's dequantization" in w.note
+    assert {w.status for k, w in got.items() if k not in requantized} == {"float"}
+    assert all(w.error == 0.0 for w in got.values() if w.status == "float")
+    assert sorted(w.source for w in report.findings) == sorted(requantized)
+    assert {w.weight for w in requantized.values()} == {K + "_Q4", DOWN + "_Q4"}  # (its MatMulNBits' B, named after them)
