@@ -184,9 +184,10 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
     pending = []
     for d in decodes:
         found = None
-        for name, variant in _names_of(model, d):  # the value read, then the values before it
+        for name, variant, said in _names_of(model, d):  # the value read, then the values before it
             values = None
             for tensor, how in source.lookup(name):
+                how = said or how
                 if tensor in taken and not shared:
                     continue
                 values = value_of(model, variant) if values is None else values
@@ -247,7 +248,7 @@ def _names_of(model: onnx.ModelProto, d: Decode):
     value read, the values its decode computes before it (a Transpose's input: the weight as the
     exporter named it, as a source model reads it), the stored codes' name less ONNX Runtime's
     suffixes (what the lift keeps of the form the weight came in: "W1_Q4")."""
-    yield d.value, d
+    yield d.value, d, None
     made_by = {o: n for n in d.nodes for o in n.output}
     inside = d.decoder is not None and _inside(d)
     for node in reversed(d.nodes):
@@ -255,10 +256,10 @@ def _names_of(model: onnx.ModelProto, d: Decode):
             continue
         for value in node.output:
             if value and value != d.value:
-                yield value, _up_to(d, value, made_by)
+                yield value, _up_to(d, value, made_by), None
     if d.decoder is not None:
-        yield d.decoder.output[0], _up_to(d, d.decoder.output[0], made_by)
-        yield bare(d.codes_name), d
+        yield d.decoder.output[0], _up_to(d, d.decoder.output[0], made_by), None
+        yield bare(d.codes_name), d, f"by its codes' name ({d.codes_name}, less the quantizer's suffix)"
 
 
 def _inside(d: Decode) -> dict:
