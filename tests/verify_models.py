@@ -33,7 +33,8 @@ def ort_quantized(model: onnx.ModelProto, **kw) -> onnx.ModelProto:
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # (it changes the model it is given)
-    q = MatMulNBitsQuantizer(copy, op_types_to_quantize=("MatMul",), **kw)
+    kw.setdefault("op_types_to_quantize", ("MatMul",))
+    q = MatMulNBitsQuantizer(copy, **kw)
     q.process()
     return q.model.model
 

@@ -79,6 +79,29 @@ def test_onnxruntimes_qdq_4bit_output_verifies_as_round_to_nearest(source):
                for w in report.weights if w.status == "rtn")
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_onnxruntimes_gatherblockquantized_verifies_by_its_gather_rule(source, symmetric):
+    model = ort_quantized(source, bits=4, block_size=32, is_symmetric=symmetric, op_types_to_quantize=("MatMul", "Gather"))
+    assert "GatherBlockQuantized" in [n.op_type for n in model.graph.node]
+    report = dyndq.verify(model, source, outputs=False)
+    got = {w.source: w for w in report.weights}
+    assert {k: w.status for k, w in got.items()} == {"E": "rtn", "W1": "rtn", "W2": "rtn", "W3": "rtn"}
+    assert got["E"].rule.startswith("ONNX Runtime's gather rule (quantize_ndarray), " +
+                                    ("symmetric" if symmetric else "asymmetric"))
+    assert got["E"].weight == "E_Q4"
+
+
+def test_a_zero_point_off_by_one_in_a_qdq_8bit_model_is_named(source, tmp_path):
+    """ONNX Runtime's static QDQ quantizer, per channel: one weight's zero points (0, symmetric) made 1."""
+    model = qdq8(source, tmp_path, per_channel=True)
+    zp = init(model, "W3_zero_point")
+    replace(model, "W3_zero_point", nh.to_array(zp) + np.int8(1))
+    report = dyndq.verify(model, source, outputs=False)
+    [finding] = report.findings
+    assert (finding.source, finding.status, finding.kind) == ("W3", "layout", "zero-point-off-by-one")
+    assert "64 of 64 zero points +1" in finding.note
+
+
 def test_a_symmetric_quantization_is_named_symmetric(source):
     model = ort_quantized(source, bits=4, block_size=16, is_symmetric=True)
     report = dyndq.verify(model, source, outputs=False)
