@@ -2,9 +2,10 @@
 
 The source is a float ONNX model (its float initializers) or a checkpoint (its tensors, each its
 format's own dequantization, `dyndq.checkpoints`).  A weight (the value its reader reads) is
-matched to a source tensor, in this order: by name; through the lift (the stored codes' name and
-the reader's node name, less the suffix ONNX Runtime's quantizer adds: "_Q4", "_DQ_Q8", ...);
-for a checkpoint, by its format's name map; then by shape and closeness, as the import matches
+matched to a source tensor, in this order: by name (the value read, then the values its decode
+computes before it: a Transpose's input); for a checkpoint, by its format's name map; by the
+stored codes' name less the suffix ONNX Runtime's quantizer adds ("_Q4", "_quantized", ...); by
+the reader node's name, less that suffix; then by shape and closeness, as the import matches
 (dyndq.checkpoints.matching: the closest below CLOSE_ENOUGH).
 
 Statuses (docs/verify.md): identical, rtn, requantized, layout (with its kind), differs (matched,
@@ -85,6 +86,9 @@ class OnnxSource:
     def values(self, name: str) -> np.ndarray:
         return np.asarray(self._values(name))
 
+    def names(self) -> list[str]:
+        return list(self.weights)
+
     def lookup(self, name: str) -> list[tuple[str, str]]:
         """(source tensor, how) a weight of this name may be: the initializer of that name."""
         return [(name, "by name")] if name in self.weights else []
@@ -101,7 +105,7 @@ class OnnxSource:
         return tuple(self.weights[name].shape) == tuple(shape)
 
     def oriented_for(self, name: str, shape, reads) -> np.ndarray:
-        return self.values(name)
+        return self.values(name)  # (a float model's weight is read as the quantized model reads it)
 
 
 class CheckpointSource:
@@ -113,6 +117,9 @@ class CheckpointSource:
         self.checkpoint = checkpoint
         self.tensors = {t.name: t for t in checkpoint.tensors()}
         self._cache: dict[str, np.ndarray] = {}
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
 
     def values(self, name: str) -> np.ndarray:
         if name not in self._cache:
@@ -146,21 +153,13 @@ def _reads(reader: str) -> set:
 
 
 def by_closeness(shape, value: np.ndarray, source, taken: set, reads) -> tuple[str, float] | None:
-    """The source tensor of this shape (either way round) closest to `value`, below CLOSE_ENOUGH."""
+    """The source tensor fitting this shape (a checkpoint's: either way round) closest to `value`,
+    below CLOSE_ENOUGH, as the import matches by shape."""
     best = None
-    names = source.weights if isinstance(source, OnnxSource) else source.tensors
-    for name in names:
-        if name in taken:
+    for name in source.names():
+        if name in taken or not source.fits(name, shape, reads):
             continue
-        if isinstance(source, OnnxSource):
-            if tuple(source.weights[name].shape) != tuple(shape):
-                continue
-            theirs = source.values(name)
-        else:
-            if orientation(source.tensors[name].shape, Weight(name, tuple(shape), 1, set(reads))) is None:
-                continue
-            theirs = source.oriented_for(name, shape, reads)
-        error = relative_error(value, theirs)
+        error = relative_error(value, source.oriented_for(name, shape, reads))
         if np.isfinite(error) and error < CLOSE_ENOUGH and (best is None or error < best[1]):
             best = (name, error)
     return best
@@ -233,13 +232,12 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
         equal = C.same_bits(ours.astype(np.float32), theirs.astype(np.float32))
         verdicts.append(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
                                       matched=found[1], note="left float" + ("" if equal else ", not the source's values")))
-    names = source.weights if isinstance(source, OnnxSource) else source.tensors
-    return verdicts, [n for n in names if n not in taken]
+    return verdicts, [n for n in source.names() if n not in taken]
 
 
 def _theirs(source, name: str, shape, reader: str) -> np.ndarray:
-    if isinstance(source, OnnxSource):
-        return source.values(name)
+    """The source tensor's values as the weight's reader reads them (a checkpoint's [out, in] turned
+    for MatMul's B)."""
     return source.oriented_for(name, shape, _reads(reader))
 
 
