@@ -59,8 +59,8 @@ _LAZY = {
     "QuantizeReport": "dyndq.quantization",
     "import_weights": "dyndq.checkpoints",
     "ImportReport": "dyndq.checkpoints",
-    "verify": "dyndq.verify",
-    "VerifyReport": "dyndq.verify",
+    "verify": "dyndq.verification",
+    "VerifyReport": "dyndq.verification",
 }
 
 

@@ -12,8 +12,8 @@ subpackages stand in this order, each importing only what stands below it (`RANK
 
     6  __main__       python -m dyndq
     5  cli/           the commands: may use everything below
-    4  verify/        a quantized model against its source: reads checkpoints (2), runs the engines
-                      (the face) and compares codes with quantization's round to nearest (3)
+    4  verification/  dyndq.verify, a quantized model against its source: reads checkpoints (2), runs
+                      the engines (the face), compares codes with quantization's round to nearest (3)
     3  quantization/  quantize, evaluate, budget (writes oneDNN graphs: --emit onednn)
     2  parity/        engines compared     onednn/  the oneDNN graph writer
        checkpoints/   quantized checkpoints read (GGUF)   (none of the three uses another)
@@ -132,7 +132,7 @@ def name_is_parent(package: str, module: str) -> bool:
 
 FACE = "the face"
 RANKS = {"plumbing": 0, "converters": 0, "opdefs": 0, "kernels": 0, "shape_inference": 0,
-         FACE: 1, "parity": 2, "onednn": 2, "checkpoints": 2, "quantization": 3, "verify": 4, "cli": 5, "__main__": 6}
+         FACE: 1, "parity": 2, "onednn": 2, "checkpoints": 2, "quantization": 3, "verification": 4, "cli": 5, "__main__": 6}
 
 
 def part_of(module: str, modules: dict[str, Path]) -> str:

@@ -33,7 +33,7 @@ def _add_parser(sub) -> None:
 
 def cmd_verify(args) -> int:
     from dyndq.cli.quantize import _samples
-    from dyndq.verify import verify
+    from dyndq.verification import verify
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: a whole number >= 1")

@@ -253,3 +253,15 @@ def test_a_gguf_checkpoint_requantized_by_another_route_shows_requantized(tmp_pa
     assert all(w.error == 0.0 for w in got.values() if w.status == "float")
     assert sorted(w.source for w in report.findings) == sorted(requantized)
     assert {w.weight for w in requantized.values()} == {K + "_Q4", DOWN + "_Q4"}  # (its MatMulNBits' B, named after them)
+
+
+def test_dyndq_verify_is_the_function_after_its_package_is_imported():
+    """The package is named otherwise (verification/, as quantization/ is for dyndq.quantize): importing
+    it would otherwise make `dyndq.verify` the module, and every call a TypeError."""
+    import subprocess
+    import sys
+
+    code = ("import dyndq.verification.weights, dyndq.cli.verify, dyndq\n"
+            "print(callable(dyndq.verify), dyndq.verify.__module__, dyndq.VerifyReport.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "dyndq.verification", "VerifyReport"]

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 
 from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation
-from dyndq.verify import codes as C
-from dyndq.verify.decodes import Decode, find, index_map, lifted, stored, value_of
+from dyndq.verification import codes as C
+from dyndq.verification.decodes import Decode, find, index_map, lifted, stored, value_of
 
 FAITHFUL = ("identical", "rtn", "float")
 _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")

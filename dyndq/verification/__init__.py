@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.verify.outputs import ENGINES, OutputVerdict
-from dyndq.verify.weights import CheckpointSource, OnnxSource, WeightVerdict, verify_weights
+from dyndq.verification.outputs import ENGINES, OutputVerdict
+from dyndq.verification.weights import CheckpointSource, OnnxSource, WeightVerdict, verify_weights
 
 SAMPLES = 4
 
@@ -109,7 +109,7 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
     elif kind != "onnx":
         report.outputs_note = f"not compared: the source is a {kind} checkpoint, not a model to run"
     else:
-        from dyndq.verify.outputs import compare, samples_for
+        from dyndq.verification.outputs import compare, samples_for
 
         feeds, report.inputs = samples_for(src.model, inputs, seed, samples)
         report.outputs, notes = compare(model, src.model, feeds, engines)
