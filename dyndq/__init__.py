@@ -59,6 +59,8 @@ _LAZY = {
     "QuantizeReport": "dyndq.quantization",
     "import_weights": "dyndq.checkpoints",
     "ImportReport": "dyndq.checkpoints",
+    "verify": "dyndq.verification",
+    "VerifyReport": "dyndq.verification",
 }
 
 

@@ -10,8 +10,10 @@ imports, at any depth, a module that imports it back.
 Within dyndq/, the face modules (dyndq/*.py: check, export, lift, run, the files) and its
 subpackages stand in this order, each importing only what stands below it (`RANKS`):
 
-    5  __main__       python -m dyndq
-    4  cli/           the commands: may use everything below
+    6  __main__       python -m dyndq
+    5  cli/           the commands: may use everything below
+    4  verification/  dyndq.verify, a quantized model against its source: reads checkpoints (2), runs
+                      the engines (the face), compares codes with quantization's round to nearest (3)
     3  quantization/  quantize, evaluate, budget (writes oneDNN graphs: --emit onednn)
     2  parity/        engines compared     onednn/  the oneDNN graph writer
        checkpoints/   quantized checkpoints read (GGUF)   (none of the three uses another)
@@ -130,7 +132,7 @@ def name_is_parent(package: str, module: str) -> bool:
 
 FACE = "the face"
 RANKS = {"plumbing": 0, "converters": 0, "opdefs": 0, "kernels": 0, "shape_inference": 0,
-         FACE: 1, "parity": 2, "onednn": 2, "checkpoints": 2, "quantization": 3, "cli": 4, "__main__": 5}
+         FACE: 1, "parity": 2, "onednn": 2, "checkpoints": 2, "quantization": 3, "verification": 4, "cli": 5, "__main__": 6}
 
 
 def part_of(module: str, modules: dict[str, Path]) -> str:

@@ -175,6 +175,7 @@ def test_regular_install_runs_every_command(installed, tmp_path):
         ["import-onednn", "graph.json", "imported.onnx"],
         ["quantize", "float.onnx", "quantized.onnx"],
         ["import-weights", "float.onnx", "w1.gguf", "-o", "weights.onnx"],
+        ["verify", "quantized.onnx", "--against", "float.onnx"],
     ]
     assert {c[0] for c in commands} == set(COMMANDS)  # (a new command gets a line here)
     for command in commands:

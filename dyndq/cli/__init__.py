@@ -12,6 +12,7 @@
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
     dyndq quantize IN OUT [--bits 2|4|8] [--group-size N] [--method rtn|search] [--emit FORM] [--json] [--overwrite] ...
     dyndq import-weights MODEL.onnx CHECKPOINT -o OUT.onnx [--names MAP.json] [--emit dyndq|onnx|onnxruntime|openvino] [--json]
+    dyndq verify QUANTIZED.onnx --against SOURCE [--json] [--input NAME=FILE.npy ... | --inputs-dir DIR] [--weights-only]
 
 Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
 2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.
@@ -21,7 +22,7 @@ in one or two plain lines on stderr, never with a traceback.
 
 One module per group of commands, each holding its commands' parsers and code:
 demo.py (demo), inspection.py (check, schema), conversion.py (export, lift), run.py (run),
-onednn.py (import-onednn, export-onednn), quantize.py (quantize), import_weights.py (import-weights). Every error a command
+onednn.py (import-onednn, export-onednn), quantize.py (quantize), import_weights.py (import-weights), verify.py (verify). Every error a command
 raises goes through one mapping to its exit code and words (exits.py); what the commands
 share is in common.py.
 """
@@ -30,14 +31,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dyndq.cli import conversion, demo, import_weights, inspection, onednn, quantize, run
+from dyndq.cli import conversion, demo, import_weights, inspection, onednn, quantize, run, verify
 from dyndq.cli.common import UntilClosed
 from dyndq.cli.exits import USAGE, tell
 
 # every command, in the order `dyndq --help` lists them
 COMMANDS = {c.name: c for c in (demo.DEMO, inspection.CHECK, conversion.EXPORT, conversion.LIFT, run.RUN,
                                 onednn.IMPORT, onednn.EXPORT, quantize.QUANTIZE, import_weights.IMPORT_WEIGHTS,
-                                inspection.SCHEMA)}
+                                verify.VERIFY, inspection.SCHEMA)}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -54,7 +54,7 @@ def test_every_command_tells_its_errors_through_the_mapping(capsys, monkeypatch)
     """Each command's errors reach exits.tell, about the file the command reads."""
     argv = {"demo": [], "check": ["F"], "export": ["F", "O"], "lift": ["F", "O"], "run": ["F"],
             "import-onednn": ["F", "O"], "export-onednn": ["F", "O"], "quantize": ["F", "O"], "schema": [],
-            "import-weights": ["F", "C", "-o", "O"]}
+            "import-weights": ["F", "C", "-o", "O"], "verify": ["F", "--against", "S"]}
     assert set(argv) == set(COMMANDS)
     cases = [
         (exits.UsageError("--x: bad"), 2, "dyndq: --x: bad\n"),

@@ -1,0 +1,54 @@
+"""`dyndq verify`: a quantized ONNX model checked against its source, weight by weight and output
+by output (dyndq.verify, docs/verify.md).  Exit 0 when every weight is faithful (identical, round
+to nearest, or left float with the source's values), 1 on findings, 2 on usage."""
+from __future__ import annotations
+
+import json
+
+from dyndq.cli.common import Command
+from dyndq.cli.exits import OK, PROBLEMS, UsageError
+
+
+def _add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="check a quantized model against its float model or checkpoint, weight by weight",
+                       description="Match each quantized weight of QUANTIZED (our DynamicDequantize, DequantizeLinear, "
+                                   "MatMulNBits, GatherBlockQuantized) to its tensor in SOURCE (a float ONNX model, a "
+                                   ".gguf file, a safetensors checkpoint) and say what it is: identical, rtn (ONNX "
+                                   "Runtime's round to nearest, the rule named), requantized, layout (with its kind), "
+                                   "differs, unmatched, float. With an ONNX SOURCE, also compare the outputs on both "
+                                   "engines. Exit 0 when every weight is faithful, 1 on findings (docs/verify.md).")
+    p.add_argument("quantized", metavar="QUANTIZED.onnx")
+    p.add_argument("--against", required=True, metavar="SOURCE", help="the float ONNX model, .gguf or safetensors "
+                                                                        "checkpoint QUANTIZED was made from")
+    p.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="compare the outputs on this input (repeat for each graph input)")
+    p.add_argument("--inputs-dir", metavar="DIR", action="append", default=[],
+                   help="one sample: each graph input from DIR/NAME.npy; repeat for several samples")
+    p.add_argument("--samples", type=int, default=4, metavar="N",
+                   help="without --input/--inputs-dir: the number of seeded samples (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
+    p.add_argument("--weights-only", action="store_true", help="compare the weights only, not the outputs")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (docs/verify.md's schema)")
+
+
+def cmd_verify(args) -> int:
+    from dyndq.cli.quantize import _samples
+    from dyndq.verification import verify
+
+    if args.samples < 1:
+        raise UsageError(f"--samples {args.samples}: a whole number >= 1")
+    if args.weights_only and (args.input or args.inputs_dir):
+        raise UsageError("--input and --inputs-dir are for comparing the outputs; --weights-only compares none")
+    inputs = None if args.weights_only else _samples(args, args.against) if args.against.lower().endswith(".onnx") \
+        else None
+    report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
+                    outputs=not args.weights_only)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+        print("\n".join(report.table()))
+    return OK if report.faithful else PROBLEMS
+
+
+VERIFY = Command("verify", _add_parser, cmd_verify, subject="quantized")

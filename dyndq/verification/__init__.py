@@ -1,0 +1,120 @@
+"""`dyndq.verify(quantized, source)`: a quantized ONNX model checked against what it was made from.
+
+Weight by weight (weights.py: each quantized weight, in every form the lift reads, matched to its
+source tensor and given one status: identical, rtn, requantized, layout with its kind, differs,
+unmatched, float), and, when the source is a float ONNX model, output by output (outputs.py:
+cosine, relative error, top-1 agreement and KL per output, on the reference engine and ONNX
+Runtime).  docs/verify.md holds the report's schema and what is still to come (which weight is
+to blame, the engine settings bisected).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import onnx
+
+from dyndq.verification.outputs import ENGINES, OutputVerdict
+from dyndq.verification.weights import CheckpointSource, OnnxSource, WeightVerdict, verify_weights
+
+SAMPLES = 4
+
+
+@dataclass
+class VerifyReport:
+    quantized: str
+    source: str
+    source_kind: str  # "onnx" or the checkpoint's format ("GGUF", ...)
+    weights: list[WeightVerdict] = field(default_factory=list)
+    outputs: list[OutputVerdict] = field(default_factory=list)
+    blame: list = field(default_factory=list)  # (still to come: docs/verify.md)
+    unused: list[str] = field(default_factory=list)  # source tensors no weight matched
+    inputs: str = ""  # which inputs the outputs were compared on
+    outputs_note: str = ""  # why no output was compared
+
+    @property
+    def findings(self) -> list[WeightVerdict]:
+        return [w for w in self.weights if not w.faithful]
+
+    @property
+    def faithful(self) -> bool:
+        return not self.findings
+
+    def as_dict(self) -> dict:
+        return {"quantized": self.quantized, "source": self.source, "weights": [w.as_dict() for w in self.weights],
+                "outputs": [o.as_dict() for o in self.outputs], "blame": list(self.blame),
+                "source_kind": self.source_kind, "unused_source": list(self.unused), "inputs": self.inputs,
+                "outputs_note": self.outputs_note, "faithful": self.faithful}
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for w in self.weights:
+            key = f"layout {w.kind}" if w.kind else w.status
+            counts[key] = counts.get(key, 0) + 1
+        said = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        verdict = "faithful" if self.faithful else f"{len(self.findings)} finding(s)"
+        return f"{self.quantized} against {self.source}: {len(self.weights)} weight(s): {said or 'none'}; {verdict}"
+
+    def table(self) -> list[str]:
+        lines = []
+        for w in self.weights:
+            figures = [f"{w.kind}" if w.kind else "", f"{w.codes_off} level(s) off" if w.codes_off is not None else "",
+                       f"relative error {w.error:.3g}" if w.error is not None else ""]
+            head = f"  {w.status:<12} {w.weight}" + (f" <- {w.source}" if w.source else "")
+            lines.append(head + "".join(f"  {f}" for f in figures if f) + (f"  ({w.matched})" if w.matched else ""))
+            if w.rule:
+                lines.append(f"               {'against' if w.status != 'rtn' else 'exactly'} {w.rule}")
+            if w.note:
+                lines.append(f"               {w.note}")
+        lines += [f"  unused source tensor: {n}" for n in self.unused]
+        if self.outputs:
+            lines.append(f"  outputs on {self.inputs}:")
+            for o in self.outputs:
+                task = f"  top-1 {o.top1:.4f}  KL {o.kl:.3g}" if o.top1 is not None else ""
+                lines.append(f"    {o.engine} ({o.setting}) {o.name}: cosine {o.cosine:.6f}  relative {o.relative:.3g}{task}")
+        if self.outputs_note:
+            lines.append(f"  outputs: {self.outputs_note}")
+        return lines
+
+
+def _source_of(source):
+    """(OnnxSource or CheckpointSource, its name in the report, its kind)."""
+    from dyndq.model_files import model_of
+
+    if isinstance(source, onnx.ModelProto):
+        return OnnxSource(source), "<model>", "onnx"
+    path = os.fspath(source)
+    if path.lower().endswith(".onnx"):
+        return OnnxSource(model_of(path, "verify")), path, "onnx"
+    from dyndq.checkpoints import open_checkpoint
+
+    ckpt = open_checkpoint(path)
+    return CheckpointSource(ckpt), path, ckpt.format
+
+
+def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int = 0, outputs: bool = True,
+           engines=ENGINES) -> VerifyReport:
+    """The report of `quantized` (a ModelProto or an ONNX file) against `source` (a float ONNX model
+    or file, a .gguf file, a safetensors checkpoint file or folder).  `inputs`: one feed dict or a
+    list of them to compare the outputs on (None: `samples` seeded samples, said in the report);
+    `outputs=False` compares weights only.  Neither model is modified."""
+    from dyndq.model_files import model_of
+
+    model = model_of(quantized, "verify")
+    src, shown, kind = _source_of(source)
+    report = VerifyReport(os.fspath(quantized) if isinstance(quantized, (str, os.PathLike)) else "<model>", shown, kind)
+    report.weights, report.unused = verify_weights(model, src)
+    if not outputs:
+        report.outputs_note = "not compared (weights only)"
+    elif kind != "onnx":
+        report.outputs_note = f"not compared: the source is a {kind} checkpoint, not a model to run"
+    else:
+        from dyndq.verification.outputs import compare, samples_for
+
+        feeds, report.inputs = samples_for(src.model, inputs, seed, samples)
+        report.outputs, notes = compare(model, src.model, feeds, engines)
+        report.outputs_note = "; ".join(notes)
+    return report
+
+
+__all__ = ["OutputVerdict", "VerifyReport", "WeightVerdict", "verify"]

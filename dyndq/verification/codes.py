@@ -1,0 +1,238 @@
+"""A decode's codes against round-to-nearest of the float source, and the known wrong layouts.
+
+Round to nearest is ONNX Runtime's, as `dyndq.quantization.rtn` computes it (both of its rules:
+"matmul", MlasQuantizeBlockwise, and "gather", its NumPy quantize_ndarray; symmetric or not),
+through `quantize_weight` on the source laid out as the DynamicDequantize's output is (its
+`index_map`), the padding of a last partial block zeros, as ONNX Runtime pads.  Codes are
+compared as offsets from their zero point (code - zero point), with the scales bit for bit, so
+MatMulNBits' implicit zero point 8 and a signed symmetric code are one thing.
+
+A layout is named only when a known mistake, undone, gives round to nearest exactly:
+"nibble-order" (each pair of neighbouring codes swapped, along the blocks or in storage order),
+"zero-point-off-by-one" (codes and scales exact, the zero points all 1 above or all 1 below:
+GPTQ's v1 and v2), "block-order" (the blocks of a row, codes, scale and zero point together, in
+another order), "transposed" (a square weight's codes are round to nearest of its transpose).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BITS = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
+K_LEVELS = 2  # a requantization moves codes by at most this many levels of the RTN's step...
+REQUANTIZED_ERROR = 2.0  # ...or keeps the error within this many times RTN's own
+
+
+@dataclass
+class Grouping:
+    axis: int  # the axis the groups run along
+    block: int  # elements per group (-1: the whole axis)
+    bits: int
+    tensor: bool = False  # one group: the whole tensor (per_tensor)
+
+
+@dataclass
+class Rtn:
+    """One round-to-nearest candidate: its rule and the offsets, scales and zero points it gives."""
+
+    rule: str
+    symmetric: bool
+    offsets: np.ndarray  # int64, the codes' shape: code - zero point
+    levels: np.ndarray  # int64: the codes as stored (offset + zero point)
+    scales: np.ndarray  # the decoder's scales' shape
+    zeros: np.ndarray | None  # int64, the scales' shape
+
+    def name(self, g: Grouping) -> str:
+        block = "per tensor" if g.tensor else "per channel" if g.block == -1 else f"block {g.block}"
+        return f"ONNX Runtime's {self.rule} rule ({RULE_SOURCES[self.rule]})" + \
+            f", {'symmetric' if self.symmetric else 'asymmetric'}, {g.bits} bits, {block}"
+
+
+# where each rule is ONNX Runtime's: its weight-only quantizer's two (dyndq.quantization.rtn), and
+# its QDQ/QOperator quantizer's (quantize_static, quantize_dynamic: quant_utils.quantize_data, called)
+RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray", "qdq": "quant_utils.quantize_data"}
+
+
+def grouping(decoder, codes: np.ndarray, scales: np.ndarray) -> Grouping | None:
+    """How the DynamicDequantize groups its codes (None: per tensor, or a form RTN has no rule for)."""
+    bits = BITS.get(codes.dtype.name)
+    if bits is None or codes.ndim != 2:
+        return None
+    attrs = {a.name: a for a in decoder.attribute}
+    qtype = attrs["qtype"].s.decode() if "qtype" in attrs else "per_tensor"
+    if qtype == "per_group":
+        shape = list(attrs["group_shape"].ints)
+        wide = [i for i, g in enumerate(shape) if g > 1]
+        if len(wide) != 1:
+            return None
+        return Grouping(wide[0], shape[wide[0]], bits)
+    if qtype == "per_channel":
+        channel = (attrs["axis"].i if "axis" in attrs else 1) % 2
+        return Grouping(1 - channel, -1, bits)
+    return Grouping(0, -1, bits, tensor=True)
+
+
+def _ints(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.int64)
+
+
+def _spread(params: np.ndarray, g: Grouping, shape) -> np.ndarray:
+    """Per-group parameters repeated over their group's elements (the codes' shape)."""
+    if g.block == -1:
+        return np.broadcast_to(params, shape)
+    return np.repeat(params, g.block, axis=g.axis)[tuple(slice(0, s) for s in shape)]
+
+
+def grouped(params: np.ndarray | None, g: Grouping, shape) -> np.ndarray | None:
+    """Scales or zero points in the layout quantize_weight gives them (the axis one per group)."""
+    if params is None:
+        return None
+    if g.tensor:
+        return np.asarray(params).reshape([1] * len(shape))
+    out = list(shape)
+    out[g.axis] = 1 if g.block == -1 else -(-shape[g.axis] // g.block)
+    return np.asarray(params).reshape(out)
+
+
+def offsets_of(codes, zeros, g: Grouping) -> np.ndarray:
+    z = 0 if zeros is None else _spread(_ints(zeros), g, codes.shape)
+    return _ints(codes) - z
+
+
+def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) -> list[Rtn]:
+    """Round to nearest of `source` (laid out as the codes), by each rule and symmetry, the
+    reader's own rule first (a Gather's table: the gather rule)."""
+    from dyndq.quantization.numerics import quantize_weight
+
+    if g.tensor:
+        return []
+    rules = ("gather", "matmul") if reader == "Gather" else ("matmul", "gather")
+    out = []
+    for rule in rules:
+        if rule == "gather" and g.bits == 2:  # (ONNX Runtime quantizes no Gather at 2 bits)
+            continue
+        for symmetric in (False, True):
+            with np.errstate(all="ignore"):
+                q = quantize_weight(source, axis=g.axis, group_size=g.block, bits=g.bits, symmetric=symmetric,
+                                    scale_dtype=scale_dtype, rule=rule)
+            codes = _ints(q.codes)[tuple(slice(0, s) for s in source.shape)]
+            zeros = None if q.zero_points is None else _ints(q.zero_points)
+            offsets = offsets_of(codes, zeros, g)
+            levels = offsets + (1 << (g.bits - 1) if symmetric else _spread(zeros, g, codes.shape))
+            out.append(Rtn(rule, symmetric, offsets, levels, q.scales, zeros))
+    return out
+
+
+def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn]:
+    """ONNX Runtime's QDQ quantizer's codes of `source` (per tensor, or per channel: each channel
+    by itself), by its own function (quant_utils.quantize_data; [] where onnxruntime's quantization
+    package is not installed, or the codes are not 8 bits)."""
+    if not (g.tensor or g.block == -1) or code_dtype not in ("int8", "uint8") or \
+            source.dtype not in (np.float32, np.float16):  # (its QDQ quantizer takes float and float16 weights)
+        return []
+    try:
+        from onnx import TensorProto
+        from onnxruntime.quantization.quant_utils import quantize_data
+    except ImportError:
+        return []
+    qtype = TensorProto.INT8 if code_dtype == "int8" else TensorProto.UINT8
+    out = []
+    for symmetric in (True, False):
+        slices = [source.reshape(-1)] if g.tensor else [np.take(source, c, axis=1 - g.axis) for c in
+                                                      range(source.shape[1 - g.axis])]
+        parts = [quantize_data(s.reshape(-1), qtype, symmetric) for s in slices]
+        if g.tensor:
+            levels = _ints(parts[0][2]).reshape(source.shape)
+        else:
+            levels = np.stack([_ints(q).reshape(-1) for _, _, q in parts], axis=1 - g.axis)
+        scales = grouped(np.array([np.asarray(s).reshape(()) for _, s, _ in parts], np.float32), g, source.shape)
+        zeros = grouped(np.array([int(np.asarray(z)) for z, _, _ in parts], np.int64), g, source.shape)
+        out.append(Rtn("qdq", symmetric, levels - _spread(zeros, g, source.shape), levels, scales, zeros))
+    return out
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}")))
+
+
+def exact(offsets: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, rtn: Rtn, covered=None) -> bool:
+    """Whether the quantized form is this RTN's: offsets equal (where `covered`: the codes the
+    weight reads, not a last block's padding, which a quantizer fills as it likes), scales bit for
+    bit, zero points equal (where the form stores them and RTN is asymmetric)."""
+    mask = np.ones(offsets.shape, bool) if covered is None else covered
+    if not (np.array_equal(offsets[mask], rtn.offsets[mask]) and same_bits(scales, rtn.scales)):
+        return False
+    return zeros is None or rtn.zeros is None or np.array_equal(_ints(zeros), rtn.zeros)
+
+
+def swapped_pairs(codes: np.ndarray, axis: int | None) -> np.ndarray | None:
+    """Each pair of neighbouring codes swapped along `axis` (None: in storage order)."""
+    flat = codes.reshape(-1) if axis is None else np.moveaxis(codes, axis, -1)
+    if flat.shape[-1] % 2:
+        return None
+    pairs = flat.reshape(*flat.shape[:-1], -1, 2)[..., ::-1].reshape(flat.shape)
+    return pairs.reshape(codes.shape) if axis is None else np.moveaxis(pairs, -1, axis)
+
+
+def block_permutation(codes, scales, zeros, rtn: Rtn, g: Grouping, covered) -> int | None:
+    """The number of rows whose blocks (code offsets and scale together) are RTN's in another
+    order; None when some block is no block of RTN's in its row, or every row is in order."""
+    if g.block == -1 or codes.shape[g.axis] % g.block:
+        return None
+    lines = np.moveaxis(codes, g.axis, -1)
+    n_blocks = lines.shape[-1] // g.block
+
+    def blocks(offsets, sc):
+        lv = np.moveaxis(offsets, g.axis, -1).reshape(-1, n_blocks, g.block)
+        s = np.ascontiguousarray(np.moveaxis(np.asarray(sc), g.axis, -1).reshape(-1, n_blocks))
+        return [[(lv[r, b].tobytes(), s[r, b].tobytes()) for b in range(n_blocks)] for r in range(lv.shape[0])]
+
+    ours = blocks(np.where(covered, offsets_of(codes, zeros, g), 0), scales)
+    theirs = blocks(np.where(covered, rtn.offsets, 0), rtn.scales)
+    moved = 0
+    for mine, want in zip(ours, theirs):
+        if mine == want:
+            continue
+        if sorted(mine) != sorted(want):
+            return None
+        moved += 1
+    return moved or None
+
+
+def layout(codes, scales, zeros, rtn: Rtn, g: Grouping, covered) -> tuple[str, str] | None:
+    """(kind, what was found) of the known wrong layout that, undone, gives `rtn` exactly (on the
+    `covered` codes); or None."""
+    codes_int, n_zeros = _ints(codes), zeros
+    for axis, where in ((g.axis, "along the blocks"), (None, "in storage order")):
+        if g.bits > 4:
+            break
+        swapped = swapped_pairs(codes_int, axis)
+        if swapped is not None and exact(offsets_of(swapped, n_zeros, g), scales, n_zeros, rtn, covered):
+            return "nibble-order", f"every pair of neighbouring codes swapped {where}"
+    if zeros is not None and rtn.zeros is not None and same_bits(scales, rtn.scales):
+        diff = _ints(zeros) - rtn.zeros
+        off = np.unique(diff[diff != 0])
+        if len(off) == 1 and abs(int(off[0])) == 1 and np.array_equal(codes_int[covered], rtn.levels[covered]):
+            return "zero-point-off-by-one", (f"codes and scales exact; {int((diff != 0).sum())} of {diff.size} zero "
+                                             f"points {int(off[0]):+d}")
+    moved = block_permutation(codes, scales, zeros, rtn, g, covered)
+    if moved:
+        return "block-order", f"the blocks of {moved} row(s) in another order (codes, scales and zero points)"
+    return None
+
+
+def levels_off(values: np.ndarray, rtn_values: np.ndarray, rtn: Rtn, g: Grouping, covered) -> int:
+    """The most levels of RTN's step by which the (covered) values differ from RTN's."""
+    step = np.abs(_spread(np.asarray(rtn.scales, np.float64), g, values.shape))
+    with np.errstate(all="ignore"):
+        off = np.where(step > 0, np.abs(values.astype(np.float64) - rtn_values) / step, 0.0)[covered]
+    off = off[np.isfinite(off)]
+    return int(np.round(off.max())) if off.size else 0
+
+
+def rtn_values(rtn: Rtn, g: Grouping, shape) -> np.ndarray:
+    return rtn.offsets.astype(np.float32) * _spread(np.asarray(rtn.scales, np.float32), g, shape)

@@ -1,0 +1,170 @@
+"""Where a quantized model holds its weights: every value a node reads that a constant subgraph
+holding a DynamicDequantize (or a float initializer: a float tensor reshaped, cast) computes
+(a decode), and every float weight read as stored.
+
+The model is lifted first (`dyndq.lift`: DequantizeLinear, MatMulNBits and GatherBlockQuantized
+become our op, value for value), so one search finds every form the house reads.  A decode's
+float value is what the reference engine (our kernel) computes of its nodes alone.  Where the
+decode is one DynamicDequantize of stored codes, scales and zero points followed only by nodes
+that move values (Slice, Transpose, Reshape, ...), `index_map` says which element of the
+DynamicDequantize's output lands where in the weight: that is how the codes are compared with
+round-to-nearest of the source, whatever the layout between them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from dyndq.opdefs import DOMAIN
+
+FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+# nodes that only move or re-type values: a decode made of one DynamicDequantize and these has an index map
+MOVES = {"Identity", "Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Flatten", "Cast"}
+
+
+@dataclass
+class Decode:
+    """A weight the model computes from stored codes: `value` (the name its reader reads)."""
+
+    value: str
+    nodes: list  # the constant nodes computing it, in graph order
+    reader: str  # the op type of the node reading it ("MatMul", "Gemm", "Gather", ...)
+    decoder: onnx.NodeProto | None  # the one DynamicDequantize when the rest only moves values
+    quantized: bool = True  # False: no DynamicDequantize, a float tensor moved or cast (a Transpose of it)
+
+    @property
+    def codes_name(self) -> str | None:
+        return self.decoder.input[0] if self.decoder is not None else None
+
+
+def lifted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every form the lift knows as our op (a copy; the model passed in stays)."""
+    from dyndq.lifter import lift_with_report
+
+    out, _ = lift_with_report(model)
+    return out
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def find(model: onnx.ModelProto) -> tuple[list[Decode], dict[str, str]]:
+    """(the decodes of the main graph, {float initializer of more than one element a node reads as
+    stored: its reader's op}), for a lifted model."""
+    inits = _initializers(model)
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    order = {id(n): i for i, n in enumerate(model.graph.node)}
+    constant: dict[str, bool] = {}
+
+    def is_constant(value: str) -> bool:
+        if not value or value in inits:
+            return True
+        if value in constant:
+            return constant[value]
+        node = made_by.get(value)
+        constant[value] = False  # (a cycle, which a valid graph has not, ends here)
+        ok = node is not None and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                          for a in node.attribute) and \
+            not node.op_type.startswith("Random") and all(is_constant(i) for i in node.input)
+        constant[value] = ok
+        return ok
+
+    def producers(value: str, seen: dict) -> None:
+        node = made_by.get(value)
+        if node is None or id(node) in seen:
+            return
+        seen[id(node)] = node
+        for i in node.input:
+            producers(i, seen)
+
+    decodes, floats, done = [], {}, set()
+    for node in model.graph.node:
+        if is_constant(node.output[0] if node.output else ""):
+            continue
+        for i, value in enumerate(node.input):
+            if value in done or not value:
+                continue
+            if value in inits:
+                t = inits[value]
+                if t.data_type in FLOATS and int(np.prod(t.dims)) > 1:
+                    floats[value] = node.op_type
+                    done.add(value)
+                continue
+            if not is_constant(value):
+                continue
+            seen: dict = {}
+            producers(value, seen)
+            nodes = sorted(seen.values(), key=lambda n: order[id(n)])
+            ddq = [n for n in nodes if n.op_type == "DynamicDequantize" and n.domain == DOMAIN]
+            if not ddq and not any(i in inits and inits[i].data_type in FLOATS and int(np.prod(inits[i].dims)) > 1
+                                   for n in nodes for i in n.input):
+                continue  # (no codes and no float weight: a shape, an index computed)
+            done.add(value)
+            decoder = ddq[0] if len(ddq) == 1 and all(x in inits for x in ddq[0].input if x) and all(
+                n.op_type in MOVES for n in nodes if n is not ddq[0] and _after(n, ddq[0], made_by)) else None
+            decodes.append(Decode(value, nodes, node.op_type, decoder, bool(ddq)))
+    return decodes, floats
+
+
+def _after(node: onnx.NodeProto, decoder: onnx.NodeProto, made_by: dict) -> bool:
+    """Whether `node` reads the decoder's output, at any depth."""
+    stack, seen = list(node.input), set()
+    while stack:
+        v = stack.pop()
+        if v == decoder.output[0]:
+            return True
+        if v in seen or v not in made_by:
+            continue
+        seen.add(v)
+        stack.extend(made_by[v].input)
+    return False
+
+
+def _sub_model(model: onnx.ModelProto, nodes: list, output: str, inputs=()) -> onnx.ModelProto:
+    inits = _initializers(model)
+    used = {i for n in nodes for i in n.input} - {i.name for i in inputs}
+    graph = helper.make_graph(list(nodes), "decode", list(inputs), [helper.make_empty_tensor_value_info(output)],
+                              [inits[name] for name in sorted(used) if name in inits])
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return sub
+
+
+def value_of(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
+    """The decode's float value, as the reference engine (our kernel) computes it."""
+    from dyndq.reference import reference_evaluator
+
+    sub = _sub_model(model, decode.nodes, decode.value)
+    return np.asarray(reference_evaluator(sub).run(None, {})[0])
+
+
+def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarray | None:
+    """For each element of the weight, the flat index of the element of the DynamicDequantize's
+    output it is (int64, the weight's shape); None when the decode is not one DynamicDequantize
+    followed by nodes that only move values."""
+    from dyndq.reference import reference_evaluator
+
+    if decode.decoder is None:
+        return None
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    nodes = []
+    for n in decode.nodes:
+        if n is decode.decoder:
+            continue
+        if n.op_type == "Cast" and _after(n, decode.decoder, made_by):  # (an index is no float: pass it on as it is)
+            n = helper.make_node("Identity", [n.input[0]], list(n.output))
+        nodes.append(n)
+    start = decode.decoder.output[0]
+    if start == decode.value:
+        return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    feed = helper.make_tensor_value_info(start, onnx.TensorProto.INT64, list(shape))
+    sub = _sub_model(model, nodes, decode.value, [feed])
+    return np.asarray(reference_evaluator(sub).run(None, {start: np.arange(int(np.prod(shape)), dtype=np.int64)
+                                                                   .reshape(shape)})[0])
+
+
+def stored(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return numpy_helper.to_array(_initializers(model)[name])

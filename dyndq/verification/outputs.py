@@ -1,0 +1,98 @@
+"""Output by output: the quantized model against its float source on the same inputs, per engine.
+
+The inputs are the user's or seeded samples, drawn as quantize's evaluation draws them
+(`dyndq.quantization.evaluate`: the same checks, the same made-up inputs, said plainly).  Both
+models run on each engine through `dyndq.run`'s one runner per engine (the reference engine: our
+kernel; ONNX Runtime at its basic level); per float output over every sample: the cosine, the
+relative error ||q - f|| / ||f||, and, for logits or a distribution (`dyndq.task_metrics.
+output_kind`, the one judge, on the float model's outputs), top-1 agreement and the mean KL(float
+|| quantized) in nats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from dyndq.runner import ORT_LEVEL, Runner
+from dyndq.task_metrics import output_kind, row_sums
+
+ENGINES = ("reference", "onnxruntime")
+SETTINGS = {"reference": "our kernel", "onnxruntime": f"{ORT_LEVEL} optimizations"}
+
+
+@dataclass
+class OutputVerdict:
+    engine: str
+    setting: str
+    name: str
+    cosine: float
+    relative: float
+    top1: float | None = None
+    kl: float | None = None
+
+    def as_dict(self) -> dict:
+        out = {"engine": self.engine, "setting": self.setting, "name": self.name, "cosine": self.cosine,
+               "relative": self.relative}
+        if self.top1 is not None:
+            out.update(top1=self.top1, kl=self.kl)
+        return out
+
+
+def samples_for(model: onnx.ModelProto, inputs, seed: int, samples: int) -> tuple[list[dict], str]:
+    """(the feeds, which they are in a few words): the user's, checked, or seeded ones."""
+    from dyndq.quantization.evaluate import describe_samples, seeded_samples, user_inputs
+
+    given = user_inputs(model, inputs)
+    feeds = given if given is not None else seeded_samples(model, seed, samples)
+    return feeds, describe_samples(feeds, given is not None, seed)
+
+
+def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dict],
+            engines=ENGINES) -> tuple[list[OutputVerdict], list[str]]:
+    """(a verdict per float output and engine, a note per engine that could not run a model)."""
+    from dyndq.wording import first_line
+
+    out, notes = [], []
+    for engine in engines:
+        runs = []
+        for model, which in ((source, "the source"), (quantized, "the quantized model")):
+            try:
+                runner = Runner(model, engine)
+                runs.append([runner(f) for f in feeds])
+            except Exception as e:  # (an engine without a kernel for a node, a feed refused: said, not raised)
+                notes.append(f"{engine}: not compared: {which} does not run there: {first_line(e)}")
+                break
+        if len(runs) < 2:
+            continue
+        floats, ours = runs
+        for name in floats[0]:
+            f = [np.asarray(s[name]) for s in floats]
+            if name not in ours[0] or not all(_floating(a) for a in f):
+                continue
+            q = [np.asarray(s[name]) for s in ours]
+            a = np.concatenate([x.astype(np.float64).reshape(-1) for x in f])
+            b = np.concatenate([x.astype(np.float64).reshape(-1) for x in q])
+            with np.errstate(all="ignore"):
+                na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+                cosine = float(a @ b) / (na * nb) if na and nb else float(na == nb)
+                relative = float(np.linalg.norm(b - a)) / na if na else float(nb)
+            verdict = OutputVerdict(engine, SETTINGS[engine], name, cosine, relative)
+            kind = output_kind(source, name, f)
+            if kind is not None:
+                agree = rows = 0
+                kl = 0.0
+                for x, y in zip(f, q):
+                    a1, r1, k1 = row_sums(x, y, kind)
+                    agree, rows, kl = agree + a1, rows + r1, kl + k1
+                verdict.top1, verdict.kl = agree / rows, kl / rows
+            out.append(verdict)
+    return out, notes
+
+
+def _floating(a: np.ndarray) -> bool:
+    """A float array, ml_dtypes' bfloat16 and float8 too (NumPy's kind of those is "V")."""
+    from dyndq.opdefs import dtypes
+
+    return a.dtype.name in {d.name for d in dtypes.DTYPES if d.is_float}

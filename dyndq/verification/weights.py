@@ -1,0 +1,410 @@
+"""Weight by weight: each quantized weight matched to its source tensor and given one status.
+
+The source is a float ONNX model (its float initializers) or a checkpoint (its tensors, each its
+format's own dequantization, `dyndq.checkpoints`).  A weight (the value its reader reads) is
+matched to a source tensor, in this order: by name (the value read, then the values its decode
+computes before it: a Transpose's input); for a checkpoint, by its format's name map; by the
+stored codes' name less the suffix ONNX Runtime's quantizer adds ("_Q4", "_quantized", ...); by
+the reader node's name, less that suffix; then by shape and closeness, as the import matches
+(dyndq.checkpoints.matching: the closest below CLOSE_ENOUGH).
+
+Statuses (docs/verify.md): identical, rtn, requantized, layout (with its kind), differs (matched,
+but neither of those), unmatched, float (a weight left float, equal to its source or not).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation
+from dyndq.verification import codes as C
+from dyndq.verification.decodes import Decode, find, index_map, lifted, stored, value_of
+
+FAITHFUL = ("identical", "rtn", "float")
+_SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")
+
+
+@dataclass
+class WeightVerdict:
+    weight: str
+    source: str | None
+    status: str
+    kind: str | None = None
+    codes_off: int | None = None
+    error: float | None = None
+    rule: str | None = None  # the RTN rule compared against, named
+    matched: str | None = None  # how the source was found
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        out = {"weight": self.weight, "source": self.source, "status": self.status}
+        for key in ("kind", "codes_off", "error", "rule", "matched"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    @property
+    def faithful(self) -> bool:
+        return self.status in FAITHFUL and not (self.status == "float" and self.error)
+
+
+def relative_error(ours: np.ndarray, theirs: np.ndarray) -> float:
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    with np.errstate(all="ignore"):
+        norm = float(np.linalg.norm(b))
+        return float(np.linalg.norm(a - b)) / norm if norm else float(np.linalg.norm(a))
+
+
+def bare(name: str) -> str:
+    return _SUFFIX.sub("", name)
+
+
+# -- the source side ---------------------------------------------------------------------------
+
+class OnnxSource:
+    """A float ONNX model's weights: its float initializers, as its nodes read them."""
+
+    kind = "onnx"
+
+    def __init__(self, model: onnx.ModelProto):
+        from dyndq.checkpoints.matching import constant_tensors, float_weights
+
+        self.model = model
+        self.weights = float_weights(model)
+        self._tensors = {**constant_tensors(model.graph), **{t.name: t for t in model.graph.initializer}}
+        self.readers = {}  # node name -> {input index: initializer}
+        for node in model.graph.node:
+            for i, name in enumerate(node.input):
+                if name in self.weights:
+                    self.readers.setdefault(node.name, {})[i] = name
+
+    def values(self, name: str) -> np.ndarray:
+        """The weight in its own type (float16 rounds to nearest in float16, as ONNX Runtime's
+        quantizer reads it: matching's float32 copies would give other codes)."""
+        return numpy_helper.to_array(self._tensors[name])
+
+    def names(self) -> list[str]:
+        return list(self.weights)
+
+    def lookup(self, name: str) -> list[tuple[str, str]]:
+        """(source tensor, how) a weight of this name may be: the initializer of that name."""
+        return [(name, "by name")] if name in self.weights else []
+
+    def by_reader(self, node: str | None, index: int | None) -> str | None:
+        """The initializer the source's node of that name (less the lift's suffixes) reads at `index`."""
+        for candidate in (node, bare(node or "")):
+            name = self.readers.get(candidate, {}).get(index)
+            if name is not None:
+                return name
+        return None
+
+    def fits(self, name: str, shape, reads) -> bool:
+        return tuple(self.weights[name].shape) == tuple(shape)
+
+    def oriented_for(self, name: str, shape, reads) -> np.ndarray:
+        return self.values(name)  # (a float model's weight is read as the quantized model reads it)
+
+
+class CheckpointSource:
+    """A checkpoint's tensors (its format's own dequantization), oriented as the model reads them."""
+
+    kind = "checkpoint"
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+        self.tensors = {t.name: t for t in checkpoint.tensors()}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def values(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            with np.errstate(all="ignore"):
+                self._cache[name] = np.asarray(self.tensors[name].values(), np.float32)
+        return self._cache[name]
+
+    def lookup(self, name: str) -> list[tuple[str, str]]:
+        """(tensor, how): the tensor of that name, and the one the format's name map gives it."""
+        out = [(name, "by name")] if name in self.tensors else []
+        mapped = self.checkpoint.mapped_name(name)
+        if mapped in self.tensors and mapped != name:
+            out.append((mapped, f"by {self.checkpoint.format}'s name map"))
+        return out
+
+    def by_reader(self, node, index):
+        return None
+
+    def fits(self, name: str, shape, reads) -> bool:
+        return orientation(self.tensors[name].shape, Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads))) is not None
+
+    def oriented_for(self, name: str, shape, reads) -> np.ndarray:
+        w = Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads))
+        way = orientation(self.tensors[name].shape, w)
+        v = self.values(name)
+        return v.T if way == TRANSPOSED else v
+
+
+def _reads(reader: str) -> set:
+    return {TRANSPOSED} if reader == "MatMul" else {STORED}
+
+
+def by_closeness(shape, value: np.ndarray, source, taken: set, reads) -> tuple[str, float] | None:
+    """The source tensor fitting this shape (a checkpoint's: either way round) closest to `value`,
+    below CLOSE_ENOUGH, as the import matches by shape."""
+    best = None
+    for name in source.names():
+        if name in taken or not source.fits(name, shape, reads):
+            continue
+        error = relative_error(value, source.oriented_for(name, shape, reads))
+        if np.isfinite(error) and error < CLOSE_ENOUGH and (best is None or error < best[1]):
+            best = (name, error)
+    return best
+
+
+# -- the verdicts ------------------------------------------------------------------------------
+
+def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
+    """(a verdict per weight of `quantized`, the source tensors no weight matched)."""
+    model = lifted(quantized)
+    decodes, floats = find(model)
+    known = {t.name for t in quantized.graph.initializer} | {o for n in quantized.graph.node for o in n.output}
+
+    def shown(d: Decode, name: str) -> str:
+        """A name the user's file holds: the value read, or the stored codes of a form the lift rewrote."""
+        return next((n for n in (name, d.value, d.codes_name) if n in known), name)
+    made_by_reader = _reader_nodes(model)
+    shared = isinstance(source, CheckpointSource)  # (a checkpoint tensor may stand for several weights: tied)
+    taken: set = set()
+    verdicts = []
+    pending = []
+    for d in decodes:
+        found = None
+        for name, variant, said in _names_of(model, d):  # the value read, then the values before it
+            values = None
+            for tensor, how in source.lookup(name):
+                how = said or how
+                if tensor in taken and not shared:
+                    continue
+                values = value_of(model, variant) if values is None else values
+                if source.fits(tensor, values.shape, _reads(variant.reader)):
+                    found = (tensor, how, name, variant, values)
+                    break
+            if found:
+                break
+        if found is None:  # through the reader node the lift kept the name of (MatMulNBits "fc1_Q4")
+            node, index = made_by_reader.get(d.value, (None, None))
+            tensor = source.by_reader(node, index)
+            if tensor is not None and tensor not in taken:
+                values = value_of(model, d)
+                if source.fits(tensor, values.shape, _reads(d.reader)):
+                    found = (tensor, "by its reader node", d.value, d, values)
+        if found is None:
+            pending.append((d, value_of(model, d)))
+            continue
+        tensor, how, name, variant, values = found
+        taken.add(tensor)
+        verdict = _judge(model, variant, values, source, tensor, how)
+        verdict.weight = shown(variant, name)
+        verdicts.append(verdict)
+    for d, value in pending:  # by shape and closeness, once the named ones are taken
+        best = by_closeness(value.shape, value, source, taken, _reads(d.reader))
+        if best is None:
+            verdicts.append(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape by name or "
+                                          f"within relative error {CLOSE_ENOUGH}"))
+            continue
+        taken.add(best[0])
+        verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
+        verdict.weight = shown(d, d.value)
+        verdicts.append(verdict)
+    for name, reader in floats.items():
+        ours = stored(model, name)
+        found = next(((t, how) for t, how in source.lookup(name) if (shared or t not in taken)
+                      and source.fits(t, ours.shape, _reads(reader))), None)
+        if found is None:
+            verdicts.append(WeightVerdict(name, None, "float", note="left float; no source tensor of its name"))
+            continue
+        taken.add(found[0])
+        theirs = _theirs(source, found[0], ours.shape, reader)
+        equal = C.same_bits(ours.astype(np.float32), theirs.astype(np.float32))
+        verdicts.append(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
+                                      matched=found[1], note="left float" + ("" if equal else ", not the source's values")))
+    return verdicts, [n for n in source.names() if n not in taken]
+
+
+def _theirs(source, name: str, shape, reader: str) -> np.ndarray:
+    """The source tensor's values as the weight's reader reads them (a checkpoint's [out, in] turned
+    for MatMul's B)."""
+    return source.oriented_for(name, shape, _reads(reader))
+
+
+def _names_of(model: onnx.ModelProto, d: Decode):
+    """(name, the decode computing that value) for each name the weight goes by, nearest first: the
+    value read, the values its decode computes before it (a Transpose's input: the weight as the
+    exporter named it, as a source model reads it), the stored codes' name less ONNX Runtime's
+    suffixes (what the lift keeps of the form the weight came in: "W1_Q4")."""
+    yield d.value, d, None
+    made_by = {o: n for n in d.nodes for o in n.output}
+    inside = d.decoder is not None and _inside(d)
+    for node in reversed(d.nodes):
+        if node is d.decoder or (d.decoder is not None and not inside.get(id(node), False)):
+            continue
+        for value in node.output:
+            if value and value != d.value:
+                yield value, _up_to(d, value, made_by), None
+    if d.decoder is not None:
+        yield d.decoder.output[0], _up_to(d, d.decoder.output[0], made_by), None
+        yield bare(d.codes_name), d, f"by its codes' name ({d.codes_name}, less the quantizer's suffix)"
+
+
+def _inside(d: Decode) -> dict:
+    """id(node) -> whether the node reads the decoder's output (a node after the decode proper)."""
+    after = {d.decoder.output[0]}
+    out = {}
+    for node in d.nodes:
+        out[id(node)] = any(i in after for i in node.input)
+        if out[id(node)]:
+            after.update(node.output)
+    return out
+
+
+def _up_to(d: Decode, value: str, made_by: dict) -> Decode:
+    """The part of decode `d` computing `value`, read as the node of `d` reading it reads it."""
+    keep, stack = {}, [value]
+    while stack:
+        node = made_by.get(stack.pop())
+        if node is not None and id(node) not in keep:
+            keep[id(node)] = node
+            stack.extend(node.input)
+    nodes = [n for n in d.nodes if id(n) in keep]
+    reader = next((n.op_type for n in d.nodes if value in n.input), d.reader)
+    return Decode(value, nodes, reader, d.decoder if d.decoder is not None and id(d.decoder) in keep else None,
+                  any(n.op_type == "DynamicDequantize" for n in nodes))
+
+
+def _reader_nodes(model: onnx.ModelProto) -> dict:
+    """value -> (the name of the node reading it, bare of the lift's suffixes, the input index)."""
+    out = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name and name not in out:
+                out[name] = (bare(node.name.split("/")[0]) if node.name else None, i)
+    return out
+
+
+def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> WeightVerdict:
+    raw = _theirs(source, name, value.shape, d.reader)  # (in its own dtype: ONNX Runtime's rules compute in it)
+    theirs = raw.astype(np.float32)
+    ours32 = value.astype(np.float32)
+    error = relative_error(ours32, theirs)
+    if theirs.shape != ours32.shape:
+        return WeightVerdict(d.value, name, "differs", matched=how, note=f"shape {list(ours32.shape)}, the source's "
+                             f"{list(theirs.shape)}")
+    if not d.quantized:  # (a float weight moved or cast on its way: left float)
+        equal = C.same_bits(ours32, theirs)
+        return WeightVerdict(d.value, name, "float", error=0.0 if equal else error, matched=how,
+                             note="left float" + ("" if equal else ", not the source's values"))
+    if C.same_bits(ours32, theirs):
+        return WeightVerdict(d.value, name, "identical", error=0.0, matched=how)
+    verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
+    if verdict is not None and source.kind == "checkpoint" and verdict.status in ("rtn", "layout"):
+        # (round to nearest of the checkpoint's dequantization: another route, which requantized it)
+        was = f"{verdict.kind} layout of " if verdict.status == "layout" else ""
+        return WeightVerdict(d.value, name, "requantized", error=error, matched=how, rule=verdict.rule, codes_off=None,
+                             note=f"its codes are a {was}round to nearest of the checkpoint's dequantization, not "
+                                  "the checkpoint's own codes")
+    if verdict is not None:
+        return verdict
+    if error < CLOSE_ENOUGH:
+        return WeightVerdict(d.value, name, "requantized", error=error, matched=how,
+                             note="not its source's own dequantization" if source.kind == "checkpoint" else "")
+    return WeightVerdict(d.value, name, "differs", error=error, matched=how)
+
+
+def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVerdict | None:
+    """The verdict of a decode of stored codes against round to nearest of its float source
+    (None: a decode with no codes to compare, e.g. a composition of several nodes)."""
+    if d.decoder is None:
+        return None
+    codes = stored(model, d.decoder.input[0])
+    raw_scales = stored(model, d.decoder.input[1])
+    g = C.grouping(d.decoder, codes, raw_scales)
+    index = index_map(model, d, codes.shape) if g is not None else None
+    if g is None or index is None:
+        return None
+    scales = C.grouped(raw_scales, g, codes.shape)
+    zeros = C.grouped(stored(model, d.decoder.input[2]), g, codes.shape) if len(d.decoder.input) > 2 and \
+        d.decoder.input[2] else None
+    offsets = C.offsets_of(codes, zeros, g)
+    covered = np.zeros(codes.shape, bool)
+    covered.reshape(-1)[index.reshape(-1)] = True
+
+    def laid_out(weight: np.ndarray) -> np.ndarray:
+        out = np.zeros(codes.shape, weight.dtype)  # (a partial block padded with zeros, as ONNX Runtime pads)
+        out.reshape(-1)[index.reshape(-1)] = weight.reshape(-1)
+        return out
+
+    candidates = C.rtn_candidates(laid_out(theirs), g, scales.dtype, d.reader) + \
+        C.qdq_candidates(laid_out(theirs), g, codes.dtype.name)
+    if not candidates:
+        return None
+    for rtn in candidates:
+        if C.exact(offsets, scales, zeros, rtn, covered):
+            return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g))
+    for rtn in candidates:
+        found = C.layout(codes, scales, zeros, rtn, g, covered)
+        if found is not None:
+            return WeightVerdict(d.value, name, "layout", kind=found[0], error=error, matched=how, rule=rtn.name(g),
+                                 note=found[1])
+    if theirs.ndim == 2 and theirs.shape[0] == theirs.shape[1]:
+        flipped = laid_out(theirs.T.copy())
+        for rtn in C.rtn_candidates(flipped, g, scales.dtype, d.reader) + C.qdq_candidates(flipped, g, codes.dtype.name):
+            if C.exact(offsets, scales, zeros, rtn, covered):
+                return WeightVerdict(d.value, name, "layout", kind="transposed", error=error, matched=how,
+                                     rule=rtn.name(g), note="its codes are round to nearest of the source transposed")
+    # the candidate nearest in values: how far off, in its levels
+    decoded = laid_out(np.asarray(value, np.float32))
+    theirs = theirs.astype(np.float32)
+    nearest = min(candidates, key=lambda r: relative_error(decoded, C.rtn_values(r, g, codes.shape)))
+    rtn_error = relative_error(np.asarray(C.rtn_values(nearest, g, codes.shape)).reshape(-1)[index], theirs)
+    off = C.levels_off(decoded, C.rtn_values(nearest, g, codes.shape), nearest, g, covered)
+    status = "requantized" if off <= C.K_LEVELS or error <= C.REQUANTIZED_ERROR * rtn_error else "differs"
+    return WeightVerdict(d.value, name, status, codes_off=off, error=error, matched=how, rule=nearest.name(g),
+                         note=f"round to nearest's own error {rtn_error:.3g}")
+
+
+def _by_values(model, d: Decode, value, theirs, error, name, how) -> WeightVerdict | None:
+    """A decode holding one DynamicDequantize of stored codes, with arithmetic after it (an export's
+    NaN quieting, a Cast of the scales): its values against each RTN's dequantization, computed on
+    the source as the weight reads it, bit for bit (its codes are not compared one by one)."""
+    ddq = [n for n in d.nodes if n.op_type == "DynamicDequantize"]
+    inits = {t.name for t in model.graph.initializer}
+    if len(ddq) != 1 or ddq[0].input[0] not in inits:
+        return None
+    codes = stored(model, ddq[0].input[0])
+    scale_type = _leaf_dtype(model, d, ddq[0].input[1])
+    g = C.grouping(ddq[0], codes, None)
+    if g is None or g.tensor or theirs.ndim != codes.ndim or any(a > b for a, b in zip(theirs.shape, codes.shape)):
+        return None
+    for rtn in C.rtn_candidates(theirs, g, scale_type or theirs.dtype, d.reader):
+        dequantized = C.rtn_values(rtn, g, rtn.offsets.shape)[tuple(slice(0, s) for s in theirs.shape)]
+        if C.same_bits(dequantized.astype(value.dtype), np.asarray(value)):
+            return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g),
+                                 note="by values: its decode is not one DynamicDequantize alone, so its codes were "
+                                      "compared through the values they give")
+    return None
+
+
+def _leaf_dtype(model, d: Decode, value: str):
+    """The dtype of the stored tensor a value of the decode is computed from (a Cast's input)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    made_by = {o: n for n in d.nodes for o in n.output}
+    while value not in inits and value in made_by:
+        value = made_by[value].input[0]
+    return stored(model, value).dtype if value in inits else None

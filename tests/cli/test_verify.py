@@ -1,0 +1,85 @@
+"""`dyndq verify`: exit 0 when every weight is faithful (ONNX Runtime's quantizer output against its
+float model), 1 with the finding named (a planted nibble swap), 2 for usage (no --against, a
+missing file, --weights-only beside --input); the report as text and as JSON (docs/verify.md's
+keys); the user's inputs read from --input files; a GGUF checkpoint as the source."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dyndq.cli import main
+from dyndq.model_files import save_model
+
+pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
+from verify_models import float_model, nbits, nibbles_swapped  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verify")
+    source = float_model()
+    quantized = nbits(source)
+    save_model(source, d / "float.onnx")
+    save_model(quantized, d / "q.onnx")
+    save_model(nibbles_swapped(quantized, "W2"), d / "swapped.onnx")
+    np.save(d / "ids.npy", np.array([0, 63, 7], np.int64))
+    return d
+
+
+def test_a_faithful_quantization_exits_0_with_each_weight_said(files, capsys):
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--samples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{files / 'q.onnx'} against {files / 'float.onnx'}: 4 weight(s): 3 rtn, 1 float; faithful")
+    assert "exactly ONNX Runtime's matmul rule (MlasQuantizeBlockwise), asymmetric, 4 bits, block 32" in out
+    assert "outputs on 1 seeded sample (seed 0)" in out
+    assert "reference (our kernel) logits: cosine" in out and "onnxruntime (basic optimizations) logits: cosine" in out
+
+
+def test_a_planted_fault_exits_1_naming_it(files, capsys):
+    assert main(["verify", str(files / "swapped.onnx"), "--against", str(files / "float.onnx"), "--weights-only"]) == 1
+    out = capsys.readouterr().out
+    assert "1 finding(s)" in out.splitlines()[0]
+    line = next(x for x in out.splitlines() if x.strip().startswith("layout"))
+    assert "W2_Q4 <- W2" in line and "nibble-order" in line
+
+
+def test_json_has_the_documented_schema(files, capsys):
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--json",
+                 "--input", f"ids={files / 'ids.npy'}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"quantized", "source", "weights", "outputs", "blame"} <= set(report)
+    assert report["blame"] == [] and report["inputs"].startswith("1 sample given")
+    assert {(w["source"], w["status"]) for w in report["weights"]} == {("W1", "rtn"), ("W2", "rtn"), ("W3", "rtn"),
+                                                                       ("E", "float")}
+    assert {(o["engine"], o["name"]) for o in report["outputs"]} == {("reference", "logits"), ("onnxruntime", "logits")}
+    assert all(set(o) == {"engine", "setting", "name", "cosine", "relative", "top1", "kl"} for o in report["outputs"])
+
+
+def test_a_gguf_checkpoint_as_the_source(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    import dyndq
+    from gguf_models import float_model as llama_model, gguf_tensors, source_weights, write_gguf
+
+    src = source_weights()
+    write_gguf(tmp_path / "m.gguf", gguf_tensors(src))
+    imported, _ = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf")
+    save_model(imported, tmp_path / "imported.onnx")
+    assert main(["verify", str(tmp_path / "imported.onnx"), "--against", str(tmp_path / "m.gguf")]) == 0
+    out = capsys.readouterr().out
+    assert ": 7 weight(s): 6 identical, 1 float; faithful" in out.splitlines()[0]
+    assert "outputs: not compared: the source is a GGUF checkpoint, not a model to run" in out
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["verify", "{q}"], "the following arguments are required: --against"),
+    (["verify", "{d}/missing.onnx", "--against", "{f}"], "missing.onnx"),
+    (["verify", "{q}", "--against", "{d}/missing.gguf"], "missing.gguf: no such file"),
+    (["verify", "{q}", "--against", "{f}", "--weights-only", "--input", "ids={d}/ids.npy"], "--weights-only compares none"),
+    (["verify", "{q}", "--against", "{f}", "--samples", "0"], "--samples 0"),
+])
+def test_usage_errors_exit_2(files, capsys, argv, said):
+    argv = [a.format(q=files / "q.onnx", f=files / "float.onnx", d=files) for a in argv]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err

@@ -1,0 +1,267 @@
+"""dyndq.verify: ONNX Runtime's own quantizer outputs (MatMulNBits 4-bit, DequantizeLinear 8-bit)
+verify as round to nearest with no false alarm; copies with one planted fault each (nibbles
+swapped, zero points plus one, blocks reversed, a square weight quantized transposed, one weight
+requantized) name that weight and that fault, and nothing else; an import of a GGUF checkpoint
+verifies identical against the GGUF; the outputs are compared on both engines."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper as nh
+
+import dyndq
+
+ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
+from onnxruntime.quantization import QuantFormat  # noqa: E402
+
+from verify_models import (blocks_reversed, copy_of, float_model, init, nbits, nibbles_swapped, ort_quantized,  # noqa: E402
+                           replace, requantized, transposed_square, zero_points_plus_one)
+
+def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
+    """ONNX Runtime's static QDQ quantizer (int8 weights, its default symmetric; the activations
+    quantized too, calibrated on two samples): DequantizeLinear per tensor or per channel + MatMul."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self.left = iter([{"ids": np.array([1, 2, 3], np.int64)}, {"ids": np.array([5, 63], np.int64)}])
+
+        def get_next(self):
+            return next(self.left, None)
+
+    onnx.save(model, folder / "float.onnx")
+    quantize_static(folder / "float.onnx", folder / "qdq.onnx", Samples(), quant_format=QuantFormat.QDQ,
+                    weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul"])
+    return onnx.load(folder / "qdq.onnx")
+
+
+@pytest.fixture(scope="module")
+def source():
+    return float_model()
+
+
+@pytest.fixture(scope="module")
+def quantized(source):
+    return nbits(source)
+
+
+def test_onnxruntimes_matmulnbits_output_verifies_as_round_to_nearest(source, quantized):
+    report = dyndq.verify(quantized, source, outputs=False)
+    got = {w.source: w for w in report.weights}
+    assert {k: (w.status, w.kind) for k, w in got.items()} == {
+        "W1": ("rtn", None), "W2": ("rtn", None), "W3": ("rtn", None), "E": ("float", None)}
+    assert report.faithful and report.unused == []
+    assert "matmul rule" in got["W2"].rule and "asymmetric" in got["W2"].rule and "block 32" in got["W2"].rule
+    assert got["E"].error == 0.0
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnxruntimes_qdq_8bit_output_verifies_as_its_rule(source, tmp_path, per_channel):
+    model = qdq8(source, tmp_path, per_channel)
+    assert sum(n.op_type == "DequantizeLinear" for n in model.graph.node) > 3  # (weights and activations)
+    report = dyndq.verify(model, source, samples=1)
+    assert {w.source: w.status for w in report.weights} == {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}
+    form = "per channel" if per_channel else "per tensor"
+    assert all(w.rule == f"ONNX Runtime's qdq rule (quant_utils.quantize_data), symmetric, 8 bits, {form}"
+               for w in report.weights if w.status == "rtn")
+    assert {w.weight for w in report.weights} == {"W1_DequantizeLinear_Output", "W2_DequantizeLinear_Output",
+                                                  "W3_DequantizeLinear_Output", "E"}  # (the values the MatMuls read)
+    assert [o.top1 for o in report.outputs] == [1.0, 1.0]  # (both engines)
+
+
+def test_onnxruntimes_qdq_4bit_output_verifies_as_round_to_nearest(source):
+    model = ort_quantized(source, bits=4, block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+    assert any(n.op_type == "DequantizeLinear" for n in model.graph.node)
+    report = dyndq.verify(model, source, outputs=False)
+    assert {w.source: w.status for w in report.weights} == {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}
+    assert all("matmul rule" in w.rule and "asymmetric, 4 bits, block 32" in w.rule
+               for w in report.weights if w.status == "rtn")
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_onnxruntimes_gatherblockquantized_verifies_by_its_gather_rule(source, symmetric):
+    model = ort_quantized(source, bits=4, block_size=32, is_symmetric=symmetric, op_types_to_quantize=("MatMul", "Gather"))
+    assert "GatherBlockQuantized" in [n.op_type for n in model.graph.node]
+    report = dyndq.verify(model, source, outputs=False)
+    got = {w.source: w for w in report.weights}
+    assert {k: w.status for k, w in got.items()} == {"E": "rtn", "W1": "rtn", "W2": "rtn", "W3": "rtn"}
+    assert got["E"].rule.startswith("ONNX Runtime's gather rule (quantize_ndarray), " +
+                                    ("symmetric" if symmetric else "asymmetric"))
+    assert got["E"].weight == "E_Q4"
+
+
+def test_a_zero_point_off_by_one_in_a_qdq_8bit_model_is_named(source, tmp_path):
+    """ONNX Runtime's static QDQ quantizer, per channel: one weight's zero points (0, symmetric) made 1."""
+    model = qdq8(source, tmp_path, per_channel=True)
+    zp = init(model, "W3_zero_point")
+    replace(model, "W3_zero_point", nh.to_array(zp) + np.int8(1))
+    report = dyndq.verify(model, source, outputs=False)
+    [finding] = report.findings
+    assert (finding.source, finding.status, finding.kind) == ("W3", "layout", "zero-point-off-by-one")
+    assert "64 of 64 zero points +1" in finding.note
+
+
+def test_a_symmetric_quantization_is_named_symmetric(source):
+    model = ort_quantized(source, bits=4, block_size=16, is_symmetric=True)
+    report = dyndq.verify(model, source, outputs=False)
+    rtn = [w for w in report.weights if w.status == "rtn"]
+    assert len(rtn) == 3 and all(", symmetric, 4 bits, block 16" in w.rule for w in rtn)
+
+
+@pytest.mark.parametrize("plant,weight,status,kind", [
+    ("nibbles", "W2", "layout", "nibble-order"),
+    ("zero points", "W3", "layout", "zero-point-off-by-one"),
+    ("blocks", "W3", "layout", "block-order"),
+    ("transposed", "W1", "layout", "transposed"),
+    ("requantized", "W2", "requantized", None),
+])
+def test_a_planted_fault_is_named_and_only_that_one(source, quantized, plant, weight, status, kind):
+    faulty = {"nibbles": lambda: nibbles_swapped(quantized, weight),
+              "zero points": lambda: zero_points_plus_one(quantized, weight),
+              "blocks": lambda: blocks_reversed(quantized, weight),
+              "transposed": lambda: transposed_square(quantized, weight, source),
+              "requantized": lambda: requantized(quantized, weight, source)}[plant]()
+    report = dyndq.verify(faulty, source, outputs=False)
+    found = {w.source: w for w in report.weights}
+    assert (found[weight].status, found[weight].kind) == (status, kind), found[weight]
+    assert sorted(w.source for w in report.findings) == [weight]
+    assert {k: w.status for k, w in found.items() if k != weight} == {
+        k: v for k, v in {"W1": "rtn", "W2": "rtn", "W3": "rtn", "E": "float"}.items() if k != weight}
+    if status == "requantized":
+        assert found[weight].codes_off in (1, 2) and 0 < found[weight].error < 0.2
+    assert not report.faithful
+
+
+def test_a_float_weight_changed_is_a_finding(source, quantized):
+    changed = copy_of(quantized)
+    e = nh.to_array(init(changed, "E")).copy()
+    e[3, 5] += 1.0
+    replace(changed, "E", e)
+    report = dyndq.verify(changed, source, outputs=False)
+    bad = report.findings
+    assert [(w.weight, w.status) for w in bad] == [("E", "float")] and bad[0].error > 0
+
+
+def test_outputs_are_compared_on_both_engines_with_logits_metrics(source, quantized):
+    report = dyndq.verify(quantized, source, samples=2)
+    assert {(o.engine, o.name) for o in report.outputs} == {("reference", "logits"), ("onnxruntime", "logits")}
+    for o in report.outputs:
+        assert 0.98 < o.cosine <= 1.0 + 1e-9 and 0 < o.relative < 0.3
+        assert 0.5 <= o.top1 <= 1.0 and 0 <= o.kl < 0.05
+    assert "2 seeded samples (seed 0" in report.inputs
+    # the engines agree on a quantized model's outputs (the same dequantized weights) to float rounding
+    ref, ort = sorted(report.outputs, key=lambda o: o.engine != "reference")
+    assert abs(ref.relative - ort.relative) < 1e-4
+
+
+def test_the_users_inputs_are_used_when_given(source, quantized):
+    feeds = {"ids": np.array([0, 63, 5], np.int64)}
+    report = dyndq.verify(quantized, source, inputs=feeds)
+    assert report.inputs.startswith("1 sample given")
+
+
+def test_the_report_as_json_has_the_documented_keys(source, quantized):
+    d = dyndq.verify(quantized, source, samples=1).as_dict()
+    assert {"quantized", "source", "weights", "outputs", "blame"} <= set(d)
+    assert all({"weight", "source", "status"} <= set(w) for w in d["weights"])
+    assert all({"engine", "setting", "name", "cosine", "relative", "top1", "kl"} <= set(o) for o in d["outputs"])
+
+
+def test_a_model_passed_in_is_not_modified(source, quantized):
+    before = (source.SerializeToString(), quantized.SerializeToString())
+    dyndq.verify(quantized, source, samples=1)
+    assert (source.SerializeToString(), quantized.SerializeToString()) == before
+
+
+# -- a checkpoint as the source ---------------------------------------------------------------------
+
+def test_an_import_of_a_gguf_checkpoint_verifies_identical_against_it(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_models import float_model as llama_model, gguf_tensors, source_weights, write_gguf
+
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(tmp_path / "m.gguf", tensors)
+    imported, _ = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf")
+    report = dyndq.verify(imported, tmp_path / "m.gguf")
+    assert report.faithful and len(report.weights) == 7
+    assert {w.source: w.status for w in report.weights if w.status != "identical"} == {"output_norm.weight": "float"}
+    assert report.unused == ["blk.0.attn_v.weight"]
+    assert report.outputs == [] and "checkpoint" in report.outputs_note
+    # one weight's decode changed: no longer the checkpoint's own dequantization
+    broken = copy_of(imported)
+    ddq = next(n for n in broken.graph.node if n.op_type == "DynamicDequantize")
+    codes = init(broken, ddq.input[0])
+    arr = nh.to_array(codes).copy()
+    arr.reshape(-1)[0] = arr.reshape(-1)[1] if arr.reshape(-1)[0] != arr.reshape(-1)[1] else arr.reshape(-1)[0] ^ 1
+    codes.CopyFrom(nh.from_array(arr, codes.name))
+    report = dyndq.verify(broken, tmp_path / "m.gguf")
+    assert len(report.findings) == 1 and report.findings[0].status in ("requantized", "differs")
+
+
+# -- dyndq's own quantizer, in each form it writes -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype,options", [("float32", {}), ("float32", dict(symmetric=True, group_size=32)),
+                                           ("float16", {}), ("bfloat16", dict(bits=8)), ("float32", dict(bits=2))])
+@pytest.mark.parametrize("form", ["dyndq", "onnx", "onnxruntime"])
+def test_dyndqs_own_round_to_nearest_verifies_as_rtn_in_each_form_it_writes(dtype, options, form):
+    """dyndq.quantize(method="rtn") gives ONNX Runtime's codes: verify says rtn for every weight, in our
+    op, exported to standard ONNX (DequantizeLinear, and float16 NaN quieting after it) and to ONNX
+    Runtime's contrib ops; a weight whose last group is padded (k=200) too."""
+    import ml_dtypes
+    from quantize_models import mlp
+
+    source = mlp(k=200, n=96, dtype={"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype])
+    ours, _ = dyndq.quantize(source, evaluate=False, **options)
+    model = ours if form == "dyndq" else dyndq.export(ours, target=form)
+    report = dyndq.verify(model, source, outputs=False)
+    assert [(w.source, w.status) for w in report.weights] == [("E", "rtn"), ("W1", "rtn"), ("W2", "rtn")], report.table()
+
+
+def test_an_engine_that_cannot_run_a_model_is_said_not_raised():
+    """ONNX Runtime has no bfloat16 MatMul: the outputs are compared on the reference engine alone."""
+    import ml_dtypes
+    from quantize_models import mlp
+
+    source = mlp(k=64, n=32, dtype=ml_dtypes.bfloat16)
+    ours, _ = dyndq.quantize(source, evaluate=False, bits=8, group_size=32)
+    report = dyndq.verify(ours, source, samples=1)
+    assert {o.engine for o in report.outputs} == {"reference"}
+    assert report.outputs_note.startswith("onnxruntime: not compared: the source does not run there")
+
+
+def test_a_gguf_checkpoint_requantized_by_another_route_shows_requantized(tmp_path):
+    """The GGUF's dequantization put into the float model, then ONNX Runtime's quantizer: the MatMul
+    weights it quantized are requantized (round to nearest of the checkpoint's values, named), the
+    weights it left float are the checkpoint's own values."""
+    pytest.importorskip("gguf")
+    from gguf_models import (DOWN, K, expected, float_model as llama_model, gguf_tensors, source_weights, with_weights,
+                             write_gguf)
+
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(tmp_path / "m.gguf", tensors)
+    other_route = nbits(with_weights(llama_model(src), expected(tensors)))
+    report = dyndq.verify(other_route, tmp_path / "m.gguf")
+    got = {w.source: w for w in report.weights}
+    requantized = {k: w for k, w in got.items() if w.status == "requantized"}
+    assert set(requantized) == {"blk.0.attn_k.weight", "blk.0.ffn_down.weight"}
+    for w in requantized.values():
+        assert "matmul rule" in w.rule and 0.01 < w.error < 0.2 and "checkpoint's dequantization" in w.note
+    assert {w.status for k, w in got.items() if k not in requantized} == {"float"}
+    assert all(w.error == 0.0 for w in got.values() if w.status == "float")
+    assert sorted(w.source for w in report.findings) == sorted(requantized)
+    assert {w.weight for w in requantized.values()} == {K + "_Q4", DOWN + "_Q4"}  # (its MatMulNBits' B, named after them)
+
+
+def test_dyndq_verify_is_the_function_after_its_package_is_imported():
+    """The package is named otherwise (verification/, as quantization/ is for dyndq.quantize): importing
+    it would otherwise make `dyndq.verify` the module, and every call a TypeError."""
+    import subprocess
+    import sys
+
+    code = ("import dyndq.verification.weights, dyndq.cli.verify, dyndq\n"
+            "print(callable(dyndq.verify), dyndq.verify.__module__, dyndq.VerifyReport.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "dyndq.verification", "VerifyReport"]
