@@ -28,7 +28,7 @@ form does not round a weight to float16 before using it.  So:
   are the float32 product: fused, exact.
 - everything else keeps the composition, with the reason (`why_not`): a min added after the
   product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
-  act-order (the decode gathers its scales), a tied embedding (one decode read twice: kept once),
+  act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
   a weight read through another node than a MatMul's B or a Gather's data.
 """
 from __future__ import annotations
@@ -310,7 +310,7 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
     ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]
     casts = [n for n in written.nodes if n.op_type == "Cast"]
     if len(ddq) != 1 or len(shape) != 2 or any(n.op_type not in ("DynamicDequantize", "Reshape", "Cast") for n in written.nodes):
-        return None, "its decode is more than one DynamicDequantize of a 2-D tensor (act-order's Gathers, bit ops)"
+        return None, "its decode is more than one DynamicDequantize of a 2-D tensor (act-order's Gather putting the rows back, bit ops)"
     node = ddq[0]
     by_name = {t.name: t for t in written.tensors}
     # (GPTQ, AWQ: float32 product, then Cast to the float16 of the scales: one rounding, which a

@@ -39,6 +39,8 @@ def nodes(module: Module, names_in_use: NameScope | None = None, *, name: str | 
                         helper.np_dtype_to_tensor_dtype(array.dtype))
     value, shape, form = WRITERS[module.format](w, module)
     last = next(n for n in w.nodes if n.output[0] == value)
+    while last.op_type == "Gather":  # (GPTQ act-order's rows put back: the type of what it copies)
+        last = next(n for n in w.nodes if n.output[0] == last.input[0])
     dtype = next((a.i for a in last.attribute if a.name in ("to", "output_dtype")), TensorProto.FLOAT)
     return w.finish(value, shape, form, dtype)
 

@@ -14,8 +14,13 @@ an integer of at most 9 bits, a float16 scale has 11 significant bits, so their 
 20 bits, never out of float32's range) is exact in float32, and its one rounding to float16 is
 the correctly rounded product, which is what float16 multiplication gives (overflow to inf, the
 subnormals and -0 included).  Without act-order (g_idx[k] = k // group_size) the scales apply to
-runs of group_size inputs (per_group); with act-order the scale and zero columns are gathered by
-g_idx first (Gather copies: exact) and apply one a code.  The weight comes out in torch's
+runs of group_size inputs (per_group); with act-order (every group of group_size inputs, in any
+order) the codes' input rows are reordered so that each group's are contiguous (a stable sort of
+g_idx), decoded per_group as without it, and the product's columns put back in the inputs' order
+by one Gather (copies: exact).  Why not gather the scales by g_idx: that Gather/Mul on constants is
+what ONNX Runtime folds at load, to the float weight whole (9.7x a float model's session memory);
+a DequantizeLinear it keeps, and a Gather of its output is no constant.  Groups of unequal sizes
+(which GPTQ does not write) keep that form: the scale and zero columns gathered by g_idx.  The weight comes out in torch's
 orientation, [out, in]: the codes are unpacked here and stored transposed as ONNX uint2/uint4/uint8
 (the same bits); 3-bit codes, for which ONNX has no type, keep GPTQ's bytes (3 a run of 8 codes)
 and are unpacked at run time (Cast, BitShift, BitwiseOr, BitwiseAnd on uint32: exact).
@@ -65,18 +70,35 @@ def write(w: Writer, module: Module) -> tuple[str, tuple[int, int], str]:
             g_idx = None  # (no act-order: consecutive groups, per_group)
     else:
         need(n_in % groups == 0, f"{module.name}.scales", f"{groups} groups of {n_in} inputs", "a divisor of the inputs")
+    order_note = f"groups of {n_in // groups}"
+    rows = None  # (act-order in equal groups: the input rows in group order, a stable sort of g_idx)
+    if g_idx is not None:
+        counts = np.bincount(g_idx, minlength=groups)
+        if n_in % groups == 0 and (counts == n_in // groups).all():
+            rows = np.argsort(g_idx, kind="stable")
+            order_note = (f"act-order: the input rows reordered into groups of {n_in // groups} (a stable sort of g_idx), "
+                          "decoded per group, then put back by a Gather of the product by the inverse order")
+        else:
+            order_note = (f"act-order in groups of unequal sizes ({counts.min()} to {counts.max()} inputs): g_idx "
+                          "gathers the scale and zero columns")
+    gathered = g_idx is not None and rows is None  # (the scale and zero columns gathered by g_idx: one a code)
     if bits == 3:
         codes = three_bit_codes(w, qweight, out, n_in)
+        if rows is not None:  # (the codes exist only at run time: reordered there, a Gather copies)
+            codes = w.op("Gather", [codes, w.tensor(rows.astype(np.int32), "rows_by_group")], "codes_by_group", axis=1)
         zeros_value = w.tensor(np.ascontiguousarray(zeros.T), "zeros")
     else:
-        codes = codes_tensor(w, lambda some: unpack(some, bits, n_in), qweight.T, bits, (out, n_in))
+        take = (lambda some: unpack(some, bits, n_in)) if rows is None else (lambda some: unpack(some, bits, n_in)[..., rows])
+        codes = codes_tensor(w, take, qweight.T, bits, (out, n_in))
         zeros_t = np.ascontiguousarray(zeros.T)
-        zeros_value = (w.tensor(zeros_t, "zeros") if g_idx is not None  # (Gather: on uint8)
+        zeros_value = (w.tensor(zeros_t, "zeros") if gathered  # (Gather: on uint8)
                        else codes_tensor(w, lambda some: some, zeros_t, bits, zeros_t.shape, hint="zeros"))
-    value = grouped(w, codes, np.ascontiguousarray(scales.T), zeros_value, n_in, g_idx)
-    order = "act-order (g_idx gathers the scale and zero columns)" if g_idx is not None else f"groups of {n_in // groups}"
+    value = grouped(w, codes, np.ascontiguousarray(scales.T), zeros_value, n_in, g_idx if gathered else None)
+    if rows is not None:  # (input k is column inverse[k] of the reordered product: a Gather copies, exact)
+        inverse = np.argsort(rows, kind="stable").astype(np.int32)  # (int32, as g_idx: half int64's bytes)
+        value = w.op("Gather", [value, w.tensor(inverse, "rows_back")], "product_by_input", axis=1)
     form = (f"GPTQ {bits}-bit ({checkpoint_format}): DynamicDequantize({'uint8 q from GPTQ bytes' if bits == 3 else f'uint{bits} q'}, "
-            f"float16 scales, z) to float16, {order}")
+            f"float16 scales, z) to float16, {order_note}")
     return value, (out, n_in), form
 
 
