@@ -1,5 +1,5 @@
 """A GPTQ checkpoint of a real model's weights imported end to end: all-MiniLM-L6-v2's 36 MatMul
-weights rounded by GPTQ's algorithm (act-order: the import's Gather of g_idx) and packed in GPTQ's v1 layout (tests/gptq_minilm.py says how,
+weights rounded by GPTQ's algorithm (act-order: rows decoded in group order, put back by a Gather) and packed in GPTQ's v1 layout (tests/gptq_minilm.py says how,
 and why not by GPTQModel), imported onto the MiniLM ONNX export (`make test-trained-export`).
 Every MatMul weight matched (by shape and closeness: the export names them `onnx::MatMul_*`), the
 model's sentence embeddings equal those of the float model holding GPTQ's dequantized weights,
