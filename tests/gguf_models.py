@@ -110,6 +110,19 @@ def write_gguf(path, tensors: dict, architecture: str = "llama") -> None:
     gguf_blocks.write_gguf(path, tensors, architecture, block_count=1, head_count=HEADS, head_count_kv=KV_HEADS)
 
 
+def llama_file(folder) -> tuple[dict, dict, object]:
+    """(the source weights, their GGUF tensors, the GGUF file written in `folder`): the tests' llama."""
+    src = source_weights()
+    tensors = gguf_tensors(src)
+    write_gguf(folder / "m.gguf", tensors)
+    return src, tensors, folder / "m.gguf"
+
+
+def bits(a) -> np.ndarray:
+    """Float values as their float32 bits, to compare bit for bit."""
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
 def dequantized(tensors: dict, name: str) -> np.ndarray:
     kind, data = tensors[name]
     return gguf.quants.dequantize(data, qtype(kind)).astype(np.float32, copy=False)

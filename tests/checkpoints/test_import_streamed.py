@@ -20,8 +20,7 @@ import dyndq
 import dyndq.model_files as model_files
 from dyndq.checkpoints import import_file
 from dyndq.model_files import load_model, save_model
-from gguf_models import (DOWN, EMBED, HEAD_W, K, NORM, Q, UP, expected, float_model, gguf_tensors, ids,
-                         source_weights, with_outputs, write_gguf)
+from gguf_models import DOWN, EMBED, HEAD_W, K, NORM, Q, UP, bits, expected, float_model, ids, llama_file, with_outputs
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_import_memory.py"
 
@@ -36,14 +35,7 @@ def measured(rows: int, cols: int, tensors: int, folder) -> dict:
 
 @pytest.fixture
 def llama(tmp_path):
-    src = source_weights()
-    tensors = gguf_tensors(src)
-    write_gguf(tmp_path / "m.gguf", tensors)
-    return src, tensors, tmp_path / "m.gguf"
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return llama_file(tmp_path)
 
 
 def test_streamed_from_external_data_equals_the_import_in_memory(llama, tmp_path):

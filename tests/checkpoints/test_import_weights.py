@@ -12,20 +12,13 @@ import pytest
 
 import dyndq
 from engines import run_onnxruntime
-from gguf_models import (DOWN, EMBED, HEAD_W, K, NORM, Q, UP, expected, float_model, gguf_tensors, ids,
+from gguf_models import (DOWN, EMBED, HEAD_W, K, NORM, Q, UP, bits, expected, float_model, gguf_tensors, ids, llama_file,
                          source_weights, with_outputs, with_weights, write_gguf)
 
 
 @pytest.fixture
 def llama(tmp_path):
-    src = source_weights()
-    tensors = gguf_tensors(src)
-    write_gguf(tmp_path / "m.gguf", tensors)
-    return src, tensors, tmp_path / "m.gguf"
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return llama_file(tmp_path)
 
 
 def test_each_weight_is_ggufs_dequantization_unpermuted_and_oriented_on_both_engines(llama):
