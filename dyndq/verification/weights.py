@@ -73,6 +73,7 @@ class OnnxSource:
     kind = "onnx"
 
     def __init__(self, model: onnx.ModelProto):
+        self.squared_norms: dict[str, float] = {}  # (by_closeness' screen: each source tensor's, once)
         from dyndq.checkpoints.matching import constant_tensors, float_weights
 
         self.model = model
@@ -117,6 +118,7 @@ class CheckpointSource:
     kind = "checkpoint"
 
     def __init__(self, checkpoint):
+        self.squared_norms: dict[str, float] = {}  # (by_closeness' screen: each source tensor's, once)
         self.checkpoint = checkpoint
         self.tensors = {t.name: t for t in checkpoint.tensors()}
         self._cache: dict[str, np.ndarray] = {}
@@ -189,7 +191,7 @@ def _screened(flat: dict, theirs: np.ndarray, source, name: str) -> float:
     a = flat[transposed]
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return 0.0  # (not screened: the exact error says what it is)
-    norms = source.__dict__.setdefault("_squared_norms", {})
+    norms = source.squared_norms
     if name not in norms:
         norms[name] = float(np.dot(b, b))
     bb, aa, ab = norms[name], float(np.dot(a, a)), float(np.dot(a, b))
