@@ -12,7 +12,7 @@ the build runs on any x86-64), not llama-quantize, whose `common` library is mos
 build time; llama_model_quantize picks each tensor's type by the same rules either way.
 
 Everything goes into .test-models/llama.cpp-0.3.16/ (or $DYNDQ_TEST_MODELS): the source tree, the
-build (reused by a second run: the build is skipped where the program is there), and the GGUF
+build (reused by a second run: the build is skipped where both programs are there), and the GGUF
 files in gguf/, minilm-F32.gguf and minilm-<TYPE>.gguf.  The converter runs in this venv: it
 needs torch, transformers and tokenizers (pyproject's `export` extra, as for the ONNX export) and
 mistral-common, which it imports whatever the model (the `llama-cpp` extra holds them all).
@@ -21,6 +21,10 @@ llama_model_quantize keeps 1-D tensors (norms, biases) and MiniLM's position and
 embeddings F32, and falls back where a row does not split into its type's blocks of 256: MiniLM's
 rows of 384 (every weight but ffn_down, whose rows are 1536) take Q5_0 in Q4_K_M and Q8_0 in Q6_K.
 `histogram` says what each file holds; docs/import.md has the tables.
+
+The same build makes a second program, tests/llama_cpp/dequantize.c: ggml's own dequantization
+(its gguf reader, then each type's `to_float`: llama.cpp's runtime decode) of every tensor of a
+GGUF file, the C oracle the tests hold gguf's Python and our decode to (`c_dequantize`).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ LLAMA_LICENCE = "MIT (llama-cpp-python; llama.cpp, vendored in it)"
 SOURCE_IN_SDIST = f"llama_cpp_python-{LLAMA_VERSION}/vendor/llama.cpp/"
 QUANTS = ("Q4_K_M", "Q6_K", "Q8_0", "IQ4_NL")  # llama_ftype's names, less their LLAMA_FTYPE_MOSTLY_
 PROGRAM = "dyndq-llama-quantize"
+DEQUANTIZER = "dyndq-ggml-dequantize"  # tests/llama_cpp/dequantize.c: ggml's to_float of a GGUF file's tensors
 HERE = Path(__file__).resolve().parent
 
 
@@ -101,10 +106,11 @@ def source() -> Path:
 
 
 def quantizer(tree: Path) -> Path:
-    """tests/llama_cpp/quantize.c built against llama.cpp (once: a second run finds it)."""
+    """tests/llama_cpp/quantize.c and dequantize.c built against llama.cpp (once: a second run finds
+    both; a build from before dequantize.c is built again, which recompiles only that program)."""
     build = cache() / "build"
     program = build / PROGRAM
-    if program.is_file():
+    if program.is_file() and (build / DEQUANTIZER).is_file():
         return program
     for tool in ("cmake", "c++", "cc"):
         if shutil.which(tool) is None:
@@ -114,14 +120,51 @@ def quantizer(tree: Path) -> Path:
               "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
               "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
-             ["cmake", "--build", str(build), "--target", PROGRAM, "-j2"]]
-    print(f"building llama.cpp's quantizer into {build} (cmake -j2: minutes)", flush=True)
+             ["cmake", "--build", str(build), "--target", PROGRAM, DEQUANTIZER, "-j2"]]
+    print(f"building llama.cpp's quantizer and ggml's dequantizer into {build} (cmake -j2: minutes)", flush=True)
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode:  # (its log, and llama.cpp's compiler warnings, shown only where it failed)
             raise SystemExit(f"{' '.join(step[:3])} failed (exit {done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
-    print(f"built {program} in {time.monotonic() - started:.0f} s (llama.cpp's llama and ggml libraries, -j2)")
+    print(f"built {program} and {DEQUANTIZER} in {time.monotonic() - started:.0f} s (llama.cpp's llama and ggml libraries, -j2)")
     return program
+
+
+def dequantizer() -> Path:
+    return cache() / "build" / DEQUANTIZER
+
+
+def dequantizer_missing() -> str | None:
+    """Why ggml's C dequantization cannot be run here, or None when its program is built."""
+    if not dequantizer().is_file():
+        return f"{dequantizer()} not built: `make test-gguf-real` builds it (ggml's to_float, from {LLAMA_PACKAGE} {LLAMA_VERSION}'s sdist)"
+    return None
+
+
+def c_types() -> list[str]:
+    """The type names (gguf's, upper case) that this ggml can dequantize."""
+    done = subprocess.run([str(dequantizer()), "--types"], capture_output=True, text=True, check=True)
+    return [line.upper() for line in done.stdout.split()]
+
+
+def c_dequantize(path: Path) -> dict[str, "np.ndarray"]:
+    """Each tensor of GGUF file `path` (name -> flat float32), dequantized by ggml's own to_float
+    after ggml's own gguf reader read the file: llama.cpp's runtime decode."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "values.f32"
+        done = subprocess.run([str(dequantizer()), str(path), str(out)], capture_output=True, text=True)
+        if done.returncode:
+            raise AssertionError(f"{DEQUANTIZER} {path} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        values = np.fromfile(out, np.float32)
+    tensors, at = {}, 0
+    for line in done.stdout.splitlines():
+        name, _, n = line.rsplit(" ", 2)
+        tensors[name] = values[at:at + int(n)]
+        at += int(n)
+    assert at == values.size, (path, at, values.size)
+    return tensors
 
 
 def make() -> None:
