@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import dyndq
 from dyndq.checkpoints import safetensors as ours
@@ -27,6 +27,27 @@ from engines import run_onnxruntime
 SPECIAL_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
                            0x7E00, 0xFE00, 0x3C00, 0xBC00, 0x0200], np.uint16)
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+# the float model the import's and verify's safetensors tests put checkpoints onto: torch's module names
+UP, Q, O = "model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"
+N_IN, OUT, GROUP = 256, 64, 64
+
+
+def float_model() -> onnx.ModelProto:
+    """x [2, N_IN] -> Gemm(transB) with UP's weight [OUT, N_IN]; Transpose+MatMul with Q's (torch's
+    export); O's weight [OUT, OUT] on a Gemm too (left float where the checkpoint has no module of
+    it); float32 weights (a float16 one would be cast)."""
+    rng = np.random.default_rng(1)
+    w = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(w(OUT, N_IN), f"{UP}.weight"), numpy_helper.from_array(w(OUT, N_IN), f"{Q}.weight"),
+             numpy_helper.from_array(w(OUT, OUT), f"{O}.weight")]
+    nodes = [helper.make_node("Gemm", ["x", f"{UP}.weight"], ["up"], transB=1),
+             helper.make_node("Transpose", [f"{Q}.weight"], ["qT"], perm=[1, 0]), helper.make_node("MatMul", ["x", "qT"], ["q"]),
+             helper.make_node("Gemm", ["q", f"{O}.weight"], ["o"], transB=1)]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, N_IN])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, OUT]) for n in ("up", "q", "o")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -9,32 +9,16 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import dyndq
 from dyndq.cli import main
 from engines import run_onnxruntime
-from safetensors_checkpoints import awq_oracle, awq_tensors, gptq_oracle, gptq_tensors
+from safetensors_checkpoints import (GROUP, N_IN, O, OUT, Q, UP, awq_oracle, awq_tensors, float_model, gptq_oracle,
+                                     gptq_tensors)
 
 save_file = pytest.importorskip("safetensors.numpy").save_file
 
-UP, Q, O = "model.layers.0.mlp.up_proj", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"
-N_IN, OUT, GROUP = 256, 64, 64
-
-
-def float_model() -> onnx.ModelProto:
-    """x [2, N_IN] -> Gemm(transB) with UP's weight [OUT, N_IN]; Transpose+MatMul with Q's (torch's
-    export); O's weight [OUT, OUT] on a Gemm too; a float16 weight would be cast: these are float32."""
-    rng = np.random.default_rng(1)
-    w = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)  # noqa: E731
-    inits = [numpy_helper.from_array(w(OUT, N_IN), f"{UP}.weight"), numpy_helper.from_array(w(OUT, N_IN), f"{Q}.weight"),
-             numpy_helper.from_array(w(OUT, OUT), f"{O}.weight")]
-    nodes = [helper.make_node("Gemm", ["x", f"{UP}.weight"], ["up"], transB=1),
-             helper.make_node("Transpose", [f"{Q}.weight"], ["qT"], perm=[1, 0]), helper.make_node("MatMul", ["x", "qT"], ["q"]),
-             helper.make_node("Gemm", ["q", f"{O}.weight"], ["o"], transB=1)]
-    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, N_IN])],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, OUT]) for n in ("up", "q", "o")], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 def probe(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
