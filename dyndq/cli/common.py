@@ -140,6 +140,13 @@ def parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+def emit_help() -> str:
+    """--emit's words for our op and each engine of the table (quantize, import-weights)."""
+    from dyndq.converters.engines import ENGINES
+
+    return "dyndq: DynamicDequantize (default); " + "; ".join(f"{e.name}: {e.writes}" for e in ENGINES.values())
+
+
 def _stem(path: str) -> str:
     return os.path.basename(path)[: -len(".npy")]
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
-from dyndq.cli.common import Command, data_notes, refuse_same_file
+from dyndq.cli.common import Command, data_notes, emit_help, refuse_same_file
 from dyndq.cli.exits import OK, UsageError
 
 
 def _add_parser(sub) -> None:
-    from dyndq.converters.engines import ENGINES
     from dyndq.converters.rules import TARGETS
 
     p = sub.add_parser("import-weights", help="put a quantized checkpoint's weights (GGUF) onto the float ONNX model, exactly",
@@ -26,7 +25,7 @@ def _add_parser(sub) -> None:
     p.add_argument("-o", "--output", metavar="OUT.onnx", required=True)
     p.add_argument("--names", metavar="MAP.json", help="a JSON object {checkpoint tensor: initializer name}")
     p.add_argument("--emit", choices=("dyndq", *TARGETS), default="dyndq",
-                   help="dyndq: DynamicDequantize (default); " + "; ".join(f"{e.name}: {e.writes}" for e in ENGINES.values()))
+                   help=emit_help())
     p.add_argument("--no-unpermute", dest="unpermute", action="store_false",
                    help="leave a GGUF file's Q/K rows as stored (llama.cpp's rotary row permutation not undone: "
                         "for a checkpoint converted as llama that was never permuted, Mistral's own format)")

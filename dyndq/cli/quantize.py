@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import sys
 
-from dyndq.cli.common import Command, data_notes, refuse_same_file, say_saved
+from dyndq.cli.common import Command, data_notes, emit_help, refuse_same_file, say_saved
+from dyndq.cli.run import input_samples
 from dyndq.cli.exits import OK, UsageError
 
 
 def _add_parser(sub) -> None:
-    from dyndq.converters.engines import ENGINES
     from dyndq.quantization import EMITS, METHODS, OPS, SCALE_DTYPES, formats
 
     q = sub.add_parser("quantize", help="weight-only quantization of a float model (int2/int4/int8 per group, MXFP4, NVFP4)",
@@ -45,8 +45,7 @@ def _add_parser(sub) -> None:
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
-                   help="dyndq: DynamicDequantize (default); " + "".join(f"{e.name}: {e.writes}; " for e in ENGINES.values())
-                        + "onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
+                   help=emit_help() + "; onednn-json: a oneDNN graph, its weights as .npy files in OUT's name + -weights")
     q.add_argument("--input", "-i", metavar="NAME=FILE.npy", action="append", default=[],
                    help="measure the output error on this input (repeat for each graph input): one sample, or the "
                         "same input in every --inputs-dir sample")
@@ -79,21 +78,6 @@ def _bits_help(formats) -> str:
     return "; ".join(said) + "; not with --budget"
 
 
-def _samples(args, model_path: str) -> list[dict] | None:
-    """The feeds of --input and --inputs-dir: one sample per folder (--input's arrays in each),
-    or --input's alone; None when neither is given."""
-    from dyndq.cli.common import parse_inputs
-    from dyndq.cli.run import inputs_from_dirs
-
-    given = parse_inputs(args.input)
-    if not args.inputs_dir:
-        return [given] if given else None
-    from dyndq.model_files import read_model
-
-    model = read_model(model_path, load_data=False).model
-    return [{**inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
-
-
 def cmd_quantize(args) -> int:
     import os
 
@@ -117,7 +101,7 @@ def cmd_quantize(args) -> int:
     if ((args.input or args.inputs_dir) and args.budget is None or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")
-    inputs = _samples(args, args.input_)
+    inputs = input_samples(args, args.input_)
     options = dict(format=args.format, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
     if args.budget is not None or args.format_choices is not None:

@@ -127,6 +127,18 @@ def inputs_from_dirs(folders: list[str], model, given: set[str]) -> dict[str, np
     return feeds
 
 
+def input_samples(args, model_path: str) -> list[dict] | None:
+    """The feeds of --input and --inputs-dir: one sample per folder (--input's arrays in each),
+    or --input's alone; None when neither is given (quantize's evaluation, verify's outputs)."""
+    given = parse_inputs(args.input)
+    if not args.inputs_dir:
+        return [given] if given else None
+    from dyndq.model_files import read_model
+
+    model = read_model(model_path, load_data=False).model
+    return [{**inputs_from_dirs([folder], model, set(given)), **given} for folder in args.inputs_dir]
+
+
 def _save_arrays(folder: str, arrays: dict, flag: str, *, raw_bytes_note: bool = False) -> None:
     """Write each array (or each item of a list of arrays) as a .npy file in `folder`, named
     by `output_files`, saying what was written (and, with raw_bytes_note, how to read back

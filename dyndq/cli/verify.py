@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from dyndq.cli.common import Command
+from dyndq.cli.run import input_samples
 from dyndq.cli.exits import OK, PROBLEMS, UsageError
 
 
@@ -32,14 +33,13 @@ def _add_parser(sub) -> None:
 
 
 def cmd_verify(args) -> int:
-    from dyndq.cli.quantize import _samples
     from dyndq.verification import verify
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: a whole number >= 1")
     if args.weights_only and (args.input or args.inputs_dir):
         raise UsageError("--input and --inputs-dir are for comparing the outputs; --weights-only compares none")
-    inputs = None if args.weights_only else _samples(args, args.against) if args.against.lower().endswith(".onnx") \
+    inputs = None if args.weights_only else input_samples(args, args.against) if args.against.lower().endswith(".onnx") \
         else None
     report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
                     outputs=not args.weights_only)
