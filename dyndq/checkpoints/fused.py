@@ -42,6 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dyndq.build import make_node
 from dyndq.checkpoints.matching import STORED, TRANSPOSED, Match
 from dyndq.checkpoints.writer import Written
+from dyndq.converters.contrib.shared import pack
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
 FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d widened to float32
@@ -189,9 +190,7 @@ def share(model: onnx.ModelProto, plan: "Plan") -> None:
         vocab, width = codes_t.dims
         codes = _values(codes_t).reshape(vocab, width) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
         per = 8 // bits
-        packed = np.zeros((vocab, width // per), np.uint8)
-        for i in range(per):
-            packed |= (codes[:, i::per].astype(np.uint8) << np.uint8(bits * i))
+        packed = pack(codes, bits)  # (MatMulNBits' and GatherBlockQuantized's bytes: low bits first)
         b_name, shape_name, data_name = (f"{codes_t.name}_B", f"{codes_t.name}_data_shape", f"{codes_t.name}_data")
         new_inits += [numpy_helper.from_array(packed.reshape(vocab, width // 32, 32 // per), b_name),
                       numpy_helper.from_array(np.array([vocab, width // per], np.int64), shape_name)]
@@ -367,31 +366,10 @@ def _group_of(node: onnx.NodeProto) -> list[int]:
 
 
 def _values(t: onnx.TensorProto) -> np.ndarray:
-    """A codes tensor's values as int64 (int4/uint4/int2/uint2 unpacked as ONNX packs them)."""
-    bits = _BITS[t.data_type]
-    if bits == 8:
-        return numpy_helper.to_array(t).astype(np.int64)
-    n = int(np.prod(t.dims))
-    raw = np.frombuffer(t.raw_data, np.uint8) if t.raw_data else np.asarray(t.int32_data, np.uint8)
-    per = 8 // bits
-    fields = (raw[:, None] >> (bits * np.arange(per, dtype=np.uint8))) & np.uint8((1 << bits) - 1)
-    values = fields.reshape(-1)[:n].astype(np.int64)
-    if t.data_type in (TensorProto.INT4, TensorProto.INT2):
-        values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
-    return values
+    """A codes tensor's values as int64, flat (numpy_helper unpacks int4/uint4/int2/uint2 as ONNX packs them)."""
+    return numpy_helper.to_array(t).astype(np.int64).reshape(-1)
 
 
 def _codes_tensor(codes: np.ndarray, like: onnx.TensorProto) -> onnx.TensorProto:
-    """`codes` (int64 values) as a tensor of `like`'s type and name (2- and 4-bit packed as ONNX packs
-    them: the first element in the low bits)."""
-    bits = _BITS[like.data_type]
-    if bits == 8:
-        dtype = np.int8 if like.data_type == TensorProto.INT8 else np.uint8
-        return numpy_helper.from_array(codes.astype(dtype), like.name)
-    per = 8 // bits
-    values = (codes.reshape(-1) & ((1 << bits) - 1)).astype(np.uint8)  # (two's complement fields for signed codes)
-    values = np.concatenate([values, np.zeros((-values.size) % per, np.uint8)]).reshape(-1, per)
-    packed = np.zeros(len(values), np.uint8)
-    for i in range(per):
-        packed |= values[:, i] << np.uint8(bits * i)
-    return helper.make_tensor(like.name, like.data_type, list(codes.shape), packed.tobytes(), raw=True)
+    """`codes` (int64 values) as a tensor of `like`'s type and name (numpy_helper packs 2- and 4-bit ones)."""
+    return numpy_helper.from_array(np.asarray(codes).astype(helper.tensor_dtype_to_np_dtype(like.data_type)), like.name)
