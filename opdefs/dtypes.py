@@ -154,6 +154,12 @@ def name_of(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def narrow_integer_bits(row: DType) -> int | None:
+    """2, 4 or 8 for an integer type of at most a byte (the codes of ONNX Runtime's MatMulNBits and
+    GatherBlockQuantized, and of its round to nearest); None for any other type."""
+    return row.bits if row.is_integer and row.bits <= 8 else None
+
+
 def integer_range(dtype) -> tuple[int, int]:
     """(smallest, largest) value of an integer dtype (int4: -8, 7)."""
     row = dtype if isinstance(dtype, DType) else (by_name(dtype) if isinstance(dtype, str) else of(dtype))

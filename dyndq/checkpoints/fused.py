@@ -43,6 +43,7 @@ from dyndq.build import make_node
 from dyndq.checkpoints.matching import STORED, TRANSPOSED, Match
 from dyndq.checkpoints.writer import Written
 from dyndq.converters.contrib.shared import pack
+from dyndq.opdefs import dtypes
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
 FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d widened to float32
@@ -186,7 +187,7 @@ def share(model: onnx.ModelProto, plan: "Plan") -> None:
     for ddq_name, gather_out, matmul_out, transpose_out in plan.tied:
         ddq = next(n for n in graph.node if n.name == ddq_name)
         codes_t, scales_t = inits[ddq.input[0]], inits[ddq.input[1]]
-        bits = _BITS[codes_t.data_type]
+        bits = _bits(codes_t.data_type)
         vocab, width = codes_t.dims
         codes = _values(codes_t).reshape(vocab, width) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
         per = 8 // bits
@@ -296,8 +297,9 @@ def _is_matmul_b(node: onnx.NodeProto | None, i: int) -> bool:
     return node is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and i == 1
 
 
-_BITS = {TensorProto.INT2: 2, TensorProto.UINT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4,
-         TensorProto.INT8: 8, TensorProto.UINT8: 8}
+def _bits(data_type: int) -> int | None:
+    """The bits of a code type the fused ops take (2-, 4- and 8-bit integers), else None."""
+    return dtypes.narrow_integer_bits(dtypes.by_onnx(data_type))
 
 
 def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Written | None, str]:
@@ -321,7 +323,7 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
     if any(t is None for t in given):
         return None, "its codes, scales or zero points are not initializers of its decode"
     codes_t, scales_t, zps_t = (given + [None])[:3]
-    if codes_t.data_type not in _BITS or scales_t.data_type not in (TensorProto.FLOAT16, TensorProto.FLOAT):
+    if _bits(codes_t.data_type) is None or scales_t.data_type not in (TensorProto.FLOAT16, TensorProto.FLOAT):
         return None, (f"{TensorProto.DataType.Name(codes_t.data_type).lower()} codes, "
                       f"{TensorProto.DataType.Name(scales_t.data_type).lower()} scales: the fused ops take 2-, 4- and "
                       "8-bit codes and float32 or float16 scales")
@@ -351,7 +353,7 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
     out_type = TensorProto.FLOAT if scales.dtype == np.float32 else TensorProto.FLOAT16
     new = make_node(list(node.input), [node.output[0]], name=node.name, version=3, qtype="per_group",
                     group_shape=group, output_dtype=out_type)
-    form = (f"{_BITS[codes_t.data_type]}-bit block {bs}, {'float32' if out_type == TensorProto.FLOAT else 'float16'} scales"
+    form = (f"{_bits(codes_t.data_type)}-bit block {bs}, {'float32' if out_type == TensorProto.FLOAT else 'float16'} scales"
             + (", zero points" if zps is not None else ""))
     moved = f"{written.form}; codes and scales moved to {'[K, N]' if use == 'matmul' else '[rows, K]'}, blocks {group}"
     return Written([new], tensors, node.output[0], moved, written.opset, (), out_type), form

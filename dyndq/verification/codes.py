@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BITS = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
+from dyndq.opdefs import dtypes
+
 K_LEVELS = 2  # a requantization moves codes by at most this many levels of the RTN's step...
 REQUANTIZED_ERROR = 2.0  # ...or keeps the error within this many times RTN's own
 
@@ -56,7 +57,10 @@ RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray",
 
 def grouping(decoder, codes: np.ndarray, scales: np.ndarray) -> Grouping | None:
     """How the DynamicDequantize groups its codes (None: per tensor, or a form RTN has no rule for)."""
-    bits = BITS.get(codes.dtype.name)
+    try:
+        bits = dtypes.narrow_integer_bits(dtypes.of(codes.dtype))
+    except KeyError:  # (a type the table lacks: no codes of ours)
+        bits = None
     if bits is None or codes.ndim != 2:
         return None
     attrs = {a.name: a for a in decoder.attribute}

@@ -71,3 +71,9 @@ def test_a_user_defined_dtype_is_told_apart_whatever_its_kind():
     """ml_dtypes' float8_e5m2 says its kind is "f": what marks ml_dtypes' types is that NumPy does not define them."""
     assert np.dtype(ml_dtypes.float8_e5m2).kind == "f" and dtypes.by_name("float8_e5m2").ml_dtype
     assert not dtypes.by_name("float16").ml_dtype and not dtypes.by_name("string").ml_dtype
+
+
+def test_the_narrow_integer_types_are_the_code_types_of_a_byte_or_less():
+    """The code types ONNX Runtime's fused ops and its round to nearest take (fused.py, verification/codes.py)."""
+    narrow = {d.name: dtypes.narrow_integer_bits(d) for d in dtypes.DTYPES if dtypes.narrow_integer_bits(d)}
+    assert narrow == {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
