@@ -155,6 +155,16 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
     return list(matches.values()), problems
 
 
+def relative_error(ours: np.ndarray, theirs: np.ndarray, dtype=np.float64) -> float:
+    """||ours - theirs|| / ||theirs|| (||ours|| where theirs is all zeros), computed in `dtype`
+    (the import's by-shape matching: float32, as its weights are, where float64 copies of every
+    candidate would double what it holds; verify: float64)."""
+    a, b = np.asarray(ours, dtype), np.asarray(theirs, dtype)
+    with np.errstate(all="ignore"):
+        norm = float(np.linalg.norm(b))
+        return float(np.linalg.norm(a - b)) / norm if norm else float(np.linalg.norm(a))
+
+
 def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
     left = [w for w in weights.values() if w.name not in matches]
     candidates = {t: [w for w in left if orientation(s.shape, w) is not None] for t, s in tensors.items()}
@@ -167,9 +177,7 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
         for w in fitting:
             theirs = np.asarray(values(w.name), np.float32)  # (float32 already: not copied)
             ours = decoded.T if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded
-            with np.errstate(all="ignore"):
-                norm = float(np.linalg.norm(theirs))
-                error = float(np.linalg.norm(ours - theirs)) / norm if norm else float(np.linalg.norm(ours))
+            error = relative_error(ours, theirs, np.float32)
             del theirs, ours
             if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
                 best[w.name] = (error, tensor)
@@ -224,4 +232,5 @@ def weight_values(model: onnx.ModelProto, loaded=None) -> WeightValues:
 
 
 __all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "WeightValues", "constant_tensors", "float_weights", "match", "orientation",
+           "relative_error",
            "ValidationError"]

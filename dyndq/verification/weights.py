@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation
+from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation, relative_error
 from dyndq.verification import codes as C
 from dyndq.verification.decodes import Decode, find, index_map, lifted, stored, value_of
 
@@ -52,13 +52,6 @@ class WeightVerdict:
     @property
     def faithful(self) -> bool:
         return self.status in FAITHFUL and not (self.status == "float" and self.error)
-
-
-def relative_error(ours: np.ndarray, theirs: np.ndarray) -> float:
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    with np.errstate(all="ignore"):
-        norm = float(np.linalg.norm(b))
-        return float(np.linalg.norm(a - b)) / norm if norm else float(np.linalg.norm(a))
 
 
 def bare(name: str) -> str:
