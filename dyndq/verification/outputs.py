@@ -4,7 +4,8 @@ The inputs are the user's or seeded samples, drawn as quantize's evaluation draw
 (`dyndq.quantization.evaluate`: the same checks, the same made-up inputs, said plainly).  Both
 models run on each engine through `dyndq.run`'s one runner per engine (the reference engine: our
 kernel; ONNX Runtime at its basic level); per float output over every sample: the cosine, the
-relative error ||q - f|| / ||f||, and, for logits or a distribution (`dyndq.task_metrics.
+relative error ||q - f|| / ||f|| (summed as quantize's evaluation sums them:
+`quantization.numerics.ErrorStats`), and, for logits or a distribution (`dyndq.task_metrics.
 output_kind`, the one judge, on the float model's outputs), top-1 agreement and the mean KL(float
 || quantized) in nats.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from dyndq.quantization.numerics import ErrorStats
 from dyndq.runner import ORT_LEVEL, Runner
 from dyndq.task_metrics import output_kind, row_sums
 
@@ -72,13 +74,11 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
             if name not in ours[0] or not all(_floating(a) for a in f):
                 continue
             q = [np.asarray(s[name]) for s in ours]
-            a = np.concatenate([x.astype(np.float64).reshape(-1) for x in f])
-            b = np.concatenate([x.astype(np.float64).reshape(-1) for x in q])
+            stats = ErrorStats()  # (quantize's evaluation's sums: one judge of an output's error)
             with np.errstate(all="ignore"):
-                na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-                cosine = float(a @ b) / (na * nb) if na and nb else float(na == nb)
-                relative = float(np.linalg.norm(b - a)) / na if na else float(nb)
-            verdict = OutputVerdict(engine, SETTINGS[engine], name, cosine, relative)
+                for x, y in zip(f, q):
+                    stats.add(x.reshape(-1), y.reshape(-1))
+            verdict = OutputVerdict(engine, SETTINGS[engine], name, stats.cosine, stats.relative)
             kind = output_kind(source, name, f)
             if kind is not None:
                 agree = rows = 0
