@@ -74,13 +74,15 @@ class Runner:
     """One model made ready on one engine; call it with feeds.
 
     `session`: the session to run (its `run(names, feeds)`), made by the caller (quantize's
-    evaluation runs a file as written, or a float model with its weights fed apart); None: the
-    engine's own for the model, our nodes judged first.  `settings` go to ONNX Runtime's session
+    evaluation runs a file as written, or a float model with its weights fed apart; verify an
+    engine setting, on any engine of SESSIONS); None: the engine's own for the model, our nodes
+    judged first.  `settings` go to ONNX Runtime's session
     (`arena=False`: its memory arena off)."""
 
     def __init__(self, model: onnx.ModelProto, engine: str, *, session=None, **settings):
-        if engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
+        known = ENGINES if session is None else tuple(SESSIONS)
+        if engine not in known:
+            raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(known)}")
         self.engine = engine
         self.model = model
         self.inputs = graph_inputs(model)

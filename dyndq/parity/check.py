@@ -192,7 +192,8 @@ class _Checker:
 
     def run(self, tweak: Tweak, names: Sequence[str] | None = None, extra: list | None = None) -> dict:
         self.runs += 1
-        model = self.model if names is None else engine_runs.exposed(self.model, names)
+        model = ort_rewrites.at_accuracy_0(self.model, tweak.accuracy_0) if tweak.accuracy_0 else self.model
+        model = model if names is None else engine_runs.exposed(model, names)
         asked = self.names if names is None else [o.name for o in model.graph.output]
         if self.setting.engine == "onnxruntime":
             return engine_runs.run_onnxruntime(model, self.setting.name, self.feeds, asked, tweak, extra)
@@ -215,6 +216,8 @@ def _diagnose(checker: _Checker, comparison: Comparison, say) -> None:
         optimized = graphs[0]
         if setting.name != "off":
             _ort_causes(checker, comparison, optimized, say)
+        if not comparison.causes:  # (not a rewrite: the model's own accuracy_level, which every level runs)
+            _accuracy_causes(checker, comparison, say)
         candidates = divergence.surviving(checker.model, optimized)
     else:
         settings = engine_runs.arithmetic_settings(setting.engine)
@@ -258,6 +261,26 @@ def _ort_causes(checker: _Checker, comparison: Comparison, optimized: onnx.Model
             what = (f"{text}: {what}; with session option {key}={value} it "
                     f"{'agrees' if fixed else 'still differs'} (measured)")
         comparison.causes.append(Cause("transformer", name, what))
+
+
+def _accuracy_causes(checker: _Checker, comparison: Comparison, say) -> None:
+    """Which MatMulNBits nodes' own accuracy_level (`ort_rewrites.accuracy_levels`) make it differ, by halves."""
+    levels = ort_rewrites.accuracy_levels(checker.model)
+    if not levels:
+        return
+    names = list(levels)
+    say(f"{checker.setting}: bisecting {len(names)} MatMulNBits nodes' accuracy_level")
+    found, runs = bisect.culprits(names, lambda off: checker.agrees(Tweak(accuracy_0=tuple(off))))
+    if found is None:
+        comparison.notes.append(f"with accuracy_level 0 on each of the {len(names)} MatMulNBits nodes that set one it "
+                                "still differs: the cause is not their accuracy level")
+        return
+    together = " with the others named" if len(found) > 1 else ""
+    for name in found:
+        comparison.causes.append(Cause("accuracy_level", name, (
+            f"com.microsoft::MatMulNBits {name!r} holds accuracy_level {levels[name]} (its attribute"
+            f"{'; 4 quantizes its input A to int8' if levels[name] == 4 else ''}); with accuracy_level 0 there"
+            f"{together} it agrees (measured; found in {runs} session(s) among the {len(names)} node(s) that set one)")))
 
 
 def _setting_causes(checker: _Checker, comparison: Comparison, exact: dict, say) -> None:

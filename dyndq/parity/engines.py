@@ -37,10 +37,11 @@ class Setting:
 @dataclass
 class Tweak:
     """What a run changes from the setting: ORT transformers disabled, ORT session config entries,
-    OpenVINO config entries."""
+    OpenVINO config entries, MatMulNBits nodes (by name) run at accuracy_level 0."""
 
     disabled: tuple[str, ...] = ()
     config: dict[str, str] = field(default_factory=dict)
+    accuracy_0: tuple[str, ...] = ()
 
 
 def exposed(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

@@ -47,6 +47,33 @@ KNOWN = {
 }
 
 
+def accuracy_levels(model: onnx.ModelProto) -> dict[str, int]:
+    """The main graph's com.microsoft::MatMulNBits nodes whose own accuracy_level attribute is above 0,
+    by name (the first output's where the node has none): a setting the model carries, which every
+    optimization level runs (4 quantizes the input A to int8 per block on a CPU with int8 dot products)."""
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            level = next((a.i for a in n.attribute if a.name == "accuracy_level"), 0)
+            if level > 0:
+                out[n.name or n.output[0]] = level
+    return out
+
+
+def at_accuracy_0(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
+    """A copy of `model` whose MatMulNBits `nodes` (named as `accuracy_levels` names them) hold accuracy_level 0."""
+    from onnx import helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        if n.op_type == "MatMulNBits" and (n.name or n.output[0]) in nodes:
+            kept = [a for a in n.attribute if a.name != "accuracy_level"]
+            del n.attribute[:]
+            n.attribute.extend(kept + [helper.make_attribute("accuracy_level", 0)])
+    return out
+
+
 def transformers(level: str) -> list[str]:
     """The transformers and rules that run at `level` ("basic", "extended", "all"), in ONNX Runtime's order."""
     from dyndq.ort_session import LEVELS

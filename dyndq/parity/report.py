@@ -10,7 +10,7 @@ from dyndq.parity.metrics import TOLERANCE, OutputParity
 
 @dataclass(frozen=True)
 class Cause:
-    kind: str  # "transformer" (ONNX Runtime) | "setting" (OpenVINO)
+    kind: str  # "transformer" (ONNX Runtime) | "accuracy_level" (a MatMulNBits node's) | "setting" (OpenVINO)
     name: str
     what: str
 

@@ -3,9 +3,10 @@
 Weight by weight (weights.py: each quantized weight, in every form the lift reads, matched to its
 source tensor and given one status: identical, rtn, requantized, layout with its kind, differs,
 unmatched, float), and, when the source is a float ONNX model, output by output (outputs.py:
-cosine, relative error, top-1 agreement and KL per output, on the reference engine and ONNX
-Runtime).  docs/verify.md holds the report's schema and what is still to come (which weight is
-to blame, the engine settings bisected).
+cosine, relative error, top-1 agreement and KL per output, on each engine setting asked), and a
+setting whose outputs moved more than the float model's did, pinned by parity's search
+(settings.py).  docs/verify.md holds the report's schema and what is still to come (which weight
+is to blame).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from dyndq.verification.outputs import ENGINES, OutputVerdict
+from dyndq.verification.outputs import OutputVerdict
+from dyndq.verification.settings import EngineSetting, SettingVerdict, settings_asked
 from dyndq.verification.weights import CheckpointSource, OnnxSource, WeightVerdict, verify_weights
 
 SAMPLES = 4
@@ -27,6 +29,7 @@ class VerifyReport:
     source_kind: str  # "onnx" or the checkpoint's format ("GGUF", ...)
     weights: list[WeightVerdict] = field(default_factory=list)
     outputs: list[OutputVerdict] = field(default_factory=list)
+    settings: list[SettingVerdict] = field(default_factory=list)  # engine settings the weights do not explain
     blame: list = field(default_factory=list)  # (still to come: docs/verify.md)
     unused: list[str] = field(default_factory=list)  # source tensors no weight matched
     inputs: str = ""  # which inputs the outputs were compared on
@@ -38,11 +41,12 @@ class VerifyReport:
 
     @property
     def faithful(self) -> bool:
-        return not self.findings
+        return not self.findings and not self.settings
 
     def as_dict(self) -> dict:
         return {"quantized": self.quantized, "source": self.source, "weights": [w.as_dict() for w in self.weights],
-                "outputs": [o.as_dict() for o in self.outputs], "blame": list(self.blame),
+                "outputs": [o.as_dict() for o in self.outputs], "settings": [s.as_dict() for s in self.settings],
+                "blame": list(self.blame),
                 "source_kind": self.source_kind, "unused_source": list(self.unused), "inputs": self.inputs,
                 "outputs_note": self.outputs_note, "faithful": self.faithful}
 
@@ -52,7 +56,7 @@ class VerifyReport:
             key = f"layout {w.kind}" if w.kind else w.status
             counts[key] = counts.get(key, 0) + 1
         said = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-        verdict = "faithful" if self.faithful else f"{len(self.findings)} finding(s)"
+        verdict = "faithful" if self.faithful else f"{len(self.findings) + len(self.settings)} finding(s)"
         return f"{self.quantized} against {self.source}: {len(self.weights)} weight(s): {said or 'none'}; {verdict}"
 
     def table(self) -> list[str]:
@@ -71,9 +75,11 @@ class VerifyReport:
             lines.append(f"  outputs on {self.inputs}:")
             for o in self.outputs:
                 task = f"  top-1 {o.top1:.4f}  KL {o.kl:.3g}" if o.top1 is not None else ""
-                lines.append(f"    {o.engine} ({o.setting}) {o.name}: cosine {o.cosine:.6f}  relative {o.relative:.3g}{task}")
+                lines.append(f"    {EngineSetting(o.engine, o.setting)} {o.name}: cosine {o.cosine:.6f}  relative {o.relative:.3g}{task}")
         if self.outputs_note:
             lines.append(f"  outputs: {self.outputs_note}")
+        for s in self.settings:
+            lines += s.lines()
         return lines
 
 
@@ -93,12 +99,16 @@ def _source_of(source):
 
 
 def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int = 0, outputs: bool = True,
-           engines=ENGINES) -> VerifyReport:
+           engines=None, levels=None) -> VerifyReport:
     """The report of `quantized` (a ModelProto or an ONNX file) against `source` (a float ONNX model
     or file, a .gguf file, a safetensors checkpoint file or folder).  `inputs`: one feed dict or a
     list of them to compare the outputs on (None: `samples` seeded samples, said in the report);
-    `outputs=False` compares weights only.  Neither model is modified."""
+    `outputs=False` compares weights only; `engines` ("reference", "onnxruntime", "openvino"; None:
+    the first two) and `levels` (ONNX Runtime's: "off", "basic", "extended", "all"; None: "basic"):
+    the engine settings the outputs are compared on (settings.py).  Neither model is modified."""
     from dyndq.model_files import model_of
+
+    asked = settings_asked(engines, levels)  # (an unknown or missing engine refused before any work)
 
     model = model_of(quantized, "verify")
     src, shown, kind = _source_of(source)
@@ -110,11 +120,13 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
         report.outputs_note = f"not compared: the source is a {kind} checkpoint, not a model to run"
     else:
         from dyndq.verification.outputs import compare, samples_for
+        from dyndq.verification.settings import unexplained
 
         feeds, report.inputs = samples_for(src.model, inputs, seed, samples)
-        report.outputs, notes = compare(model, src.model, feeds, engines)
-        report.outputs_note = "; ".join(notes)
+        report.outputs, notes, runs = compare(model, src.model, feeds, asked)
+        report.settings, more = unexplained(model, runs, feeds)
+        report.outputs_note = "; ".join(notes + more)
     return report
 
 
-__all__ = ["OutputVerdict", "VerifyReport", "WeightVerdict", "verify"]
+__all__ = ["OutputVerdict", "SettingVerdict", "VerifyReport", "WeightVerdict", "verify"]

@@ -2,8 +2,8 @@
 
 The inputs are the user's or seeded samples, drawn as quantize's evaluation draws them
 (`dyndq.quantization.evaluate`: the same checks, the same made-up inputs, said plainly).  Both
-models run on each engine through `dyndq.run`'s one runner per engine (the reference engine: our
-kernel; ONNX Runtime at its basic level); per float output over every sample: the cosine, the
+models run on each engine setting asked (settings.py: the reference engine, our kernel; ONNX
+Runtime at its levels; OpenVINO) through `dyndq.run`'s Runner; per float output over every sample: the cosine, the
 relative error ||q - f|| / ||f|| (summed as quantize's evaluation sums them:
 `quantization.numerics.ErrorStats`), and, for logits or a distribution (`dyndq.task_metrics.
 output_kind`, the one judge, on the float model's outputs), top-1 agreement and the mean KL(float
@@ -17,11 +17,7 @@ import numpy as np
 import onnx
 
 from dyndq.quantization.numerics import ErrorStats
-from dyndq.runner import ORT_LEVEL, Runner
 from dyndq.task_metrics import output_kind, row_sums
-
-ENGINES = ("reference", "onnxruntime")
-SETTINGS = {"reference": "our kernel", "onnxruntime": f"{ORT_LEVEL} optimizations"}
 
 
 @dataclass
@@ -52,33 +48,35 @@ def samples_for(model: onnx.ModelProto, inputs, seed: int, samples: int) -> tupl
 
 
 def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dict],
-            engines=ENGINES) -> tuple[list[OutputVerdict], list[str]]:
-    """(a verdict per float output and engine, a note per engine that could not run a model)."""
+            settings) -> tuple[list[OutputVerdict], list[str], dict]:
+    """(a verdict per float output and engine setting of `settings` (settings.EngineSetting), a note
+    per setting that could not run a model, {setting: (the source's runs, the quantized model's)})."""
+    from dyndq.verification.settings import runner
     from dyndq.wording import first_line
 
-    out, notes = [], []
-    for engine in engines:
+    out, notes, ran = [], [], {}
+    for setting in settings:
         runs = []
         for model, which in ((source, "the source"), (quantized, "the quantized model")):
             try:
-                runner = Runner(model, engine)
-                runs.append([runner(f) for f in feeds])
+                run = runner(model, setting)
+                runs.append([run(f) for f in feeds])
             except Exception as e:  # (an engine without a kernel for a node, a feed refused: said, not raised)
-                notes.append(f"{engine}: not compared: {which} does not run there: {first_line(e)}")
+                notes.append(f"{setting}: not compared: {which} does not run there: {first_line(e)}")
                 break
         if len(runs) < 2:
             continue
-        floats, ours = runs
+        ran[setting] = floats, ours = runs
         for name in floats[0]:
             f = [np.asarray(s[name]) for s in floats]
-            if name not in ours[0] or not all(_floating(a) for a in f):
+            if name not in ours[0] or not all(floating(a) for a in f):
                 continue
             q = [np.asarray(s[name]) for s in ours]
             stats = ErrorStats()  # (quantize's evaluation's sums: one judge of an output's error)
             with np.errstate(all="ignore"):
                 for x, y in zip(f, q):
                     stats.add(x.reshape(-1), y.reshape(-1))
-            verdict = OutputVerdict(engine, SETTINGS[engine], name, stats.cosine, stats.relative)
+            verdict = OutputVerdict(setting.engine, setting.setting, name, stats.cosine, stats.relative)
             kind = output_kind(source, name, f)
             if kind is not None:
                 agree = rows = 0
@@ -88,10 +86,10 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
                     agree, rows, kl = agree + a1, rows + r1, kl + k1
                 verdict.top1, verdict.kl = agree / rows, kl / rows
             out.append(verdict)
-    return out, notes
+    return out, notes, ran
 
 
-def _floating(a: np.ndarray) -> bool:
+def floating(a: np.ndarray) -> bool:
     """A float array, ml_dtypes' bfloat16 and float8 too (NumPy's kind of those is "V")."""
     from dyndq.opdefs import dtypes
 

@@ -282,3 +282,24 @@ def test_the_summary_says_how_many_settings_cannot_run():
     assert report.summary().endswith("; 1 of them cannot run")
     report.comparisons[2] = Comparison(Setting("openvino", "default", "openvino"), [same])
     assert "cannot run" not in report.summary() and report.summary().startswith("1 of 3 engine settings differ")
+
+
+def test_a_matmulnbits_nodes_own_accuracy_level_4_is_named_by_halves():
+    """ONNX Runtime's MatMulNBitsQuantizer output with accuracy_level 1, 4 and 2 set on its three nodes:
+    no rewrite is to blame (the model carries the setting, and every level runs it, "off" too); the
+    search over the nodes that set one names the node at 4 alone (1 and 2, float32 and float16 on a
+    CPU, compute as 0 does here, measured) and the first node whose output differs is that one."""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
+    from verify_models import nbits, node_of
+
+    model = nbits()
+    for weight, level in (("W1", 1), ("W2", 4), ("W3", 2)):
+        node_of(model, weight).attribute.append(helper.make_attribute("accuracy_level", level))
+    report = runtime_parity(model, levels=["off", "basic"])
+    for c in report.comparisons:
+        assert not c.agrees and [(k.kind, k.name) for k in c.causes] == [("accuracy_level", "fc2_Q4")], c.lines()
+        assert "holds accuracy_level 4" in c.causes[0].what and "accuracy_level 0 there it agrees" in c.causes[0].what
+        assert (c.first_divergence.node, c.first_divergence.op_type, c.first_divergence.output) == \
+            ("fc2_Q4", "MatMulNBits", "h2")
+    assert "cause: accuracy_level fc2_Q4: " in "\n".join(report.lines())
+    assert report.as_dict()["comparisons"][1]["causes"][0]["kind"] == "accuracy_level"
