@@ -125,3 +125,16 @@ def requantized(model, weight, source):
     return out
 
 
+
+
+def accuracy_level_set(model, weight, level: int = 4):
+    """The MatMulNBits node of `weight` made to compute at `level` (4: ONNX Runtime quantizes its input
+    A to int8 per block on a CPU with int8 dot products); its tensors untouched."""
+    from onnx import helper
+
+    out = copy_of(model)
+    node = node_of(out, weight)
+    kept = [a for a in node.attribute if a.name != "accuracy_level"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("accuracy_level", level)])
+    return out

@@ -1,6 +1,7 @@
 """`dyndq verify`: a quantized ONNX model checked against its source, weight by weight and output
-by output (dyndq.verify, docs/verify.md).  Exit 0 when every weight is faithful (identical, round
-to nearest, or left float with the source's values), 1 on findings, 2 on usage."""
+by output on each engine setting asked (dyndq.verify, docs/verify.md).  Exit 0 when every weight
+is faithful (identical, round to nearest, or left float with the source's values) and no engine
+setting moves the outputs more than the float model's, 1 on findings, 2 on usage."""
 from __future__ import annotations
 
 import json
@@ -11,13 +12,18 @@ from dyndq.cli.exits import OK, PROBLEMS, UsageError
 
 
 def _add_parser(sub) -> None:
+    from dyndq.ort_session import LEVELS
+    from dyndq.runner import SESSIONS as ENGINES  # (verification.settings' engines, without importing verify)
+
     p = sub.add_parser("verify", help="check a quantized model against its float model or checkpoint, weight by weight",
                        description="Match each quantized weight of QUANTIZED (our DynamicDequantize, DequantizeLinear, "
                                    "MatMulNBits, GatherBlockQuantized) to its tensor in SOURCE (a float ONNX model, a "
                                    ".gguf file, a safetensors checkpoint) and say what it is: identical, rtn (ONNX "
                                    "Runtime's round to nearest, the rule named), requantized, layout (with its kind), "
-                                   "differs, unmatched, float. With an ONNX SOURCE, also compare the outputs on both "
-                                   "engines. Exit 0 when every weight is faithful, 1 on findings (docs/verify.md).")
+                                   "differs, unmatched, float. With an ONNX SOURCE, also compare the outputs on the "
+                                   "engine settings asked, and pin a setting whose outputs move more than the float model's on "
+                                   "the rewrite, accuracy_level or setting responsible and the first node. Exit 0 when "
+                                   "every weight is faithful and no setting is found, 1 on findings (docs/verify.md).")
     p.add_argument("quantized", metavar="QUANTIZED.onnx")
     p.add_argument("--against", required=True, metavar="SOURCE", help="the float ONNX model, .gguf or safetensors "
                                                                         "checkpoint QUANTIZED was made from")
@@ -29,20 +35,35 @@ def _add_parser(sub) -> None:
                    help="without --input/--inputs-dir: the number of seeded samples (default 4)")
     p.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
     p.add_argument("--weights-only", action="store_true", help="compare the weights only, not the outputs")
+    p.add_argument("--engine", choices=ENGINES, action="append", metavar="ENGINE",
+                   help=f"an engine the outputs are compared on ({', '.join(ENGINES)}; repeat for more; default: "
+                        "reference and onnxruntime; the reference engine always runs: the others are judged "
+                        "against it)")
+    p.add_argument("--level", choices=LEVELS, action="append", metavar="LEVEL",
+                   help=f"an ONNX Runtime optimization level compared ({', '.join(LEVELS)}; repeat for more; "
+                        "default: basic)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/verify.md's schema)")
 
 
 def cmd_verify(args) -> int:
     from dyndq.verification import verify
+    from dyndq.verification.settings import settings_asked
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: a whole number >= 1")
     if args.weights_only and (args.input or args.inputs_dir):
         raise UsageError("--input and --inputs-dir are for comparing the outputs; --weights-only compares none")
+    if (args.engine or args.level) and (args.weights_only or not args.against.lower().endswith(".onnx")):
+        raise UsageError("--engine and --level are for comparing the outputs, which only a float ONNX SOURCE "
+                         "without --weights-only has")
     inputs = None if args.weights_only else input_samples(args, args.against) if args.against.lower().endswith(".onnx") \
         else None
+    try:
+        settings_asked(args.engine, args.level)
+    except ValueError as e:  # (EngineMissing among them: an engine asked for that is not installed)
+        raise UsageError(f"--engine/--level: {e}") from None
     report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
-                    outputs=not args.weights_only)
+                    outputs=not args.weights_only, engines=args.engine, levels=args.level)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

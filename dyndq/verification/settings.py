@@ -26,8 +26,9 @@ import onnx
 
 from dyndq.parity.engines import ORT_LEVELS
 from dyndq.parity.metrics import TOLERANCE
+from dyndq.runner import SESSIONS
 
-ENGINES = ("reference", "onnxruntime", "openvino")
+ENGINES = tuple(SESSIONS)  # ("reference", "onnxruntime", "openvino"): dyndq's one runner of each
 LEVELS = ORT_LEVELS  # ("off", "basic", "extended", "all"): as `dyndq check --runtime-parity --level` names them
 DEFAULT_ENGINES = ("reference", "onnxruntime")
 DEFAULT_LEVELS = ("basic",)  # (what `dyndq.run` runs)

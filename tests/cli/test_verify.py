@@ -13,7 +13,7 @@ from dyndq.cli import main
 from dyndq.model_files import save_model
 
 pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
-from verify_models import float_model, nbits, nibbles_swapped  # noqa: E402
+from verify_models import accuracy_level_set, float_model, nbits, nibbles_swapped  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +24,7 @@ def files(tmp_path_factory):
     save_model(source, d / "float.onnx")
     save_model(quantized, d / "q.onnx")
     save_model(nibbles_swapped(quantized, "W2"), d / "swapped.onnx")
+    save_model(accuracy_level_set(quantized, "W2"), d / "accuracy4.onnx")
     np.save(d / "ids.npy", np.array([0, 63, 7], np.int64))
     return d
 
@@ -57,6 +58,37 @@ def test_json_has_the_documented_schema(files, capsys):
     assert all(set(o) == {"engine", "setting", "name", "cosine", "relative", "top1", "kl"} for o in report["outputs"])
 
 
+def test_each_level_asked_is_compared_and_a_faithful_model_exits_0(files, capsys):
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--samples", "1",
+                 "--level", "off", "--level", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime (optimizations off) logits: cosine" in out and "onnxruntime (all optimizations) logits" in out
+    assert "basic optimizations" not in out and "setting " not in out
+
+
+def test_accuracy_level_4_on_one_node_exits_1_pinned_on_it(files, capsys):
+    assert main(["verify", str(files / "accuracy4.onnx"), "--against", str(files / "float.onnx"), "--samples", "1"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(": 4 weight(s): 3 rtn, 1 float; 1 finding(s)")
+    assert "culprit: accuracy_level fc2_Q4: com.microsoft::MatMulNBits 'fc2_Q4' holds accuracy_level 4" in out
+    assert "first divergence: node 'fc2_Q4' (MatMulNBits" in out
+    assert main(["verify", str(files / "accuracy4.onnx"), "--against", str(files / "float.onnx"), "--samples", "1",
+                 "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    [entry] = report["settings"]
+    assert (entry["engine"], entry["setting"], entry["node"]["node"]) == ("onnxruntime", "basic", "fc2_Q4")
+    assert [(c["kind"], c["name"]) for c in entry["culprits"]] == [("accuracy_level", "fc2_Q4")]
+    assert report["faithful"] is False and {w["status"] for w in report["weights"]} == {"rtn", "float"}
+
+
+def test_an_engine_not_installed_exits_2_saying_how_to_install_it(files, capsys, monkeypatch):
+    from dyndq import openvino_session
+
+    monkeypatch.setattr(openvino_session, "installed", lambda: False)
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--engine", "openvino"]) == 2
+    assert "OpenVINO is not installed (pip install 'openvino>=" in capsys.readouterr().err
+
+
 def test_a_gguf_checkpoint_as_the_source(tmp_path, capsys):
     pytest.importorskip("gguf")
     import dyndq
@@ -78,6 +110,10 @@ def test_a_gguf_checkpoint_as_the_source(tmp_path, capsys):
     (["verify", "{q}", "--against", "{d}/missing.gguf"], "missing.gguf: no such file"),
     (["verify", "{q}", "--against", "{f}", "--weights-only", "--input", "ids={d}/ids.npy"], "--weights-only compares none"),
     (["verify", "{q}", "--against", "{f}", "--samples", "0"], "--samples 0"),
+    (["verify", "{q}", "--against", "{f}", "--engine", "cuda"], "argument --engine: invalid choice: 'cuda'"),
+    (["verify", "{q}", "--against", "{f}", "--level", "disabled"], "argument --level: invalid choice: 'disabled'"),
+    (["verify", "{q}", "--against", "{f}", "--engine", "reference", "--level", "all"], "a level is ONNX Runtime's"),
+    (["verify", "{q}", "--against", "{f}", "--weights-only", "--level", "all"], "--engine and --level are for comparing"),
 ])
 def test_usage_errors_exit_2(files, capsys, argv, said):
     argv = [a.format(q=files / "q.onnx", f=files / "float.onnx", d=files) for a in argv]
