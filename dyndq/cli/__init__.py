@@ -12,7 +12,7 @@
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
     dyndq quantize IN OUT [--bits 2|4|8] [--group-size N] [--method rtn|search] [--emit FORM] [--json] [--overwrite] ...
     dyndq import-weights MODEL.onnx CHECKPOINT -o OUT.onnx [--names MAP.json] [--emit dyndq|onnx|onnxruntime|openvino] [--json]
-    dyndq verify QUANTIZED.onnx --against SOURCE [--json] [--input NAME=FILE.npy ... | --inputs-dir DIR] [--weights-only]
+    dyndq verify QUANTIZED.onnx --against SOURCE [--json] [--input NAME=FILE.npy ... | --inputs-dir DIR] [--weights-only] [--engine E ...] [--level L ...]
 
 Exit codes: 0 success, 1 problems found in the model (or an engine cannot run it),
 2 usage or I/O error, 70 internal error (a bug in dyndq), 130 interrupted.

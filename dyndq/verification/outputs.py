@@ -3,7 +3,9 @@
 The inputs are the user's or seeded samples, drawn as quantize's evaluation draws them
 (`dyndq.quantization.evaluate`: the same checks, the same made-up inputs, said plainly).  Both
 models run on each engine setting asked (settings.py: the reference engine, our kernel; ONNX
-Runtime at its levels; OpenVINO) through `dyndq.run`'s Runner; per float output over every sample: the cosine, the
+Runtime at its levels; OpenVINO) through `dyndq.run`'s Runner (`runner`: a model holding no op of
+ours runs as given, so an ONNX Runtime quantizer's MatMulNBits runs with its own accuracy_level;
+one holding ours as `dyndq.run` exports it, or as export's target "openvino"); per float output over every sample: the cosine, the
 relative error ||q - f|| / ||f|| (summed as quantize's evaluation sums them:
 `quantization.numerics.ErrorStats`), and, for logits or a distribution (`dyndq.task_metrics.
 output_kind`, the one judge, on the float model's outputs), top-1 agreement and the mean KL(float
@@ -51,7 +53,6 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
             settings) -> tuple[list[OutputVerdict], list[str], dict]:
     """(a verdict per float output and engine setting of `settings` (settings.EngineSetting), a note
     per setting that could not run a model, {setting: (the source's runs, the quantized model's)})."""
-    from dyndq.verification.settings import runner
     from dyndq.wording import first_line
 
     out, notes, ran = [], [], {}
@@ -87,6 +88,34 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
                 verdict.top1, verdict.kl = agree / rows, kl / rows
             out.append(verdict)
     return out, notes, ran
+
+
+def engine_model(model: onnx.ModelProto, engine: str) -> onnx.ModelProto:
+    """What `engine` runs of `model`: the model as given, or, where it holds an op of ours, its export
+    (ONNX Runtime: the one `dyndq.run` runs; OpenVINO: export's target "openvino")."""
+    from dyndq.opdefs import domains
+
+    if not any(o.domain in domains() for o in model.opset_import):
+        return model
+    if engine == "onnxruntime":
+        from dyndq.run_outputs import exported_for_onnxruntime
+
+        return exported_for_onnxruntime(model)
+    from dyndq.exporter import export
+
+    return export(model, target=engine)
+
+
+def runner(model: onnx.ModelProto, setting):
+    """A `dyndq.runner.Runner` of `model` at `setting` (a settings.EngineSetting; feeds checked and outputs
+    read as `dyndq.run` does)."""
+    from dyndq.runner import Runner, session_class
+
+    if setting.engine == "reference":
+        return Runner(model, "reference")
+    ran = engine_model(model, setting.engine)
+    extra = {"level": setting.setting} if setting.engine == "onnxruntime" else {}
+    return Runner(model, setting.engine, session=session_class(setting.engine)(ran, **extra))
 
 
 def floating(a: np.ndarray) -> bool:

@@ -3,9 +3,7 @@ pinned on the setting.
 
 The settings: the reference engine (our kernel: always, the yardstick), ONNX Runtime at each level
 asked (`--level`: "off", "basic", "extended", "all"; "basic" by default) and OpenVINO's CPU at its
-defaults (`--engine openvino`, where it is installed).  Each runs a model as given where it holds no
-op of ours (an ONNX Runtime quantizer's MatMulNBits, with its own accuracy_level, runs as written),
-else the export `dyndq.run` runs (ONNX Runtime) or export's target "openvino".
+defaults (`--engine openvino`, where it is installed), each run by `outputs.runner`.
 
 The rule (docs/verify.md): on each setting but the reference, the quantized model's outputs are
 compared with the reference engine's outputs of the same quantized model, and the float model's
@@ -81,33 +79,6 @@ def settings_asked(engines=None, levels=None) -> list[EngineSetting]:
         elif engine == "openvino":
             out.append(EngineSetting(engine, "defaults"))
     return out
-
-
-def engine_model(model: onnx.ModelProto, engine: str) -> onnx.ModelProto:
-    """What `engine` runs of `model`: the model as given, or, where it holds an op of ours, its export
-    (ONNX Runtime: the one `dyndq.run` runs; OpenVINO: export's target "openvino")."""
-    from dyndq.opdefs import domains
-
-    if not any(o.domain in domains() for o in model.opset_import):
-        return model
-    if engine == "onnxruntime":
-        from dyndq.run_outputs import exported_for_onnxruntime
-
-        return exported_for_onnxruntime(model)
-    from dyndq.exporter import export
-
-    return export(model, target=engine)
-
-
-def runner(model: onnx.ModelProto, setting: EngineSetting):
-    """A `dyndq.runner.Runner` of `model` at `setting` (feeds checked and outputs read as `dyndq.run` does)."""
-    from dyndq.runner import Runner, session_class
-
-    if setting == REFERENCE:
-        return Runner(model, "reference")
-    ran = engine_model(model, setting.engine)
-    extra = {"level": setting.setting} if setting.engine == "onnxruntime" else {}
-    return Runner(model, setting.engine, session=session_class(setting.engine)(ran, **extra))
 
 
 @dataclass
@@ -189,6 +160,7 @@ def unexplained(quantized: onnx.ModelProto, runs: dict, feeds: list[dict]) -> tu
 def _diagnose(quantized: onnx.ModelProto, setting: EngineSetting, feed: dict, verdict: SettingVerdict) -> None:
     """Parity's search (its bisections and its first node), on the model the setting ran and the sample named."""
     from dyndq.parity import runtime_parity
+    from dyndq.verification.outputs import engine_model
     from dyndq.wording import first_line
 
     levels = [setting.setting] if setting.engine == "onnxruntime" else None
