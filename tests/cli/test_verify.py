@@ -1,7 +1,9 @@
 """`dyndq verify`: exit 0 when every weight is faithful (ONNX Runtime's quantizer output against its
 float model), 1 with the finding named (a planted nibble swap), 2 for usage (no --against, a
-missing file, --weights-only beside --input); the report as text and as JSON (docs/verify.md's
-keys); the user's inputs read from --input files; a GGUF checkpoint as the source."""
+missing file, --weights-only beside --input, an unknown engine or level, an engine not installed);
+the report as text and as JSON (docs/verify.md's keys); the user's inputs read from --input files;
+a GGUF checkpoint as the source; each --level asked compared, and accuracy_level 4 planted on one
+MatMulNBits node: exit 1, pinned on that node's setting and the node."""
 from __future__ import annotations
 
 import json
