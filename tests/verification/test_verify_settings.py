@@ -42,7 +42,10 @@ def test_the_unmodified_quantizer_output_has_no_setting_finding_at_any_level(sou
 
 
 def test_accuracy_level_4_on_one_node_is_pinned_on_that_node_and_nothing_else(source, quantized):
-    report = dyndq.verify(accuracy_level_set(quantized, "W2"), source, samples=2)
+    planted = accuracy_level_set(quantized, "W2")
+    before = planted.SerializeToString()
+    report = dyndq.verify(planted, source, samples=2)
+    assert planted.SerializeToString() == before  # (parity's search sets accuracy_level 0 on copies)
     assert {w.source: w.status for w in report.weights} == EXPECTED and report.findings == []  # (every weight rtn)
     found, = report.settings
     assert (found.engine, found.setting, found.output) == ("onnxruntime", "basic", "logits")
@@ -132,3 +135,21 @@ def test_openvino_is_compared_and_the_accuracy_level_pinned_on_onnxruntime_only(
     assert abs(ov.cosine - ref.cosine) < 1e-6 and "openvino (CPU defaults) logits: cosine" in "\n".join(clean.table())
     planted = dyndq.verify(accuracy_level_set(quantized, "W2"), source, samples=1, engines=engines)
     assert [(s.engine, [c.name for c in s.culprits]) for s in planted.settings] == [("onnxruntime", ["fc2_Q4"])]
+
+
+def test_a_rewrite_at_one_level_is_pinned_on_its_transformer(source):
+    """ONNX Runtime's 4-bit QDQ output (DequantizeLinear + MatMul): the basic level runs it as written;
+    from the extended level on ONNX Runtime fuses DequantizeLinear + MatMul into MatMulNBits at
+    accuracy_level 4 (parity's known case; 1.32 fuses fc3's, K 128, and leaves the two of K 64): the
+    finding is that level's alone, on the transformer, at the fused MatMul."""
+    from onnxruntime.quantization import QuantFormat
+    from verify_models import ort_quantized
+
+    model = ort_quantized(source, bits=4, block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+    report = dyndq.verify(model, source, samples=1, levels=["basic", "all"])
+    assert report.findings == []
+    found, = report.settings
+    assert found.setting == "all" and [(c.kind, c.name) for c in found.culprits] == [
+        ("transformer", "QDQSelectorActionTransformer")], report.table()
+    assert (found.node.node, found.node.op_type, found.node.became) == ("fc3_matmul_Q4", "MatMul",
+                                                                        "com.microsoft::MatMulNBits")
