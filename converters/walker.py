@@ -49,6 +49,9 @@ constants a function's opset cannot hold and sets our domain at one version ever
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,6 +69,23 @@ from dyndq.plumbing.types import dtype_name
 from dyndq.plumbing.walk import Scope, constant_value, is_constant_node, scopes, scopes_under, with_nested
 
 from .rewrite import GraphView, Rewrite
+
+# (read, store) while a model whose large constants stay on disk is rewritten (external_constants)
+_EXTERNAL: contextvars.ContextVar = contextvars.ContextVar("dyndq_walker_external", default=None)
+
+
+@contextlib.contextmanager
+def external_constants(read: Callable[[onnx.TensorProto], np.ndarray],
+                       store: Callable[[onnx.TensorProto], onnx.TensorProto]):
+    """Within it, the node rewrites read a constant's value by `read(tensor)` (a tensor whose data
+    is in an external file: read from there, one at a time) and hand each new initializer to
+    `store(tensor)`, which writes it out and returns what the graph holds (its stub): a model too
+    big to hold is rewritten one constant at a time (the streamed import's export)."""
+    token = _EXTERNAL.set((read, store))
+    try:
+        yield
+    finally:
+        _EXTERNAL.reset(token)
 
 
 @dataclass(frozen=True)
@@ -215,6 +235,9 @@ class _Walk:
                 self.made.setdefault((holder.path, source), []).append((t.name, role))
                 self.candidates.add(source)
             as_node = holder.graph is None or holder.in_function or bool(source and holder.constant_node(source))
+            external = _EXTERNAL.get()
+            if external is not None and not as_node:
+                t = external[1](t)
             pending.append((holder, _constant_node(t, self.names) if as_node else t, source or ""))
         if renamed:
             for node in rw.nodes:
@@ -341,7 +364,10 @@ def _constant(scope: Scope, name: str):
     constant (an initializer that is not also a graph input, or a Constant node's `value`)."""
     holder = scope.resolve(name)
     tensor = holder.constant(name) if holder is not None else None
-    return None if tensor is None else numpy_helper.to_array(tensor)
+    if tensor is None:
+        return None
+    external = _EXTERNAL.get()
+    return numpy_helper.to_array(tensor) if external is None else external[0](tensor)
 
 
 def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
@@ -349,11 +375,12 @@ def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
 
 
 def _content(t: onnx.TensorProto) -> bytes:
-    """What makes two tensors equal, their names aside."""
+    """What makes two tensors equal, their names aside: a digest (the walker keeps one per derived
+    tensor for the whole model: not the tensor's bytes)."""
     copy = onnx.TensorProto()
     copy.CopyFrom(t)
     copy.name = ""
-    return copy.SerializeToString()
+    return hashlib.sha256(copy.SerializeToString()).digest()
 
 
 def _read_names(model: onnx.ModelProto) -> set[str]:

@@ -49,12 +49,21 @@ class Imported:
 def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
     """checkpoint tensor name -> its Written, all made at once, for a step that rewrites decodes
     before they are placed (fused.prepare); `place` otherwise decodes one tensor at a time."""
+    make = decoder(model, matches, tensors)
+    return {t: make(t) for t in dict.fromkeys(m.tensor for m in matches)}
+
+
+def decoder(model: onnx.ModelProto, matches: list[Match], tensors: dict):
+    """A function decoding one checkpoint tensor (by name) when asked, its nodes named after its
+    first weight from one scope of names: `decode`'s, one decode at a time (fused.prepare, streamed)."""
     names = NameScope(all_names(model))
-    written = {}
+    first = {}
     for m in matches:
-        if m.tensor not in written:
-            written[m.tensor] = tensors[m.tensor].nodes(names, m.weight)
-    return written
+        first.setdefault(m.tensor, m.weight)
+
+    def make(tensor: str):
+        return tensors[tensor].nodes(names, first[tensor])
+    return make
 
 
 def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=None, decoded: dict | None = None

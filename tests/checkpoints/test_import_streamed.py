@@ -241,3 +241,44 @@ def test_streamed_a_constants_data_in_the_input_file_is_read_into_the_model(llam
     want = dyndq.run(dyndq.import_weights(model, path)[0], ids())
     for name in want:
         assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def _written_tensors(path) -> dict:
+    """{name: its bits} of every initializer of the model file at `path` (its external data read)."""
+    model = load_model(path)
+    return {t.name: (t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes()) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("emit,fuse", [("onnx", "exact"), ("onnxruntime", "exact"), ("onnxruntime", "never"),
+                                       ("openvino", "exact")])
+def test_streamed_every_emit_writes_what_the_import_in_memory_writes(llama, tmp_path, emit, fuse):
+    """From a model with external data, `--emit onnx|onnxruntime|openvino` is streamed too (the
+    export reads each constant from a scratch file when a rule asks, writes each tensor it makes
+    as it is made): the file written is the one the import in memory writes, node for node and
+    tensor for tensor, bit for bit."""
+    src, _, path = llama
+    model = float_model(src, extra=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    save_model(model, tmp_path / "whole.onnx")
+    report = import_file(tmp_path / "in" / "f.onnx", path, tmp_path / "out.onnx", emit=emit, fuse=fuse)
+    whole = import_file(tmp_path / "whole.onnx", path, tmp_path / "whole.out.onnx", emit=emit, fuse=fuse)
+    assert report.data_file == "out.onnx.data" and whole.data_file is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != path.name) == [
+        "in", "out.onnx", "out.onnx.data", "whole.onnx", "whole.out.onnx"]  # (no scratch file left)
+    assert report.forms == whole.forms and report.emitted == whole.emitted
+    if emit == "onnxruntime":
+        assert any(not f.startswith("composition") for f in report.forms.values()) == (fuse == "exact")
+    streamed = onnx.load(str(tmp_path / "out.onnx"), load_external_data=False)
+    held = onnx.load(str(tmp_path / "whole.out.onnx"))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in streamed.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in held.graph.node]
+    assert any(onnx.external_data_helper.uses_external_data(t) for t in streamed.graph.initializer)
+    got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name
+    # the data file holds each tensor once: no bytes left of the decodes the export replaced
+    data = (tmp_path / "out.onnx.data").stat().st_size
+    assert data == sum(int(next(e.value for e in t.external_data if e.key == "length"))
+                       for t in streamed.graph.initializer if onnx.external_data_helper.uses_external_data(t))
