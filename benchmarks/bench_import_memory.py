@@ -161,7 +161,8 @@ def measure(rows: int, cols: int, tensors: int, cases=CASES, folder: str | None 
         runs = {}
         for emit in emits:
             for case in cases:
-                runs[case if len(emits) == 1 else f"{case} {emit}"] = run_case(case, d, emit, fuse)
+                form, _, fused = emit.partition("/")  # ("onnxruntime/never": that emit with --fuse never)
+                runs[case if len(emits) == 1 else f"{case} {emit}"] = run_case(case, d, form, fused or fuse)
                 shutil.rmtree(os.path.join(d, case))  # (the next writes its own)
         return {"sizes": sizes, "cases": runs}
 
@@ -172,8 +173,9 @@ def main(argv=None) -> int:
     p.add_argument("--cols", type=int, default=4096)
     p.add_argument("--tensors", type=int, default=34, help="weights (34 of 4096 x 4096: 2.1 GiB of float32)")
     p.add_argument("--case", action="append", choices=CASES + EXTRA_CASES, help="the cases to run (default: stream, whole)")
-    p.add_argument("--emit", action="append", choices=("dyndq", "onnx", "onnxruntime", "openvino"),
-                   help="the forms written (default: dyndq; several: each case for each)")
+    p.add_argument("--emit", action="append",
+                   choices=("dyndq", "onnx", "onnxruntime", "openvino", "onnxruntime/exact", "onnxruntime/never"),
+                   help="the forms written (default: dyndq; several: each case for each; onnxruntime/never: with --fuse never)")
     p.add_argument("--fuse", choices=("exact", "never"), default="exact")
     p.add_argument("--folder", help="where to write the models (default: a temporary folder)")
     p.add_argument("--json", action="store_true")

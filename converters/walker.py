@@ -132,6 +132,7 @@ class _Walk:
         self.holders: dict[str, Scope] = {s.path: s for s in self.scopes}
         self.candidates: set[str] = set()  # constants a rewrite stopped reading: removed at the end if unread
         self.replaced_domains: dict[int, set[str]] = {}  # id(top scope) -> the domains of nodes replaced there
+        self.digests: dict[str, bytes] = {}  # new initializer -> its content's digest, where it was stored early
 
     # -- one scope ------------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class _Walk:
             if isinstance(result, Rewrite):
                 refusal = self._refusal(result, scope, opset, taken)
                 if refusal is None:
+                    self._store_early(result)
                     applied.append(result)
                     taken.update(id(n) for n in result.replaces)
                     outcomes.append(Outcome(scope.path, node, rewrite=result))
@@ -173,6 +175,17 @@ class _Walk:
         if applied:
             self._apply(scope, snapshot, applied)
         return outcomes
+
+    def _store_early(self, rw: Rewrite) -> None:
+        """Within external_constants, each new initializer written out as soon as its rewrite is
+        taken (the scope's rewrites are applied together, at its end: held till then, they would
+        be every weight's new form at once), its digest kept for `_place_constants`' sharing."""
+        external = _EXTERNAL.get()
+        if external is None:
+            return
+        for i, t in enumerate(rw.initializers):
+            self.digests[t.name] = _content(t)
+            rw.initializers[i] = external[1](t)
 
     def _refusal(self, rw: Rewrite, scope: Scope, opset: int, taken: set) -> str | None:
         need = rw.domains.get("", 0)
@@ -226,7 +239,7 @@ class _Walk:
         for t in rw.initializers:
             source, role = rw.derived.get(t.name, (None, ""))
             holder = (scope.resolve(source) or scope) if source else scope
-            key = (holder.path, source, role, _content(t)) if source else None
+            key = (holder.path, source, role, self.digests.get(t.name) or _content(t)) if source else None
             if key is not None and key in self.derived:
                 renamed[t.name] = self.derived[key]
                 continue

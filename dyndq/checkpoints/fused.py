@@ -263,9 +263,10 @@ def share(model: onnx.ModelProto, plan: "Plan", read=numpy_helper.to_array, stor
         del graph.node[:]
         graph.node.extend(nodes)
         gone.add(codes_t.name)
-    kept = [t for t in graph.initializer if t.name not in gone]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + new_inits)
+    from dyndq.checkpoints.placing import drop_initializers
+
+    drop_initializers(graph, gone)
+    graph.initializer.extend(new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 

@@ -19,7 +19,7 @@ import onnx
 
 from dyndq.checkpoints import fused
 from dyndq.checkpoints.matching import float_weights, match, weight_values
-from dyndq.checkpoints.placing import Imported, decode, decoder, place
+from dyndq.checkpoints.placing import Imported, decoder, place
 from dyndq.checkpoints.source import Checkpoint, open_checkpoint
 from dyndq.checkpoints.writer import written_to
 from dyndq.converters.rules import TARGETS
@@ -169,12 +169,10 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     decoded = plan = None
     if emit == "onnxruntime" and fuse == "never":
         report.forms = fused.never(matches, tensors)
-    elif emit == "onnxruntime" and data is None:  # (ONNX Runtime's fused ops where the format fits them exactly:
-        # fused.py; the export that follows holds the whole model anyway, so the decodes are made first, then placed)
-        decoded, matches, plan = fused.prepare(out, matches, tensors, decode(out, matches, tensors))
-        report.forms = plan.forms
-    elif emit == "onnxruntime":  # (streamed: each decode made, rewritten and written to the data file in turn)
-        decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors), store=data.stored)
+    elif emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; each
+        # decode made and rewritten in turn, before any is placed; streamed: written to the data file as it goes)
+        decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors),
+                                               store=None if data is None else data.stored)
         report.forms = plan.forms
     replaced = {m.weight for m in matches}
     if before_placing is not None:
@@ -196,7 +194,7 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     if emit != "dyndq":
         from dyndq.exporter import export_with_report
 
-        out, exported = export(out) if export is not None else export_with_report(out, target=emit)
+        out, exported = export(out) if export is not None else export_with_report(out, target=emit, consume=True)
         report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
         report.forms = fused.confirm(out, report.forms, report.emitted)
     return out, report

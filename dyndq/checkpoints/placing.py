@@ -115,9 +115,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
             rows.append(Imported(m.weight, tensor_name, source.kind, m.how, m.orientation, written.form,
                                  tuple(source.shape), m.error, note))
     replaced = {m.weight for m in matches}
-    kept = [t for t in graph.initializer if t.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_initializers(graph, replaced)
     inputs = [vi for vi in graph.input if vi.name not in replaced]
     del graph.input[:]
     graph.input.extend(inputs)
@@ -127,6 +125,14 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
     import_at_least(model.opset_import, DOMAIN, 3)  # (DynamicDequantize-3)
     model.ir_version = max(model.ir_version, model_ir(model))
     return rows
+
+
+def drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
+    """The graph's initializers of those names removed in place (not the kept ones copied into a
+    new list: protobuf copies each message extended, which would hold every weight twice)."""
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name in names:
+            del graph.initializer[i]
 
 
 def _rename(nodes: list, old: str, new: str) -> None:

@@ -51,7 +51,7 @@ def exported_streamed(model: onnx.ModelProto, emit: str, scratch: ReadableDataFi
     with open(os.path.join(stage.folder, stage.location), "wb") as f:
         data = DataFile(f, stage.location)
         with external_constants(scratch.read, data.stored):
-            out, report = export_with_report(model, target=emit)
+            out, report = export_with_report(model, target=emit, consume=True)
         scratch.file.flush()
         for t in external_data_helper._get_all_tensors(out):
             if external_data_helper.uses_external_data(t) and _entry(t, "location") == scratch.location:
