@@ -353,7 +353,7 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
 @pytest.mark.parametrize("name,fused_ratio", [("Q4_0", 20 / 18), ("Q8_0", 36 / 34)])
 def test_fuse_never_keeps_the_checkpoints_bytes_and_the_weights_bits(tmp_path, name, fused_ratio):
     """fuse="never" (--fuse never): the composition for a weight MatMulNBits would hold exactly,
-    at the checkpoint's own bytes (issue 42's 1.10x bound), the same weights bit for bit; the
+    at the checkpoint's own bytes (under the 1.10x size bound), the same weights bit for bit; the
     default ("exact") fuses it at float32 scales' bytes, and each row says its size and why."""
     n_out, n_in = 64, 4096
     data = drawn_finite(name, n_out, n_in // 32, seed=7)
