@@ -341,3 +341,27 @@ def test_streamed_every_emit_writes_what_the_import_in_memory_writes(llama, tmp_
     data = (tmp_path / "out.onnx.data").stat().st_size
     assert data == sum(int(next(e.value for e in t.external_data if e.key == "length"))
                        for t in streamed.graph.initializer if onnx.external_data_helper.uses_external_data(t))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_streamed_a_tied_embedding_is_shared_as_in_memory(tmp_path, kind, monkeypatch):
+    """A tied Q4_0/Q8_0 embedding, `--emit onnxruntime` from external data: GatherBlockQuantized and
+    MatMulNBits sharing one B (fused.share reading the codes back from the scratch file, writing B
+    out), the same file as the import in memory, tensor for tensor."""
+    import gguf_models
+    from gguf_models import gguf_tensors, source_weights, write_gguf
+
+    monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", kind)
+    src = source_weights()
+    write_gguf(tmp_path / "t.gguf", gguf_tensors(src, tied=True))
+    model = float_model(src, tied=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    save_model(model, tmp_path / "whole.onnx")
+    report = import_file(tmp_path / "in" / "f.onnx", tmp_path / "t.gguf", tmp_path / "out.onnx", emit="onnxruntime")
+    whole = import_file(tmp_path / "whole.onnx", tmp_path / "t.gguf", tmp_path / "whole.out.onnx", emit="onnxruntime")
+    assert report.forms == whole.forms and "sharing one set of initializers" in report.forms[EMBED]
+    streamed = onnx.load(str(tmp_path / "out.onnx"), load_external_data=False)
+    assert [n.op_type for n in streamed.graph.node].count("GatherBlockQuantized") == 1
+    got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
+    assert got == want
