@@ -30,6 +30,10 @@ form does not round a weight to float16 before using it.  So:
   product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
   act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
   a weight read through another node than a MatMul's B or a Gather's data.
+
+The fused GGUF forms are larger than the checkpoint (1.111x for Q4_0), over the import's 1.10x
+size bound: `fuse="never"` (`--fuse never`) writes every weight as the composition instead (`never`:
+the checkpoint's bytes), and each fused weight's row says its bytes against the checkpoint's.
 """
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ closeness), each matched tensor decoded once by its exact nodes and put in place
 (placing.py), then the model written for the engine asked (`emit`: "dyndq", our op; or an export
 target of the engine table, `dyndq.export` of it).  The model passed in is never modified.
 `import_file` from a model with external data streams (docs/import.md, "Memory"): the float
-model's graph read alone, one checkpoint tensor decoded at a time, written to the new data file.
+model's graph read alone, one checkpoint tensor decoded at a time, written to the new data file
+(for an emit other than dyndq, to a scratch file the export then reads a tensor at a time:
+streamed.py).  `import_weights` on a model in memory lends its float weights to the copy it works
+on (`_lent`): a weight replaced is never copied.
 """
 from __future__ import annotations
 
@@ -283,11 +286,13 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
     (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine `emit` is for) before
     it is put in place; `dst` naming `src` is refused unless `overwrite`.
 
-    Streamed from a model with external data (emit "dyndq"): the model is read without its
+    Streamed from a model with external data (every emit): the model is read without its
     data, the weights kept are copied to the new data file one at a time, the weights replaced
     are never read (but for the by-shape matching: each candidate read once), and each checkpoint
-    tensor is read, decoded and written to the new data file before the next (docs/import.md:
-    the memory it takes)."""
+    tensor is read, decoded and written to the new data file before the next; for an emit other
+    than dyndq to a scratch file beside it, which the export reads one tensor at a time, writing
+    what it makes to the new data file as it goes (streamed.py; docs/import.md: the memory it
+    takes)."""
     from dyndq.atomic_writes import ModelFileError, check_target, same_file, staged_write
     from dyndq.checkpoints.streamed import ReadableDataFile, exported_streamed
     from dyndq.model_files import Moved, needs_external_data, read_model, write_staged
