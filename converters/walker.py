@@ -49,6 +49,9 @@ constants a function's opset cannot hold and sets our domain at one version ever
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,6 +69,23 @@ from dyndq.plumbing.types import dtype_name
 from dyndq.plumbing.walk import Scope, constant_value, is_constant_node, scopes, scopes_under, with_nested
 
 from .rewrite import GraphView, Rewrite
+
+# (read, store) while a model whose large constants stay on disk is rewritten (external_constants)
+_EXTERNAL: contextvars.ContextVar = contextvars.ContextVar("dyndq_walker_external", default=None)
+
+
+@contextlib.contextmanager
+def external_constants(read: Callable[[onnx.TensorProto], np.ndarray],
+                       store: Callable[[onnx.TensorProto], onnx.TensorProto]):
+    """Within it, the node rewrites read a constant's value by `read(tensor)` (a tensor whose data
+    is in an external file: read from there, one at a time) and hand each new initializer to
+    `store(tensor)`, which writes it out and returns what the graph holds (its stub): a model too
+    big to hold is rewritten one constant at a time (the streamed import's export)."""
+    token = _EXTERNAL.set((read, store))
+    try:
+        yield
+    finally:
+        _EXTERNAL.reset(token)
 
 
 @dataclass(frozen=True)
@@ -112,6 +132,7 @@ class _Walk:
         self.holders: dict[str, Scope] = {s.path: s for s in self.scopes}
         self.candidates: set[str] = set()  # constants a rewrite stopped reading: removed at the end if unread
         self.replaced_domains: dict[int, set[str]] = {}  # id(top scope) -> the domains of nodes replaced there
+        self.digests: dict[str, bytes] = {}  # new initializer -> its content's digest, where it was stored early
 
     # -- one scope ------------------------------------------------------------------------
 
@@ -144,6 +165,7 @@ class _Walk:
             if isinstance(result, Rewrite):
                 refusal = self._refusal(result, scope, opset, taken)
                 if refusal is None:
+                    self._store_early(result)
                     applied.append(result)
                     taken.update(id(n) for n in result.replaces)
                     outcomes.append(Outcome(scope.path, node, rewrite=result))
@@ -153,6 +175,17 @@ class _Walk:
         if applied:
             self._apply(scope, snapshot, applied)
         return outcomes
+
+    def _store_early(self, rw: Rewrite) -> None:
+        """Within external_constants, each new initializer written out as soon as its rewrite is
+        taken (the scope's rewrites are applied together, at its end: held till then, they would
+        be every weight's new form at once), its digest kept for `_place_constants`' sharing."""
+        external = _EXTERNAL.get()
+        if external is None:
+            return
+        for i, t in enumerate(rw.initializers):
+            self.digests[t.name] = _content(t)
+            rw.initializers[i] = external[1](t)
 
     def _refusal(self, rw: Rewrite, scope: Scope, opset: int, taken: set) -> str | None:
         need = rw.domains.get("", 0)
@@ -206,7 +239,7 @@ class _Walk:
         for t in rw.initializers:
             source, role = rw.derived.get(t.name, (None, ""))
             holder = (scope.resolve(source) or scope) if source else scope
-            key = (holder.path, source, role, _content(t)) if source else None
+            key = (holder.path, source, role, self.digests.get(t.name) or _content(t)) if source else None
             if key is not None and key in self.derived:
                 renamed[t.name] = self.derived[key]
                 continue
@@ -215,6 +248,9 @@ class _Walk:
                 self.made.setdefault((holder.path, source), []).append((t.name, role))
                 self.candidates.add(source)
             as_node = holder.graph is None or holder.in_function or bool(source and holder.constant_node(source))
+            external = _EXTERNAL.get()
+            if external is not None and not as_node:
+                t = external[1](t)
             pending.append((holder, _constant_node(t, self.names) if as_node else t, source or ""))
         if renamed:
             for node in rw.nodes:
@@ -341,7 +377,10 @@ def _constant(scope: Scope, name: str):
     constant (an initializer that is not also a graph input, or a Constant node's `value`)."""
     holder = scope.resolve(name)
     tensor = holder.constant(name) if holder is not None else None
-    return None if tensor is None else numpy_helper.to_array(tensor)
+    if tensor is None:
+        return None
+    external = _EXTERNAL.get()
+    return numpy_helper.to_array(tensor) if external is None else external[0](tensor)
 
 
 def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
@@ -349,11 +388,12 @@ def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
 
 
 def _content(t: onnx.TensorProto) -> bytes:
-    """What makes two tensors equal, their names aside."""
+    """What makes two tensors equal, their names aside: a digest (the walker keeps one per derived
+    tensor for the whole model: not the tensor's bytes)."""
     copy = onnx.TensorProto()
     copy.CopyFrom(t)
     copy.name = ""
-    return copy.SerializeToString()
+    return hashlib.sha256(copy.SerializeToString()).digest()
 
 
 def _read_names(model: onnx.ModelProto) -> set[str]:

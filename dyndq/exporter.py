@@ -124,8 +124,11 @@ def export(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = No
 
 
 def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int | None = None, target: str = "onnx",
-                       accuracy_level: int | None = None, own_ops: bool = True
+                       accuracy_level: int | None = None, own_ops: bool = True, consume: bool = False
                        ) -> tuple[onnx.ModelProto, ExportReport]:
+    """`export`, and its report.  consume=True: the model given is the caller's own, made for the
+    export and not used after it (the checkpoint import's): it is changed in place, not copied
+    (a copy would hold every weight twice)."""
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}; the targets are {', '.join(TARGETS)}")
     if (target == "onnxruntime" and isinstance(opset, numbers.Integral) and not isinstance(opset, bool)
@@ -141,11 +144,15 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if problems:
         raise ValidationError(problems)
 
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    ir_before = model.ir_version
+    if consume and isinstance(model, onnx.ModelProto):
+        out = model
+    else:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
     take_in(out)  # (a function's constants passed in from the main graph are its Constant nodes again, for the rules)
     out = _inlined(out)  # a node taking attributes by reference is lowered per call
-    report = ExportReport(target=target, ir_version_before=model.ir_version)
+    report = ExportReport(target=target, ir_version_before=ir_before)
     current = ai_onnx_version(out.opset_import)
     report.opset_before = current
     types = value_types(out)

@@ -390,7 +390,8 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
 
     bias, last = _bias(view, matmul, N, t)
     replaced = [node] + nodes + [matmul] + ([last] if bias else [])
-    q = (codes.astype(np.int64) + shift).T  # [N, K_pad]
+    q = (codes.astype(np.int16) + shift).T  # [N, K_pad] (codes of at most 8 bits, shifted: int16 holds them, at a
+    # quarter of int64's bytes: the streamed import converts one weight at a time, this is its peak)
     new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
     inputs = [a, new.add(shared.pack(q, bits).reshape(N, blocks, block * bits // 8), src),

@@ -30,6 +30,10 @@ form does not round a weight to float16 before using it.  So:
   product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
   act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
   a weight read through another node than a MatMul's B or a Gather's data.
+
+The fused GGUF forms are larger than the checkpoint (1.111x for Q4_0), over the import's 1.10x
+size bound: `fuse="never"` (`--fuse never`) writes every weight as the composition instead (`never`:
+the checkpoint's bytes), and each fused weight's row says its bytes against the checkpoint's.
 """
 from __future__ import annotations
 
@@ -79,6 +83,27 @@ _REASONS = {  # kind prefix -> why the composition is written
 }
 
 
+# what the fused form costs in bytes where the scales are widened (GGUF's float16 d to float32)
+WIDENED_SIZE = {"GGUF Q4_0": "20 bytes per 32 weights against Q4_0's 18: 1.111x",
+                "GGUF Q8_0": "36 bytes per 32 weights against Q8_0's 34: 1.059x"}
+
+
+def never(matches: list[Match], tensors: dict) -> dict:
+    """{weight: its form} with fuse "never": every weight the composition, the checkpoint's own
+    bytes; the row of a weight that would have been fused says what fusing would have cost."""
+    forms = {}
+    for m in matches:
+        kind = tensors[m.tensor].kind
+        reason = why_not(kind)
+        if reason:
+            forms[m.weight] = f"composition: {reason}"
+        else:
+            cost = WIDENED_SIZE.get(kind, "")
+            forms[m.weight] = ("composition: fuse 'never' asked: the checkpoint's own bytes kept"
+                               + (f" (fused, the float32 scales ONNX Runtime's ops need for its bits: {cost})" if cost else ""))
+    return forms
+
+
 def why_not(kind: str) -> str:
     """Why a tensor of `kind` keeps the composition whatever the model ("": its format may fit)."""
     if kind in FITS or kind.split(" ")[0] in SAFETENSORS_FITS:
@@ -89,18 +114,28 @@ def why_not(kind: str) -> str:
     return f"{kind}: no fused form written for it"
 
 
-def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded: dict):
+def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded, store=None):
     """(decoded, matches) with each weight that fits rewritten into the lowering's form, and
     {weight: the form planned, or "composition: <reason>"}.  A rewritten weight's decode gives
-    the graph's orientation itself, so its match reads it as stored (no Transpose after)."""
+    the graph's orientation itself, so its match reads it as stored (no Transpose after).
+    `decoded`: {tensor: its Written}, or a function making one (one tensor's decode at a time);
+    `store(tensor)`, when given, takes each tensor of a decode once it is settled (the streamed
+    import: written to the new data file, its stub kept), so that one decode is held at a time."""
     by_tensor: dict[str, list[Match]] = {}
     for m in matches:
         by_tensor.setdefault(m.tensor, []).append(m)
     readers = _readers(model)
     dtypes = {t.name: t.data_type for t in model.graph.initializer}
-    decoded, planned, oriented, shared = dict(decoded), {}, {}, {}
+    make = decoded if callable(decoded) else decoded.__getitem__
+    decoded, planned, oriented, shared = {}, {}, {}, {}
+    settled = None
     for tensor, ms in by_tensor.items():
-        source, written = tensors[tensor], decoded[tensor]
+        written = rewritten = None  # (the last decode let go before the next is made)
+        if store is not None and settled is not None:
+            decoded[settled] = _stored(decoded[settled], store)
+        settled = tensor
+        source = tensors[tensor]
+        written = decoded[tensor] = make(tensor)
         widen = source.kind in FITS  # (GGUF: float16 d, float32 result)
         reason, use = why_not(source.kind), None
         if not reason:
@@ -113,7 +148,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
                 shared[tensor] = (rewritten.nodes[0].name, *tied)
                 for m in ms:
                     planned[m.weight] = (f"{GATHER} and {MATMUL} sharing one set of initializers, {form} (d widened): "
-                                         "a tied embedding")
+                                         "a tied embedding" + _size(rewritten, source))
                     oriented[m.weight] = STORED
                 continue
             reason = form
@@ -134,10 +169,17 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
         if use == "matmul through Transpose":  # (the decode is [in, out] itself: the MatMul reads it, the Transpose goes)
             _drop_transpose(model, readers[ms[0].weight][0][0], ms[0].weight)
         op = MATMUL if use.startswith("matmul") else GATHER
-        planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "")
+        planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "") + _size(rewritten, source)
         oriented[ms[0].weight] = STORED
+    if store is not None and settled is not None:
+        decoded[settled] = _stored(decoded[settled], store)
     matches = [dataclasses.replace(m, orientation=oriented[m.weight]) if m.weight in oriented else m for m in matches]
     return decoded, matches, Plan(planned, list(shared.values()))
+
+
+def _stored(written: Written, store) -> Written:
+    """`written` with its tensors handed to `store` (its lookup tables kept: placing compares their bytes)."""
+    return dataclasses.replace(written, tensors=[t if t.name in written.tables else store(t) for t in written.tensors])
 
 
 @dataclasses.dataclass
@@ -146,6 +188,18 @@ class Plan:
     (after the decodes are placed: `share`)."""
     forms: dict
     tied: list
+
+
+def _size(rewritten: Written, source) -> str:
+    """The fused form's bytes against the checkpoint tensor's, in a few words (fuse "never" keeps 1.00x)."""
+    from dyndq.plumbing.light import nbytes
+
+    def stored(t):  # (2- and 4-bit codes packed, as ONNX stores them)
+        bits = _bits(t.data_type)
+        return nbytes(t) if bits in (None, 8) else -(-int(np.prod(t.dims)) * bits // 8)
+
+    ratio = sum(stored(t) for t in rewritten.tensors) / max(1, source.nbytes)
+    return f"; {ratio:.3f}x the checkpoint's bytes" + (" (float32 scales; fuse 'never': 1.00x)" if ratio > 1.001 else "")
 
 
 def _tied(ms: list[Match], readers: dict):
@@ -171,13 +225,14 @@ def _tied(ms: list[Match], readers: dict):
     return gathers[0].output[0], matmuls[0][0].output[0], matmuls[0][1].output[0] if matmuls[0][1] is not None else None
 
 
-def share(model: onnx.ModelProto, plan: "Plan") -> None:
+def share(model: onnx.ModelProto, plan: "Plan", read=numpy_helper.to_array, store=None) -> None:
     """Each tied GGUF Q4_0/Q8_0 embedding (placed as one 2-D decode [V, D] in blocks [1, 32], its
     weights read by one Gather and one MatMul) written as GatherBlockQuantized and MatMulNBits
     reading one set of initializers, as ONNX Runtime's model builder writes tied embeddings:
     MatMulNBits' B [V, D/32, 32*bits/8] (uint8 codes, q - 8 + 8 and x + 128: their absent zero
     points 8 and 128 are the same for both ops), GatherBlockQuantized's data the same bytes through
-    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor."""
+    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor.  `read(tensor)`: a tensor's
+    values (the streamed import's read its data file); `store`: as `prepare`'s."""
     if not plan.tied:
         return
     graph = model.graph
@@ -189,11 +244,13 @@ def share(model: onnx.ModelProto, plan: "Plan") -> None:
         codes_t, scales_t = inits[ddq.input[0]], inits[ddq.input[1]]
         bits = _bits(codes_t.data_type)
         vocab, width = codes_t.dims
-        codes = _values(codes_t).reshape(vocab, width) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
+        codes = read(codes_t).reshape(vocab, width).astype(np.int16) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
         per = 8 // bits
         packed = pack(codes, bits)  # (MatMulNBits' and GatherBlockQuantized's bytes: low bits first)
         b_name, shape_name, data_name = (f"{codes_t.name}_B", f"{codes_t.name}_data_shape", f"{codes_t.name}_data")
-        new_inits += [numpy_helper.from_array(packed.reshape(vocab, width // 32, 32 // per), b_name),
+        b = numpy_helper.from_array(packed.reshape(vocab, width // 32, 32 // per), b_name)
+        del codes, packed
+        new_inits += [b if store is None else store(b),
                       numpy_helper.from_array(np.array([vocab, width // per], np.int64), shape_name)]
         gather, matmul = producers[gather_out], producers[matmul_out]
         reshape = helper.make_node("Reshape", [b_name, shape_name], [data_name], name=f"{codes_t.name}_Reshape")
@@ -210,9 +267,10 @@ def share(model: onnx.ModelProto, plan: "Plan") -> None:
         del graph.node[:]
         graph.node.extend(nodes)
         gone.add(codes_t.name)
-    kept = [t for t in graph.initializer if t.name not in gone]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + new_inits)
+    from dyndq.checkpoints.placing import drop_initializers
+
+    drop_initializers(graph, gone)
+    graph.initializer.extend(new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
@@ -368,10 +426,12 @@ def _group_of(node: onnx.NodeProto) -> list[int]:
 
 
 def _values(t: onnx.TensorProto) -> np.ndarray:
-    """A codes tensor's values as int64, flat (numpy_helper unpacks int4/uint4/int2/uint2 as ONNX packs them)."""
-    return numpy_helper.to_array(t).astype(np.int64).reshape(-1)
+    """A codes tensor's values, flat, in their own integer type (numpy_helper unpacks int4/uint4/int2/uint2 as ONNX
+    packs them, one a byte: moved, never computed with, so not widened)."""
+    return numpy_helper.to_array(t).reshape(-1)
 
 
 def _codes_tensor(codes: np.ndarray, like: onnx.TensorProto) -> onnx.TensorProto:
     """`codes` (int64 values) as a tensor of `like`'s type and name (numpy_helper packs 2- and 4-bit ones)."""
-    return numpy_helper.from_array(np.asarray(codes).astype(helper.tensor_dtype_to_np_dtype(like.data_type)), like.name)
+    return numpy_helper.from_array(np.asarray(codes).astype(helper.tensor_dtype_to_np_dtype(like.data_type), copy=False),
+                                   like.name)

@@ -7,7 +7,10 @@ closeness), each matched tensor decoded once by its exact nodes and put in place
 (placing.py), then the model written for the engine asked (`emit`: "dyndq", our op; or an export
 target of the engine table, `dyndq.export` of it).  The model passed in is never modified.
 `import_file` from a model with external data streams (docs/import.md, "Memory"): the float
-model's graph read alone, one checkpoint tensor decoded at a time, written to the new data file.
+model's graph read alone, one checkpoint tensor decoded at a time, written to the new data file
+(for an emit other than dyndq, to a scratch file the export then reads a tensor at a time:
+streamed.py).  `import_weights` on a model in memory lends its float weights to the copy it works
+on (`_lent`): a weight replaced is never copied.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import onnx
 
 from dyndq.checkpoints import fused
 from dyndq.checkpoints.matching import float_weights, match, weight_values
-from dyndq.checkpoints.placing import Imported, decode, place
+from dyndq.checkpoints.placing import Imported, decoder, place
 from dyndq.checkpoints.source import Checkpoint, open_checkpoint
 from dyndq.checkpoints.writer import written_to
 from dyndq.converters.rules import TARGETS
@@ -27,6 +30,10 @@ from dyndq.opdefs import Problem, ValidationError
 from dyndq.plumbing.opsets import ai_onnx_version
 
 EMITS = ("dyndq", *TARGETS)  # ("dyndq", "onnx", "onnxruntime", "openvino")
+# --emit onnxruntime: "exact" writes ONNX Runtime's fused ops wherever they give the format's bits
+# (fast; GGUF Q4_0 at 1.111x its bytes: float32 scales), "never" the composition everywhere (the
+# checkpoint's own bytes, 1.00x: issue 42's size bound; slower on ONNX Runtime)
+FUSES = ("exact", "never")
 
 
 @dataclass
@@ -73,7 +80,8 @@ class ImportReport:
                 "data_file": self.data_file}
 
 
-def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unpermute: bool = True):
+def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unpermute: bool = True,
+                   fuse: str = "exact"):
     """(the model with the checkpoint's weights in place of its float ones, ImportReport).
     model: an onnx.ModelProto or a path; checkpoint: a path or an open Checkpoint; names: a dict
     {checkpoint tensor: initializer} or a JSON file of one; emit: "dyndq" (our op) or an export
@@ -81,32 +89,73 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unperm
     tensor matched to a weight of another shape, a --names entry naming nothing, nothing matched).
     unpermute=False leaves a GGUF file's Q/K rows as stored (llama.cpp's rotary permutation not
     undone: a Mistral-format checkpoint converted as llama); for an open Checkpoint, give it to
-    its constructor."""
+    its constructor.  fuse ("exact", "never"): for emit "onnxruntime", whether the weights ONNX
+    Runtime's fused ops compute exactly are written fused (fast, GGUF Q4_0 at 1.111x its bytes) or
+    every weight as the composition (the checkpoint's bytes); docs/import.md "Fused or not"."""
     from dyndq.model_files import model_of
 
-    _check_emit(emit)
+    _check_emit(emit, fuse)
     given = model_of(model, "import_weights")
     names_map = _names(names)
     ckpt = _opened(checkpoint, unpermute)
-    if given is model:  # (the model passed in is never modified; one read from a path here is ours)
-        out = onnx.ModelProto()
-        out.CopyFrom(given)
-    else:
-        out = given
-    return _imported(out, ckpt, names_map, emit)
+    if given is not model:  # (one read from a path here is ours to change)
+        return _imported(given, ckpt, names_map, emit, fuse=fuse)
+    # the model passed in is never modified: the import works on a copy whose large initializers
+    # are lent (their data copied back only for the weights kept), so the float weights replaced
+    # are never copied; the by-shape matching reads the given model's values
+    out, lent = _lent(given)
+    return _imported(out, ckpt, names_map, emit, fuse=fuse, values_from=given,
+                     before_placing=lambda model, replaced: _given_back(model, replaced, lent))
+
+
+def _lent(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """(a copy of `model` whose main-graph float initializers of 1 KiB or more hold no data (stubs
+    of external data no file holds), their names, types and shapes kept; {name: the given tensor})."""
+    from dyndq.plumbing.light import copy_fields, nbytes
+
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
+    lent = {}
+    for t in model.graph.initializer:
+        if nbytes(t) >= 1024 and t.data_type in _FLOATS:  # (a stub of external data: the checker and the
+            # opset's conversion take it as they take the streamed import's, no file read)
+            stub = out.graph.initializer.add()
+            copy_fields(t, stub, skip=_DATA_FIELDS | {"external_data", "data_location"})
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", "dyndq-lent-weights"), ("offset", "0"), ("length", str(nbytes(t)))):
+                stub.external_data.add(key=key, value=value)
+            lent[t.name] = t
+        else:
+            out.graph.initializer.add().CopyFrom(t)
+    return out, lent
+
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+_DATA_FIELDS = {"raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"}
+
+
+def _given_back(model: onnx.ModelProto, replaced: set[str], lent: dict) -> None:
+    """The data of each lent initializer kept (no tensor replaced it) copied from the given model."""
+    for t in model.graph.initializer:
+        if t.name in lent and t.name not in replaced:
+            t.CopyFrom(lent[t.name])
 
 
 def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, emit: str, *, loaded=None,
-              data=None, before_placing=None):
+              data=None, before_placing=None, fuse: str = "exact", export=None, values_from=None):
     """The import's work on `out` (the caller's own model: changed in place, or replaced by its
     opset's conversion), (the model, ImportReport).  `loaded`: where `out`'s external data is
     (read one weight at a time, for the by-shape matching alone: the weights matched by name are
     never read); `data`: the new external data file (a model_files.DataFile) each decode's tensors
     are written to as they are made (writer.written_to), the graph holding stubs of them;
-    `before_placing(model, replaced)`: called once the weights to replace are known."""
+    `before_placing(model, replaced)`: called once the weights to replace are known; `export(model)`:
+    (the model written for `emit`, its ExportReport), for an emit other than "dyndq" (default:
+    dyndq.export of the model held whole; the streamed import's, one tensor at a time);
+    `values_from`: the model whose weights' values the by-shape matching reads (`out`'s own by default)."""
     tensors = {t.name: t for t in ckpt.tensors()}
     weights = float_weights(out)
-    values = weight_values(out, loaded)
+    values = weight_values(values_from if values_from is not None else out, loaded)
     try:
         matches, problems = match(out, ckpt, tensors, names_map, values)
     finally:
@@ -121,9 +170,12 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     report = ImportReport(ckpt.path, ckpt.format, ckpt.architecture, emit, notes=ckpt.notes())
     out = _opset_for(out, _opset_needed(matches, tensors), report)
     decoded = plan = None
-    if emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; the
-        # export that follows holds the whole model anyway, so the decodes are made first, then placed)
-        decoded, matches, plan = fused.prepare(out, matches, tensors, decode(out, matches, tensors))
+    if emit == "onnxruntime" and fuse == "never":
+        report.forms = fused.never(matches, tensors)
+    elif emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; each
+        # decode made and rewritten in turn, before any is placed; streamed: written to the data file as it goes)
+        decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors),
+                                               store=None if data is None else data.stored)
         report.forms = plan.forms
     replaced = {m.weight for m in matches}
     if before_placing is not None:
@@ -133,8 +185,10 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     else:
         with written_to(data):
             report.imported = place(out, matches, tensors, store=data.stored, decoded=decoded)
-    if plan is not None:
+    if plan is not None and data is None:
         fused.share(out, plan)
+    elif plan is not None:
+        fused.share(out, plan, read=data.read, store=data.stored)
     for row in report.imported:  # (a fused weight's decode is read as stored; the report says how the model reads it)
         row.orientation = orientations.get(row.weight, row.orientation)
     used = {m.tensor for m in matches}
@@ -143,7 +197,7 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     if emit != "dyndq":
         from dyndq.exporter import export_with_report
 
-        out, exported = export_with_report(out, target=emit)
+        out, exported = export(out) if export is not None else export_with_report(out, target=emit, consume=True)
         report.emitted = [f"written for {emit}: {exported.summary()}", *exported.lines()]
         report.forms = fused.confirm(out, report.forms, report.emitted)
     return out, report
@@ -160,9 +214,11 @@ def _opened(checkpoint, unpermute: bool) -> Checkpoint:
     return checkpoint
 
 
-def _check_emit(emit: str) -> None:
+def _check_emit(emit: str, fuse: str = "exact") -> None:
     if emit not in EMITS:
         raise ValidationError([Problem("emit", repr(emit), ", ".join(EMITS))])
+    if fuse not in FUSES:
+        raise ValidationError([Problem("fuse", repr(fuse), ", ".join(FUSES))])
 
 
 def _opset_needed(matches, tensors: dict) -> int:
@@ -224,35 +280,45 @@ def _names(names) -> dict | None:
 
 
 def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwrite: bool = False,
-                unpermute: bool = True) -> ImportReport:
+                unpermute: bool = True, fuse: str = "exact") -> ImportReport:
     """Import into the model file `src` and write `dst` (as the input was stored: its external data
     in a file beside it when it had one, or when too big for one message), staged and checked
     (`dyndq.written.verify_model`: `dyndq check`, and it loads on the engine `emit` is for) before
     it is put in place; `dst` naming `src` is refused unless `overwrite`.
 
-    Streamed from a model with external data (emit "dyndq"): the model is read without its
+    Streamed from a model with external data (every emit): the model is read without its
     data, the weights kept are copied to the new data file one at a time, the weights replaced
     are never read (but for the by-shape matching: each candidate read once), and each checkpoint
-    tensor is read, decoded and written to the new data file before the next (docs/import.md:
-    the memory it takes)."""
+    tensor is read, decoded and written to the new data file before the next; for an emit other
+    than dyndq to a scratch file beside it, which the export reads one tensor at a time, writing
+    what it makes to the new data file as it goes (streamed.py; docs/import.md: the memory it
+    takes)."""
     from dyndq.atomic_writes import ModelFileError, check_target, same_file, staged_write
-    from dyndq.model_files import DataFile, Moved, needs_external_data, read_model, write_staged
+    from dyndq.checkpoints.streamed import ReadableDataFile, exported_streamed
+    from dyndq.model_files import Moved, needs_external_data, read_model, write_staged
     from dyndq.written import verify_model
 
-    _check_emit(emit)
+    _check_emit(emit, fuse)
     check_target(dst)
     if not overwrite and same_file(src, dst):
         raise ModelFileError(f"{dst}: is the input model itself; write to another file")
     loaded = read_model(src, load_data=False)  # (the model's graph: its data read as needed, or whole below)
     names_map = _names(names)
     ckpt = _opened(checkpoint, unpermute)
-    if loaded.external_data and emit == "dyndq":
+    if loaded.external_data:
         with staged_write(dst, external_data=True) as stage:
-            with open(os.path.join(stage.folder, stage.location), "wb") as f:
-                data = DataFile(f, stage.location)
+            # (emit dyndq: the decodes go to the new data file itself; another emit: to a scratch file
+            # beside it, which the export reads a tensor at a time, writing the new file: streamed.py)
+            location = stage.location if emit == "dyndq" else stage.location + ".import"
+            with open(os.path.join(stage.folder, location), "w+b") as f:
+                data = ReadableDataFile(f, location, stage.folder)
                 moved = Moved(loaded, data)
-                out, report = _imported(loaded.model, ckpt, names_map, emit, loaded=loaded, data=data,
+                export = None if emit == "dyndq" else lambda model: exported_streamed(model, emit, data, stage)
+                out, report = _imported(loaded.model, ckpt, names_map, emit, loaded=loaded, data=data, fuse=fuse,
+                                        export=export,
                                         before_placing=lambda model, replaced: _kept(model, replaced, moved, loaded))
+            if location != stage.location:
+                os.remove(os.path.join(stage.folder, location))
             onnx.save_model(out, stage.model, format="protobuf")  # (binary, whatever dst's name)
             del out
             report.notes += verify_model(stage.model, emit, shown_as=os.fspath(dst), source=os.fspath(src))
@@ -260,7 +326,7 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
         if loaded.external_data:
             loaded = read_model(src)
         had_data = loaded.external_data
-        out, report = _imported(loaded.model, ckpt, names_map, emit)  # (the model read here: ours to change)
+        out, report = _imported(loaded.model, ckpt, names_map, emit, fuse=fuse)  # (the model read here: ours to change)
         del loaded
         with staged_write(dst, external_data=needs_external_data(out, had_data)) as stage:
             write_staged(out, stage)

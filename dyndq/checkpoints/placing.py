@@ -49,12 +49,21 @@ class Imported:
 def decode(model: onnx.ModelProto, matches: list[Match], tensors: dict) -> dict:
     """checkpoint tensor name -> its Written, all made at once, for a step that rewrites decodes
     before they are placed (fused.prepare); `place` otherwise decodes one tensor at a time."""
+    make = decoder(model, matches, tensors)
+    return {t: make(t) for t in dict.fromkeys(m.tensor for m in matches)}
+
+
+def decoder(model: onnx.ModelProto, matches: list[Match], tensors: dict):
+    """A function decoding one checkpoint tensor (by name) when asked, its nodes named after its
+    first weight from one scope of names: `decode`'s, one decode at a time (fused.prepare, streamed)."""
     names = NameScope(all_names(model))
-    written = {}
+    first = {}
     for m in matches:
-        if m.tensor not in written:
-            written[m.tensor] = tensors[m.tensor].nodes(names, m.weight)
-    return written
+        first.setdefault(m.tensor, m.weight)
+
+    def make(tensor: str):
+        return tensors[tensor].nodes(names, first[tensor])
+    return make
 
 
 def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=None, decoded: dict | None = None
@@ -106,9 +115,7 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
             rows.append(Imported(m.weight, tensor_name, source.kind, m.how, m.orientation, written.form,
                                  tuple(source.shape), m.error, note))
     replaced = {m.weight for m in matches}
-    kept = [t for t in graph.initializer if t.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_initializers(graph, replaced)
     inputs = [vi for vi in graph.input if vi.name not in replaced]
     del graph.input[:]
     graph.input.extend(inputs)
@@ -118,6 +125,14 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
     import_at_least(model.opset_import, DOMAIN, 3)  # (DynamicDequantize-3)
     model.ir_version = max(model.ir_version, model_ir(model))
     return rows
+
+
+def drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
+    """The graph's initializers of those names removed in place (not the kept ones copied into a
+    new list: protobuf copies each message extended, which would hold every weight twice)."""
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name in names:
+            del graph.initializer[i]
 
 
 def _rename(nodes: list, old: str, new: str) -> None:

@@ -26,6 +26,10 @@ def _add_parser(sub) -> None:
     p.add_argument("--names", metavar="MAP.json", help="a JSON object {checkpoint tensor: initializer name}")
     p.add_argument("--emit", choices=("dyndq", *TARGETS), default="dyndq",
                    help=emit_help())
+    p.add_argument("--fuse", choices=("exact", "never"), default="exact",
+                   help="with --emit onnxruntime: 'exact' (the default) writes MatMulNBits/GatherBlockQuantized "
+                        "wherever they give the format's bits (fast; GGUF Q4_0 at 1.111x its bytes, its scales "
+                        "widened to float32), 'never' every weight as the composition (the checkpoint's own bytes)")
     p.add_argument("--no-unpermute", dest="unpermute", action="store_false",
                    help="leave a GGUF file's Q/K rows as stored (llama.cpp's rotary row permutation not undone: "
                         "for a checkpoint converted as llama that was never permuted, Mistral's own format)")
@@ -38,7 +42,7 @@ def cmd_import_weights(args) -> int:
     refuse_same_file(args.model, args.output)
     try:
         report = import_file(args.model, args.checkpoint, args.output, names=args.names, emit=args.emit,
-                             unpermute=args.unpermute)
+                             unpermute=args.unpermute, fuse=args.fuse)
     except MissingExtra as e:  # (an optional extra not installed: gguf)
         raise UsageError(str(e)) from None
     if args.json:

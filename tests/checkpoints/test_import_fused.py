@@ -74,11 +74,14 @@ def test_q4_0_and_q8_0_become_fused_ops_giving_ggufs_bits(tmp_path, monkeypatch,
     model = float_model(src)
     out, report = dyndq.import_weights(model, tmp_path / "m.gguf", emit="onnxruntime")
     bits = {"Q4_0": 4, "Q8_0": 8}
-    assert report.forms[K] == f"com.microsoft::MatMulNBits {bits[k_type]}-bit block 32, float32 scales (d widened)"
+    size = {"Q4_0": "; 1.111x the checkpoint's bytes (float32 scales; fuse 'never': 1.00x)",
+            "Q8_0": "; 1.059x the checkpoint's bytes (float32 scales; fuse 'never': 1.00x)"}
+    assert report.forms[K] == f"com.microsoft::MatMulNBits {bits[k_type]}-bit block 32, float32 scales (d widened)" \
+        + size[k_type]
     assert report.forms[EMBED] == (f"com.microsoft::GatherBlockQuantized {bits[embed_type]}-bit block 32, "
-                                   "float32 scales (d widened)")
+                                   "float32 scales (d widened)" + size[embed_type])
     # Q: torch's Transpose + MatMul, its Transpose gone (the decode written [in, out] itself)
-    assert report.forms[Q] == "com.microsoft::MatMulNBits 8-bit block 32, float32 scales (d widened)"
+    assert report.forms[Q] == "com.microsoft::MatMulNBits 8-bit block 32, float32 scales (d widened)" + size["Q8_0"]
     assert ops(out).count("MatMulNBits") == 2 and ops(out).count("GatherBlockQuantized") == 1
     assert "qT" in {o for n in model.graph.node for o in n.output} and "qT" not in {o for n in out.graph.node for o in n.output}
     # the rest: the composition, each with its reason
@@ -135,7 +138,7 @@ def test_drawn_blocks_over_the_whole_float16_range_are_exact_through_matmul_nbit
     same_bits(run_onnxruntime(out, {"x": np.eye(n_in, dtype=np.float32)})[0], want, zeros_by_value=True)
     # sums of two weights: the kernel multiplies by gguf's float32 weights themselves
     same_bits(run_onnxruntime(out, {"x": pairs(n_in, np.float32)})[0], summed(want, np.float32), zeros_by_value=True)
-    assert report.forms["w"] == f"com.microsoft::MatMulNBits {name[1]}-bit block 32, float32 scales (d widened)"
+    assert report.forms["w"].startswith(f"com.microsoft::MatMulNBits {name[1]}-bit block 32, float32 scales (d widened); ")
 
 
 def test_the_exporter_without_the_rewrite_writes_no_fused_op(tmp_path, monkeypatch):
@@ -167,9 +170,9 @@ def test_a_tied_embedding_is_written_as_two_fused_ops_sharing_one_set_of_initial
     out, report = dyndq.import_weights(model, tmp_path / "t.gguf", emit="onnxruntime")
     tied = [EMBED, HEAD_W] if two_initializers else [EMBED]
     for weight in tied:
-        assert report.forms[weight] == (f"com.microsoft::GatherBlockQuantized and com.microsoft::MatMulNBits sharing one "
+        assert report.forms[weight].startswith(f"com.microsoft::GatherBlockQuantized and com.microsoft::MatMulNBits sharing one "
                                         f"set of initializers, {kind[1]}-bit block 32, float32 scales (d widened): a tied "
-                                        "embedding"), report.forms[weight]
+                                        "embedding; "), report.forms[weight]
     gbq = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     nbits = next(n for n in out.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
     reshape = next(n for n in out.graph.node if n.output[0] == gbq.input[0])
@@ -272,7 +275,8 @@ def test_fused_float16_matmul_nbits_multiplies_by_unrounded_products_which_is_wh
     monkeypatch.setattr(fused, "EXACT_RESULTS", {TensorProto.FLOAT, TensorProto.FLOAT16})
     out, report = dyndq.import_weights(linear_model(np.float16), folder, emit="onnxruntime")
     assert ops(out) == ["MatMulNBits"], ops(out)
-    assert report.forms[f"{LINEAR}.weight"] == f"com.microsoft::MatMulNBits {bits}-bit block 64, float16 scales, zero points"
+    assert report.forms[f"{LINEAR}.weight"].startswith(f"com.microsoft::MatMulNBits {bits}-bit block 64, float16 scales, "
+                                                       "zero points; ")
     want = np.ascontiguousarray(gptq_oracle(t, bits, v1=False).T)  # [in, out] float16: the format's weights
     same = run_onnxruntime(out, {"x": np.eye(256, dtype=np.float16)})[0]
     differ = (same.view(np.uint16) != want.view(np.uint16)) & ~((same == 0) & (want == 0))  # (a -0 weight: +0)
@@ -315,7 +319,7 @@ def test_compressed_tensors_with_float32_scales_are_fused_exactly(tmp_path, bits
                                                "group_size": group}}}}}))
     out, report = dyndq.import_weights(linear_model(), tmp_path, emit="onnxruntime")
     assert ops(out) == ["MatMulNBits"], (ops(out), report.forms)
-    assert report.forms[f"{LINEAR}.weight"] == f"com.microsoft::MatMulNBits {bits}-bit block 32, float32 scales"
+    assert report.forms[f"{LINEAR}.weight"].startswith(f"com.microsoft::MatMulNBits {bits}-bit block 32, float32 scales; ")
     want = np.ascontiguousarray((q.astype(np.float32) * np.repeat(scales, group, axis=1)).T)  # [in, out]
     same_bits(run_onnxruntime(out, {"x": np.eye(n_in, dtype=np.float32)})[0], want, zeros_by_value=True)
     same_bits(run_onnxruntime(out, {"x": pairs(n_in, np.float32)})[0], summed(want, np.float32), zeros_by_value=True)
@@ -339,3 +343,56 @@ def test_the_report_says_the_form_per_weight_in_text_and_json(tmp_path, capsys):
     assert main(["import-weights", str(tmp_path / "m.onnx"), str(tmp_path / "m.gguf"), "-o", str(tmp_path / "c.onnx"),
                  "--json"]) == 0
     assert all("written_as" not in r for r in json.loads(capsys.readouterr().out)["imported"])
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    """The bytes the file holds for the model's initializers (2- and 4-bit codes packed, as ONNX stores them)."""
+    return sum(len(t.raw_data) if t.HasField("raw_data") else numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+
+
+@pytest.mark.parametrize("name,fused_ratio", [("Q4_0", 20 / 18), ("Q8_0", 36 / 34)])
+def test_fuse_never_keeps_the_checkpoints_bytes_and_the_weights_bits(tmp_path, name, fused_ratio):
+    """fuse="never" (--fuse never): the composition for a weight MatMulNBits would hold exactly,
+    at the checkpoint's own bytes (under the 1.10x size bound), the same weights bit for bit; the
+    default ("exact") fuses it at float32 scales' bytes, and each row says its size and why."""
+    n_out, n_in = 64, 4096
+    data = drawn_finite(name, n_out, n_in // 32, seed=7)
+    write_gguf(tmp_path / "w.gguf", {"blk.0.ffn_down.weight": (name, data)})
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", n_in])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n_out])],
+                              [numpy_helper.from_array(np.zeros((n_in, n_out), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    names = {"blk.0.ffn_down.weight": "w"}
+    fused, fused_report = dyndq.import_weights(model, tmp_path / "w.gguf", names=names, emit="onnxruntime")
+    never, report = dyndq.import_weights(model, tmp_path / "w.gguf", names=names, emit="onnxruntime", fuse="never")
+    assert ops(fused) == ["MatMulNBits"]
+    assert not any(n.domain == MS for n in never.graph.node), ops(never)
+    assert _initializer_bytes(fused) / data.nbytes == pytest.approx(fused_ratio, abs=1e-3)
+    assert _initializer_bytes(never) / data.nbytes <= 1.001  # (the bound: 1.10x)
+    assert f"{fused_ratio:.3f}x the checkpoint's bytes (float32 scales; fuse 'never': 1.00x)" in fused_report.forms["w"]
+    assert report.forms["w"].startswith("composition: fuse 'never' asked: the checkpoint's own bytes kept (fused, "
+                                        "the float32 scales ONNX Runtime's ops need for its bits: ")
+    assert f"{fused_ratio:.3f}x" in report.forms["w"]
+    assert report.summary().endswith("(0 fused, 1 composition)")
+    # the same weights: A = identity gives each weight, on ONNX Runtime, through both forms
+    with np.errstate(all="ignore"):
+        want = np.ascontiguousarray(gguf.quants.dequantize(data, qtype(name)).astype(np.float32).T)
+    eye = {"x": np.eye(n_in, dtype=np.float32)[:256]}
+    for out in (fused, never):
+        same_bits(run_onnxruntime(out, eye)[0], want[:256], zeros_by_value=True)
+
+
+def test_fuse_is_checked_and_reaches_the_command(tmp_path, capsys):
+    src = source_weights()
+    write_gguf(tmp_path / "m.gguf", gguf_tensors(src))
+    onnx.save(float_model(src), tmp_path / "m.onnx")
+    with pytest.raises(dyndq.ValidationError, match="fuse"):
+        dyndq.import_weights(tmp_path / "m.onnx", tmp_path / "m.gguf", emit="onnxruntime", fuse="sometimes")
+    args = ["import-weights", str(tmp_path / "m.onnx"), str(tmp_path / "m.gguf"), "--emit", "onnxruntime"]
+    assert main(args + ["-o", str(tmp_path / "a.onnx"), "--fuse", "never"]) == 0
+    said = capsys.readouterr().out
+    assert "(0 fused, 7 composition)" in said and "form: composition: fuse 'never' asked" in said, said
+    written = onnx.load(str(tmp_path / "a.onnx"))
+    assert not any(n.domain == MS for n in written.graph.node)
+    assert main(args + ["-o", str(tmp_path / "b.onnx"), "--fuse", "sometimes"]) == 2

@@ -25,10 +25,12 @@ from gguf_models import DOWN, EMBED, HEAD_W, K, NORM, Q, UP, bits, expected, flo
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_import_memory.py"
 
 
-def measured(rows: int, cols: int, tensors: int, folder) -> dict:
-    """The benchmark's streamed case (its own script, in fresh Pythons): the sizes and the run."""
+def measured(rows: int, cols: int, tensors: int, folder, cases=("stream",), emits=("dyndq",)) -> dict:
+    """The benchmark's cases (its own script, in fresh Pythons): the sizes and the runs (named
+    "case emit" with more than one emit)."""
     p = subprocess.run([sys.executable, str(BENCH), "--rows", str(rows), "--cols", str(cols), "--tensors", str(tensors),
-                        "--case", "stream", "--json", "--folder", str(folder)], capture_output=True, text=True, timeout=1200)
+                        *[a for c in cases for a in ("--case", c)], *[a for e in emits for a in ("--emit", e)],
+                        "--json", "--folder", str(folder)], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
@@ -95,6 +97,63 @@ def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_th
     assert extra < bound, (f"peak - base {extra / 2**20:.1f} MiB: {extra / sizes['largest_tensor']:.2f}x the largest "
                            f"tensor ({sizes['largest_tensor'] / 2**20:.2f} MiB), bound {bound / 2**20:.1f} MiB")
     assert bound < sizes["checkpoint"] < sizes["floats"]  # (the test can fail: either held whole is over the bound)
+
+
+MIB = 1 << 20
+# the fused form's per-weight work (fused.prepare's rewrite, MatMulNBits' packing in the export): a
+# few copies of one tensor, never the checkpoint's (docs/import.md, "Memory")
+FUSED_TIMES = 8
+
+
+def test_every_emit_is_streamed_and_import_weights_adds_only_the_model_it_returns(tmp_path):
+    """The 96 MiB model of the test above, each --emit: streamed (`import_file` from external data),
+    the import's peak before the written file's check (for onnx and onnxruntime an ONNX Runtime
+    session of the file: the engine's own memory) under 1.5x the largest checkpoint tensor + 4 MiB
+    for the composition (--emit onnx, --emit onnxruntime --fuse never, and dyndq), under 8x it for
+    the fused MatMulNBits (its per-weight rewrite and packing), both under the checkpoint's bytes
+    (25.5 MiB: holding the model whole, any emit's, would be over); and `import_weights` on a
+    model in memory adds the model it returns and no more than the bound (the float weights it
+    replaces never copied: the copy of the model it made before was 96 MiB more)."""
+    pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    if not pathlib.Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs here to reset the peak resident memory (Linux has it)")
+    result = measured(rows=1024, cols=2048, tensors=12, folder=tmp_path, cases=("stream", "api"),
+                      emits=("dyndq", "onnx", "onnxruntime", "onnxruntime/never"))
+    sizes, runs = result["sizes"], result["cases"]
+    largest, bound = sizes["largest_tensor"], 1.5 * sizes["largest_tensor"] + 4 * MIB
+    said = {name: f"{(r['before_check'] - r['base']) / MIB:.1f} MiB" for name, r in runs.items()}
+    for name in ("stream onnx", "stream onnxruntime/never", "stream dyndq"):
+        assert runs[name]["before_check"] - runs[name]["base"] < bound, (name, said, bound / MIB)
+    assert runs["stream onnxruntime"]["before_check"] - runs["stream onnxruntime"]["base"] < FUSED_TIMES * largest + 4 * MIB \
+        < sizes["checkpoint"], said
+    assert runs["stream onnxruntime"]["forms"] == ["com.microsoft::MatMulNBits"]
+    assert runs["stream onnxruntime/never"]["forms"] == ["composition:"]
+    for name in ("api dyndq", "api onnx", "api onnxruntime/never"):
+        r = runs[name]
+        assert r["before_check"] - r["base"] < r["result"] + bound, (name, said, r["result"] / MIB)
+    assert bound < sizes["checkpoint"] < sizes["floats"]
+
+
+@pytest.mark.big
+def test_a_model_over_2_gib_is_imported_streamed_for_onnxruntime(tmp_path):
+    """The 2.1 GiB model below, `--emit onnxruntime` (MatMulNBits, fused) and `--fuse never` (the
+    composition): external data in and out, the file at 1.059x (fused Q8_0: float32 scales) and
+    1.00x the checkpoint, the import's peak before the check (an ONNX Runtime session of the
+    file) under 8x (fused) and 1.5x (composition) the largest tensor + 4 MiB."""
+    pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    result = measured(rows=4096, cols=4096, tensors=34, folder=tmp_path, emits=("onnxruntime", "onnxruntime/never"))
+    sizes, runs = result["sizes"], result["cases"]
+    assert sizes["floats"] > 2 ** 31
+    largest = sizes["largest_tensor"]
+    for name, times, size in (("stream onnxruntime", FUSED_TIMES, 36 / 34), ("stream onnxruntime/never", 1.5, 1.0)):
+        r = runs[name]
+        assert r["imported"] == 34 and r["left_float"] == ["kept.bias"]
+        assert r["written"] < size * sizes["checkpoint"] * 1.001 + MIB, (name, r["written"] / sizes["checkpoint"])
+        extra = r["before_check"] - r["base"]
+        print(f"{name}: peak - base before the check {extra / MIB:.1f} MiB = {extra / largest:.2f}x the largest tensor; "
+              f"with the check {(r['peak'] - r['base']) / MIB:.0f} MiB; {r['seconds']:.0f} s; written "
+              f"{r['written'] / sizes['checkpoint']:.3f}x the checkpoint")
+        assert extra < times * largest + 4 * MIB, (name, extra / MIB)
 
 
 @pytest.mark.big
@@ -241,3 +300,68 @@ def test_streamed_a_constants_data_in_the_input_file_is_read_into_the_model(llam
     want = dyndq.run(dyndq.import_weights(model, path)[0], ids())
     for name in want:
         assert (bits(got[name]) == bits(want[name])).all(), name
+
+
+def _written_tensors(path) -> dict:
+    """{name: its bits} of every initializer of the model file at `path` (its external data read)."""
+    model = load_model(path)
+    return {t.name: (t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes()) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("emit,fuse", [("onnx", "exact"), ("onnxruntime", "exact"), ("onnxruntime", "never"),
+                                       ("openvino", "exact")])
+def test_streamed_every_emit_writes_what_the_import_in_memory_writes(llama, tmp_path, emit, fuse):
+    """From a model with external data, `--emit onnx|onnxruntime|openvino` is streamed too (the
+    export reads each constant from a scratch file when a rule asks, writes each tensor it makes
+    as it is made): the file written is the one the import in memory writes, node for node and
+    tensor for tensor, bit for bit."""
+    src, _, path = llama
+    model = float_model(src, extra=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    save_model(model, tmp_path / "whole.onnx")
+    report = import_file(tmp_path / "in" / "f.onnx", path, tmp_path / "out.onnx", emit=emit, fuse=fuse)
+    whole = import_file(tmp_path / "whole.onnx", path, tmp_path / "whole.out.onnx", emit=emit, fuse=fuse)
+    assert report.data_file == "out.onnx.data" and whole.data_file is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != path.name) == [
+        "in", "out.onnx", "out.onnx.data", "whole.onnx", "whole.out.onnx"]  # (no scratch file left)
+    assert report.forms == whole.forms and report.emitted == whole.emitted
+    if emit == "onnxruntime":
+        assert any(not f.startswith("composition") for f in report.forms.values()) == (fuse == "exact")
+    streamed = onnx.load(str(tmp_path / "out.onnx"), load_external_data=False)
+    held = onnx.load(str(tmp_path / "whole.out.onnx"))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in streamed.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in held.graph.node]
+    assert any(onnx.external_data_helper.uses_external_data(t) for t in streamed.graph.initializer)
+    got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name
+    # the data file holds each tensor once: no bytes left of the decodes the export replaced
+    data = (tmp_path / "out.onnx.data").stat().st_size
+    assert data == sum(int(next(e.value for e in t.external_data if e.key == "length"))
+                       for t in streamed.graph.initializer if onnx.external_data_helper.uses_external_data(t))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_streamed_a_tied_embedding_is_shared_as_in_memory(tmp_path, kind, monkeypatch):
+    """A tied Q4_0/Q8_0 embedding, `--emit onnxruntime` from external data: GatherBlockQuantized and
+    MatMulNBits sharing one B (fused.share reading the codes back from the scratch file, writing B
+    out), the same file as the import in memory, tensor for tensor."""
+    import gguf_models
+    from gguf_models import gguf_tensors, source_weights, write_gguf
+
+    monkeypatch.setitem(gguf_models.TYPES, "token_embd.weight", kind)
+    src = source_weights()
+    write_gguf(tmp_path / "t.gguf", gguf_tensors(src, tied=True))
+    model = float_model(src, tied=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    save_model(model, tmp_path / "whole.onnx")
+    report = import_file(tmp_path / "in" / "f.onnx", tmp_path / "t.gguf", tmp_path / "out.onnx", emit="onnxruntime")
+    whole = import_file(tmp_path / "whole.onnx", tmp_path / "t.gguf", tmp_path / "whole.out.onnx", emit="onnxruntime")
+    assert report.forms == whole.forms and "sharing one set of initializers" in report.forms[EMBED]
+    streamed = onnx.load(str(tmp_path / "out.onnx"), load_external_data=False)
+    assert [n.op_type for n in streamed.graph.node].count("GatherBlockQuantized") == 1
+    got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
+    assert got == want
