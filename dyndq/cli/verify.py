@@ -1,9 +1,12 @@
 """`dyndq verify`: a quantized ONNX model checked against its source, weight by weight and output
 by output (dyndq.verify, docs/verify.md).  Exit 0 when every weight is faithful (identical, round
-to nearest, or left float with the source's values), 1 on findings, 2 on usage."""
+to nearest, or left float with the source's values) and every output within --tolerance, 1 on
+findings, 2 on usage."""
 from __future__ import annotations
 
 import json
+
+import numpy as np
 
 from dyndq.cli.common import Command
 from dyndq.cli.run import input_samples
@@ -11,6 +14,9 @@ from dyndq.cli.exits import OK, PROBLEMS, UsageError
 
 
 def _add_parser(sub) -> None:
+    from dyndq.verification import TOLERANCE
+    from dyndq.verification.blame import TOP
+
     p = sub.add_parser("verify", help="check a quantized model against its float model or checkpoint, weight by weight",
                        description="Match each quantized weight of QUANTIZED (our DynamicDequantize, DequantizeLinear, "
                                    "MatMulNBits, GatherBlockQuantized) to its tensor in SOURCE (a float ONNX model, a "
@@ -29,6 +35,14 @@ def _add_parser(sub) -> None:
                    help="without --input/--inputs-dir: the number of seeded samples (default 4)")
     p.add_argument("--seed", type=int, default=0, help="the seed of the seeded samples (default 0)")
     p.add_argument("--weights-only", action="store_true", help="compare the weights only, not the outputs")
+    p.add_argument("--tolerance", metavar="REL", default=None,
+                   help="an output whose relative error ||q - f|| / ||f|| is above REL on any engine is a finding "
+                        f"(default {TOLERANCE:g}; docs/verify.md says why)")
+    p.add_argument("--blame", action="store_true",
+                   help="rank the weights by the output error each gives alone in the float source, even when "
+                        "every output is within the tolerance (one run of the float model per weight)")
+    p.add_argument("--blame-top", type=int, default=None, metavar="N",
+                   help=f"keep the N weights most to blame (default {TOP})")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/verify.md's schema)")
 
 
@@ -39,16 +53,38 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--samples {args.samples}: a whole number >= 1")
     if args.weights_only and (args.input or args.inputs_dir):
         raise UsageError("--input and --inputs-dir are for comparing the outputs; --weights-only compares none")
+    tolerance = _tolerance(args.tolerance)
+    if args.blame_top is not None and args.blame_top < 1:
+        raise UsageError(f"--blame-top {args.blame_top}: a whole number >= 1")
+    if args.blame and args.weights_only:
+        raise UsageError("--blame runs the float source on the inputs; --weights-only runs nothing")
+    if args.blame and not args.against.lower().endswith(".onnx"):
+        raise UsageError(f"--blame runs the float source: {args.against} is a checkpoint, not an ONNX model to run")
     inputs = None if args.weights_only else input_samples(args, args.against) if args.against.lower().endswith(".onnx") \
         else None
     report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
-                    outputs=not args.weights_only)
+                    outputs=not args.weights_only, tolerance=tolerance, blame=True if args.blame else None,
+                    blame_top=args.blame_top)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         print(report.summary())
         print("\n".join(report.table()))
     return OK if report.faithful else PROBLEMS
+
+
+def _tolerance(text: str | None) -> float:
+    from dyndq.verification import TOLERANCE
+
+    if text is None:
+        return TOLERANCE
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (np.isfinite(value) and value >= 0):
+        raise UsageError(f"--tolerance {text}: a relative error, a finite number >= 0 (e.g. 0.5)")
+    return value
 
 
 VERIFY = Command("verify", _add_parser, cmd_verify, subject="quantized")
