@@ -38,12 +38,14 @@ class Blame:
     relative: float  # ||q - f|| / ||f|| of that output over every sample, only this weight swapped
     cosine: float
     share: float | None = None
+    read_by: str | None = None  # the source's node reading it (an exporter's "/layer.3/.../value/MatMul")
 
     def as_dict(self) -> dict:
         out = {"weight": self.weight, "source": self.source, "status": self.status, "output": self.output,
                "relative": self.relative, "cosine": self.cosine}
-        if self.kind:
-            out["kind"] = self.kind
+        for key in ("kind", "read_by"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         if self.share is not None:
             out["share"] = self.share
         return out
@@ -51,7 +53,8 @@ class Blame:
     def line(self) -> str:
         status = f"{self.status} {self.kind}" if self.kind else self.status
         share = f"  share {self.share:.3f}" if self.share is not None else ""
-        return (f"{self.weight} <- {self.source} ({status}): {self.output} relative {self.relative:.3g}  "
+        read = f" read by {self.read_by}" if self.read_by else ""
+        return (f"{self.weight} <- {self.source}{read} ({status}): {self.output} relative {self.relative:.3g}  "
                 f"cosine {self.cosine:.6f}{share}")
 
 
@@ -93,6 +96,11 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
                 for n in names:
                     stats[n].add(np.asarray(w[n]).reshape(-1), np.asarray(got[n]).reshape(-1))
         per_weight.append((v, stats))
+    readers: dict[str, list[str]] = {}
+    for node in source.graph.node:
+        for name in set(node.input):
+            if node.name:
+                readers.setdefault(name, []).append(node.name)
     squared = {n: sum(_squared(s[n].relative) for _, s in per_weight) for n in names}
     out = []
     for v, stats in per_weight:
@@ -101,7 +109,8 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
         worst = max(names, key=lambda n: _rank(stats[n].relative))
         rel = stats[worst].relative
         share = _squared(rel) / squared[worst] if squared[worst] and np.isfinite(squared[worst]) else None
-        out.append(Blame(v.weight, v.source, v.status, v.kind, worst, rel, stats[worst].cosine, share))
+        out.append(Blame(v.weight, v.source, v.status, v.kind, worst, rel, stats[worst].cosine, share,
+                         ", ".join(readers.get(v.source, [])) or None))
     out.sort(key=lambda b: -_rank(b.relative))
     how = (f"each of {len(per_weight)} weight(s) alone in the float source, on {SAID[engine]}, "
            f"{len(feeds)} sample(s)" + (f"; {'; '.join(said)}" if said else "")

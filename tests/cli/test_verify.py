@@ -99,7 +99,7 @@ def test_a_planted_fault_moves_the_outputs_past_the_tolerance_and_is_blamed_firs
     assert out[0].endswith("; 1 finding(s), 2 output(s) beyond relative error 0.5")
     assert sum("beyond the tolerance 0.5" in x for x in out) == 2
     head = out.index(next(x for x in out if x.startswith("  to blame (")))
-    assert out[head + 1].startswith("    W2_Q4 <- W2 (layout nibble-order): logits relative ")
+    assert out[head + 1].startswith("    W2_Q4 <- W2 read by fc2 (layout nibble-order): logits relative ")
 
 
 def test_the_tolerance_alone_makes_exit_1_and_blame_asked_for_keeps_exit_0(files, capsys):

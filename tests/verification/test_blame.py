@@ -49,7 +49,9 @@ def test_a_planted_weight_moves_the_outputs_past_the_tolerance_and_is_blamed_fir
     others = [b for b in report.blame if b.source != weight]
     assert all(b.relative < 0.2 for b in others)  # (round to nearest's own error)
     line = next(x for x in report.table() if x.strip().startswith(first.weight))
-    assert line.startswith(f"    {first.weight} <- {weight} ({status}") and "logits relative" in line
+    reader = {"W2": "fc2", "W3": "fc3"}[weight]  # (the source's node reading it: which layer, in the exporter's words)
+    assert first.read_by == reader and first.as_dict()["read_by"] == reader
+    assert line.startswith(f"    {first.weight} <- {weight} read by {reader} ({status}") and "logits relative" in line
 
 
 def test_blame_is_the_float_source_with_that_one_weight_swapped(source, quantized):
