@@ -11,9 +11,10 @@ How the widths are chosen:
 2. its sensitivity: the model's output error with only that weight at that choice (the others
    float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
    evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
-   session runs them all: the weights quantized are made graph inputs, fed float or
-   dequantized.  A weight that cannot be fed so (a nested graph's, a function's) and a
-   model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
+   session runs them all (quantization/swapped.py, which verify's blame shares): the weights
+   quantized are made graph inputs, fed float or dequantized.  A weight that cannot be fed so (a
+   nested graph's, a function's) and a model ONNX Runtime cannot run fall back to the weight's own
+   squared reconstruction error;
 3. each weight's choices on their lower convex hull (bytes against error), and the steps up the
    hulls ordered by error saved per byte: the allocation at a budget is the longest prefix of
    that one order that fits (so a larger budget takes every step a smaller one took), then

@@ -66,7 +66,9 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
     from dyndq.wording import first_line
 
     swappable = held(source)
-    chosen = [v for v in verdicts if v.source in swappable and v.decoded is not None and v.error != 0.0]
+    differ = [v for v in verdicts if v.source is not None and v.decoded is not None and v.error != 0.0]
+    chosen = [v for v in differ if v.source in swappable]
+    skipped = [f"{v.weight} (its source tensor is not a weight of the main graph)" for v in differ if v not in chosen]
     if not chosen:
         return [], "no weight differs from its source tensor: none to blame"
     floats = {v.source: source_values(v.source) for v in chosen}
@@ -82,7 +84,6 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
         return [], "not measured: " + "; ".join(said)
     names = [n for n, v in want[0].items() if all(is_float_output(w[n]) for w in want)]
     per_weight: list[tuple[object, dict[str, ErrorStats]]] = []
-    skipped = []
     for v in chosen:
         f = floats[v.source]
         value = np.asarray(v.decoded())

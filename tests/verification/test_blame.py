@@ -118,3 +118,16 @@ def test_a_checkpoint_source_says_blame_was_not_measured(tmp_path):
     imported, _ = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf")
     report = dyndq.verify(imported, tmp_path / "m.gguf", blame=True)
     assert report.blame == [] and "not measured: the source is a GGUF checkpoint" in report.blame_note
+
+
+def test_blame_runs_on_the_reference_engine_where_onnx_runtime_cannot_run_the_source():
+    """ONNX Runtime has no bfloat16 MatMul: the swaps run on the reference engine, said."""
+    import ml_dtypes
+    from quantize_models import mlp
+
+    source = mlp(k=64, n=32, dtype=ml_dtypes.bfloat16)
+    ours, _ = dyndq.quantize(source, evaluate=False, bits=8, group_size=32)
+    report = dyndq.verify(ours, source, samples=1, blame=True)
+    assert report.blame and {b.status for b in report.blame} == {"rtn"}
+    assert "on the reference engine (our kernel)" in report.blame_note
+    assert "ONNX Runtime cannot run the source" in report.blame_note
