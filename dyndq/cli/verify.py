@@ -13,17 +13,21 @@ from dyndq.cli.run import input_samples
 from dyndq.cli.exits import OK, PROBLEMS, UsageError
 
 
-def _add_parser(sub) -> None:
-    from dyndq.verification import TOLERANCE
-    from dyndq.verification.blame import TOP
+# (dyndq.verification.TOLERANCE and blame.TOP, written here: importing the package would read the
+# checkpoint readers at every command's start; tests/cli/test_verify.py holds the two equal)
+TOLERANCE_SAID, TOP_SAID = "0.5", "10"
 
+
+def _add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check a quantized model against its float model or checkpoint, weight by weight",
                        description="Match each quantized weight of QUANTIZED (our DynamicDequantize, DequantizeLinear, "
                                    "MatMulNBits, GatherBlockQuantized) to its tensor in SOURCE (a float ONNX model, a "
                                    ".gguf file, a safetensors checkpoint) and say what it is: identical, rtn (ONNX "
                                    "Runtime's round to nearest, the rule named), requantized, layout (with its kind), "
                                    "differs, unmatched, float. With an ONNX SOURCE, also compare the outputs on both "
-                                   "engines. Exit 0 when every weight is faithful, 1 on findings (docs/verify.md).")
+                                   "engines, each held to --tolerance, and say which weights moved them (--blame). Exit 0 "
+                                   "when every weight is faithful and every output within the tolerance, 1 on "
+                                   "findings (docs/verify.md).")
     p.add_argument("quantized", metavar="QUANTIZED.onnx")
     p.add_argument("--against", required=True, metavar="SOURCE", help="the float ONNX model, .gguf or safetensors "
                                                                         "checkpoint QUANTIZED was made from")
@@ -37,12 +41,12 @@ def _add_parser(sub) -> None:
     p.add_argument("--weights-only", action="store_true", help="compare the weights only, not the outputs")
     p.add_argument("--tolerance", metavar="REL", default=None,
                    help="an output whose relative error ||q - f|| / ||f|| is above REL on any engine is a finding "
-                        f"(default {TOLERANCE:g}; docs/verify.md says why)")
+                        f"(default {TOLERANCE_SAID}; docs/verify.md says why)")
     p.add_argument("--blame", action="store_true",
                    help="rank the weights by the output error each gives alone in the float source, even when "
                         "every output is within the tolerance (one run of the float model per weight)")
     p.add_argument("--blame-top", type=int, default=None, metavar="N",
-                   help=f"keep the N weights most to blame (default {TOP})")
+                   help=f"keep the N weights most to blame (default {TOP_SAID})")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/verify.md's schema)")
 
 

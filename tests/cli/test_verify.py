@@ -114,3 +114,16 @@ def test_the_tolerance_alone_makes_exit_1_and_blame_asked_for_keeps_exit_0(files
     assert report["faithful"] is True and len(report["blame"]) == 2
     assert report["blame"][0]["relative"] >= report["blame"][1]["relative"]
     assert {b["status"] for b in report["blame"]} == {"rtn"} and "2 largest shown" in report["blame_note"]
+
+
+def test_the_help_says_the_defaults_verify_uses(capsys):
+    import importlib
+
+    cli = importlib.import_module("dyndq.cli.verify")  # (dyndq.cli.verify may name the command, not the module)
+    from dyndq.verification import TOLERANCE
+    from dyndq.verification.blame import TOP
+
+    assert (float(cli.TOLERANCE_SAID), int(cli.TOP_SAID)) == (TOLERANCE, TOP)
+    assert main(["verify", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"(default {TOLERANCE:g};" in said and f"(default {TOP})" in said
