@@ -103,7 +103,7 @@ def test_the_tolerance_alone_makes_outputs_a_finding(source, quantized):
 
 
 @pytest.mark.parametrize("kw", [dict(tolerance=-0.1), dict(tolerance=float("nan")), dict(tolerance=float("inf")),
-                                dict(tolerance="0.5"), dict(blame_top=0), dict(blame=True, outputs=False)])
+                                dict(tolerance="0.5"), dict(tolerance=True), dict(blame_top=0), dict(blame=True, outputs=False)])
 def test_bad_settings_are_refused(source, quantized, kw):
     with pytest.raises(ValueError):
         dyndq.verify(quantized, source, samples=1, **kw)
