@@ -11,17 +11,7 @@ from onnx import numpy_helper as nh
 import dyndq
 
 pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
-from verify_models import copy_of, float_model, init, nbits, nibbles_swapped, node_of, replace  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def source():
-    return float_model()
-
-
-@pytest.fixture(scope="module")
-def quantized(source):
-    return nbits(source)
+from verify_models import copy_of, init, nibbles_swapped, node_of, replace  # noqa: E402
 
 
 def scales_tripled(model, weight):
