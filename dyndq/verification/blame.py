@@ -70,7 +70,8 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
     chosen = [v for v in differ if v.source in swappable]
     skipped = [f"{v.weight} (its source tensor is not a weight of the main graph)" for v in differ if v not in chosen]
     if not chosen:
-        return [], "no weight differs from its source tensor: none to blame"
+        return [], ("not measured: " + ", ".join(skipped)) if skipped else \
+            "no weight differs from its source tensor: none to blame"
     floats = {v.source: source_values(v.source) for v in chosen}
     said = []
     for engine in ENGINES:
@@ -83,6 +84,8 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
     else:
         return [], "not measured: " + "; ".join(said)
     names = [n for n, v in want[0].items() if all(is_float_output(w[n]) for w in want)]
+    if not names:
+        return [], "not measured: the source has no finite float output to compare"
     per_weight: list[tuple[object, dict[str, ErrorStats]]] = []
     for v in chosen:
         f = floats[v.source]
@@ -105,8 +108,6 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
     squared = {n: sum(_squared(s[n].relative) for _, s in per_weight) for n in names}
     out = []
     for v, stats in per_weight:
-        if not names:
-            break
         worst = max(names, key=lambda n: _rank(stats[n].relative))
         rel = stats[worst].relative
         share = _squared(rel) / squared[worst] if squared[worst] and np.isfinite(squared[worst]) else None

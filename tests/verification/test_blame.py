@@ -121,3 +121,9 @@ def test_blame_runs_on_the_reference_engine_where_onnx_runtime_cannot_run_the_so
     assert report.blame and {b.status for b in report.blame} == {"rtn"}
     assert "on the reference engine (our kernel)" in report.blame_note
     assert "ONNX Runtime cannot run the source" in report.blame_note
+
+
+def test_a_model_against_itself_has_nothing_to_blame(source):
+    report = dyndq.verify(source, source, samples=1, blame=True)
+    assert report.faithful and report.blame == [] and report.blame_note.endswith("none to blame")
+    assert "  to blame: no weight differs from its source tensor: none to blame" in report.table()
