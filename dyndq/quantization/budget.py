@@ -11,9 +11,10 @@ How the widths are chosen:
 2. its sensitivity: the model's output error with only that weight at that choice (the others
    float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
    evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
-   session runs them all: the weights quantized are made graph inputs, fed float or
-   dequantized.  A weight that cannot be fed so (a nested graph's, a function's) and a
-   model ONNX Runtime cannot run fall back to the weight's own squared reconstruction error;
+   session runs them all (quantization/swapped.py, which verify's blame shares): the weights
+   quantized are made graph inputs, fed float or dequantized.  A weight that cannot be fed so (a
+   nested graph's, a function's) and a model ONNX Runtime cannot run fall back to the weight's own
+   squared reconstruction error;
 3. each weight's choices on their lower convex hull (bytes against error), and the steps up the
    hulls ordered by error saved per byte: the allocation at a budget is the longest prefix of
    that one order that fits (so a larger budget takes every step a smaller one took), then
@@ -37,11 +38,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dyndq.opdefs import Problem
-from dyndq.plumbing.light import initializers_as_inputs, stored_bytes
+from dyndq.plumbing.light import stored_bytes
 from dyndq.plumbing.names import NameScope
 from dyndq.plumbing.walk import is_constant_node
 from dyndq.quantization import formats
 from dyndq.quantization.numerics import ScaleOutOfRange
+from dyndq.quantization.swapped import Swapped, held, is_float_output as _is_float
 
 
 class BudgetError(ValueError):
@@ -269,25 +271,17 @@ def _own_error(weight: np.ndarray, c: Candidate) -> float:
 def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
     """(run(weights) -> relative squared output error with `weights` ({key: QuantizedWeight})
     dequantized and the rest float, how it is measured), or (None, why it falls back)."""
-    held = {t.name for t in model.graph.initializer} | {n.output[0] for n in model.graph.node if is_constant_node(n)}
-    main = [k for k in keys if k[0] == "main" and k[1] in held]  # (initializers and Constant nodes of the main graph)
+    main = [k for k in keys if k[0] == "main" and k[1] in held(model)]  # (initializers and Constant nodes of the main graph)
     own = "; the others by their own squared reconstruction error" if len(main) < len(keys) else ""
     try:
         from dyndq.quantization.evaluate import SAMPLES, seeded_samples
-        from dyndq.runner import Runner
 
         if not main:
             raise ValueError("no weight is a constant of the main graph")
-        # the model with those weights as graph inputs, fed the float weight or a dequantized one each
-        # run; the other initializers whose data is on disk read into it
-        probe = initializers_as_inputs(model, {k[1] for k in main})
-        for t in probe.graph.initializer:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                t.CopyFrom(numpy_helper.from_array(array_of(t), t.name))
+        # the model with those weights as graph inputs, fed the float weight or a dequantized one each run
         samples = seeded_samples(model, seed, SAMPLES) if feeds is None else list(feeds)
-        floats = {k[1]: arrays[k] for k in main}
-        session = Runner(probe, "onnxruntime")
-        want = [session({**f, **floats}) for f in samples]
+        session = Swapped(model, {k[1]: arrays[k] for k in main}, "onnxruntime", array_of)
+        want = [session(f) for f in samples]
         norm = sum(float(np.sum(v.astype(np.float64) ** 2)) for w in want for v in w.values() if _is_float(v))
     except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot run: the data-free fallback, said
         from dyndq.wording import first_line
@@ -295,7 +289,7 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
         return None, f"each weight's own squared reconstruction error (the model could not be run: {first_line(e)})"
 
     def run(chosen: dict) -> float:
-        fed, own_errors = dict(floats), 0.0
+        fed, own_errors = {}, 0.0
         for k, q in chosen.items():
             if k in main:
                 fed[k[1]] = dequantized(q, arrays[k].dtype)
@@ -303,7 +297,7 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
                 own_errors += _own_error(arrays[k], Candidate("", q, 0, q.stats.relative)) / max(norm, 1e-30)
         err = 0.0
         for f, w in zip(samples, want):
-            got = session({**f, **fed})
+            got = session(f, fed)
             err += sum(float(np.sum((got[n].astype(np.float64) - v.astype(np.float64)) ** 2))
                        for n, v in w.items() if _is_float(v))
         return (err / norm if norm else err) + own_errors
@@ -315,11 +309,6 @@ def _runner(model: onnx.ModelProto, keys, arrays, feeds, seed: int, array_of):
 def dequantized(q, dtype) -> np.ndarray:
     """The weight the graph gives back for `q` (its format's dequantize: our kernel, as its nodes)."""
     return formats.of(q).dequantize(q, dtype)
-
-
-def _is_float(v) -> bool:
-    return isinstance(v, np.ndarray) and (v.dtype.kind == "f" or v.dtype.name == "bfloat16") and np.isfinite(
-        v.astype(np.float32)).all()
 
 
 def weight_arrays(model: onnx.ModelProto, targets, array_of=numpy_helper.to_array) -> dict:

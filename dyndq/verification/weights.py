@@ -14,7 +14,8 @@ but neither of those), unmatched, float (a weight left float, equal to its sourc
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -39,6 +40,9 @@ class WeightVerdict:
     rule: str | None = None  # the RTN rule compared against, named
     matched: str | None = None  # how the source was found
     note: str = ""
+    # the weight's values as the source tensor is laid out (its decode, evaluated on demand: blame.py
+    # swaps them into the float source); None for an unmatched weight
+    decoded: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict:
         out = {"weight": self.weight, "source": self.source, "status": self.status}
@@ -236,7 +240,7 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
         tensor, how, name, variant, values = found
         taken.add(tensor)
         verdict = _judge(model, variant, values, source, tensor, how)
-        verdict.weight = shown(variant, name)
+        verdict.weight, verdict.decoded = shown(variant, name), _decoded(model, variant)
         verdicts.append(verdict)
     for d, value in pending:  # by shape and closeness, once the named ones are taken
         best = by_closeness(value.shape, value, source, taken, _reads(d.reader))
@@ -246,7 +250,7 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
             continue
         taken.add(best[0])
         verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
-        verdict.weight = shown(d, d.value)
+        verdict.weight, verdict.decoded = shown(d, d.value), _decoded(model, d)
         verdicts.append(verdict)
     for name, reader in floats.items():
         ours = stored(model, name)
@@ -259,8 +263,13 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
         theirs = _theirs(source, found[0], ours.shape, reader)
         equal = C.same_bits(ours.astype(np.float32), theirs.astype(np.float32))
         verdicts.append(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
-                                      matched=found[1], note="left float" + ("" if equal else ", not the source's values")))
+                                      matched=found[1], note="left float" + ("" if equal else ", not the source's values"),
+                                      decoded=lambda model=model, name=name: stored(model, name)))
     return verdicts, [n for n in source.names() if n not in taken]
+
+
+def _decoded(model: onnx.ModelProto, d: Decode) -> Callable[[], np.ndarray]:
+    return lambda: value_of(model, d)
 
 
 def _theirs(source, name: str, shape, reader: str) -> np.ndarray:

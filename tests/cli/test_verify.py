@@ -57,7 +57,9 @@ def test_json_has_the_documented_schema(files, capsys):
     assert {(w["source"], w["status"]) for w in report["weights"]} == {("W1", "rtn"), ("W2", "rtn"), ("W3", "rtn"),
                                                                        ("E", "float")}
     assert {(o["engine"], o["name"]) for o in report["outputs"]} == {("reference", "logits"), ("onnxruntime", "logits")}
-    assert all(set(o) == {"engine", "setting", "name", "cosine", "relative", "top1", "kl"} for o in report["outputs"])
+    assert all(set(o) == {"engine", "setting", "name", "cosine", "relative", "top1", "kl", "within"}
+               for o in report["outputs"])
+    assert report["tolerance"] == 0.5 and all(o["within"] for o in report["outputs"])
 
 
 def test_each_level_asked_is_compared_and_a_faithful_model_exits_0(files, capsys):
@@ -116,8 +118,50 @@ def test_a_gguf_checkpoint_as_the_source(tmp_path, capsys):
     (["verify", "{q}", "--against", "{f}", "--level", "disabled"], "argument --level: invalid choice: 'disabled'"),
     (["verify", "{q}", "--against", "{f}", "--engine", "reference", "--level", "all"], "a level is ONNX Runtime's"),
     (["verify", "{q}", "--against", "{f}", "--weights-only", "--level", "all"], "--engine and --level are for comparing"),
+    (["verify", "{q}", "--against", "{f}", "--tolerance", "abc"], "--tolerance abc: a relative error"),
+    (["verify", "{q}", "--against", "{f}", "--tolerance", "-0.1"], "--tolerance -0.1: a relative error"),
+    (["verify", "{q}", "--against", "{f}", "--tolerance", "nan"], "--tolerance nan: a relative error"),
+    (["verify", "{q}", "--against", "{f}", "--blame-top", "0"], "--blame-top 0"),
+    (["verify", "{q}", "--against", "{f}", "--blame", "--weights-only"], "--weights-only runs nothing"),
+    (["verify", "{q}", "--against", "{d}/m.gguf", "--blame"], "is a checkpoint, not an ONNX model to run"),
 ])
 def test_usage_errors_exit_2(files, capsys, argv, said):
     argv = [a.format(q=files / "q.onnx", f=files / "float.onnx", d=files) for a in argv]
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_planted_fault_moves_the_outputs_past_the_tolerance_and_is_blamed_first(files, capsys):
+    assert main(["verify", str(files / "swapped.onnx"), "--against", str(files / "float.onnx"), "--samples", "2"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("; 1 finding(s), 2 output(s) beyond relative error 0.5")
+    assert sum("beyond the tolerance 0.5" in x for x in out) == 2
+    head = out.index(next(x for x in out if x.startswith("  to blame (")))
+    assert out[head + 1].startswith("    W2_Q4 <- W2 read by fc2 (layout nibble-order): logits relative ")
+
+
+def test_the_tolerance_alone_makes_exit_1_and_blame_asked_for_keeps_exit_0(files, capsys):
+    q, f = str(files / "q.onnx"), str(files / "float.onnx")
+    assert main(["verify", q, "--against", f, "--samples", "1", "--tolerance", "0.001"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("; 2 output(s) beyond relative error 0.001") and "  to blame (" in out
+    assert main(["verify", q, "--against", f, "--samples", "1"]) == 0
+    assert "to blame" not in capsys.readouterr().out
+    assert main(["verify", q, "--against", f, "--samples", "1", "--blame", "--blame-top", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["faithful"] is True and len(report["blame"]) == 2
+    assert report["blame"][0]["relative"] >= report["blame"][1]["relative"]
+    assert {b["status"] for b in report["blame"]} == {"rtn"} and "2 largest shown" in report["blame_note"]
+
+
+def test_the_help_says_the_defaults_verify_uses(capsys):
+    import importlib
+
+    cli = importlib.import_module("dyndq.cli.verify")  # (dyndq.cli.verify may name the command, not the module)
+    from dyndq.verification import TOLERANCE
+    from dyndq.verification.blame import TOP
+
+    assert (float(cli.TOLERANCE_SAID), int(cli.TOP_SAID)) == (TOLERANCE, TOP)
+    assert main(["verify", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"(default {TOLERANCE:g};" in said and f"(default {TOP})" in said

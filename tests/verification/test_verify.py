@@ -15,7 +15,7 @@ import dyndq
 ort_quant = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")  # (needs onnx_ir: the test extra)
 from onnxruntime.quantization import QuantFormat  # noqa: E402
 
-from verify_models import (blocks_reversed, copy_of, float_model, init, nbits, nibbles_swapped, ort_quantized,  # noqa: E402
+from verify_models import (blocks_reversed, copy_of, init, nbits, nibbles_swapped, ort_quantized,  # noqa: E402
                            replace, requantized, transposed_square, zero_points_plus_one)
 
 def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
@@ -34,16 +34,6 @@ def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
     quantize_static(folder / "float.onnx", folder / "qdq.onnx", Samples(), quant_format=QuantFormat.QDQ,
                     weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul"])
     return onnx.load(folder / "qdq.onnx")
-
-
-@pytest.fixture(scope="module")
-def source():
-    return float_model()
-
-
-@pytest.fixture(scope="module")
-def quantized(source):
-    return nbits(source)
 
 
 def test_onnxruntimes_matmulnbits_output_verifies_as_round_to_nearest(source, quantized):
