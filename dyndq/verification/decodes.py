@@ -168,3 +168,49 @@ def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarra
 
 def stored(model: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(_initializers(model)[name])
+
+
+def scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
+    """(where, a model to search with `find`) for the main graph and every If/Loop/Scan body at any
+    depth, model-local functions inlined at their calls first (onnx's own inliner: a weight a
+    function holds, or is given as an input, is then the caller's, decoded where it is called).
+    A body's model holds the nodes and initializers of the graphs enclosing it before its own
+    (what its nodes may read by name), so a decode in it, or read in it, is found as in the main
+    graph; each scope's Constant tensors are initializers there (a function's weights are
+    Constants), so their codes are compared as stored codes are."""
+    from dyndq.plumbing.walk import subgraph_path, subgraphs
+
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    out = []
+
+    def visit(where: str, graph: onnx.GraphProto, nodes: list, inits: list) -> None:
+        constants = [n for n in graph.node if _constant_tensor(n)]
+        nodes = nodes + [n for n in graph.node if not _constant_tensor(n)]
+        inits = inits + list(graph.initializer) + [_as_initializer(n) for n in constants]
+        if where == "main" and not constants:
+            out.append((where, model))  # (the model itself: no copy of a big model's weights)
+        else:
+            scope = helper.make_model(helper.make_graph(nodes, where, [], [], inits),
+                                      opset_imports=list(model.opset_import), ir_version=model.ir_version)
+            out.append((where, scope))
+        for i, node in enumerate(graph.node):
+            for label, g in subgraphs(node):
+                visit(subgraph_path(where, node, i, label), g, nodes, inits)
+
+    visit("main", model.graph, [], [])
+    return out
+
+
+def _constant_tensor(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 and \
+        any(a.name == "value" for a in node.attribute)
+
+
+def _as_initializer(node: onnx.NodeProto) -> onnx.TensorProto:
+    t = onnx.TensorProto()
+    t.CopyFrom(next(a.t for a in node.attribute if a.name == "value"))
+    t.name = node.output[0]
+    return t

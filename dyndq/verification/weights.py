@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation, relative_error
 from dyndq.verification import codes as C
-from dyndq.verification.decodes import Decode, find, index_map, lifted, stored, value_of
+from dyndq.verification.decodes import Decode, find, index_map, lifted, scopes, stored, value_of
 
 FAITHFUL = ("identical", "rtn", "float")
 _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")
@@ -115,6 +115,9 @@ class CheckpointSource:
         self.checkpoint = checkpoint
         self.tensors = {t.name: t for t in checkpoint.tensors()}
         self._cache: dict[str, np.ndarray] = {}
+        from dyndq.verification.layouts import WrongLayouts
+
+        self._wrong = WrongLayouts(checkpoint, self.tensors)
 
     def names(self) -> list[str]:
         return list(self.tensors)
@@ -144,6 +147,12 @@ class CheckpointSource:
         way = orientation(self.tensors[name].shape, w)
         v = self.values(name)
         return v.T if way == TRANSPOSED else v
+
+    def wrong_layouts(self, name: str, shape, reads) -> list[tuple[str, str, np.ndarray]]:
+        """(kind, note, values as the model reads them) of each known wrong reading of tensor `name`
+        (layouts.py: llama.cpp's Q/K rows not un-permuted, AWQ's nibbles read in plain order)."""
+        way = orientation(self.tensors[name].shape, Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads)))
+        return [(kind, note, v.T if way == TRANSPOSED else v) for kind, note, v in self._wrong.of(name)]
 
 
 def _reads(reader: str) -> set:
@@ -196,20 +205,34 @@ def _screened(flat: dict, theirs: np.ndarray, source, name: str) -> float:
 # -- the verdicts ------------------------------------------------------------------------------
 
 def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
-    """(a verdict per weight of `quantized`, the source tensors no weight matched)."""
-    model = lifted(quantized)
-    decodes, floats = find(model)
+    """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
+    sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
+    their calls (decodes.scopes); one found in a body says where in its note."""
     known = {t.name for t in quantized.graph.initializer} | {o for n in quantized.graph.node for o in n.output}
+    decodes, floats, seen = [], [], set()  # (where, the scope's model, a decode or float weight), each value once
+    for where, model in scopes(lifted(quantized)):
+        found_decodes, found_floats = find(model)
+        decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
+        seen.update(d.value for d in found_decodes)
+        floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
+        seen.update(found_floats)
+    readers = {}  # (the reader nodes of each scope, once)
 
     def shown(d: Decode, name: str) -> str:
         """A name the user's file holds: the value read, or the stored codes of a form the lift rewrote."""
         return next((n for n in (name, d.value, d.codes_name) if n in known), name)
-    made_by_reader = _reader_nodes(model)
+
+    def placed(verdict: WeightVerdict, where: str) -> WeightVerdict:
+        if where != "main":
+            verdict.note = f"in {where}" + (f"; {verdict.note}" if verdict.note else "")
+        return verdict
     shared = isinstance(source, CheckpointSource)  # (a checkpoint tensor may stand for several weights: tied)
     taken: set = set()
     verdicts = []
     pending = []
-    for d in decodes:
+    for where, model, d in decodes:
+        if id(model) not in readers:
+            readers[id(model)] = _reader_nodes(model)
         found = None
         for name, variant, said in _names_of(model, d):  # the value read, then the values before it
             values = None
@@ -224,42 +247,43 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
             if found:
                 break
         if found is None:  # through the reader node the lift kept the name of (MatMulNBits "fc1_Q4")
-            node, index = made_by_reader.get(d.value, (None, None))
+            node, index = readers[id(model)].get(d.value, (None, None))
             tensor = source.by_reader(node, index)
             if tensor is not None and tensor not in taken:
                 values = value_of(model, d)
                 if source.fits(tensor, values.shape, _reads(d.reader)):
                     found = (tensor, "by its reader node", d.value, d, values)
         if found is None:
-            pending.append((d, value_of(model, d)))
+            pending.append((where, model, d, value_of(model, d)))
             continue
         tensor, how, name, variant, values = found
         taken.add(tensor)
         verdict = _judge(model, variant, values, source, tensor, how)
         verdict.weight = shown(variant, name)
-        verdicts.append(verdict)
-    for d, value in pending:  # by shape and closeness, once the named ones are taken
+        verdicts.append(placed(verdict, where))
+    for where, model, d, value in pending:  # by shape and closeness, once the named ones are taken
         best = by_closeness(value.shape, value, source, taken, _reads(d.reader))
         if best is None:
-            verdicts.append(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape by name or "
-                                          f"within relative error {CLOSE_ENOUGH}"))
+            verdicts.append(placed(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape "
+                                                 f"by name or within relative error {CLOSE_ENOUGH}"), where))
             continue
         taken.add(best[0])
         verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
         verdict.weight = shown(d, d.value)
-        verdicts.append(verdict)
-    for name, reader in floats.items():
+        verdicts.append(placed(verdict, where))
+    for where, model, name, reader in floats:
         ours = stored(model, name)
         found = next(((t, how) for t, how in source.lookup(name) if (shared or t not in taken)
                       and source.fits(t, ours.shape, _reads(reader))), None)
         if found is None:
-            verdicts.append(WeightVerdict(name, None, "float", note="left float; no source tensor of its name"))
+            verdicts.append(placed(WeightVerdict(name, None, "float", note="left float; no source tensor of its name"), where))
             continue
         taken.add(found[0])
         theirs = _theirs(source, found[0], ours.shape, reader)
         equal = C.same_bits(ours.astype(np.float32), theirs.astype(np.float32))
-        verdicts.append(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
-                                      matched=found[1], note="left float" + ("" if equal else ", not the source's values")))
+        verdicts.append(placed(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
+                                             matched=found[1], note="left float" + ("" if equal else
+                                                                                     ", not the source's values")), where))
     return verdicts, [n for n in source.names() if n not in taken]
 
 
@@ -337,6 +361,10 @@ def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> 
                              note="left float" + ("" if equal else ", not the source's values"))
     if C.same_bits(ours32, theirs):
         return WeightVerdict(d.value, name, "identical", error=0.0, matched=how)
+    if source.kind == "checkpoint":  # (a known wrong reading of the checkpoint, bit for bit)
+        for kind, note, wrong in source.wrong_layouts(name, value.shape, _reads(d.reader)):
+            if wrong.shape == ours32.shape and C.same_bits(ours32, wrong.astype(np.float32)):
+                return WeightVerdict(d.value, name, "layout", kind=kind, error=error, matched=how, note=note)
     verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
     if verdict is not None and source.kind == "checkpoint" and verdict.status in ("rtn", "layout"):
         # (round to nearest of the checkpoint's dequantization: another route, which requantized it)
