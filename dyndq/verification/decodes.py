@@ -170,27 +170,40 @@ def stored(model: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(_initializers(model)[name])
 
 
+def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as verify searches it (a copy): model-local functions inlined at their calls
+    (onnx's own inliner: a weight a function holds, or is given as an input by its call, is then
+    the caller's, decoded where it is called), each graph's Constant tensors made initializers (a
+    function's weights are Constants), then lifted (`lifted`: inside a function, whose inputs
+    have no shapes, the lift leaves a DequantizeLinear alone; inlined, it is taken)."""
+    from onnx import inliner
+
+    from dyndq.plumbing.walk import graphs
+
+    out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
+    if not model.functions:
+        out.CopyFrom(model)
+    for g in graphs(out.graph):
+        constants = [n for n in g.node if _constant_tensor(n)]
+        for n in constants:
+            g.initializer.append(_as_initializer(n))
+            g.node.remove(n)
+    return lifted(out)
+
+
 def scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
     """(where, a model to search with `find`) for the main graph and every If/Loop/Scan body at any
-    depth, model-local functions inlined at their calls first (onnx's own inliner: a weight a
-    function holds, or is given as an input, is then the caller's, decoded where it is called).
-    A body's model holds the nodes and initializers of the graphs enclosing it before its own
+    depth, of a `prepared` model.  A body's model holds the nodes and initializers of the graphs enclosing it before its own
     (what its nodes may read by name), so a decode in it, or read in it, is found as in the main
-    graph; each scope's Constant tensors are initializers there (a function's weights are
-    Constants), so their codes are compared as stored codes are."""
+    graph."""
     from dyndq.plumbing.walk import subgraph_path, subgraphs
 
-    if model.functions:
-        from onnx import inliner
-
-        model = inliner.inline_local_functions(model)
     out = []
 
     def visit(where: str, graph: onnx.GraphProto, nodes: list, inits: list) -> None:
-        constants = [n for n in graph.node if _constant_tensor(n)]
-        nodes = nodes + [n for n in graph.node if not _constant_tensor(n)]
-        inits = inits + list(graph.initializer) + [_as_initializer(n) for n in constants]
-        if where == "main" and not constants:
+        nodes = nodes + list(graph.node)
+        inits = inits + list(graph.initializer)
+        if where == "main":
             out.append((where, model))  # (the model itself: no copy of a big model's weights)
         else:
             scope = helper.make_model(helper.make_graph(nodes, where, [], [], inits),
@@ -214,3 +227,44 @@ def _as_initializer(node: onnx.NodeProto) -> onnx.TensorProto:
     t.CopyFrom(next(a.t for a in node.attribute if a.name == "value"))
     t.name = node.output[0]
     return t
+
+
+class FunctionOrigins:
+    """Which model-local function a decode found after inlining comes from (scopes inlines them):
+    a decode computing a value the model's graphs do not name came from a function's body (the
+    inliner names a body's value NAME__N); a decode whose stored codes a call passes in is that
+    function's input."""
+
+    def __init__(self, model: onnx.ModelProto):
+        from dyndq.plumbing.walk import function_path, graphs
+
+        local = {(f.domain, f.name): f for f in model.functions}
+        self.named = {o for g in graphs(model.graph) for n in g.node for o in n.output} | \
+            {t.name for g in graphs(model.graph) for t in g.initializer}
+        self.bodies: dict[str, set] = {}  # a function body's value name -> the functions naming it
+        for f in model.functions:
+            for n in f.node:
+                for o in n.output:
+                    self.bodies.setdefault(o, set()).add(function_path(f))
+        self.inputs: dict[str, list] = {}  # a value a call passes in -> (function, formal input, call)
+        for g in graphs(model.graph):
+            for i, n in enumerate(g.node):
+                f = local.get((n.domain, n.op_type))
+                for value, formal in zip(n.input, f.input if f is not None else []):
+                    self.inputs.setdefault(value, []).append((function_path(f), formal, n.name or f"{n.op_type}#{i}"))
+
+    def of(self, d: Decode) -> str | None:
+        """How to say where the decode is, when it came from a function; None when it did not."""
+        import re
+
+        made = [o for n in d.nodes for o in n.output  # (a value the inliner renamed: NAME__N of a body's NAME)
+                if o and o not in self.named and re.sub(r"__\d+$", "", o) in self.bodies]
+        if not made:
+            return None
+        leaves = {i for n in d.nodes for i in n.input} - {o for n in d.nodes for o in n.output}
+        given = [c for leaf in sorted(leaves) for c in self.inputs.get(leaf, [])]
+        if given:  # (the first stored input the call gives: the codes, before the scales)
+            f, formal, call = given[0]
+            return f"in {f} (its input {formal!r}, given by call {call!r})"
+        functions = sorted({f for o in made for f in self.bodies[re.sub(r"__\d+$", "", o)]})
+        return f"in {' or '.join(functions)} (inlined at its call)"

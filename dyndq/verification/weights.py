@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation, relative_error
 from dyndq.verification import codes as C
-from dyndq.verification.decodes import Decode, find, index_map, lifted, scopes, stored, value_of
+from dyndq.verification.decodes import Decode, FunctionOrigins, find, index_map, prepared, scopes, stored, value_of
 
 FAITHFUL = ("identical", "rtn", "float")
 _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")
@@ -93,6 +93,8 @@ class OnnxSource:
     def by_reader(self, node: str | None, index: int | None) -> str | None:
         """The initializer the source's node of that name (less the lift's suffixes) reads at `index`."""
         for candidate in (node, bare(node or "")):
+            if not candidate:  # (an unnamed node names nothing: not the source's unnamed ones)
+                continue
             name = self.readers.get(candidate, {}).get(index)
             if name is not None:
                 return name
@@ -208,9 +210,14 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
     """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
     sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
     their calls (decodes.scopes); one found in a body says where in its note."""
-    known = {t.name for t in quantized.graph.initializer} | {o for n in quantized.graph.node for o in n.output}
+    from dyndq.plumbing.walk import graphs
+
+    known = {t.name for g in graphs(quantized.graph) for t in g.initializer} | \
+        {o for g in graphs(quantized.graph) for n in g.node for o in n.output}
+    origins = FunctionOrigins(quantized) if quantized.functions else None  # (named before `prepared` inlines them)
+    model = prepared(quantized)
     decodes, floats, seen = [], [], set()  # (where, the scope's model, a decode or float weight), each value once
-    for where, model in scopes(lifted(quantized)):
+    for where, model in scopes(model):
         found_decodes, found_floats = find(model)
         decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
         seen.update(d.value for d in found_decodes)
@@ -222,9 +229,11 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
         """A name the user's file holds: the value read, or the stored codes of a form the lift rewrote."""
         return next((n for n in (name, d.value, d.codes_name) if n in known), name)
 
-    def placed(verdict: WeightVerdict, where: str) -> WeightVerdict:
-        if where != "main":
-            verdict.note = f"in {where}" + (f"; {verdict.note}" if verdict.note else "")
+    def placed(verdict: WeightVerdict, where: str, d: Decode | None = None) -> WeightVerdict:
+        said = origins.of(d) if origins is not None and d is not None else None
+        said = said or (f"in {where}" if where != "main" else None)
+        if said:
+            verdict.note = said + (f"; {verdict.note}" if verdict.note else "")
         return verdict
     shared = isinstance(source, CheckpointSource)  # (a checkpoint tensor may stand for several weights: tied)
     taken: set = set()
@@ -260,17 +269,17 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
         taken.add(tensor)
         verdict = _judge(model, variant, values, source, tensor, how)
         verdict.weight = shown(variant, name)
-        verdicts.append(placed(verdict, where))
+        verdicts.append(placed(verdict, where, d))
     for where, model, d, value in pending:  # by shape and closeness, once the named ones are taken
         best = by_closeness(value.shape, value, source, taken, _reads(d.reader))
         if best is None:
             verdicts.append(placed(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape "
-                                                 f"by name or within relative error {CLOSE_ENOUGH}"), where))
+                                                 f"by name or within relative error {CLOSE_ENOUGH}"), where, d))
             continue
         taken.add(best[0])
         verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
         verdict.weight = shown(d, d.value)
-        verdicts.append(placed(verdict, where))
+        verdicts.append(placed(verdict, where, d))
     for where, model, name, reader in floats:
         ours = stored(model, name)
         found = next(((t, how) for t, how in source.lookup(name) if (shared or t not in taken)
