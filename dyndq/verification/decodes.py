@@ -48,8 +48,24 @@ def lifted(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+_INDEXED: dict[int, tuple[onnx.ModelProto, dict]] = {}  # id(model) -> (the model, its initializers by name)
+
+
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    return {t.name: t for t in model.graph.initializer}
+    """The model's initializers by name, indexed once per model verify searches (rebuilt for each
+    weight, it made a model of many weights cost its count squared); `forget` drops the index."""
+    hit = _INDEXED.get(id(model))
+    if hit is not None and hit[0] is model and len(hit[1]) == len(model.graph.initializer):
+        return hit[1]
+    index = {t.name: t for t in model.graph.initializer}
+    _INDEXED[id(model)] = (model, index)
+    return index
+
+
+def forget() -> None:
+    """Drop the initializers' indexes and the decodes' values (held for one verify)."""
+    _INDEXED.clear()
+    _VALUES.clear()
 
 
 def find(model: onnx.ModelProto) -> tuple[list[Decode], dict[str, str]]:
@@ -133,12 +149,44 @@ def _sub_model(model: onnx.ModelProto, nodes: list, output: str, inputs=()) -> o
     return sub
 
 
+_VALUES: dict[tuple[int, str], np.ndarray] = {}  # (id(model), value) -> its decode's value, computed with others
+
+
 def value_of(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
-    """The decode's float value, as the reference engine (our kernel) computes it."""
+    """The decode's float value, as the reference engine (our kernel) computes it (one `compute_all`
+    gave, or its nodes alone)."""
     from dyndq.reference import reference_evaluator
 
+    hit = _VALUES.get((id(model), decode.value))
+    if hit is not None and _INDEXED.get(id(model), (None,))[0] is model:
+        return hit
     sub = _sub_model(model, decode.nodes, decode.value)
     return np.asarray(reference_evaluator(sub).run(None, {})[0])
+
+
+def compute_all(model: onnx.ModelProto, decodes: list[Decode]) -> None:
+    """Every decode's value in one run of the reference engine over all their nodes (one model, one
+    session: a model per decode cost most of a verify of many small weights), held for `value_of`
+    until `forget`.  Where that run fails (a node the engine refuses), each is computed alone when
+    asked, and the failure said there."""
+    from dyndq.reference import reference_evaluator
+
+    if not decodes:
+        return
+    order = {id(n): i for i, n in enumerate(model.graph.node)}
+    nodes = {id(n): n for d in decodes for n in d.nodes}
+    outputs = list(dict.fromkeys(d.value for d in decodes))
+    sub = _sub_model(model, sorted(nodes.values(), key=lambda n: order.get(id(n), -1)), outputs[0])
+    del sub.graph.output[:]
+    sub.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in outputs)
+    try:
+        with np.errstate(all="ignore"):
+            got = reference_evaluator(sub).run(None, {})
+    except Exception:  # noqa: BLE001 - (computed alone instead, where the failure is said against its weight)
+        return
+    _initializers(model)  # (indexed: value_of's hits are checked against it)
+    for name, value in zip(outputs, got):
+        _VALUES[(id(model), name)] = np.asarray(value)
 
 
 def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarray | None:
@@ -149,7 +197,7 @@ def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarra
 
     if decode.decoder is None:
         return None
-    made_by = {o: n for n in model.graph.node for o in n.output}
+    made_by = {o: n for n in decode.nodes for o in n.output}  # (the decode's own: what lies between it and its decoder)
     nodes = []
     for n in decode.nodes:
         if n is decode.decoder:

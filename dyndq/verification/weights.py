@@ -22,7 +22,8 @@ from onnx import numpy_helper
 
 from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation, relative_error
 from dyndq.verification import codes as C
-from dyndq.verification.decodes import Decode, FunctionOrigins, find, index_map, prepared, scopes, stored, value_of
+from dyndq.verification.decodes import (Decode, FunctionOrigins, compute_all, find, forget, index_map, prepared, scopes,
+                                        stored, value_of)
 
 FAITHFUL = ("identical", "rtn", "float")
 _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")
@@ -210,6 +211,13 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
     """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
     sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
     their calls (decodes.scopes); one found in a body says where in its note."""
+    try:
+        return _verify_weights(quantized, source)
+    finally:
+        forget()  # (the decodes' values and indexes held for this verify let go)
+
+
+def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
     from dyndq.plumbing.walk import graphs
 
     known = {t.name for g in graphs(quantized.graph) for t in g.initializer} | \
@@ -219,6 +227,7 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
     decodes, floats, seen = [], [], set()  # (where, the scope's model, a decode or float weight), each value once
     for where, model in scopes(model):
         found_decodes, found_floats = find(model)
+        compute_all(model, [d for d in found_decodes if d.value not in seen])
         decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
         seen.update(d.value for d in found_decodes)
         floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
