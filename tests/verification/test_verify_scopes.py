@@ -129,3 +129,43 @@ def test_the_outputs_are_compared_through_branches_and_functions(engine):
     report = dyndq.verify(quantized_model(), source_model(), inputs=feeds)
     cosines = {(o.engine, o.name): o.cosine for o in report.outputs}
     assert (engine, "y") in cosines and cosines[(engine, "y")] > 0.99, (report.outputs, report.outputs_note)
+
+
+def loop_and_scan(*, quantized: bool) -> onnx.ModelProto:
+    """x -> a Loop of 2 iterations whose body adds MatMul(x, W1) to its carried value, and a Scan over
+    the rows of x whose body is MatMul(row, W2): W1 and W2 main initializers, decoded (quantized) in
+    the bodies from codes the main graph holds (W1) and the body holds (W2)."""
+    w = weights()
+    loop_nodes = ([dq("W1")] if quantized else []) + [helper.make_node("MatMul", ["x", "W1"], ["m"]),
+                                                      helper.make_node("Add", ["acc", "m"], ["acc_out"]),
+                                                      helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    loop_body = helper.make_graph(loop_nodes, "loop_body", [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("acc", TensorProto.FLOAT, [2, N])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2, N])])
+    scan_nodes = ([dq("W2")] if quantized else []) + [helper.make_node("MatMul", ["row", "W2"], ["row_out"])]
+    scan_body = helper.make_graph(scan_nodes, "scan_body", [helper.make_tensor_value_info("row", TensorProto.FLOAT, [K])],
+                                  [helper.make_tensor_value_info("row_out", TensorProto.FLOAT, [N])],
+                                  rtn(w["W2"], "W2") if quantized else [])
+    nodes = [helper.make_node("Loop", ["trips", "", "zeros"], ["looped"], name="repeat", body=loop_body),
+             helper.make_node("Scan", ["x"], ["scanned"], name="rows", body=scan_body, num_scan_inputs=1)]
+    inits = [numpy_helper.from_array(np.array(2, np.int64), "trips"), numpy_helper.from_array(np.zeros((2, N), np.float32), "zeros")]
+    inits += rtn(w["W1"], "W1") if quantized else [numpy_helper.from_array(w["W1"], "W1")]
+    if not quantized:
+        inits.append(numpy_helper.from_array(w["W2"], "W2"))
+    graph = helper.make_graph(nodes, "loop_scan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, K])],
+                              [helper.make_tensor_value_info("looped", TensorProto.FLOAT, [2, N]),
+                               helper.make_tensor_value_info("scanned", TensorProto.FLOAT, [2, N])], inits)
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=10)
+
+
+def test_weights_in_loop_and_scan_bodies_are_found():
+    report = dyndq.verify(loop_and_scan(quantized=True), loop_and_scan(quantized=False),
+                          inputs={"x": np.random.default_rng(3).standard_normal((2, K)).astype(np.float32)})
+    got = by_source(report)
+    assert {k: w.status for k, w in got.items()} == {"W1": "rtn", "W2": "rtn", "zeros": "float"}, report.table()
+    assert report.faithful  # (the Loop's float start, "zeros", is the source's)
+    assert got["W1"].note.startswith("in main/repeat.body") and got["W2"].note.startswith("in main/rows.body")
+    assert {(o.engine, o.name) for o in report.outputs} >= {("onnxruntime", "looped"), ("onnxruntime", "scanned")}, \
+        report.outputs_note
