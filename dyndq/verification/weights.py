@@ -68,13 +68,26 @@ class OnnxSource:
 
     def __init__(self, model: onnx.ModelProto):
         self.squared_norms: dict[str, float] = {}  # (by_closeness' screen: each source tensor's, once)
+        from dyndq.checkpoints.matching import FLOATS as FLOAT_TYPES
         from dyndq.checkpoints.matching import constant_tensors, float_weights
+        from dyndq.plumbing.walk import graphs
 
-        self.model = model
-        self.weights = float_weights(model)
-        self._tensors = {**constant_tensors(model.graph), **{t.name: t for t in model.graph.initializer}}
+        self.model = model  # (the model run for the outputs, as given)
+        searched = model
+        if model.functions:  # (a function's Constants searched where its calls are, as the quantized model's are)
+            from onnx import inliner
+
+            searched = inliner.inline_local_functions(model)
+        self.weights = float_weights(searched)
+        self._tensors = {**constant_tensors(searched.graph), **{t.name: t for t in searched.graph.initializer}}
+        every = list(graphs(searched.graph))
+        for g in every[1:]:  # (If/Loop/Scan bodies: their float initializers and Constants too)
+            for name, t in {**constant_tensors(g), **{t.name: t for t in g.initializer}}.items():
+                if t.data_type in FLOAT_TYPES and int(np.prod(t.dims)) > 1 and name not in self.weights:
+                    self.weights[name] = Weight(name, tuple(t.dims), t.data_type)
+                    self._tensors[name] = t
         self.readers = {}  # node name -> {input index: initializer}
-        for node in model.graph.node:
+        for node in (n for g in every for n in g.node):
             for i, name in enumerate(node.input):
                 if name in self.weights:
                     self.readers.setdefault(node.name, {})[i] = name

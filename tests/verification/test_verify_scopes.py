@@ -169,3 +169,29 @@ def test_weights_in_loop_and_scan_bodies_are_found():
     assert got["W1"].note.startswith("in main/repeat.body") and got["W2"].note.startswith("in main/rows.body")
     assert {(o.engine, o.name) for o in report.outputs} >= {("onnxruntime", "looped"), ("onnxruntime", "scanned")}, \
         report.outputs_note
+
+
+def source_holding_its_own_nested_weights() -> onnx.ModelProto:
+    """The source with W2 an initializer of its then branch and W5 a Constant of a function local::Fixed
+    (what a float source holding its weights outside the main graph looks like)."""
+    w = weights()
+    then = _branch("then", "W2", inits=[numpy_helper.from_array(w["W2"], "W2")])
+    fixed = helper.make_function("local", "Fixed", ["x"], ["out"], [
+        helper.make_node("Constant", [], ["W5"], value=numpy_helper.from_array(w["W5"], "W5")),
+        helper.make_node("MatMul", ["x", "W5"], ["out"])], OPSET)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=then, else_branch=_branch("else", "W3")),
+             helper.make_node("MatMul", ["x", "W4"], ["a"]),
+             helper.make_node("Fixed", ["x"], ["b"], domain="local", name="call_fixed")]
+    inits = [numpy_helper.from_array(w[k], k) for k in ("W1", "W3", "W4")]
+    graph = helper.make_graph(nodes, "source", _inputs(), _outputs(), inits)
+    return helper.make_model(graph, opset_imports=OPSET + [helper.make_opsetid("local", 1)], ir_version=10,
+                             functions=[fixed])
+
+
+def test_a_float_sources_weights_in_branches_and_functions_are_read():
+    report = dyndq.verify(quantized_model(), source_holding_its_own_nested_weights(), outputs=False)
+    got = by_source(report)
+    assert got["W2"].matched == "by name" and got["W2"].status == "rtn", report.table()
+    assert {w.status for w in report.weights} == {"rtn"} and len(report.weights) == 5, report.table()
+    assert report.faithful and not report.unused, report.table()
