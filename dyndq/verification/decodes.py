@@ -228,6 +228,8 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
 
     from dyndq.plumbing.walk import graphs
 
+    if not model.functions and not any(_constant_tensor(n) for g in graphs(model.graph) for n in g.node):
+        return lifted(model)  # (nothing to change before the lift, which copies: no second copy of the weights)
     out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
     if not model.functions:
         out.CopyFrom(model)
