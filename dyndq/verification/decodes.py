@@ -48,8 +48,24 @@ def lifted(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+_INDEXED: dict[int, tuple[onnx.ModelProto, dict]] = {}  # id(model) -> (the model, its initializers by name)
+
+
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    return {t.name: t for t in model.graph.initializer}
+    """The model's initializers by name, indexed once per model verify searches (rebuilt for each
+    weight, it made a model of many weights cost its count squared); `forget` drops the index."""
+    hit = _INDEXED.get(id(model))
+    if hit is not None and hit[0] is model and len(hit[1]) == len(model.graph.initializer):
+        return hit[1]
+    index = {t.name: t for t in model.graph.initializer}
+    _INDEXED[id(model)] = (model, index)
+    return index
+
+
+def forget() -> None:
+    """Drop the initializers' indexes and the decodes' values (held for one verify)."""
+    _INDEXED.clear()
+    _VALUES.clear()
 
 
 def find(model: onnx.ModelProto) -> tuple[list[Decode], dict[str, str]]:
@@ -133,12 +149,44 @@ def _sub_model(model: onnx.ModelProto, nodes: list, output: str, inputs=()) -> o
     return sub
 
 
+_VALUES: dict[tuple[int, str], np.ndarray] = {}  # (id(model), value) -> its decode's value, computed with others
+
+
 def value_of(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
-    """The decode's float value, as the reference engine (our kernel) computes it."""
+    """The decode's float value, as the reference engine (our kernel) computes it (one `compute_all`
+    gave, or its nodes alone)."""
     from dyndq.reference import reference_evaluator
 
+    hit = _VALUES.get((id(model), decode.value))
+    if hit is not None and _INDEXED.get(id(model), (None,))[0] is model:
+        return hit
     sub = _sub_model(model, decode.nodes, decode.value)
     return np.asarray(reference_evaluator(sub).run(None, {})[0])
+
+
+def compute_all(model: onnx.ModelProto, decodes: list[Decode]) -> None:
+    """Every decode's value in one run of the reference engine over all their nodes (one model, one
+    session: a model per decode cost most of a verify of many small weights), held for `value_of`
+    until `forget`.  Where that run fails (a node the engine refuses), each is computed alone when
+    asked, and the failure said there."""
+    from dyndq.reference import reference_evaluator
+
+    if not decodes:
+        return
+    order = {id(n): i for i, n in enumerate(model.graph.node)}
+    nodes = {id(n): n for d in decodes for n in d.nodes}
+    outputs = list(dict.fromkeys(d.value for d in decodes))
+    sub = _sub_model(model, sorted(nodes.values(), key=lambda n: order.get(id(n), -1)), outputs[0])
+    del sub.graph.output[:]
+    sub.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in outputs)
+    try:
+        with np.errstate(all="ignore"):
+            got = reference_evaluator(sub).run(None, {})
+    except Exception:  # noqa: BLE001 - (computed alone instead, where the failure is said against its weight)
+        return
+    _initializers(model)  # (indexed: value_of's hits are checked against it)
+    for name, value in zip(outputs, got):
+        _VALUES[(id(model), name)] = np.asarray(value)
 
 
 def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarray | None:
@@ -149,7 +197,7 @@ def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarra
 
     if decode.decoder is None:
         return None
-    made_by = {o: n for n in model.graph.node for o in n.output}
+    made_by = {o: n for n in decode.nodes for o in n.output}  # (the decode's own: what lies between it and its decoder)
     nodes = []
     for n in decode.nodes:
         if n is decode.decoder:
@@ -168,3 +216,105 @@ def index_map(model: onnx.ModelProto, decode: Decode, shape: tuple) -> np.ndarra
 
 def stored(model: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(_initializers(model)[name])
+
+
+def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as verify searches it (a copy): model-local functions inlined at their calls
+    (onnx's own inliner: a weight a function holds, or is given as an input by its call, is then
+    the caller's, decoded where it is called), each graph's Constant tensors made initializers (a
+    function's weights are Constants), then lifted (`lifted`: inside a function, whose inputs
+    have no shapes, the lift leaves a DequantizeLinear alone; inlined, it is taken)."""
+    from onnx import inliner
+
+    from dyndq.plumbing.walk import graphs
+
+    if not model.functions and not any(_constant_tensor(n) for g in graphs(model.graph) for n in g.node):
+        return lifted(model)  # (nothing to change before the lift, which copies: no second copy of the weights)
+    out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
+    if not model.functions:
+        out.CopyFrom(model)
+    for g in graphs(out.graph):
+        constants = [n for n in g.node if _constant_tensor(n)]
+        for n in constants:
+            g.initializer.append(_as_initializer(n))
+            g.node.remove(n)
+    return lifted(out)
+
+
+def scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
+    """(where, a model to search with `find`) for the main graph and every If/Loop/Scan body at any
+    depth, of a `prepared` model.  A body's model holds the nodes and initializers of the graphs enclosing it before its own
+    (what its nodes may read by name), so a decode in it, or read in it, is found as in the main
+    graph."""
+    from dyndq.plumbing.walk import subgraph_path, subgraphs
+
+    out = []
+
+    def visit(where: str, graph: onnx.GraphProto, nodes: list, inits: list) -> None:
+        nodes = nodes + list(graph.node)
+        inits = inits + list(graph.initializer)
+        if where == "main":
+            out.append((where, model))  # (the model itself: no copy of a big model's weights)
+        else:
+            scope = helper.make_model(helper.make_graph(nodes, where, [], [], inits),
+                                      opset_imports=list(model.opset_import), ir_version=model.ir_version)
+            out.append((where, scope))
+        for i, node in enumerate(graph.node):
+            for label, g in subgraphs(node):
+                visit(subgraph_path(where, node, i, label), g, nodes, inits)
+
+    visit("main", model.graph, [], [])
+    return out
+
+
+def _constant_tensor(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 and \
+        any(a.name == "value" for a in node.attribute)
+
+
+def _as_initializer(node: onnx.NodeProto) -> onnx.TensorProto:
+    t = onnx.TensorProto()
+    t.CopyFrom(next(a.t for a in node.attribute if a.name == "value"))
+    t.name = node.output[0]
+    return t
+
+
+class FunctionOrigins:
+    """Which model-local function a decode found after inlining comes from (scopes inlines them):
+    a decode computing a value the model's graphs do not name came from a function's body (the
+    inliner names a body's value NAME__N); a decode whose stored codes a call passes in is that
+    function's input."""
+
+    def __init__(self, model: onnx.ModelProto):
+        from dyndq.plumbing.walk import function_path, graphs
+
+        local = {(f.domain, f.name): f for f in model.functions}
+        self.named = {o for g in graphs(model.graph) for n in g.node for o in n.output} | \
+            {t.name for g in graphs(model.graph) for t in g.initializer}
+        self.bodies: dict[str, set] = {}  # a function body's value name -> the functions naming it
+        for f in model.functions:
+            for n in f.node:
+                for o in n.output:
+                    self.bodies.setdefault(o, set()).add(function_path(f))
+        self.inputs: dict[str, list] = {}  # a value a call passes in -> (function, formal input, call)
+        for g in graphs(model.graph):
+            for i, n in enumerate(g.node):
+                f = local.get((n.domain, n.op_type))
+                for value, formal in zip(n.input, f.input if f is not None else []):
+                    self.inputs.setdefault(value, []).append((function_path(f), formal, n.name or f"{n.op_type}#{i}"))
+
+    def of(self, d: Decode) -> str | None:
+        """How to say where the decode is, when it came from a function; None when it did not."""
+        import re
+
+        made = [o for n in d.nodes for o in n.output  # (a value the inliner renamed: NAME__N of a body's NAME)
+                if o and o not in self.named and re.sub(r"__\d+$", "", o) in self.bodies]
+        if not made:
+            return None
+        leaves = {i for n in d.nodes for i in n.input} - {o for n in d.nodes for o in n.output}
+        given = [c for leaf in sorted(leaves) for c in self.inputs.get(leaf, [])]
+        if given:  # (the first stored input the call gives: the codes, before the scales)
+            f, formal, call = given[0]
+            return f"in {f} (its input {formal!r}, given by call {call!r})"
+        functions = sorted({f for o in made for f in self.bodies[re.sub(r"__\d+$", "", o)]})
+        return f"in {' or '.join(functions)} (inlined at its call)"

@@ -23,7 +23,8 @@ from onnx import numpy_helper
 
 from dyndq.checkpoints.matching import CLOSE_ENOUGH, STORED, TRANSPOSED, Weight, orientation, relative_error
 from dyndq.verification import codes as C
-from dyndq.verification.decodes import Decode, find, index_map, lifted, stored, value_of
+from dyndq.verification.decodes import (Decode, FunctionOrigins, compute_all, find, forget, index_map, prepared, scopes,
+                                        stored, value_of)
 
 FAITHFUL = ("identical", "rtn", "float")
 _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLinear(_Output)?|_weight)+$")
@@ -71,13 +72,26 @@ class OnnxSource:
 
     def __init__(self, model: onnx.ModelProto):
         self.squared_norms: dict[str, float] = {}  # (by_closeness' screen: each source tensor's, once)
+        from dyndq.checkpoints.matching import FLOATS as FLOAT_TYPES
         from dyndq.checkpoints.matching import constant_tensors, float_weights
+        from dyndq.plumbing.walk import graphs
 
-        self.model = model
-        self.weights = float_weights(model)
-        self._tensors = {**constant_tensors(model.graph), **{t.name: t for t in model.graph.initializer}}
+        self.model = model  # (the model run for the outputs, as given)
+        searched = model
+        if model.functions:  # (a function's Constants searched where its calls are, as the quantized model's are)
+            from onnx import inliner
+
+            searched = inliner.inline_local_functions(model)
+        self.weights = float_weights(searched)
+        self._tensors = {**constant_tensors(searched.graph), **{t.name: t for t in searched.graph.initializer}}
+        every = list(graphs(searched.graph))
+        for g in every[1:]:  # (If/Loop/Scan bodies: their float initializers and Constants too)
+            for name, t in {**constant_tensors(g), **{t.name: t for t in g.initializer}}.items():
+                if t.data_type in FLOAT_TYPES and int(np.prod(t.dims)) > 1 and name not in self.weights:
+                    self.weights[name] = Weight(name, tuple(t.dims), t.data_type)
+                    self._tensors[name] = t
         self.readers = {}  # node name -> {input index: initializer}
-        for node in model.graph.node:
+        for node in (n for g in every for n in g.node):
             for i, name in enumerate(node.input):
                 if name in self.weights:
                     self.readers.setdefault(node.name, {})[i] = name
@@ -97,6 +111,8 @@ class OnnxSource:
     def by_reader(self, node: str | None, index: int | None) -> str | None:
         """The initializer the source's node of that name (less the lift's suffixes) reads at `index`."""
         for candidate in (node, bare(node or "")):
+            if not candidate:  # (an unnamed node names nothing: not the source's unnamed ones)
+                continue
             name = self.readers.get(candidate, {}).get(index)
             if name is not None:
                 return name
@@ -119,6 +135,9 @@ class CheckpointSource:
         self.checkpoint = checkpoint
         self.tensors = {t.name: t for t in checkpoint.tensors()}
         self._cache: dict[str, np.ndarray] = {}
+        from dyndq.verification.layouts import WrongLayouts
+
+        self._wrong = WrongLayouts(checkpoint, self.tensors)
 
     def names(self) -> list[str]:
         return list(self.tensors)
@@ -148,6 +167,12 @@ class CheckpointSource:
         way = orientation(self.tensors[name].shape, w)
         v = self.values(name)
         return v.T if way == TRANSPOSED else v
+
+    def wrong_layouts(self, name: str, shape, reads) -> list[tuple[str, str, np.ndarray]]:
+        """(kind, note, values as the model reads them) of each known wrong reading of tensor `name`
+        (layouts.py: llama.cpp's Q/K rows not un-permuted, AWQ's nibbles read in plain order)."""
+        way = orientation(self.tensors[name].shape, Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads)))
+        return [(kind, note, v.T if way == TRANSPOSED else v) for kind, note, v in self._wrong.of(name)]
 
 
 def _reads(reader: str) -> set:
@@ -200,20 +225,49 @@ def _screened(flat: dict, theirs: np.ndarray, source, name: str) -> float:
 # -- the verdicts ------------------------------------------------------------------------------
 
 def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
-    """(a verdict per weight of `quantized`, the source tensors no weight matched)."""
-    model = lifted(quantized)
-    decodes, floats = find(model)
-    known = {t.name for t in quantized.graph.initializer} | {o for n in quantized.graph.node for o in n.output}
+    """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
+    sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
+    their calls (decodes.scopes); one found in a body says where in its note."""
+    try:
+        return _verify_weights(quantized, source)
+    finally:
+        forget()  # (the decodes' values and indexes held for this verify let go)
+
+
+def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
+    from dyndq.plumbing.walk import graphs
+
+    known = {t.name for g in graphs(quantized.graph) for t in g.initializer} | \
+        {o for g in graphs(quantized.graph) for n in g.node for o in n.output}
+    origins = FunctionOrigins(quantized) if quantized.functions else None  # (named before `prepared` inlines them)
+    model = prepared(quantized)
+    decodes, floats, seen = [], [], set()  # (where, the scope's model, a decode or float weight), each value once
+    for where, model in scopes(model):
+        found_decodes, found_floats = find(model)
+        compute_all(model, [d for d in found_decodes if d.value not in seen])
+        decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
+        seen.update(d.value for d in found_decodes)
+        floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
+        seen.update(found_floats)
+    readers = {}  # (the reader nodes of each scope, once)
 
     def shown(d: Decode, name: str) -> str:
         """A name the user's file holds: the value read, or the stored codes of a form the lift rewrote."""
         return next((n for n in (name, d.value, d.codes_name) if n in known), name)
-    made_by_reader = _reader_nodes(model)
+
+    def placed(verdict: WeightVerdict, where: str, d: Decode | None = None) -> WeightVerdict:
+        said = origins.of(d) if origins is not None and d is not None else None
+        said = said or (f"in {where}" if where != "main" else None)
+        if said:
+            verdict.note = said + (f"; {verdict.note}" if verdict.note else "")
+        return verdict
     shared = isinstance(source, CheckpointSource)  # (a checkpoint tensor may stand for several weights: tied)
     taken: set = set()
     verdicts = []
     pending = []
-    for d in decodes:
+    for where, model, d in decodes:
+        if id(model) not in readers:
+            readers[id(model)] = _reader_nodes(model)
         found = None
         for name, variant, said in _names_of(model, d):  # the value read, then the values before it
             values = None
@@ -228,43 +282,44 @@ def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdi
             if found:
                 break
         if found is None:  # through the reader node the lift kept the name of (MatMulNBits "fc1_Q4")
-            node, index = made_by_reader.get(d.value, (None, None))
+            node, index = readers[id(model)].get(d.value, (None, None))
             tensor = source.by_reader(node, index)
             if tensor is not None and tensor not in taken:
                 values = value_of(model, d)
                 if source.fits(tensor, values.shape, _reads(d.reader)):
                     found = (tensor, "by its reader node", d.value, d, values)
         if found is None:
-            pending.append((d, value_of(model, d)))
+            pending.append((where, model, d, value_of(model, d)))
             continue
         tensor, how, name, variant, values = found
         taken.add(tensor)
         verdict = _judge(model, variant, values, source, tensor, how)
         verdict.weight, verdict.decoded = shown(variant, name), _decoded(model, variant)
-        verdicts.append(verdict)
-    for d, value in pending:  # by shape and closeness, once the named ones are taken
+        verdicts.append(placed(verdict, where, d))
+    for where, model, d, value in pending:  # by shape and closeness, once the named ones are taken
         best = by_closeness(value.shape, value, source, taken, _reads(d.reader))
         if best is None:
-            verdicts.append(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape by name or "
-                                          f"within relative error {CLOSE_ENOUGH}"))
+            verdicts.append(placed(WeightVerdict(shown(d, d.value), None, "unmatched", note="no source tensor of its shape "
+                                                 f"by name or within relative error {CLOSE_ENOUGH}"), where, d))
             continue
         taken.add(best[0])
         verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
         verdict.weight, verdict.decoded = shown(d, d.value), _decoded(model, d)
-        verdicts.append(verdict)
-    for name, reader in floats.items():
+        verdicts.append(placed(verdict, where, d))
+    for where, model, name, reader in floats:
         ours = stored(model, name)
         found = next(((t, how) for t, how in source.lookup(name) if (shared or t not in taken)
                       and source.fits(t, ours.shape, _reads(reader))), None)
         if found is None:
-            verdicts.append(WeightVerdict(name, None, "float", note="left float; no source tensor of its name"))
+            verdicts.append(placed(WeightVerdict(name, None, "float", note="left float; no source tensor of its name"), where))
             continue
         taken.add(found[0])
         theirs = _theirs(source, found[0], ours.shape, reader)
         equal = C.same_bits(ours.astype(np.float32), theirs.astype(np.float32))
-        verdicts.append(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
-                                      matched=found[1], note="left float" + ("" if equal else ", not the source's values"),
-                                      decoded=lambda model=model, name=name: stored(model, name)))
+        verdicts.append(placed(WeightVerdict(name, found[0], "float", error=0.0 if equal else relative_error(ours, theirs),
+                                             matched=found[1], note="left float" + ("" if equal else
+                                                                                     ", not the source's values"),
+                                             decoded=lambda model=model, name=name: stored(model, name)), where))
     return verdicts, [n for n in source.names() if n not in taken]
 
 
@@ -346,6 +401,10 @@ def _judge(model, d: Decode, value: np.ndarray, source, name: str, how: str) -> 
                              note="left float" + ("" if equal else ", not the source's values"))
     if C.same_bits(ours32, theirs):
         return WeightVerdict(d.value, name, "identical", error=0.0, matched=how)
+    if source.kind == "checkpoint":  # (a known wrong reading of the checkpoint, bit for bit)
+        for kind, note, wrong in source.wrong_layouts(name, value.shape, _reads(d.reader)):
+            if wrong.shape == ours32.shape and C.same_bits(ours32, wrong.astype(np.float32)):
+                return WeightVerdict(d.value, name, "layout", kind=kind, error=error, matched=how, note=note)
     verdict = _against_rtn(model, d, value, raw, error, name, how) or _by_values(model, d, value, raw, error, name, how)
     if verdict is not None and source.kind == "checkpoint" and verdict.status in ("rtn", "layout"):
         # (round to nearest of the checkpoint's dequantization: another route, which requantized it)

@@ -89,3 +89,28 @@ def test_against_the_float_model_the_import_moves_the_outputs_less(routes):
         assert {o.engine for o in report.outputs} == {"reference", "onnxruntime"}, report.outputs_note
         cosine[name] = min(o.cosine for o in report.outputs)
     assert cosine["import"] > 0.999 and 0.9 < cosine["other route"] < 0.99, cosine
+
+
+# (the file's quantized types, by gguf's reader: MiniLM's rows of 384 and 1536 are not all whole
+# 256-element super-blocks, so llama.cpp falls back to Q5_0 / Q8_0 for some of a K-quant file's tensors)
+KINDS = {"Q4_K_M": {"Q5_0": 28, "Q4_K": 4, "Q8_0": 3, "Q6_K": 2}, "Q6_K": {"Q8_0": 31, "Q6_K": 6},
+         "IQ4_NL": {"IQ4_NL": 36, "Q8_0": 1}}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_import_of_llama_cpps_k_quant_and_iq_files_verifies_identical(kind):
+    """Every quantized tensor of llama.cpp's Q4_K_M, Q6_K and IQ4_NL files, imported, is bit for bit
+    gguf's dequantization of it (a K-quant's decode, several DynamicDequantize nodes, by its values)."""
+    if (why := why_not()) is not None:
+        pytest.skip(why)
+    gguf = pytest.importorskip("gguf")
+    path = made.path_of(kind)
+    types: dict = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type.name != "F32":
+            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    assert types == KINDS[kind], types
+    imported, _ = dyndq.import_weights(onnx.load(str(trained_models.path_of("minilm"))), path)
+    report = dyndq.verify(imported, path)
+    assert counts(report) == {"identical": 37, "float": 64}, report.summary()
+    assert report.faithful and report.unused == [], report.summary()
