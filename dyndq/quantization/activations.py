@@ -155,5 +155,10 @@ def _collecting_runner(model: onnx.ModelProto, values: dict[str, str], loaded):
     if weights is None:
         return Runner(copy, "onnxruntime", arena=False)
     session = OrtSession(exported_for_onnxruntime(copy), level=ORT_LEVEL, weights=weights, arena=False)
-    return Runner(copy, "onnxruntime", session=session)
+    # (the Runner checks the feeds against the model's own inputs, its weights fed apart by the session)
+    face = onnx.ModelProto()
+    face.graph.input.extend(model.graph.input)
+    face.graph.output.extend(copy.graph.output)
+    face.graph.initializer.extend(onnx.TensorProto(name=t.name) for t in model.graph.initializer)
+    return Runner(face, "onnxruntime", session=session)
 

@@ -91,6 +91,24 @@ def test_leading_dims_are_rows_and_a_transposed_gemm_input_its_columns():
     assert stats[LayerInput("a", k)].rows == 6 and stats[LayerInput("b", k, True)].rows == 5
 
 
+def test_a_big_weight_is_fed_apart_and_the_next_layers_input_still_collected():
+    """A weight over 1 MiB is fed to ONNX Runtime as an array held once (evaluate.OnOrt's way), the
+    feeds still checked against the model's own inputs: the input of the MatMul after it is
+    NumPy's x @ W (float32 sums: relative 1e-5)."""
+    k, n = 640, 512  # (1.25 MiB of float32)
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("MatMul", ["h", "V"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["m", k])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["m", 8])],
+                          [nh.from_array(rng.standard_normal((k, n)).astype(np.float32), "W"),
+                           nh.from_array(rng.standard_normal((n, 8)).astype(np.float32), "V")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    stats = collect(model, [LayerInput("h", n)], [{"x": x}])
+    h = x.astype(np.float64) @ nh.to_array(model.graph.initializer[0]).astype(np.float64)
+    np.testing.assert_allclose(stats[LayerInput("h", n)].gram, h.T @ h, rtol=1e-5, atol=1e-5 * np.abs(h.T @ h).max())
+
+
 # -- the rounding against the paper's equations ---------------------------------------------------
 
 @pytest.mark.parametrize("bits,symmetric,group,act_order,scale_dtype", [
