@@ -124,11 +124,12 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
 
 
 def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
-    """U, upper triangular, with H^-1 = U^T U (the paper's Cholesky form of the inverse Hessian)."""
+    """U, upper triangular, with H^-1 = U^T U (the paper's Cholesky form of the inverse Hessian),
+    from one Cholesky factorisation and one inverse: with J the reversal of the axis and
+    J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
+    inverting H and factoring the inverse would take a factorisation and an inverse more."""
     try:
-        lower = np.linalg.cholesky(h)
-        inverse_lower = np.linalg.inv(lower)  # (H^-1 = L^-T L^-1)
-        inverse = inverse_lower.T @ inverse_lower
-        return np.linalg.cholesky((inverse + inverse.T) / 2).T
+        lower = np.linalg.cholesky(h[::-1, ::-1])
     except np.linalg.LinAlgError as e:
         raise NotPositiveDefinite(str(e)) from None
+    return np.ascontiguousarray(np.linalg.inv(lower)[::-1, ::-1])
