@@ -275,3 +275,22 @@ def test_the_cli_names_gptq_with_an_fp4_format(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "method" in err and "'gptq' with format 'mxfp4'" in err and "Traceback" not in err
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_a_model_with_external_data_is_calibrated_from_its_data_file(tmp_path):
+    """quantize_file on a model whose weights are in an external data file (read one at a time,
+    never the whole model loaded) writes the codes `dyndq.quantize` writes in memory."""
+    from dyndq.quantization import quantize_file
+
+    model = two_layers(64, 48)
+    onnx.save(two_layers(64, 48), tmp_path / "float.onnx", save_as_external_data=True, location="float.data",
+              size_threshold=0)  # (onnx.save moves the data of the model it is given: a copy of its own)
+    feeds = [{"x": correlated(20, 64, i)} for i in range(2)]
+    quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", method="gptq", inputs=feeds, group_size=32)
+    in_memory, _ = dyndq.quantize(model, method="gptq", inputs=feeds, group_size=32, evaluate=False)
+    written = dyndq.load_model(str(tmp_path / "q.onnx"))
+    got = {t.name: nh.to_array(t) for t in written.graph.initializer}
+    want = {t.name: nh.to_array(t) for t in in_memory.graph.initializer}
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
