@@ -156,8 +156,8 @@ class QuantizeOptions:
             choices, wrong = parse_choices(formats.default_choices() if format_choices is None else format_choices)
             problems += wrong
             if method in DATA_AWARE:
-                bad("budget", f"{budget!r} with method {method!r}", "none with a data-aware method (a budget "
-                                                                     "chooses among rtn and search candidates)")
+                bad("budget", f"{budget!r} with method {method!r}", "none with method 'gptq' (a budget's "
+                                                                     "candidates are rounded by rtn or search)")
         elif format_choices is not None:
             bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")
         if problems:

@@ -294,3 +294,20 @@ def test_a_model_with_external_data_is_calibrated_from_its_data_file(tmp_path):
     assert sorted(got) == sorted(want)
     for name in want:
         np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+
+
+def test_a_hessian_that_does_not_factor_leaves_the_weight_alone_naming_the_damping():
+    """10 calibration rows for K = 64 (X^T X of rank 10) and a damping of 1e-20: H does not factor
+    in float64; the weight is left alone and named, a larger damping asked for (the default
+    factors it)."""
+    model = two_layers(64, 48)
+    feeds = {"x": correlated(10, 64, 0)}
+    from dyndq.quantization import NothingToQuantize
+
+    with pytest.raises(NothingToQuantize) as e:  # (its one weight left alone)
+        dyndq.quantize(model, method="gptq", damping=1e-20, inputs=feeds, evaluate=False, ops=("MatMul",))
+    assert [str(p) for p in e.value.problems] == [
+        "graph 'main' node 0 'fc1' (MatMul): B ('W1'): found its inputs' X^T X plus damping 1e-20 not positive "
+        "definite (it did not factor); allowed: a larger damping"]
+    _, fine = dyndq.quantize(model, method="gptq", inputs=feeds, evaluate=False, ops=("MatMul",))
+    assert not fine.left_alone and len(fine.layers) == 1
