@@ -111,11 +111,19 @@ def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, g
     stats = {i: ActivationStats.empty(i.k, gram) for i in inputs}
     fed = {vi.name for vi in model.graph.input}
     wanted = {i.value: i.dtype for i in inputs if i.value not in fed}
-    run = _collecting_runner(model, wanted, loaded) if wanted else None
+    try:
+        run = _collecting_runner(model, wanted, loaded) if wanted else None
+    except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot load (a bfloat16 MatMul): said, not a traceback
+        raise _engine_problem(e, "load it") from e
     for n, sample in enumerate(feeds):
         if progress:
             progress(f"collecting activations: sample {n + 1}/{len(feeds)}")
-        values = dict(run(sample)) if run is not None else {}
+        try:
+            values = dict(run(sample)) if run is not None else {}
+        except ValidationError:  # (a feed that does not fit, an output of another type: named already)
+            raise
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime refusing a sample (an index out of range)
+            raise _engine_problem(e, f"run it on sample {n + 1}") from e
         for i in inputs:
             x = np.asarray(sample[i.value] if i.value in fed else values[i.value])
             if x.ndim == 0 or x.shape[-1 if not i.transposed else 0] != i.k:
@@ -128,6 +136,14 @@ def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, g
             stats[i].add(rows)
         del values
     return stats
+
+
+def _engine_problem(e: Exception, what: str) -> ActivationError:
+    from dyndq.wording import first_line
+
+    return ActivationError([Problem("model", f"ONNX Runtime could not {what} to collect the layers' inputs: "
+                                             f"{first_line(e)}",
+                                    "a model and inputs ONNX Runtime runs (a data-aware method calibrates on them)")])
 
 
 def _collecting_runner(model: onnx.ModelProto, values: dict[str, str], loaded):

@@ -147,7 +147,8 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     for options_ in checked:
         # (a budget chosen on the evaluation's inputs, as `quantize` chooses it: the user's, or the same seeded samples)
         out, report = quantize_model(model, options_,
-                                     feeds=budget_feeds(model, options_, evaluation.feeds, len(evaluation.feeds)))
+                                     feeds=budget_feeds(model, options_, evaluation.feeds if evaluation.given else None,
+                                                      len(evaluation.feeds)))
         report.outputs, report.outputs_note = evaluation.measure(out)
         report.inputs = evaluation.inputs_used()
         del out  # (one quantized model at a time)

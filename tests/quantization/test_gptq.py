@@ -311,3 +311,26 @@ def test_a_hessian_that_does_not_factor_leaves_the_weight_alone_naming_the_dampi
         "definite (it did not factor); allowed: a larger damping"]
     _, fine = dyndq.quantize(model, method="gptq", inputs=feeds, evaluate=False, ops=("MatMul",))
     assert not fine.left_alone and len(fine.layers) == 1
+
+
+def test_a_model_onnx_runtime_cannot_run_is_said_not_a_traceback(tmp_path, capsys):
+    """An index beyond the embedding's rows: ONNX Runtime refuses the sample; gptq names the model and
+    the sample (exit 1), writing nothing."""
+    onnx.save(mlp(k=64, n=48, vocab=32), tmp_path / "f.onnx")
+    np.save(tmp_path / "ids.npy", np.array([1, 99], np.int64))
+    code = main(["quantize", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--method", "gptq",
+                 "--input", f"ids={tmp_path / 'ids.npy'}", "--no-evaluate"])
+    err = capsys.readouterr().err
+    assert code == 1 and "ONNX Runtime could not run it on sample 1 to collect the layers' inputs" in err, err
+    assert "Traceback" not in err and not (tmp_path / "q.onnx").exists()
+
+
+def test_ranking_leaves_gptq_out_unless_asked_and_gives_it_alone_its_options():
+    """rank_methods ranks the data-free methods by default, gptq's damping given or not; asked for, gptq is
+    ranked too, calibrated on the evaluation's seeded samples, and says so."""
+    from dyndq.quantization import rank_methods
+
+    model = mlp(k=64, n=48, vocab=32)
+    assert sorted(m for m, _ in rank_methods(model, samples=2, damping=0.05)) == ["rtn", "search"]
+    runs = dict(rank_methods(model, samples=2, methods=["rtn", "gptq"], damping=0.05))
+    assert runs["gptq"].options.damping == 0.05 and runs["gptq"].notes[0].startswith("gptq calibrated on 2 seeded")
