@@ -50,7 +50,8 @@ class GptqSettings:
 
 
 class NotPositiveDefinite(ValueError):
-    """H + damping did not factor (damping too small for a nearly singular X^T X)."""
+    """H + damping did not factor (damping too small for a nearly singular X^T X, or so large that
+    it overflows)."""
 
 
 def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: int, bits: int, symmetric: bool,
@@ -81,7 +82,8 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
     position = np.empty(k, np.int64)
     position[order] = np.arange(k)
     h = h[np.ix_(order, order)]
-    h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
+    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
+        h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
     u = upper_inverse_cholesky(h)
     work = w[:, order].copy()  # (its columns in the order they are rounded)
     levels = np.zeros((n, n_groups * group), np.uint8)
@@ -129,7 +131,12 @@ def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
     J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
     inverting H and factoring the inverse would take a factorisation and an inverse more."""
     try:
+        if not np.isfinite(h).all():  # (a damping of 1e308 times the diagonal's mean overflows)
+            raise np.linalg.LinAlgError("not finite")
         lower = np.linalg.cholesky(h[::-1, ::-1])
+        u = np.linalg.inv(lower)[::-1, ::-1]
+        if not np.isfinite(u).all():
+            raise np.linalg.LinAlgError("its inverse is not finite")
     except np.linalg.LinAlgError as e:
         raise NotPositiveDefinite(str(e)) from None
-    return np.ascontiguousarray(np.linalg.inv(lower)[::-1, ::-1])
+    return np.ascontiguousarray(u)

@@ -382,7 +382,8 @@ def _quantized(target, weight, options: QuantizeOptions, chosen=None, calibratio
             q = options.fmt.quantize(weight, target, options, options.bits)
     except NotPositiveDefinite:
         return _weight_problem(target, f"its inputs' X^T X plus damping {options.damping:g} not positive definite "
-                                       "(it did not factor)", "a larger damping")
+                                       "(it did not factor)", "a damping with which it factors: larger where X^T X "
+                                                              "is nearly singular (default 0.01)")
     except ScaleOutOfRange as e:
         if not _finite(weight):
             return _weight_problem(target, *NOT_FINITE)

@@ -308,7 +308,11 @@ def test_a_hessian_that_does_not_factor_leaves_the_weight_alone_naming_the_dampi
         dyndq.quantize(model, method="gptq", damping=1e-20, inputs=feeds, evaluate=False, ops=("MatMul",))
     assert [str(p) for p in e.value.problems] == [
         "graph 'main' node 0 'fc1' (MatMul): B ('W1'): found its inputs' X^T X plus damping 1e-20 not positive "
-        "definite (it did not factor); allowed: a larger damping"]
+        "definite (it did not factor); allowed: a damping with which it factors: larger where X^T X is nearly "
+        "singular (default 0.01)"]
+    with pytest.raises(NothingToQuantize) as e:  # (one so large that H overflows)
+        dyndq.quantize(model, method="gptq", damping=1e308, inputs=feeds, evaluate=False, ops=("MatMul",))
+    assert "damping 1e+308 not positive definite" in str(e.value.problems[0])
     _, fine = dyndq.quantize(model, method="gptq", inputs=feeds, evaluate=False, ops=("MatMul",))
     assert not fine.left_alone and len(fine.layers) == 1
 
