@@ -41,7 +41,14 @@ def _add_parser(sub) -> None:
     q.add_argument("--symmetric", action="store_true", help="signed codes, no zero points")
     q.add_argument("--scale-dtype", choices=SCALE_DTYPES, help="the scales' dtype (default: each weight's own)")
     q.add_argument("--method", choices=METHODS, default="rtn",
-                   help="rtn: ONNX Runtime's rounding (default); search: a per-group search, lower error")
+                   help="rtn: ONNX Runtime's rounding (default); search: a per-group search, lower error; gptq: "
+                        "calibrated on --input/--inputs-dir (else --samples seeded samples), the error of each column "
+                        "fed forward through the inverse Hessian of the layer's inputs (integer formats)")
+    q.add_argument("--damping", type=float, metavar="F",
+                   help="with --method gptq: added to the Hessian's diagonal, times its mean (default 0.01)")
+    q.add_argument("--block-size", type=int, metavar="N", help="with --method gptq: columns per lazy batch (default 128)")
+    q.add_argument("--act-order", action="store_true", default=None,
+                   help="with --method gptq: round the columns by decreasing Hessian diagonal")
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
@@ -97,13 +104,15 @@ def cmd_quantize(args) -> int:
             check_target(args.report)
         except ModelFileError as e:
             raise UsageError(f"--report {e}") from None
-    # (a budget's widths are chosen on the inputs even when nothing is measured after)
-    if ((args.input or args.inputs_dir) and args.budget is None or args.rank_methods) and args.no_evaluate:
+    calibrated = args.budget is not None or args.method == "gptq"  # (chosen on the inputs even when nothing is measured)
+    if ((args.input or args.inputs_dir) and not calibrated or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")
     inputs = input_samples(args, args.input_)
     options = dict(format=args.format, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
+    options.update({key: value for key, value in (("damping", args.damping), ("block_size", args.block_size),
+                                                  ("act_order", args.act_order)) if value is not None})
     if args.budget is not None or args.format_choices is not None:
         options.update(budget=args.budget, format_choices=args.format_choices)
 

@@ -41,7 +41,9 @@ from dyndq.quantization.rtn import Levels, half_of, qmax_of, rtn
 from dyndq.quantization.scratch import release, scratch
 from dyndq.quantization.search import search
 
-METHODS = {"rtn": rtn, "search": search}
+ROUNDINGS = {"rtn": rtn, "search": search}  # the methods that see one group at a time (quantize_weight)
+DATA_AWARE = ("gptq",)  # the methods that need the layer's inputs too (gptq.py; quantizer.py collects them)
+METHODS = (*ROUNDINGS, *DATA_AWARE)
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
 TILE_COLUMNS = 256  # columns of a block when the axis is not the last (see quantize_weight)
 
@@ -150,7 +152,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     axis = axis % weight.ndim
     length = weight.shape[axis]
     group = length if group_size == -1 else group_size
-    assert 1 <= group and bits in (2, 4, 8) and method in METHODS, (group, length, bits, method)
+    assert 1 <= group and bits in (2, 4, 8) and method in ROUNDINGS, (group, length, bits, method)
     scale_dtype = np.dtype(scale_dtype or weight.dtype)
     outer = int(np.prod(weight.shape[:axis], dtype=np.int64))
     inner = int(np.prod(weight.shape[axis + 1:], dtype=np.int64))
@@ -190,7 +192,7 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
         k_len = part.shape[1]
         rows = scratch("rows", (part.shape[0] * part.shape[2], k_len), weight.dtype)  # (a copy of this block only)
         np.copyto(rows.reshape(part.shape[0], part.shape[2], k_len), part.transpose(0, 2, 1))
-        q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, METHODS[method], rule)
+        q = _quantize_rows(rows, group, bits, symmetric, scale_dtype, ROUNDINGS[method], rule)
         q, values = _within_range(q, rows, weight.dtype, bits)
         shape = (part.shape[0], part.shape[2])
         g = k // group  # (k is a whole number of groups)
@@ -216,6 +218,27 @@ def quantize_weight(weight: np.ndarray, *, axis: int, group_size: int, bits: int
     dtype = code_dtype(bits, symmetric)
     zero_points = None if symmetric else zeros3.reshape(shape).astype(dtype)
     return QuantizedWeight(codes, scales3.reshape(shape), zero_points, axis, group, length, stats)
+
+
+def from_rows(rows: np.ndarray, q: Levels, shape, axis: int, group: int, bits: int, symmetric: bool) -> QuantizedWeight:
+    """A 2-D weight of `shape` whose rows along `axis` (`rows`: [other dim, length], the
+    weight's dtype) a whole-row method (gptq.py) quantized to `q` (levels [rows, n_groups * group],
+    padded with level 0 as `quantize_weight` pads them), in quantize_weight's layout, after the
+    same range check (`_within_range`) and with the same error sums."""
+    assert len(shape) == 2 and rows.shape == (shape[1 - axis], shape[axis]), (shape, axis, rows.shape)
+    try:
+        q, values = _within_range(q, rows, rows.dtype, bits)
+        stats = _block_sums(rows, values[:, :rows.shape[1]])
+    finally:
+        release()
+    codes = _codes(q.levels, q.zeros, group, bits, symmetric)
+    zeros = None if symmetric else q.zeros.astype(code_dtype(bits, symmetric))
+    if axis == 0:  # ([K, N]: the rows are its columns)
+        codes, scales, zeros = codes.T, q.scales.T, None if zeros is None else zeros.T
+    else:
+        scales = q.scales
+    return QuantizedWeight(np.ascontiguousarray(codes), np.ascontiguousarray(scales),
+                           None if zeros is None else np.ascontiguousarray(zeros), axis, group, shape[axis], stats)
 
 
 def _block_sums(w: np.ndarray, dq: np.ndarray) -> ErrorStats:

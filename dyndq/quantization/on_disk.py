@@ -68,7 +68,7 @@ def quantize_file(src, dst, *, emit: str = "dyndq", evaluate: bool | None = None
     too_big = sum(nbytes(t) for t in loaded.model.graph.initializer) >= EVALUATE_BELOW
     measure = not too_big if evaluate is None else evaluate
     # (a feed that does not fit: said before any work; a budget is chosen on them too)
-    feeds = user_inputs(loaded.model, inputs) if measure or checked.budget is not None else None
+    feeds = user_inputs(loaded.model, inputs) if measure or checked.budget is not None or checked.data_aware else None
     chosen_on = budget_feeds(loaded.model, checked, feeds, samples)
     on_disk = Staged(src, dst, loaded, checked, feeds, samples, measure, evaluate, progress, before_placing)
 

@@ -15,7 +15,7 @@ import numpy as np
 from dyndq.opdefs import Problem, ValidationError
 from dyndq.quantization import formats, plan as planning
 from dyndq.quantization.formats.integer import DEFAULT_GROUP  # (integer codes' group size when none is given)
-from dyndq.quantization.numerics import METHODS
+from dyndq.quantization.numerics import DATA_AWARE, METHODS
 
 SCALE_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_FORMAT = "int"
@@ -51,6 +51,22 @@ class QuantizeOptions:
     seed: int = 0  # of the random inputs the output error is measured on
     budget: float | None = None  # bits per weight: mixed widths chosen among format_choices (budget.py)
     format_choices: tuple[str, ...] = ()  # (with a budget) int2, int4, int8, mxfp4, nvfp4 (formats.choices())
+    # (method "gptq", gptq.py) its damping (times the mean of the Hessian's diagonal), lazy block and column order
+    damping: float = 0.01
+    block_size: int = 128
+    act_order: bool = False
+
+    @property
+    def data_aware(self) -> bool:
+        """Whether the method needs calibration inputs (gptq): the quantizer collects the layers' inputs."""
+        return self.method in DATA_AWARE
+
+    @property
+    def gptq(self):
+        """gptq.GptqSettings of these options."""
+        from dyndq.quantization.gptq import GptqSettings
+
+        return GptqSettings(self.damping, self.block_size, self.act_order)
 
     @property
     def fmt(self) -> formats.Format:
@@ -60,10 +76,12 @@ class QuantizeOptions:
     @classmethod
     def checked(cls, model, *, bits=None, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
                 exclude=(), method="rtn", seed=0, format=None, budget=None,
-                format_choices=None) -> QuantizeOptions:
+                format_choices=None, damping=None, block_size=None, act_order=None) -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
         OptionError naming every bad one.  bits and format None: not given (4 and "int"; with a
-        budget, which chooses them, neither may be given, whatever its value)."""
+        budget, which chooses them, neither may be given, whatever its value).  damping, block_size
+        and act_order: method "gptq"'s (None: not given, its defaults; given with another method, a
+        mistake)."""
         problems = []
         given = {name: value for name, value in (("bits", bits), ("format", format)) if value is not None}
         format = DEFAULT_FORMAT if format is None else format
@@ -96,6 +114,19 @@ class QuantizeOptions:
                 bad("scale_dtype", repr(scale_dtype), ", ".join(SCALE_DTYPES) + " (or None: each weight's own dtype)")
         if method not in METHODS:
             bad("method", repr(method), ", ".join(METHODS))
+        gptq_given = {name: value for name, value in (("damping", damping), ("block_size", block_size),
+                                                       ("act_order", act_order)) if value is not None}
+        if method != "gptq":
+            for name, value in gptq_given.items():
+                bad(name, f"{value!r} with method {method!r}", "only with method 'gptq' (or none given)")
+        if damping is not None and (isinstance(damping, bool) or not isinstance(damping, numbers.Real)
+                                    or not 0 < damping < float("inf")):
+            bad("damping", repr(damping), "a number > 0 (times the mean of the Hessian's diagonal; default 0.01)")
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral)
+                                       or block_size < 1):
+            bad("block_size", repr(block_size), "a whole number >= 1 (columns per lazy batch; default 128)")
+        if act_order is not None and not isinstance(act_order, (bool, np.bool_)):
+            bad("act_order", repr(act_order), "True or False")
         ops = _names(ops)
         if ops is None:
             bad("ops", repr(original["ops"]), "an op name or a sequence of them: " + ", ".join(planning.OPS))
@@ -124,6 +155,9 @@ class QuantizeOptions:
                                                       "format_choices")
             choices, wrong = parse_choices(formats.default_choices() if format_choices is None else format_choices)
             problems += wrong
+            if method in DATA_AWARE:
+                bad("budget", f"{budget!r} with method {method!r}", "none with method 'gptq' (a budget's "
+                                                                     "candidates are rounded by rtn or search)")
         elif format_choices is not None:
             bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")
         if problems:
@@ -131,14 +165,19 @@ class QuantizeOptions:
         group_size = fmt.group_size(group_size)
         return cls(bits=int(bits), group_size=int(group_size), symmetric=bool(symmetric), scale_dtype=name, ops=ops,
                    exclude=exclude, method=method, seed=int(seed), format=format,
-                   budget=None if budget is None else float(budget), format_choices=choices)
+                   budget=None if budget is None else float(budget), format_choices=choices,
+                   damping=0.01 if damping is None else float(damping),
+                   block_size=128 if block_size is None else int(block_size),
+                   act_order=bool(act_order))
 
     def settings(self) -> dict:
         """The options that shape the quantized model, as the report writes them (the seed, which
         only the output error uses, left out)."""
         return dict(format=self.format, bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
                     scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
-                    **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))))
+                    **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))),
+                    **(dict(damping=self.damping, block_size=self.block_size, act_order=self.act_order)
+                       if self.method == "gptq" else {}))
 
 
 def _names(value) -> tuple | None:

@@ -76,7 +76,8 @@ class NothingToQuantize(ValidationError):
 def quantize(model, *, bits: int | None = None, group_size: int | None = None, symmetric: bool = False, scale_dtype=None,
              ops=planning.OPS, exclude=(), method: str = "rtn", evaluate: bool = True, seed: int = 0,
              strict: bool = False, progress=None, format: str | None = None, inputs=None,
-             samples: int = 4, budget: float | None = None, format_choices=None) -> tuple[onnx.ModelProto, QuantizeReport]:
+             samples: int = 4, budget: float | None = None, format_choices=None,
+             **gptq) -> tuple[onnx.ModelProto, QuantizeReport]:
     """A copy of `model` whose constant weights of `ops` are `bits`-bit codes with per-group
     scales (and zero points unless `symmetric`) feeding DynamicDequantize-2 (-3 for 2 bits),
     and a report.
@@ -87,7 +88,9 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     group_size: elements per group along the reduction axis (-1: the whole axis, per channel;
     default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
-    method: "rtn" (ONNX Runtime's own rounding, code for code) or "search" (lower error).
+    method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error) or "gptq"
+    (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
+    and act_order, given as keywords).
     exclude: node or weight names to leave alone.  evaluate: run both models and report the
     output error (and, for logits or distributions, top-1 agreement and KL divergence) on
     `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
@@ -106,10 +109,10 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
 
     options = QuantizeOptions.checked(model, bits=bits, group_size=group_size, symmetric=symmetric,
                                       scale_dtype=scale_dtype, ops=ops, exclude=exclude, method=method, seed=seed,
-                                      format=format, budget=budget, format_choices=format_choices)
+                                      format=format, budget=budget, format_choices=format_choices, **gptq)
     samples = checked_samples(samples)
-    # (before any work: a feed that does not fit is said first; a budget is chosen on them too)
-    feeds = user_inputs(model, inputs) if evaluate or options.budget is not None else None
+    # (before any work: a feed that does not fit is said first; a budget and gptq are chosen on them too)
+    feeds = user_inputs(model, inputs) if evaluate or options.budget is not None or options.data_aware else None
     out, report = quantize_model(model, options, strict=strict, progress=progress,
                                  feeds=budget_feeds(model, options, feeds, samples))
     if evaluate:
@@ -127,24 +130,33 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     (`QuantizeReport.task_score`)."""
     from dyndq.model_files import model_of
     from dyndq.quantization.evaluate import Evaluation, checked_samples, user_inputs
+    from dyndq.quantization.numerics import DATA_AWARE
     from dyndq.quantization.options import methods_of
 
     model = model_of(model, "rank_methods")
     # (by default every method the format takes: an FP4 format has its rule alone)
-    checked = [QuantizeOptions.checked(model, method=m, seed=seed, **options)
-               for m in (methods or methods_of(options.get("format")))]
+    # (by default not the data-aware methods: calibrated on the very inputs the ranking measures on, they would be
+    # flattered; gptq's own options go to it alone)
+    methods = methods or [m for m in methods_of(options.get("format")) if m not in DATA_AWARE]
+    checked = [QuantizeOptions.checked(model, method=m, seed=seed, **{key: value for key, value in options.items()
+                                                                      if m in DATA_AWARE or key not in GPTQ_OPTIONS})
+               for m in methods]
     evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
                             progress=progress)
     runs = []
     for options_ in checked:
         # (a budget chosen on the evaluation's inputs, as `quantize` chooses it: the user's, or the same seeded samples)
         out, report = quantize_model(model, options_,
-                                     feeds=budget_feeds(model, options_, evaluation.feeds, len(evaluation.feeds)))
+                                     feeds=budget_feeds(model, options_, evaluation.feeds if evaluation.given else None,
+                                                      len(evaluation.feeds)))
         report.outputs, report.outputs_note = evaluation.measure(out)
         report.inputs = evaluation.inputs_used()
         del out  # (one quantized model at a time)
         runs.append((options_.method, report))
     return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
+
+
+GPTQ_OPTIONS = ("damping", "block_size", "act_order")
 
 
 class Tensors(Moved, Store):
@@ -222,12 +234,20 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
 
         raise OptionError(misfits)
     chosen = None  # (with a budget) (graph, name) -> the QuantizedWeight allocated to it
+    calibration = None  # (a data-aware method) the layers' inputs collected on `feeds`
+    if options.data_aware:
+        from dyndq.quantization.calibration import Calibration
+
+        calibration = Calibration.collect(model, found.targets, options, feeds, loaded=tensors.loaded,
+                                          progress=progress)
+        report.notes += calibration.notes()
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
         chosen = report.budget.chosen()
     out = tensors.structure(model)
     names = NameScope(all_names(model))
-    rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress)
+    rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
+                      calibration)
     apply(out, [rule.rule()], None, names, store=tensors)
     if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
         report.budget.release()
@@ -248,8 +268,9 @@ class WeightRule:
     be is named in the report as left alone."""
 
     def __init__(self, targets, options: QuantizeOptions, report: QuantizeReport, scopes_by_path: dict, chosen,
-                 progress):
+                 progress, calibration=None):
         self.targets = {(t.graph, t.name): t for t in targets}
+        self.calibration = calibration
         self.options, self.report, self.every, self.chosen, self.progress = options, report, scopes_by_path, chosen, progress
         self.done = 0
 
@@ -265,7 +286,7 @@ class WeightRule:
         weight = view.read(held.tensor)
         started = time.perf_counter()  # (the layer's seconds: its quantizing and its nodes, the reading left out)
         chosen = None if self.chosen is None else self.chosen.get((target.graph, target.name))
-        q = _quantized(target, weight, self.options, chosen)
+        q = _quantized(target, weight, self.options, chosen, self.calibration)
         del weight
         if isinstance(q, Problem):
             self.done += 1
@@ -317,12 +338,18 @@ def constant_bytes(model: onnx.ModelProto) -> int:
 
 
 def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samples: int) -> list[dict] | None:
-    """The inputs a budget is chosen on: the evaluation's (the user's, or its seeded samples)."""
-    if options.budget is None:
+    """The inputs a budget is chosen on, and a data-aware method (gptq) calibrated on: the
+    evaluation's (the user's, or its seeded samples, a calibration.Seeded list)."""
+    if options.budget is None and not options.data_aware:
         return None
+    from dyndq.quantization.calibration import Seeded
     from dyndq.quantization.evaluate import seeded_samples
 
-    return given if given is not None else seeded_samples(model, options.seed, samples)
+    if given is not None:
+        return given
+    drawn = Seeded(seeded_samples(model, options.seed, samples))
+    drawn.seed = options.seed
+    return drawn
 
 
 def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds):
@@ -337,14 +364,26 @@ def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds
         raise OptionError([e.problem]) from None
 
 
-def _quantized(target, weight, options: QuantizeOptions, chosen=None):
+def _quantized(target, weight, options: QuantizeOptions, chosen=None, calibration=None):
     """The weight's QuantizedWeight in the options' format (`chosen`: made already, a budget's
-    allocation), or the Problem of a weight that cannot be quantized."""
+    allocation; `calibration`: a data-aware method's, calibration.py), or the Problem of a weight
+    that cannot be quantized."""
     # (a weight with NaN or infinity is told so, whatever else its quantization found: it is
     # looked for only where the quantization's error sums are not finite, or it failed, as a
     # NaN or an infinity makes them: a pass over every weight less)
+    from dyndq.quantization.gptq import NotPositiveDefinite
+
     try:
-        q = chosen if chosen is not None else options.fmt.quantize(weight, target, options, options.bits)
+        if chosen is not None:
+            q = chosen
+        elif calibration is not None:
+            q = calibration.quantize(weight, target, options)
+        else:
+            q = options.fmt.quantize(weight, target, options, options.bits)
+    except NotPositiveDefinite:
+        return _weight_problem(target, f"its inputs' X^T X plus damping {options.damping:g} not positive definite "
+                                       "(it did not factor)", "a damping with which it factors: larger where X^T X "
+                                                              "is nearly singular (default 0.01)")
     except ScaleOutOfRange as e:
         if not _finite(weight):
             return _weight_problem(target, *NOT_FINITE)

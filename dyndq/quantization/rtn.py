@@ -99,8 +99,19 @@ def rtn(groups: np.ndarray, *, bits: int, symmetric: bool, scale_dtype, rule: st
 
 
 def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
+    g = groups.astype(np.float32, copy=False)
+    stored, reciprocal, zero = matmul_scales(g, bits, symmetric, scale_dtype)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        levels = matmul_levels(g, reciprocal, zero, np.float32(qmax_of(bits)))
+    return Levels(levels, zero.astype(np.uint8), stored)
+
+
+def matmul_scales(g: np.ndarray, bits: int, symmetric: bool, scale_dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The matmul rule's (scale as stored, the float32 reciprocal its codes are made with, the
+    float32 zero level) for each group of float32 `g` [rows, n_groups, group_length]: what
+    `matmul_levels` takes (gptq.py rounds its columns one at a time with them)."""
     f32 = np.float32
-    g = groups.astype(f32, copy=False)
+    scale_dtype = np.dtype(scale_dtype)
     qmax, half = f32(qmax_of(bits)), f32(half_of(bits))
     low, high = g.min(axis=-1), g.max(axis=-1)
     if symmetric:
@@ -122,8 +133,7 @@ def _matmul_rule(groups, bits, symmetric, scale_dtype) -> Levels:
     against = stored.astype(f32) if scale_dtype == np.float16 else scale
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         reciprocal = np.where(against != 0, f32(1) / against, f32(0)).astype(f32)
-        levels = matmul_levels(g, reciprocal, zero, qmax)
-    return Levels(levels, zero.astype(np.uint8), stored)
+    return stored, reciprocal, zero.astype(f32)
 
 
 def matmul_levels(g: np.ndarray, reciprocal: np.ndarray, zero: np.ndarray, qmax) -> np.ndarray:

@@ -118,6 +118,8 @@ VALUES = {
     "format_choices": ["int2,int4", "mxfp4,nvfp4", "int4", "int3", "", ",,", "int8,int8"],
     "group_size": ["-1", "0", "1", "2", "16", "32", "128", "1000", str(2**40), "-7"],
     "samples": ["0", "1", "2", "-1"],  # (not a huge count: a million samples is a million runs, not a bug)
+    "damping": ["0", "-1", "nan", "inf", "0.01", "1e-300", "1e308", "x"],
+    "block_size": ["0", "1", "-3", "128", str(2**40)],
     "ops": ["MatMul", "Gather,Gemm", ",", "Conv", "MatMul,MatMul"],
     "exclude": ["E", "W1", "fc1", "nope", ""],
     "outputs": ["y", "nope", "h", "x", ""],

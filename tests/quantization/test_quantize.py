@@ -188,7 +188,7 @@ def problems_of(excinfo):
 
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(group_size=0), "group_size"), (dict(group_size=-2), "group_size"), (dict(group_size=True), "group_size"),
-    (dict(bits=3), "bits"), (dict(method="gptq"), "method"), (dict(scale_dtype="int8"), "scale_dtype"),
+    (dict(bits=3), "bits"), (dict(method="nope"), "method"), (dict(scale_dtype="int8"), "scale_dtype"),
     (dict(ops=("Conv",)), "ops"), (dict(exclude=("nope",)), "exclude"), (dict(ops=()), "ops"), (dict(seed=-1), "seed"),
 ])
 def test_bad_options_are_named(model, kwargs, argument):

@@ -1,0 +1,142 @@
+"""GPTQ: each weight's columns rounded one at a time, the error fed forward through the inverse Hessian.
+
+Frantar, Ashkboos, Hoefler and Alistarh, "GPTQ: Accurate Post-Training Quantization for
+Generative Pre-trained Transformers" (2022), Algorithm 1, on a weight W of X @ W, held here as
+rows of its reduction axis K (W^T: [N, K], the paper's [d_row, d_col]):
+
+    H = 2 X^T X over the calibration rows (activations.py: the sum of x^T x, doubled);
+    a dead input channel (H_ii = 0: always 0 on the calibration data) gets H_ii = 1;
+    H += damping * mean(diag H) * I;  U = the upper Cholesky factor of H^-1 (H^-1 = U^T U);
+    for each column i in order (act_order: by decreasing H_ii):
+        q_i = the column rounded with its group's scale and zero point;
+        e = (w_i - q_i) / U_ii;  the columns after i in this block: w_j -= e * U_ij;
+    after each block of `block_size` columns, the columns after it: W -= E @ U[block, after]
+    (the paper's lazy batch: the same sums, fewer passes over W).
+
+Where this differs from the paper's reference code, and why:
+- a group's scale and zero point are rtn's (rtn.matmul_scales: ONNX Runtime's matmul rule) on
+  the group's weights as they are when the first of its columns is reached, every update so
+  far applied (the reference reads them from W as it stood at the start of the block when a
+  group starts inside one); with act_order the groups are still the usual consecutive runs of
+  the axis, so the codes, scales and zero points are written in the usual layout (the
+  reference's act-order groups follow the permuted order and need a g_idx no op here reads);
+- a dead channel's weights are kept (the reference sets them to 0): they are rounded with no
+  error fed from them, so on inputs where that channel is not 0 the weight is still there;
+- a column's codes are rtn's rule on the float32 of its updated weights (`matmul_levels`), so
+  a weight no update moved gets rtn's very code; the error is measured against (q - z) * s
+  with the scale as stored.
+
+Pure NumPy, float64 throughout; the cost is the column loop: about 2 N K^2 flops for the updates
+plus a K^3 Cholesky per weight (the Hessian is the caller's: activations.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dyndq.quantization.numerics import QuantizedWeight, from_rows
+from dyndq.quantization.rtn import Levels, matmul_levels, matmul_scales, qmax_of
+
+DAMPING = 0.01
+BLOCK_SIZE = 128
+
+
+@dataclass(frozen=True)
+class GptqSettings:
+    damping: float = DAMPING  # times the mean of H's diagonal, added to it
+    block_size: int = BLOCK_SIZE  # columns per lazy batch (changes the order of sums only)
+    act_order: bool = False  # columns by decreasing H_ii
+
+
+class NotPositiveDefinite(ValueError):
+    """H + damping did not factor (damping too small for a nearly singular X^T X, or so large that
+    it overflows)."""
+
+
+def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: int, bits: int, symmetric: bool,
+                scale_dtype, settings: GptqSettings = GptqSettings()) -> QuantizedWeight:
+    """2-D `weight` (reduction axis `axis`) quantized by GPTQ with the calibration rows' X^T X
+    `gram` (K x K): numerics.QuantizedWeight in quantize_weight's layout."""
+    weight = np.asarray(weight)
+    rows = weight.T if axis == 0 else weight
+    length = rows.shape[1]
+    group = length if group_size == -1 else group_size
+    q = gptq_levels(rows.astype(np.float64), 2.0 * np.asarray(gram, np.float64), group=group, bits=bits,
+                    symmetric=symmetric, scale_dtype=np.dtype(scale_dtype or weight.dtype), settings=settings)
+    return from_rows(np.ascontiguousarray(rows), q, weight.shape, axis, group, bits, symmetric)
+
+
+def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
+                settings: GptqSettings = GptqSettings()) -> Levels:
+    """Levels [N, n_groups * group] (the last group padded with level 0), zero levels and
+    scales [N, n_groups] of rows `w` [N, K] (float64) for the Hessian `hessian` [K, K] (see the
+    module doc)."""
+    n, k = w.shape
+    n_groups = -(-k // group)
+    qmax = np.float32(qmax_of(bits))
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    order = np.argsort(-np.diag(h), kind="stable") if settings.act_order else np.arange(k)
+    position = np.empty(k, np.int64)
+    position[order] = np.arange(k)
+    h = h[np.ix_(order, order)]
+    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
+        h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
+    u = upper_inverse_cholesky(h)
+    work = w[:, order].copy()  # (its columns in the order they are rounded)
+    levels = np.zeros((n, n_groups * group), np.uint8)
+    zeros = np.zeros((n, n_groups), np.uint8)
+    scales = np.zeros((n, n_groups), scale_dtype)
+    reciprocal = np.zeros((n, n_groups), np.float32)
+    zero = np.zeros((n, n_groups), np.float32)
+    reached = np.zeros(n_groups, bool)
+    block = max(1, int(settings.block_size))
+    for start in range(0, k, block):
+        end = min(start + block, k)
+        errors = np.zeros((n, end - start))
+        for t in range(start, end):
+            column = order[t]
+            g = column // group
+            if not reached[g]:  # (its scale from its weights now: the updates of this block so far applied)
+                members = position[g * group:min((g + 1) * group, k)]
+                current = work[:, members]
+                later = members >= end  # (not yet given this block's errors: the lazy batch's pending part)
+                if later.any():
+                    current[:, later] -= errors[:, :t - start] @ u[start:t][:, members[later]]
+                stored, inverse, level_zero = matmul_scales(current.astype(np.float32)[:, None, :], bits, symmetric,
+                                                            scale_dtype)
+                scales[:, g], reciprocal[:, g], zero[:, g] = stored[:, 0], inverse[:, 0], level_zero[:, 0]
+                zeros[:, g] = zero[:, g]
+                reached[g] = True
+            x = work[:, t]
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                level = matmul_levels(x.astype(np.float32)[:, None, None], reciprocal[:, g, None], zero[:, g, None],
+                                      qmax)[:, 0, 0]
+                value = (level.astype(np.float64) - zero[:, g]) * scales[:, g].astype(np.float64)
+            levels[:, column] = level
+            error = (x - value) / u[t, t]
+            if not np.isfinite(error).all():  # (a scale its dtype cannot hold: numerics refuses it; no update)
+                error = np.nan_to_num(error, nan=0.0, posinf=0.0, neginf=0.0)
+            work[:, t + 1:end] -= np.outer(error, u[t, t + 1:end])
+            errors[:, t - start] = error
+        work[:, end:] -= errors @ u[start:end, end:]
+    return Levels(levels, zeros, scales)
+
+
+def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
+    """U, upper triangular, with H^-1 = U^T U (the paper's Cholesky form of the inverse Hessian),
+    from one Cholesky factorisation and one inverse: with J the reversal of the axis and
+    J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
+    inverting H and factoring the inverse would take a factorisation and an inverse more."""
+    try:
+        if not np.isfinite(h).all():  # (a damping of 1e308 times the diagonal's mean overflows)
+            raise np.linalg.LinAlgError("not finite")
+        lower = np.linalg.cholesky(h[::-1, ::-1])
+        u = np.linalg.inv(lower)[::-1, ::-1]
+        if not np.isfinite(u).all():
+            raise np.linalg.LinAlgError("its inverse is not finite")
+    except np.linalg.LinAlgError as e:
+        raise NotPositiveDefinite(str(e)) from None
+    return np.ascontiguousarray(u)
