@@ -444,12 +444,13 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
         return out
 
     candidates = C.rtn_candidates(laid_out(theirs), g, scales.dtype, d.reader) + \
-        C.qdq_candidates(laid_out(theirs), g, codes.dtype.name)
+        C.qdq_candidates(laid_out(theirs), g, codes.dtype.name) + C.nncf_candidates(laid_out(theirs), g, scales.dtype)
     if not candidates:
         return None
     for rtn in candidates:
         if C.exact(offsets, scales, zeros, rtn, covered):
-            return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g))
+            return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g),
+                                 note=C.also_nncf(rtn, candidates, offsets, scales, zeros, covered))
     for rtn in candidates:
         found = C.layout(codes, scales, zeros, rtn, g, covered)
         if found is not None:
@@ -457,7 +458,8 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
                                  note=found[1])
     if theirs.ndim == 2 and theirs.shape[0] == theirs.shape[1]:
         flipped = laid_out(theirs.T.copy())
-        for rtn in C.rtn_candidates(flipped, g, scales.dtype, d.reader) + C.qdq_candidates(flipped, g, codes.dtype.name):
+        for rtn in C.rtn_candidates(flipped, g, scales.dtype, d.reader) + C.qdq_candidates(flipped, g, codes.dtype.name) + \
+                C.nncf_candidates(flipped, g, scales.dtype):
             if C.exact(offsets, scales, zeros, rtn, covered):
                 return WeightVerdict(d.value, name, "layout", kind="transposed", error=error, matched=how,
                                      rule=rtn.name(g), note="its codes are round to nearest of the source transposed")
