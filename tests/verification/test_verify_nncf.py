@@ -130,3 +130,19 @@ def test_a_zero_point_plus_one_in_one_weight_is_named_and_only_there():
     assert {k: (w.status, w.kind) for k, w in got.items()} == {
         "E": ("rtn", None), "W1": ("rtn", None), "W2": ("layout", "zero-point-off-by-one"), "W3": ("rtn", None)}
     assert got["W2"].rule.startswith(NNCF_RULE) and "+1" in got["W2"].note
+
+
+def test_nncfs_invalid_embedding_with_all_layers_is_said_against_its_weight():
+    """all_layers=True with groups: NNCF 3.4 blocks the Gather's table [64, 64] along axis 0 with its
+    scales [64, 2] grouped along axis 1, a DequantizeLinear neither engine runs.  verify says so against
+    that weight (unmatched, the engine's complaint in its note), not an internal error, and judges the rest."""
+    source = source_model()
+    model = nncf.compress_weights(copy_of(source), mode=Mode.INT4_SYM, group_size=32, ratio=1.0, all_layers=True)
+    report = dyndq.verify(model, source, samples=1)
+    got = {w.weight: w for w in report.weights}
+    assert {k: (w.status, w.source) for k, w in got.items()} == {
+        "E_dequantized": ("unmatched", None), "W1_dequantized": ("rtn", "W1"), "W2_dequantized": ("rtn", "W2"),
+        "W3_dequantized": ("rtn", "W3")}
+    assert "DequantizeLinear 'E_DequantizeLinear'" in got["E_dequantized"].note
+    assert "does not compute on the reference engine: Invalid shapes for Blocked Quantization" in got["E_dequantized"].note
+    assert report.unused == ["E"] and not report.faithful and report.outputs == []
