@@ -146,3 +146,19 @@ def test_nncfs_invalid_embedding_with_all_layers_is_said_against_its_weight():
     assert "DequantizeLinear 'E_DequantizeLinear'" in got["E_dequantized"].note
     assert "does not compute on the reference engine: Invalid shapes for Blocked Quantization" in got["E_dequantized"].note
     assert report.unused == ["E"] and not report.faithful and report.outputs == []
+
+
+def test_nncfs_asymmetric_matmulnbits_is_a_finding_not_a_float_weight():
+    """Opset 19, INT4_ASYM: NNCF 3.4 writes MatMulNBits' zero points unpacked, uint8 [N, blocks], a shape
+    neither ONNX Runtime (its PrePack refuses it) nor dyndq's lift takes.  Its scales were once listed
+    as weights left float, and the report faithful (exit 0); now each is unmatched, a finding."""
+    source = source_model(opset=19)
+    model = compressed(source, Mode.INT4_ASYM, 32)
+    zp = next(t for t in model.graph.initializer if t.name == "W1_zero_point")
+    assert list(zp.dims) == [64, 2]  # (NNCF's form, as it writes it)
+    report = dyndq.verify(model, source, samples=1)
+    got = {w.weight: (w.status, w.source) for w in report.weights}
+    assert got == {"E_dequantized": ("rtn", "E"), "W3_dequantized": ("rtn", "W3"),
+                   "W1_scale": ("unmatched", None), "W2_scale": ("unmatched", None)}
+    assert all("MatMulNBits node verify could not read" in w.note for w in report.weights if w.status == "unmatched")
+    assert sorted(report.unused) == ["W1", "W2"] and not report.faithful
