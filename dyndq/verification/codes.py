@@ -46,8 +46,8 @@ class Rtn:
 
     def name(self, g: Grouping) -> str:
         block = "per tensor" if g.tensor else "per channel" if g.block == -1 else f"block {g.block}"
-        owner = "NNCF" if self.rule == "nncf" else "ONNX Runtime"
-        return f"{owner}'s {self.rule} rule ({RULE_SOURCES[self.rule]})" + \
+        owner = "NNCF's" if self.rule == "nncf" else f"ONNX Runtime's {self.rule}"
+        return f"{owner} rule ({RULE_SOURCES[self.rule]})" + \
             f", {'symmetric' if self.symmetric else 'asymmetric'}, {g.bits} bits, {block}"
 
 

@@ -26,7 +26,7 @@ from nncf import CompressWeightsMode as Mode  # noqa: E402
 
 from verify_models import copy_of, float_model, init, replace  # noqa: E402
 
-NNCF_RULE = "NNCF's nncf rule (weight_lowering.do_integer_quantization)"
+NNCF_RULE = "NNCF's rule (weight_lowering.do_integer_quantization)"
 ALSO = "NNCF's rule (weight_lowering.do_integer_quantization) gives the same codes"
 
 
