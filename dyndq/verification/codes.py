@@ -46,13 +46,16 @@ class Rtn:
 
     def name(self, g: Grouping) -> str:
         block = "per tensor" if g.tensor else "per channel" if g.block == -1 else f"block {g.block}"
-        return f"ONNX Runtime's {self.rule} rule ({RULE_SOURCES[self.rule]})" + \
+        owner = "NNCF's" if self.rule == "nncf" else f"ONNX Runtime's {self.rule}"
+        return f"{owner} rule ({RULE_SOURCES[self.rule]})" + \
             f", {'symmetric' if self.symmetric else 'asymmetric'}, {g.bits} bits, {block}"
 
 
 # where each rule is ONNX Runtime's: its weight-only quantizer's two (dyndq.quantization.rtn), and
-# its QDQ/QOperator quantizer's (quantize_static, quantize_dynamic: quant_utils.quantize_data, called)
-RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray", "qdq": "quant_utils.quantize_data"}
+# its QDQ/QOperator quantizer's (quantize_static, quantize_dynamic: quant_utils.quantize_data, called);
+# NNCF's data-free weight compression (nncf_candidates)
+RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray", "qdq": "quant_utils.quantize_data",
+                "nncf": "weight_lowering.do_integer_quantization"}
 
 
 def grouping(decoder, codes: np.ndarray, scales: np.ndarray) -> Grouping | None:
@@ -129,6 +132,67 @@ def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) ->
             levels = offsets + (1 << (g.bits - 1) if symmetric else _spread(zeros, g, codes.shape))
             out.append(Rtn(rule, symmetric, offsets, levels, q.scales, zeros))
     return out
+
+
+def nncf_candidates(source: np.ndarray, g: Grouping, scale_dtype) -> list[Rtn]:
+    """NNCF's round to nearest of `source` (nncf.compress_weights' data-free INT4/INT8 modes, its
+    reference path: weight_lowering.calculate_integer_quantization_params and
+    _calculate_integer_quantized_weight, NNCF 3.4), symmetric and asymmetric.  Written out here
+    because nncf is no dependency of dyndq (it pulls in scipy, scikit-learn, networkx): the rule is
+    a few lines, and `make test-nncf` checks it against NNCF's own output.  It differs from ONNX
+    Runtime's: float32 throughout, w / scale (not w times a reciprocal), NumPy's half-to-even
+    rounding; symmetric: scale = (|min| >= max ? |min| : -max) / 2^(bits-1), signed codes
+    -2^(bits-1)..2^(bits-1)-1 and no zero point; asymmetric: min and max widened to hold 0, scale =
+    (max - min) / (2^bits - 1), zero point = clip(-round(min / scale)), codes round(w / scale + zp).
+    Scales below float32's eps are eps.  On float32 weights this is ONNX Runtime's gather rule but
+    for two kinds of group: one whose scale falls below eps (a group of zeros: a pruned column), and
+    one holding a single positive value (NNCF's symmetric scale positive, ONNX Runtime's negative).
+    ([] where the form is per tensor.)"""
+    if g.tensor:
+        return []
+    w = np.moveaxis(np.asarray(source, np.float32), g.axis, -1)
+    length = w.shape[-1]
+    block = length if g.block == -1 else g.block
+    if length % block:  # (NNCF groups only an axis its group size divides)
+        return []
+    w = w.reshape(*w.shape[:-1], length // block, block)
+    lo, hi = w.min(axis=-1, keepdims=True), w.max(axis=-1, keepdims=True)
+    eps = np.finfo(np.float32).eps
+    out = []
+    for symmetric in (True, False):
+        with np.errstate(all="ignore"):
+            if symmetric:
+                qmin, qmax = -(1 << (g.bits - 1)), (1 << (g.bits - 1)) - 1
+                scale = np.where(np.abs(lo) >= hi, np.abs(lo), -hi) / np.float32(1 << (g.bits - 1))
+                scale = np.where(np.abs(scale) < eps, eps, scale).astype(np.float32)
+                zeros = None
+                levels = np.clip(np.round(w / scale), qmin, qmax)
+            else:
+                qmin, qmax = 0, (1 << g.bits) - 1
+                lo0, hi0 = np.minimum(np.float32(0), lo), np.maximum(np.float32(0), hi)
+                scale = ((hi0 - lo0) / np.float32(qmax)).astype(np.float32)
+                scale = np.where(np.abs(scale) < eps, eps, scale).astype(np.float32)
+                zeros = np.clip((np.float32(0) - np.round(lo0 / scale)).astype(np.int32), qmin, qmax)
+                levels = np.clip(np.round(w / scale + zeros.astype(np.float32)), qmin, qmax)
+        if not np.isfinite(scale).all():
+            continue
+        levels = np.moveaxis(_ints(levels).reshape(*levels.shape[:-2], length), -1, g.axis)
+        shape = list(source.shape)
+        shape[g.axis] = 1 if g.block == -1 else length // block
+        scales = np.moveaxis(scale[..., 0], -1, g.axis).reshape(shape).astype(scale_dtype)
+        z = None if zeros is None else np.moveaxis(_ints(zeros)[..., 0], -1, g.axis).reshape(shape)
+        offsets = offsets_of(levels, z, g)
+        out.append(Rtn("nncf", symmetric, offsets, levels, scales, z))
+    return out
+
+
+def also_nncf(rtn: Rtn, candidates: list[Rtn], offsets, scales, zeros, covered) -> str:
+    """Where ONNX Runtime's rule matched, whether NNCF's gives the very same codes too (on float32
+    weights NNCF's rule is ONNX Runtime's gather rule but for its eps floor, and the matmul rule
+    differs from both only at ties): said, so that an NNCF output is not taken for ONNX Runtime's."""
+    if rtn.rule == "nncf" or not any(c.rule == "nncf" and exact(offsets, scales, zeros, c, covered) for c in candidates):
+        return ""
+    return f"NNCF's rule ({RULE_SOURCES['nncf']}) gives the same codes"
 
 
 def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn]:
