@@ -365,3 +365,44 @@ def test_streamed_a_tied_embedding_is_shared_as_in_memory(tmp_path, kind, monkey
     assert [n.op_type for n in streamed.graph.node].count("GatherBlockQuantized") == 1
     got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
     assert got == want
+
+
+def test_streamed_fused_weights_are_moved_and_packed_in_bands_bit_for_bit(llama, tmp_path, monkeypatch):
+    """The fused form streamed moves a Q8_0 weight's codes to [K, N] (fused._bands_transposed,
+    written straight to the data file) and packs MatMulNBits' B (matmul_nbits._packed_b) a band
+    at a time, never a whole-tensor temporary: with bands of a few rows, the file written is the
+    one the import in memory writes (whole arrays), bit for bit."""
+    from dyndq.checkpoints import fused
+    from dyndq.converters.contrib import matmul_nbits
+
+    monkeypatch.setattr(fused, "BAND_BYTES", 64)
+    monkeypatch.setattr(matmul_nbits, "BAND_BYTES", 64)
+    bands = {"moved": 0, "packed": 0}
+    moved, packed = fused._bands_transposed, matmul_nbits._packed_b
+
+    def counted_moved(codes):
+        for chunk in moved(codes):
+            bands["moved"] += 1
+            yield chunk
+
+    def counted_packed(codes, shift, bits):
+        bands["packed"] += -(-codes.shape[1] // max(1, matmul_nbits.BAND_BYTES // codes.shape[0]))
+        return packed(codes, shift, bits)
+
+    monkeypatch.setattr(fused, "_bands_transposed", counted_moved)
+    monkeypatch.setattr(matmul_nbits, "_packed_b", counted_packed)
+    src, _, path = llama
+    model = float_model(src, extra=True)
+    (tmp_path / "in").mkdir()
+    save_model(model, tmp_path / "in" / "f.onnx", external_data=True)
+    save_model(model, tmp_path / "whole.onnx")
+    report = import_file(tmp_path / "in" / "f.onnx", path, tmp_path / "out.onnx", emit="onnxruntime")
+    assert bands["moved"] > 1 and bands["packed"] > 1, bands  # (the streamed import took the band paths)
+    moved_streamed = bands["moved"]
+    whole = import_file(tmp_path / "whole.onnx", path, tmp_path / "whole.out.onnx", emit="onnxruntime")
+    assert bands["moved"] == moved_streamed  # (in memory: the codes moved whole, as before)
+    assert report.forms == whole.forms and any(f.startswith("com.microsoft::MatMulNBits") for f in report.forms.values())
+    got, want = _written_tensors(tmp_path / "out.onnx"), _written_tensors(tmp_path / "whole.out.onnx")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name
