@@ -102,14 +102,15 @@ def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_th
 MIB = 1 << 20
 # the fused form's per-weight work (fused.prepare's rewrite, MatMulNBits' packing in the export): a
 # few copies of one tensor, never the checkpoint's (docs/import.md, "Memory")
-FUSED_TIMES = 8
+FUSED_TIMES = 5  # (measured 5.6x - 4 MiB of slack on the 96 MiB model: 11.8 MiB)
+FUSED_TIMES_BIG = 6  # (measured 5.4x on the 2.1 GiB model, 17 MiB tensors: 91 MiB, where the slack is small)
 
 
 def test_every_emit_is_streamed_and_import_weights_adds_only_the_model_it_returns(tmp_path):
     """The 96 MiB model of the test above, each --emit: streamed (`import_file` from external data),
     the import's peak before the written file's check (for onnx and onnxruntime an ONNX Runtime
     session of the file: the engine's own memory) under 1.5x the largest checkpoint tensor + 4 MiB
-    for the composition (--emit onnx, --emit onnxruntime --fuse never, and dyndq), under 8x it for
+    for the composition (--emit onnx, --emit onnxruntime --fuse never, and dyndq), under 5x it for
     the fused MatMulNBits (its per-weight rewrite and packing), both under the checkpoint's bytes
     (25.5 MiB: holding the model whole, any emit's, would be over); and `import_weights` on a
     model in memory adds the model it returns and no more than the bound (the float weights it
@@ -139,13 +140,13 @@ def test_a_model_over_2_gib_is_imported_streamed_for_onnxruntime(tmp_path):
     """The 2.1 GiB model below, `--emit onnxruntime` (MatMulNBits, fused) and `--fuse never` (the
     composition): external data in and out, the file at 1.059x (fused Q8_0: float32 scales) and
     1.00x the checkpoint, the import's peak before the check (an ONNX Runtime session of the
-    file) under 8x (fused) and 1.5x (composition) the largest tensor + 4 MiB."""
+    file) under 6x (fused) and 1.5x (composition) the largest tensor + 4 MiB."""
     pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
     result = measured(rows=4096, cols=4096, tensors=34, folder=tmp_path, emits=("onnxruntime", "onnxruntime/never"))
     sizes, runs = result["sizes"], result["cases"]
     assert sizes["floats"] > 2 ** 31
     largest = sizes["largest_tensor"]
-    for name, times, size in (("stream onnxruntime", FUSED_TIMES, 36 / 34), ("stream onnxruntime/never", 1.5, 1.0)):
+    for name, times, size in (("stream onnxruntime", FUSED_TIMES_BIG, 36 / 34), ("stream onnxruntime/never", 1.5, 1.0)):
         r = runs[name]
         assert r["imported"] == 34 and r["left_float"] == ["kept.bias"]
         assert r["written"] < size * sizes["checkpoint"] * 1.001 + MIB, (name, r["written"] / sizes["checkpoint"])
