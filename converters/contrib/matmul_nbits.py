@@ -390,11 +390,9 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
 
     bias, last = _bias(view, matmul, N, t)
     replaced = [node] + nodes + [matmul] + ([last] if bias else [])
-    q = (codes.astype(np.int16) + shift).T  # [N, K_pad] (codes of at most 8 bits, shifted: int16 holds them, at a
-    # quarter of int64's bytes: the streamed import converts one weight at a time, this is its peak)
     new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
-    inputs = [a, new.add(shared.pack(q, bits).reshape(N, blocks, block * bits // 8), src),
+    inputs = [a, new.add(_packed_b(codes, shift, bits).reshape(N, blocks, block * bits // 8), src),
               new.add(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]), s)]
     zp_form = form.get("zero_points", "packed" if np.any(zero != absent_zero_point(bits)) else "absent")
     if zp_form == "absent" and np.any(zero != absent_zero_point(bits)):
@@ -425,6 +423,24 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     shared.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
+
+
+BAND_BYTES = 1 << 18  # the codes shifted and packed at once (_packed_b): 4x that in int16 temporaries
+
+
+def _packed_b(codes: np.ndarray, shift: int, bits: int) -> np.ndarray:
+    """MatMulNBits' B rows, uint8 [N, K_pad*bits/8]: the codes [K_pad, N] shifted to unsigned, transposed
+    and packed a band of columns at a time into one array, so that no whole-weight temporary (the
+    codes widened to int16, shifted, transposed) is made beside it: the streamed import exports one
+    weight at a time, and this was its peak (docs/import.md, "Memory")."""
+    k_pad, N = codes.shape
+    out = np.empty((N, k_pad * bits // 8), np.uint8)
+    band = max(1, BAND_BYTES // max(1, k_pad))
+    for start in range(0, N, band):
+        q = codes[:, start:start + band].astype(np.int16)  # (codes of at most 8 bits, shifted: int16 holds them)
+        q += shift
+        out[start:start + band] = shared.pack(q.T, bits)
+    return out
 
 
 def _bias(view: GraphView, matmul, N: int, t: str):

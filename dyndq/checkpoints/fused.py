@@ -114,13 +114,15 @@ def why_not(kind: str) -> str:
     return f"{kind}: no fused form written for it"
 
 
-def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded, store=None):
+def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded, store=None, store_bytes=None):
     """(decoded, matches) with each weight that fits rewritten into the lowering's form, and
     {weight: the form planned, or "composition: <reason>"}.  A rewritten weight's decode gives
     the graph's orientation itself, so its match reads it as stored (no Transpose after).
     `decoded`: {tensor: its Written}, or a function making one (one tensor's decode at a time);
     `store(tensor)`, when given, takes each tensor of a decode once it is settled (the streamed
-    import: written to the new data file, its stub kept), so that one decode is held at a time."""
+    import: written to the new data file, its stub kept), so that one decode is held at a time;
+    `store_bytes(name, data_type, dims, chunks)` (DataFile.stored_bytes), when given, writes the
+    8-bit codes moved to [K, N] a band at a time, never whole beside the decode (docs/import.md, "Memory")."""
     by_tensor: dict[str, list[Match]] = {}
     for m in matches:
         by_tensor.setdefault(m.tensor, []).append(m)
@@ -160,7 +162,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
             use, reason = _use(ms[0], readers.get(ms[0].weight, []), readers)
         rewritten = None
         if use is not None:
-            rewritten, reason = _rewrite(written, tuple(source.shape), use.split(" ")[0], widen)
+            rewritten, reason = _rewrite(written, tuple(source.shape), use.split(" ")[0], widen, store_bytes)
         if rewritten is None:
             for m in ms:
                 planned[m.weight] = f"composition: {reason}"
@@ -360,7 +362,7 @@ def _bits(data_type: int) -> int | None:
     return dtypes.narrow_integer_bits(dtypes.by_onnx(data_type))
 
 
-def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Written | None, str]:
+def _rewrite(written: Written, shape: tuple, use: str, widen: bool, store_bytes=None) -> tuple[Written | None, str]:
     """(the decode, the fused form in a few words) or (None, why not): the decode of a tensor
     [rows, K] (one DynamicDequantize per_group in blocks along K, then Reshape; a Cast to the
     scales' type folded) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
@@ -399,13 +401,19 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
     if widen:
         scales = scales.astype(np.float32)  # (exact)
     zps = None if zps_t is None else _values(zps_t).reshape(rows, k // bs)
-    if use == "matmul":
+    if use == "matmul" and store_bytes is not None and codes.dtype.itemsize == 1 and _bits(codes_t.data_type) == 8:
+        # (the codes [K, rows] written a band of K at a time: the bytes from_array would give, never a whole copy)
+        moved_codes = store_bytes(codes_t.name, codes_t.data_type, [k, rows], _bands_transposed(codes))
+        codes, scales = None, np.ascontiguousarray(scales.T)
+        zps = None if zps is None else np.ascontiguousarray(zps.T)
+        group = [bs, 1]
+    elif use == "matmul":
         codes, scales = np.ascontiguousarray(codes.T), np.ascontiguousarray(scales.T)
         zps = None if zps is None else np.ascontiguousarray(zps.T)
         group = [bs, 1]
     else:
         group = [1, bs]
-    tensors = [_codes_tensor(codes, codes_t), numpy_helper.from_array(scales, scales_t.name)]
+    tensors = [moved_codes if codes is None else _codes_tensor(codes, codes_t), numpy_helper.from_array(scales, scales_t.name)]
     if zps is not None:
         tensors.append(_codes_tensor(zps, zps_t))
     out_type = TensorProto.FLOAT if scales.dtype == np.float32 else TensorProto.FLOAT16
@@ -415,6 +423,17 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool) -> tuple[Wri
             + (", zero points" if zps is not None else ""))
     moved = f"{written.form}; codes and scales moved to {'[K, N]' if use == 'matmul' else '[rows, K]'}, blocks {group}"
     return Written([new], tensors, node.output[0], moved, written.opset, (), out_type), form
+
+
+BAND_BYTES = 1 << 18  # about the codes moved at once when they are written a band at a time
+
+
+def _bands_transposed(codes: np.ndarray):
+    """The bytes of codes.T (C order), a band of its rows at a time."""
+    rows, k = codes.shape
+    band = max(1, BAND_BYTES // max(1, rows * codes.itemsize))
+    for start in range(0, k, band):
+        yield np.ascontiguousarray(codes[:, start:start + band].T).data
 
 
 def _to(node: onnx.NodeProto) -> int | None:

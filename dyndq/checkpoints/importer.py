@@ -175,7 +175,8 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     elif emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; each
         # decode made and rewritten in turn, before any is placed; streamed: written to the data file as it goes)
         decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors),
-                                               store=None if data is None else data.stored)
+                                               store=None if data is None else data.stored,
+                                               store_bytes=None if data is None else data.stored_bytes)
         report.forms = plan.forms
     replaced = {m.weight for m in matches}
     if before_placing is not None:

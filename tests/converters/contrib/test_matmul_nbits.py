@@ -364,3 +364,20 @@ def test_one_scale_per_column_is_written_as_matmul_nbits_that_means_the_same_at_
         assert np.array_equal(session.run(None, {"A": eye})[0], weights), level
         got = session.run(None, {"A": A})[0]
         assert np.abs(got - want).max() <= TOLERANCE * np.abs(want).max(), level
+
+
+@pytest.mark.parametrize("bits,signed", [(2, True), (2, False), (4, True), (4, False), (8, True), (8, False)])
+@pytest.mark.parametrize("band_bytes", [1, 40, 1 << 18])
+def test_b_packed_in_bands_is_the_whole_weight_packed(bits, signed, band_bytes, monkeypatch):
+    """MatMulNBits' B made a band of columns at a time (the streamed import's memory: no whole
+    int16 copy of the codes) is the bytes of the codes shifted, transposed and packed whole."""
+    from dyndq.converters.contrib import matmul_nbits
+
+    monkeypatch.setattr(matmul_nbits, "BAND_BYTES", band_bytes)
+    rng = np.random.default_rng(bits)
+    low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
+    codes = rng.integers(low, high, size=(64, 37)).astype(np.int8 if signed else np.uint8)
+    shift = matmul_nbits.absent_zero_point(bits) if signed else 0
+    whole = foreign.pack((codes.astype(np.int16) + shift).T, bits)
+    got = matmul_nbits._packed_b(codes, shift, bits)
+    assert got.dtype == np.uint8 and got.shape == whole.shape and np.array_equal(got, whole)
