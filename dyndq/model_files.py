@@ -58,7 +58,7 @@ def read_model(path: str | os.PathLike, *, load_data: bool = True) -> LoadedMode
     if not model.HasField("graph") or model.ir_version == 0:
         raise ModelFileError(f"{path}: not an ONNX model (no graph or no IR version in it)")
     tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
-    locations = sorted({_location(t) for t in tensors})
+    locations = sorted({external_entry(t, "location") for t in tensors})
     if tensors:
         for t in tensors:
             _check_external_fields(path, t)
@@ -300,5 +300,6 @@ def _check_external_fields(path: str, tensor: onnx.TensorProto) -> None:
                                  "is not a non-negative whole number")
 
 
-def _location(tensor: onnx.TensorProto) -> str:
-    return next((e.value for e in tensor.external_data if e.key == "location"), "")
+def external_entry(tensor: onnx.TensorProto, key: str) -> str:
+    """The value of one of a tensor's external_data entries ("location", "offset", "length"), "" when absent."""
+    return next((e.value for e in tensor.external_data if e.key == key), "")

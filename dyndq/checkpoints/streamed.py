@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, numpy_helper
 
-from dyndq.model_files import DataFile
+from dyndq.model_files import DataFile, external_entry
 
 COPY_BYTES = 4 << 20  # the bytes copied at once from the scratch file to the new one
 
@@ -54,19 +54,15 @@ def exported_streamed(model: onnx.ModelProto, emit: str, scratch: ReadableDataFi
             out, report = export_with_report(model, target=emit, consume=True)
         scratch.file.flush()
         for t in external_data_helper._get_all_tensors(out):
-            if external_data_helper.uses_external_data(t) and _entry(t, "location") == scratch.location:
+            if external_data_helper.uses_external_data(t) and external_entry(t, "location") == scratch.location:
                 _copy(t, scratch, data)
     return out, report
-
-
-def _entry(t: onnx.TensorProto, key: str) -> str:
-    return next((e.value for e in t.external_data if e.key == key), "")
 
 
 def _copy(t: onnx.TensorProto, scratch: ReadableDataFile, data: DataFile) -> None:
     """`t`'s bytes moved from `scratch` to `data` a few MiB at a time (never one tensor whole in
     memory), its stub pointed there."""
-    offset, length = int(_entry(t, "offset") or 0), int(_entry(t, "length"))
+    offset, length = int(external_entry(t, "offset") or 0), int(external_entry(t, "length"))
     fd = scratch.file.fileno()
 
     def chunks():
