@@ -49,6 +49,10 @@ def _add_parser(sub) -> None:
     q.add_argument("--block-size", type=int, metavar="N", help="with --method gptq: columns per lazy batch (default 128)")
     q.add_argument("--act-order", action="store_true", default=None,
                    help="with --method gptq: round the columns by decreasing Hessian diagonal")
+    q.add_argument("--calibration-memory", metavar="SIZE",
+                   help="with --method gptq: the layer statistics (X^T X) held at once, e.g. 512MiB or 2GB; the "
+                        "inputs are collected in as many passes over the samples as that takes (default: a quarter "
+                        "of the model's weights, or one layer's statistics if more)")
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
@@ -112,7 +116,8 @@ def cmd_quantize(args) -> int:
     options = dict(format=args.format, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, scale_dtype=args.scale_dtype,
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
     options.update({key: value for key, value in (("damping", args.damping), ("block_size", args.block_size),
-                                                  ("act_order", args.act_order)) if value is not None})
+                                                  ("act_order", args.act_order),
+                                                  ("calibration_memory", args.calibration_memory)) if value is not None})
     if args.budget is not None or args.format_choices is not None:
         options.update(budget=args.budget, format_choices=args.format_choices)
 

@@ -63,6 +63,11 @@ class ActivationStats:
             np.maximum(self.abs_max, magnitude.max(axis=0), out=self.abs_max)
         self.rows += len(x)
 
+    @staticmethod
+    def bytes_for(k: int, gram: bool = True) -> int:
+        """The bytes the statistics of one input of K channels hold (float64: X^T X and two sums)."""
+        return 8 * (k * k if gram else 0) + 8 * 2 * k
+
     @property
     def mean_abs(self) -> np.ndarray:
         """The mean |x| per input channel (AWQ's activation magnitude): [K]."""
@@ -106,13 +111,18 @@ def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, g
             progress=None) -> dict[LayerInput, ActivationStats]:
     """The statistics of each of `inputs` (LayerInputs) over the samples `feeds` (checked feed
     dicts), the model run on ONNX Runtime (`loaded`: as model_files.read_model(..., load_data=False)
-    read it, its weights read from its external data for the run).  `gram`: also sum X^T X."""
+    read it, its weights read from its external data for the run) with only those inputs exposed:
+    one pass over the samples (calibration.py runs several, a group of inputs each, within a memory
+    bound).  `gram`: also sum X^T X."""
+    from dyndq.quantization.evaluate import OnOrt
+
     inputs = list(dict.fromkeys(inputs))
     stats = {i: ActivationStats.empty(i.k, gram) for i in inputs}
     fed = {vi.name for vi in model.graph.input}
     wanted = {i.value: i.dtype for i in inputs if i.value not in fed}
     try:
-        run = _collecting_runner(model, wanted, loaded) if wanted else None
+        # (the float model on ONNX Runtime as the evaluation runs it, only these values given: evaluate.OnOrt)
+        run = OnOrt(model, loaded, outputs=wanted) if wanted else None
     except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot load (a bfloat16 MatMul): said, not a traceback
         raise _engine_problem(e, "load it") from e
     for n, sample in enumerate(feeds):
@@ -144,37 +154,3 @@ def _engine_problem(e: Exception, what: str) -> ActivationError:
     return ActivationError([Problem("model", f"ONNX Runtime could not {what} to collect the layers' inputs: "
                                              f"{first_line(e)}",
                                     "a model and inputs ONNX Runtime runs (a data-aware method calibrates on them)")])
-
-
-def _collecting_runner(model: onnx.ModelProto, values: dict[str, str], loaded):
-    """A Runner of a copy of `model` whose graph outputs are `values` (name -> dtype: declared,
-    their shape left open), on ONNX Runtime as quantize's evaluation runs a float model: a
-    standard model's big weights fed as arrays held once (evaluate.OnOrt's way), anything else
-    exported whole (dyndq.run's)."""
-    from dyndq.ort_session import OrtSession
-    from dyndq.quantization.evaluate import _standard, _weights_apart
-    from dyndq.run_outputs import exported_for_onnxruntime
-    from dyndq.runner import ORT_LEVEL, Runner
-
-    from dyndq.plumbing.types import elem_type
-
-    if _standard(model):
-        copy, weights = _weights_apart(model, loaded)  # (a new model: the big weights' data not copied into it)
-    else:
-        from dyndq.model_files import load_model
-
-        copy, weights = onnx.ModelProto(), None
-        copy.CopyFrom(load_model(loaded.path) if loaded is not None else model)
-    del copy.graph.output[:]
-    for v, dtype in values.items():
-        copy.graph.output.append(onnx.helper.make_tensor_value_info(v, elem_type(dtype), None))
-    if weights is None:
-        return Runner(copy, "onnxruntime", arena=False)
-    session = OrtSession(exported_for_onnxruntime(copy), level=ORT_LEVEL, weights=weights, arena=False)
-    # (the Runner checks the feeds against the model's own inputs, its weights fed apart by the session)
-    face = onnx.ModelProto()
-    face.graph.input.extend(model.graph.input)
-    face.graph.output.extend(copy.graph.output)
-    face.graph.initializer.extend(onnx.TensorProto(name=t.name) for t in model.graph.initializer)
-    return Runner(face, "onnxruntime", session=session)
-

@@ -117,13 +117,21 @@ class OnOrt(Runner):
     contrib ops or functions, whose export may read its constants) is exported whole, as the
     Runner does, unless `as_written` (its path): a file written for ONNX Runtime (quantize's --emit
     onnx and onnxruntime) runs as it is, its MatMulNBits and all, never rewritten.  ONNX Runtime's arena
-    is off either way.  `how` says which of these ran, for the report."""
+    is off either way.  `how` says which of these ran, for the report.
 
-    def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None):
+    `outputs`: {value name: its dtype name} of the main graph to give instead of the graph's outputs
+    (the calibration's layer inputs, activations.py), exposed on a copy made for the run (the model
+    passed in is never changed): as `dyndq.run(..., outputs=)` asks for values (run_outputs.with_outputs),
+    each typed as the model declares it, else as ONNX infers it, else by the dtype given with an
+    open shape (ONNX Runtime needs a type; a model over 2 GiB is not inferred)."""
+
+    def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None, outputs=None):
         from dyndq.ort_session import OrtSession
         from dyndq.run_outputs import exported_for_onnxruntime
 
         self.how = ENGINE  # (our op exported exactly, as dyndq run --engine onnxruntime runs it)
+        if as_written is not None and outputs is not None:
+            raise TypeError("OnOrt: outputs are exposed on the float model, not on a file as written")
         if as_written is not None:  # (the file's path; `model` read from it, its external data left there)
             self.how = f"{ENGINE}, the file as written"
             super().__init__(model, ENGINE, session=OrtSession(model, level=ORT_LEVEL, arena=False, path=as_written))
@@ -134,14 +142,42 @@ class OnOrt(Runner):
                 from dyndq.model_files import load_model
 
                 model = load_model(loaded.path)
+            if outputs is not None:
+                model = _exposing(model, outputs)
             super().__init__(model, ENGINE, arena=False)
             self.ops = sorted({n.op_type for n in self.exported.graph.node})  # (what ran, for the report and its tests)
             del self.exported  # (the session holds what it runs: the whole export is not kept beside it)
             return
         light, weights = _weights_apart(model, loaded)
+        face = model  # (what the Runner checks feeds and outputs against: the model's own inputs, its weights fed apart)
+        if outputs is not None:
+            light = _exposing(light, outputs)
+            face = _face(model, light.graph.output)
         exported = exported_for_onnxruntime(light)
-        super().__init__(model, ENGINE, session=OrtSession(exported, level=ORT_LEVEL, weights=weights, arena=False))
+        super().__init__(face, ENGINE, session=OrtSession(exported, level=ORT_LEVEL, weights=weights, arena=False))
         self.ops = sorted({n.op_type for n in exported.graph.node})
+
+
+def _exposing(model: onnx.ModelProto, outputs) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs are `outputs` ({name: dtype name}), as OnOrt says."""
+    from dyndq.plumbing.types import elem_type
+    from dyndq.run_outputs import with_outputs
+
+    copy = with_outputs(model, list(outputs))  # (names checked: each a value of the main graph)
+    for vi in copy.graph.output:
+        if not vi.type.tensor_type.elem_type and outputs[vi.name] is not None:
+            vi.CopyFrom(onnx.helper.make_tensor_value_info(vi.name, elem_type(outputs[vi.name]), None))
+    return copy
+
+
+def _face(model: onnx.ModelProto, outputs) -> onnx.ModelProto:
+    """The model's inputs and these outputs, no node and no data: what a Runner checks feeds and
+    outputs against (its initializers named, for the inputs that are initializers below IR 4)."""
+    face = onnx.ModelProto()
+    face.graph.input.extend(model.graph.input)
+    face.graph.output.extend(outputs)
+    face.graph.initializer.extend(onnx.TensorProto(name=t.name) for t in model.graph.initializer)
+    return face
 
 
 def _quantized_runner(model: onnx.ModelProto, as_written: str | None):

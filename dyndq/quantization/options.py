@@ -55,6 +55,8 @@ class QuantizeOptions:
     damping: float = 0.01
     block_size: int = 128
     act_order: bool = False
+    # (a data-aware method, calibration.py) bytes of layer statistics held at once; None: the default bound
+    calibration_memory: int | None = None
 
     @property
     def data_aware(self) -> bool:
@@ -76,12 +78,14 @@ class QuantizeOptions:
     @classmethod
     def checked(cls, model, *, bits=None, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
                 exclude=(), method="rtn", seed=0, format=None, budget=None,
-                format_choices=None, damping=None, block_size=None, act_order=None) -> QuantizeOptions:
+                format_choices=None, damping=None, block_size=None, act_order=None,
+                calibration_memory=None) -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
         OptionError naming every bad one.  bits and format None: not given (4 and "int"; with a
         budget, which chooses them, neither may be given, whatever its value).  damping, block_size
         and act_order: method "gptq"'s (None: not given, its defaults; given with another method, a
-        mistake)."""
+        mistake).  calibration_memory: a data-aware method's bound on the layer statistics held at once,
+        bytes (a whole number) or a size ("512MiB", "2GB"); None: calibration.py's default."""
         problems = []
         given = {name: value for name, value in (("bits", bits), ("format", format)) if value is not None}
         format = DEFAULT_FORMAT if format is None else format
@@ -119,6 +123,15 @@ class QuantizeOptions:
         if method != "gptq":
             for name, value in gptq_given.items():
                 bad(name, f"{value!r} with method {method!r}", "only with method 'gptq' (or none given)")
+        memory = None
+        if calibration_memory is not None:
+            memory = byte_size(calibration_memory)
+            if memory is None:
+                bad("calibration_memory", repr(calibration_memory),
+                    "a number of bytes >= 1, as a whole number or a size such as '512MiB' or '2GB'")
+            elif method not in DATA_AWARE:
+                bad("calibration_memory", f"{calibration_memory!r} with method {method!r}",
+                    f"only with a data-aware method ({', '.join(DATA_AWARE)})")
         if damping is not None and (isinstance(damping, bool) or not isinstance(damping, numbers.Real)
                                     or not 0 < damping < float("inf")):
             bad("damping", repr(damping), "a number > 0 (times the mean of the Hessian's diagonal; default 0.01)")
@@ -168,7 +181,7 @@ class QuantizeOptions:
                    budget=None if budget is None else float(budget), format_choices=choices,
                    damping=0.01 if damping is None else float(damping),
                    block_size=128 if block_size is None else int(block_size),
-                   act_order=bool(act_order))
+                   act_order=bool(act_order), calibration_memory=memory)
 
     def settings(self) -> dict:
         """The options that shape the quantized model, as the report writes them (the seed, which
@@ -177,7 +190,28 @@ class QuantizeOptions:
                     scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
                     **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))),
                     **(dict(damping=self.damping, block_size=self.block_size, act_order=self.act_order)
-                       if self.method == "gptq" else {}))
+                       if self.method == "gptq" else {}),
+                    **({} if self.calibration_memory is None else dict(calibration_memory=self.calibration_memory)))
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(value) -> int | None:
+    """A number of bytes >= 1: a whole number, or a string of a number and a unit of _UNITS
+    ("512MiB", "1.5 GB", "4096"); None for anything else."""
+    import re
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value) if value >= 1 else None
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", value)
+    if m is None or m.group(2).lower() not in _UNITS:
+        return None
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return n if n >= 1 else None
 
 
 def _names(value) -> tuple | None:

@@ -90,7 +90,8 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
     method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error) or "gptq"
     (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
-    and act_order, given as keywords).
+    and act_order, given as keywords, and calibration_memory: the bytes of layer statistics held at
+    once, or a size such as "512MiB", in as many passes over the samples as that takes: calibration.py).
     exclude: node or weight names to leave alone.  evaluate: run both models and report the
     output error (and, for logits or distributions, top-1 agreement and KL divergence) on
     `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
@@ -156,7 +157,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     return sorted(runs, key=lambda run: run[1].task_score() or (float("inf"),))
 
 
-GPTQ_OPTIONS = ("damping", "block_size", "act_order")
+GPTQ_OPTIONS = ("damping", "block_size", "act_order", "calibration_memory")
 
 
 class Tensors(Moved, Store):
@@ -240,7 +241,6 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
 
         calibration = Calibration.collect(model, found.targets, options, feeds, loaded=tensors.loaded,
                                           progress=progress)
-        report.notes += calibration.notes()
     if options.budget is not None:
         report.budget = _allocated(model, found.targets, options, tensors, feeds)
         chosen = report.budget.chosen()
@@ -249,6 +249,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
                       calibration)
     apply(out, [rule.rule()], None, names, store=tensors)
+    if calibration is not None:  # (after the walker: its passes, run as the weights came, counted)
+        report.notes += calibration.notes()
     if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
         report.budget.release()
     if strict and len(report.left_alone) > len(found.problems):
