@@ -60,11 +60,12 @@ if PROFILE:
     watch(e.Evaluation, "__init__", "evaluation: float model")
     watch(e.Evaluation, "measure", "evaluation: quantized model")
 from dyndq.cli import main
+import dyndq.quantization, onnxruntime
 t = time.perf_counter()
 import io, contextlib
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
-    code = main(ARGS)
+    code = main(ARGS) if ARGS else 0
 seconds = time.perf_counter() - t
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 print("@@ " + json.dumps({"code": code, "seconds": seconds, "peak": hwm * 1024, "report": out.getvalue(), "phases": peaks}))
@@ -130,16 +131,21 @@ def weights_bytes(path: str) -> int:
     return sum(nbytes(t) for t in onnx.load(path, load_external_data=False).graph.initializer)
 
 
-def run(src: str, dst: str, bound: str | None, samples: int, profile: bool) -> dict:
+def run(src: str, dst: str, bound: str | None, samples: int, profile: bool, imports: bool = False) -> dict:
+    """One bound's run in a fresh Python (`imports`: none, the imports' memory alone)."""
     args = ["quantize", src, dst, "--method", "gptq", "--json", "--samples", str(samples)]
     if bound is not None:
         args += ["--calibration-memory", bound]
+    if imports:
+        args = []
     code = f"ARGS = {args!r}\nPROFILE = {profile!r}\n" + _CHILD
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     line = next((x for x in p.stdout.splitlines() if x.startswith("@@ ")), None)
     if p.returncode or line is None:
         raise RuntimeError(f"{args}: {p.stderr[-3000:]}")
     result = json.loads(line[3:])
+    if imports:
+        return result
     report = json.loads(result.pop("report"))
     result["passes"] = next((n for n in report["notes"] if "collected in" in n), "")
     result["outputs"] = report.get("outputs_note", "")
@@ -172,6 +178,8 @@ def main(argv=None) -> int:
                     f"{floats / 2**20:.0f} MiB of float32 weights, external data")
         results["floats"] = floats
         say(f"float model: {what}")
+        imports = results["imports"] = run(src, "", None, args.samples, False, imports=True)["peak"]
+        say(f"a fresh Python with dyndq and ONNX Runtime imported: peak {imports / 2**20:.0f} MiB")
         one_layer = None
         for bound in args.bound or ["one-pass", "default", "one-layer"]:
             size = {"one-pass": "1TiB", "default": None}.get(bound, bound)
@@ -187,7 +195,7 @@ def main(argv=None) -> int:
                 size = one_layer
             r = results["bounds"][bound] = run(src, os.path.join(d, "q.onnx"), size, args.samples, args.profile)
             say(f"{bound:10s} {r['seconds']:7.1f} s  peak {r['peak'] / 2**20:7.0f} MiB = {r['peak'] / floats:.2f}x the "
-                f"model; {r['passes']}")
+                f"model (imports + {(r['peak'] - imports) / floats:.2f}x); {r['passes']}")
             for name, peak in sorted(r["phases"].items(), key=lambda item: -item[1]):
                 say(f"    {name:34s} highest {peak / 2**20:7.0f} MiB")
     if args.json:

@@ -120,6 +120,7 @@ VALUES = {
     "samples": ["0", "1", "2", "-1"],  # (not a huge count: a million samples is a million runs, not a bug)
     "damping": ["0", "-1", "nan", "inf", "0.01", "1e-300", "1e308", "x"],
     "block_size": ["0", "1", "-3", "128", str(2**40)],
+    "calibration_memory": ["1", "0", "-1", "512MiB", "1TiB", "0.5KB", "x", "1e3", ""],
     "ops": ["MatMul", "Gather,Gemm", ",", "Conv", "MatMul,MatMul"],
     "exclude": ["E", "W1", "fc1", "nope", ""],
     "outputs": ["y", "nope", "h", "x", ""],

@@ -44,3 +44,22 @@ def test_bench_quantize_mixed_only_runs_small(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "mixed widths, the model with outlier input channels in attn.o_proj and mlp.down_proj" in p.stdout
     assert "dyndq --budget (+ mxfp4)" in p.stdout
+
+
+def test_bench_gptq_memory_runs_small(tmp_path):
+    """benchmarks/bench_gptq_memory.py end to end on a tiny decoder-like model: one pass, the default
+    bound and one layer at a time, each profiled (its figures are never asserted)."""
+    import json
+
+    bench = BENCH.parent / "bench_gptq_memory.py"
+    p = subprocess.run([sys.executable, str(bench), "--layers", "2", "--hidden", "32", "--intermediate", "64",
+                        "--samples", "2", "--profile", "--json"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    measured = json.loads(p.stdout)
+    assert "load average" in measured["machine"] and measured["floats"] > 0
+    bounds = measured["bounds"]
+    assert bounds["one-pass"]["passes"].startswith("the layers' inputs collected in 1 pass over the samples")
+    assert bounds["one-layer"]["passes"].startswith("the layers' inputs collected in 4 passes over the samples")
+    for run in bounds.values():
+        assert run["code"] == 0 and run["peak"] > 0 and "GPTQ rounding" in run["phases"]
