@@ -125,6 +125,19 @@ def write_decoder(path: str, layers: int, hidden: int, intermediate: int, sequen
     return total
 
 
+def written_digest(folder: str) -> str:
+    """SHA-256 of the files the run wrote (q.onnx and its data), removed after."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(f for f in os.listdir(folder) if f.startswith("q.onnx")):
+        with open(os.path.join(folder, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        os.remove(os.path.join(folder, name))
+    return digest.hexdigest()
+
+
 def weights_bytes(path: str) -> int:
     from dyndq.plumbing.light import nbytes
 
@@ -194,8 +207,11 @@ def main(argv=None) -> int:
                     one_layer = str(max(weight_bytes(found) for found in inputs.values()))
                 size = one_layer
             r = results["bounds"][bound] = run(src, os.path.join(d, "q.onnx"), size, args.samples, args.profile)
+            r["written"] = written_digest(d)
+            first = next(iter(results["bounds"].values()))["written"]
             say(f"{bound:10s} {r['seconds']:7.1f} s  peak {r['peak'] / 2**20:7.0f} MiB = {r['peak'] / floats:.2f}x the "
-                f"model (imports + {(r['peak'] - imports) / floats:.2f}x); {r['passes']}")
+                f"model (imports + {(r['peak'] - imports) / floats:.2f}x); {r['passes']}; the files written "
+                f"{'identical to' if r['written'] == first else 'DIFFERENT from'} the first bound's")
             for name, peak in sorted(r["phases"].items(), key=lambda item: -item[1]):
                 say(f"    {name:34s} highest {peak / 2**20:7.0f} MiB")
     if args.json:

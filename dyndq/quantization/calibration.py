@@ -145,7 +145,8 @@ def bound_of(model, inputs: dict, options) -> tuple[int, bool]:
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    """Bytes in MiB (GiB from 1 GiB up), for the notes and errors."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def grouped(inputs: dict, bound: int) -> list[list]:

@@ -63,3 +63,4 @@ def test_bench_gptq_memory_runs_small(tmp_path):
     assert bounds["one-layer"]["passes"].startswith("the layers' inputs collected in 4 passes over the samples")
     for run in bounds.values():
         assert run["code"] == 0 and run["peak"] > 0 and "GPTQ rounding" in run["phases"]
+        assert run["written"] == bounds["one-pass"]["written"]  # (the same file, whatever the passes)
