@@ -86,7 +86,8 @@ class Calibration:
             rtn = dataclasses.replace(options, method="rtn")
             return options.fmt.quantize(weight, target, rtn, options.bits)
         try:
-            gram = sum(self.stats[i].gram for i in self.inputs[key])
+            grams = [self.stats[i].gram for i in self.inputs[key]]
+            gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
             return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
                                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
                                settings=options.gptq)

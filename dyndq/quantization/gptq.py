@@ -81,7 +81,8 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
     order = np.argsort(-np.diag(h), kind="stable") if settings.act_order else np.arange(k)
     position = np.empty(k, np.int64)
     position[order] = np.arange(k)
-    h = h[np.ix_(order, order)]
+    if settings.act_order:  # (in order, the permutation would be a copy of K x K for nothing)
+        h = h[np.ix_(order, order)]
     with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
         h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
     u = upper_inverse_cholesky(h)
@@ -135,6 +136,7 @@ def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
             raise np.linalg.LinAlgError("not finite")
         lower = np.linalg.cholesky(h[::-1, ::-1])
         u = np.linalg.inv(lower)[::-1, ::-1]
+        del lower  # (before the contiguous copy below: K x K float64 fewer at the peak)
         if not np.isfinite(u).all():
             raise np.linalg.LinAlgError("its inverse is not finite")
     except np.linalg.LinAlgError as e:
