@@ -190,8 +190,7 @@ class QuantizeOptions:
                     scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
                     **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))),
                     **(dict(damping=self.damping, block_size=self.block_size, act_order=self.act_order)
-                       if self.method == "gptq" else {}),
-                    **({} if self.calibration_memory is None else dict(calibration_memory=self.calibration_memory)))
+                       if self.method == "gptq" else {}))
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
