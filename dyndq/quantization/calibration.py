@@ -72,11 +72,11 @@ class Calibration:
     def notes(self) -> list[str]:
         """The report's notes: on what it was calibrated, in how many passes, and the weights rounded by rtn instead."""
         out = [self.note]
-        if isinstance(self.stats, Passes) and self.stats.groups:
-            out.append(self.stats.said())
         if self.missing:
             named = "; ".join(f"{name!r}: {why}" for (_, name), why in self.missing.items())
             out.append(f"{plural(len(self.missing), 'weight')} rounded by rtn instead (no input to calibrate on): {named}")
+        if isinstance(self.stats, Passes) and self.stats.groups:
+            out.append(self.stats.said())
         return out
 
     def quantize(self, weight, target, options):
