@@ -49,6 +49,9 @@ def _add_parser(sub) -> None:
     q.add_argument("--block-size", type=int, metavar="N", help="with --method gptq: columns per lazy batch (default 128)")
     q.add_argument("--act-order", action="store_true", default=None,
                    help="with --method gptq: round the columns by decreasing Hessian diagonal")
+    q.add_argument("--scale-estimation", action="store_true",
+                   help="on top of --method (integer formats): each group's scale and zero point refitted to the "
+                        "layer's output error on --input/--inputs-dir (else --samples seeded samples)")
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
@@ -104,7 +107,7 @@ def cmd_quantize(args) -> int:
             check_target(args.report)
         except ModelFileError as e:
             raise UsageError(f"--report {e}") from None
-    calibrated = args.budget is not None or args.method == "gptq"  # (chosen on the inputs even when nothing is measured)
+    calibrated = args.budget is not None or args.method == "gptq" or args.scale_estimation  # (chosen on the inputs even when nothing is measured)
     if ((args.input or args.inputs_dir) and not calibrated or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")
@@ -113,6 +116,8 @@ def cmd_quantize(args) -> int:
                    ops=[op for op in args.ops.split(",") if op], exclude=args.exclude)
     options.update({key: value for key, value in (("damping", args.damping), ("block_size", args.block_size),
                                                   ("act_order", args.act_order)) if value is not None})
+    if args.scale_estimation:
+        options.update(scale_estimation=True)
     if args.budget is not None or args.format_choices is not None:
         options.update(budget=args.budget, format_choices=args.format_choices)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dyndq.quantization import scale_estimation
 from dyndq.quantization.activations import collect, layer_inputs
 from dyndq.quantization.gptq import NotPositiveDefinite, gptq_weight
 from dyndq.quantization.evaluate import describe_samples
@@ -35,7 +36,8 @@ class Calibration:
         inputs, missing = layer_inputs(model, targets)
         stats = collect(model, [i for found in inputs.values() for i in found], feeds, loaded=loaded, progress=progress)
         seeded = isinstance(feeds, Seeded)
-        note = (f"{options.method} calibrated on {describe_samples(feeds, not seeded, getattr(feeds, 'seed', 0))}"
+        what = options.method + (" with scale estimation" if options.scale_estimation else "")
+        note = (f"{what} calibrated on {describe_samples(feeds, not seeded, getattr(feeds, 'seed', 0))}"
                 + ("; seeded samples are made-up inputs: give real ones with --input/--inputs-dir (inputs= in Python) "
                    "for a calibration that fits the model's data" if seeded else ""))
         return cls(inputs, missing, stats, note)
@@ -49,12 +51,15 @@ class Calibration:
         return out
 
     def quantize(self, weight, target, options):
-        """The weight's numerics.QuantizedWeight by GPTQ (rtn's where it has no input)."""
+        """The weight's numerics.QuantizedWeight by GPTQ, or by a data-free method with scale
+        estimation (rtn's where it has no input)."""
         key = (target.graph, target.name)
         if key not in self.inputs:
             rtn = dataclasses.replace(options, method="rtn")
             return options.fmt.quantize(weight, target, rtn, options.bits)
         gram = sum(self.stats[i].gram for i in self.inputs[key])
+        if options.scale_estimation:
+            return scale_estimation.quantize(weight, target, options, gram)
         return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
                            symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
                            settings=options.gptq)

@@ -90,7 +90,9 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
     method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error) or "gptq"
     (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
-    and act_order, given as keywords).
+    and act_order, given as keywords).  scale_estimation=True (a keyword): on top of the method,
+    each group's scale and zero point refitted to the layer's output error on the calibration
+    inputs (integer formats; scale_estimation.py).
     exclude: node or weight names to leave alone.  evaluate: run both models and report the
     output error (and, for logits or distributions, top-1 agreement and KL divergence) on
     `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
