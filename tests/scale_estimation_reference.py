@@ -10,10 +10,12 @@ other, group g (columns c, H = G[c, c]) with the other groups' errors d_h fixed 
 With the levels q fixed, dE/ds = 0 gives s = q'(H w_g + b) / (q' H q'), q' = q - z; with the zero
 free, w'_g = s q - m 1 and (s, m) solve the 2 x 2 normal equations [q; -1] H [q; -1]^T (s, m) =
 [q; -1] (H w_g + b); z = clamp(round(m / s)), then s again for that z.  The candidates are the
-method's (s0, z0) (kept unless beaten), s0 f for f in 1.05, 1.0, ..., 0.6 with z0 and (asymmetric)
-with the zero that keeps the window's centre, each followed by two rounds of (round, refit).  Levels
-are rounded as ONNX Runtime's matmul rule rounds them, against the scale as stored: clamp(roundf(w *
-(1 / s) + z), 0, qmax) in float32 steps, written out here on its own.
+method's (s0, z0) (kept unless beaten), and s0 f for f in 1.05, 1.0, ..., 0.6 with z0 and
+(asymmetric) with the zero that keeps the window's centre, each rounded, measured and refitted
+once; then from the method's own refit and from the two best candidates' refits (by their error,
+ties to the earlier), two rounds of (round, measure, refit).  Levels are rounded as ONNX Runtime's
+matmul rule rounds them, against the scale as stored: clamp(roundf(w * (1 / s) + z), 0, qmax) in
+float32 steps, written out here on its own.
 """
 from __future__ import annotations
 
@@ -89,6 +91,7 @@ def reference_scale_estimation(w, gram, levels, zeros, scales, *, group: int, bi
             best_cost = _cost(wg, h, b, *best)
             s0 = float(np.float32(scales[row, g]))
             z0 = float(zeros[row, g])
+            chains = [_refit(wg, h, b, best[0], z0, s0, qmax, symmetric)]
             starts = []
             for f in FACTORS:
                 starts.append((s0 * f, z0))
@@ -99,15 +102,24 @@ def reference_scale_estimation(w, gram, levels, zeros, scales, *, group: int, bi
                     else:
                         z = z0
                     starts.append((s0 * f, z))
+            tried = []
             for scale, zero in starts:
-                for step in range(REFITS + 1):
+                stored = np.array(np.float32(scale)).astype(dtype)[()]
+                lv = _levels(w32, stored, zero, qmax)
+                cost = _cost(wg, h, b, lv, zero, stored)
+                if cost < best_cost:
+                    best_cost, best = cost, (lv, zero, stored)
+                tried.append((cost if np.isfinite(cost) else np.inf,
+                              _refit(wg, h, b, lv, zero, float(np.float32(stored)), qmax, symmetric)))
+            order = sorted(range(len(tried)), key=lambda i: tried[i][0])  # (stable: ties to the earlier)
+            chains += [tried[i][1] for i in order[:2]]
+            for scale, zero in chains:
+                for _ in range(REFITS):
                     stored = np.array(np.float32(scale)).astype(dtype)[()]
                     lv = _levels(w32, stored, zero, qmax)
                     cost = _cost(wg, h, b, lv, zero, stored)
                     if cost < best_cost:
                         best_cost, best = cost, (lv, zero, stored)
-                    if step == REFITS:
-                        break
                     scale, zero = _refit(wg, h, b, lv, zero, float(np.float32(stored)), qmax, symmetric)
             levels[row, c], zeros[row, g], scales[row, g] = best[0], best[1], best[2]
             d[c] = wg - (best[0].astype(np.float64) - best[1]) * float(np.float32(best[2]))

@@ -26,8 +26,11 @@ Where this differs from the paper's reference code, and why:
   a weight no update moved gets rtn's very code; the error is measured against (q - z) * s
   with the scale as stored.
 
+With scale estimation (scale_estimation.py), a group's scale and zero point are fitted to the
+output error when the group is reached (`group_fit`), in place of rtn's.
+
 Pure NumPy, float64 throughout; the cost is the column loop: about 2 N K^2 flops for the updates
-plus a K^3 Cholesky per weight (the Hessian is the caller's: activations.py).
+plus a K^3 Cholesky and a triangular inverse per weight (the Hessian is the caller's: activations.py).
 """
 from __future__ import annotations
 

@@ -25,11 +25,14 @@ by the output error; it weights each channel by its mean |x| where this uses the
 keeps its zero points fixed):
   1. the method's own scale, zero point and codes (the incumbent: kept unless beaten);
   2. candidate scales s0 * f for f in FACTORS (s0: the method's scale), each with the method's zero
-     point and (asymmetric) the zero point that keeps the window's centre where it was;
-  3. from each candidate, REFITS rounds of: store the scale in the scale dtype, round the codes
-     against that stored scale (rtn's rounding, rtn.matmul_levels), measure the error, refit
-     (s, z) by least squares for those codes;
+     point and (asymmetric) the zero point that keeps the window's centre: each stored in the
+     scale dtype, the codes rounded against that stored scale (rtn's rounding, rtn.matmul_levels),
+     the error measured, and the least-squares (s, z) for those codes computed;
+  3. from the incumbent's refit and from each row's TOP best candidates' refits, REFITS rounds of
+     (store, round, measure, refit);
   4. the group keeps the lowest error measured (strictly lower than the incumbent's to replace it).
+Each measure is one product q H (`_Fit`: the error and both fits are sums of it), about 25 per
+group of an asymmetric weight: N L^2 flops each.
 Every error is measured with the scale as stored (float16 and bfloat16 round the fitted value)
 and the codes rounded against it, so what is written is what was measured, and the written
 codes, scales and zero points are the method's choice bit for bit on every engine.  A layer's
@@ -47,7 +50,8 @@ import numpy as np
 from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales, qmax_of, round_half_away
 
 FACTORS = tuple(1.0 - 0.05 * i for i in range(-1, 9))  # 1.05 down to 0.6 times the method's scale
-REFITS = 2  # rounds of (round against the stored scale, least-squares refit) from each candidate
+REFITS = 2  # rounds of (round against the stored scale, least-squares refit) from each chain of stage 2
+TOP = 2  # each row's best candidates of stage 1 refitted further (beside the method's own)
 
 
 def levels_of(q, bits: int, symmetric: bool) -> Levels:
@@ -100,63 +104,101 @@ def fit_group(w: np.ndarray, h: np.ndarray, pull, incumbent, *, qmax: int, symme
     [N, L] (float64) whose error d = w - w' costs d H d^T + 2 d . pull (`pull` None: 0), starting
     from the `incumbent` (levels, zero levels, stored scales), which is kept unless beaten."""
     scale_dtype = np.dtype(scale_dtype)
-    w32 = w.astype(np.float32)
+    h = (h + h.T) / 2.0  # (X^T X is symmetric; its sums may not be to the last bit)
     pull = np.zeros_like(w) if pull is None else pull
-    target = w @ h + pull  # (a = H w + b per row: the right-hand side of every least-squares fit)
+    fit = _Fit(w, h, pull, qmax, symmetric)
+    w32 = w.astype(np.float32)
     inc_levels, inc_zero, inc_scale = incumbent
     best_levels = np.array(inc_levels, np.uint8)
     best_zero = np.asarray(inc_zero, np.float32).copy()
     best_scale = np.asarray(inc_scale).astype(scale_dtype)
-    best_error = _error(w, h, pull, best_levels, best_zero, best_scale)
-    s0, z0 = _f64(best_scale), best_zero.copy()  # (best_zero changes as candidates win: z0 stays the method's)
-    starts = []
+
+    def keep(levels, zero, stored, error):
+        nonlocal best_error
+        better = error < best_error  # (a NaN or infinite error, a scale the dtype cannot hold, never is)
+        if better.any():
+            best_error = np.where(better, error, best_error)
+            best_levels[better], best_zero[better], best_scale[better] = levels[better], zero[better], stored[better]
+
+    best_error, *incumbent_refit = fit.measure(best_levels, best_zero, best_scale)
+    s0, z0 = _f64(best_scale), best_zero.copy()
+    # stage 1: every candidate window rounded and measured once (each measure gives its refit too)
+    errors, refits = [], []
+    for scale, zero in _starts(s0, z0, qmax, symmetric):
+        stored = _stored(scale, scale_dtype)
+        levels = _rounded(w32, stored, zero, qmax)
+        error, *refit = fit.measure(levels, zero, stored)
+        keep(levels, zero, stored, error)
+        errors.append(np.where(np.isnan(error), np.inf, error))
+        refits.append(refit)
+    # stage 2: from the method's own and each row's TOP best candidates, REFITS rounds of (round, refit)
+    ranked = np.argsort(np.stack(errors), axis=0, kind="stable")[:TOP]
+    rows = np.arange(len(w))
+    chains = [incumbent_refit] + [(np.stack([r[0] for r in refits])[pick, rows],
+                                   np.stack([r[1] for r in refits])[pick, rows]) for pick in ranked]
+    for scale, zero in chains:
+        for _ in range(REFITS):
+            stored = _stored(scale, scale_dtype)
+            levels = _rounded(w32, stored, zero, qmax)
+            error, scale, zero = fit.measure(levels, zero, stored)
+            keep(levels, zero, stored, error)
+    return best_levels, best_zero, best_scale
+
+
+def _starts(s0, z0, qmax, symmetric):
+    """The candidate (scales, zero levels) of stage 1: the method's scale times each of FACTORS,
+    with its zero levels and (asymmetric) with the zero levels keeping its window's centre."""
     for f in FACTORS:
-        starts.append((s0 * f, z0))
+        yield s0 * f, z0
         if not symmetric:  # (the window [-z s0, (qmax - z) s0] narrowed about its centre)
             centre = (qmax / 2.0 - z0.astype(np.float64)) * s0
             with np.errstate(divide="ignore", invalid="ignore"):
                 z = np.where(s0 != 0, qmax / 2.0 - centre / (s0 * f), z0)
-            starts.append((s0 * f, np.clip(round_half_away(z), 0, qmax).astype(np.float32)))
-    for scale, zero in starts:
-        for step in range(REFITS + 1):
-            stored = _stored(scale, scale_dtype)
-            lv = _rounded(w32, stored, zero, qmax)
-            error = _error(w, h, pull, lv, zero, stored)
-            better = error < best_error  # (a NaN or infinite error, a scale the dtype cannot hold, never is)
-            if better.any():
-                best_error = np.where(better, error, best_error)
-                best_levels[better], best_zero[better], best_scale[better] = lv[better], zero[better], stored[better]
-            if step == REFITS:
-                break
-            scale, zero = _refit(lv, zero, _f64(stored), h, target, qmax, symmetric)
-    return best_levels, best_zero, best_scale
+            yield s0 * f, np.clip(round_half_away(z), 0, qmax).astype(np.float32)
 
 
-def _refit(levels, zero, scale, h, target, qmax, symmetric):
-    """The least-squares (scale, zero level) for fixed codes `levels` (see the module doc); a row
-    whose fit is degenerate (all its codes at the zero level, or H blind to them) keeps its own."""
-    q = levels.astype(np.float64)
-    zero = zero.astype(np.float32)
-    if not symmetric:
-        hq = q @ h
-        ones_h = h.sum(axis=0)  # (1^T H)
-        a11 = np.einsum("nl,nl->n", hq, q)
-        a12 = -(hq.sum(axis=1))
-        a22 = ones_h.sum()
-        r1 = np.einsum("nl,nl->n", q, target)
-        r2 = -target.sum(axis=1)
-        det = a11 * a22 - a12 * a12
+class _Fit:
+    """One group's error and least-squares refit for given levels, from one product q H per call.
+
+    With a = H w + b and c = w H w + 2 w . b per row, the error of w' = s q' (q' = q - z) is
+    c - 2 s q'.a + s^2 q'H q'; the fits' sums for q or for another zero follow from q'H q',
+    q'H 1 and q'.a (with 1H1, 1.a and c, fixed per group)."""
+
+    def __init__(self, w, h, pull, qmax, symmetric):
+        wh = w @ h
+        self.h, self.qmax, self.symmetric = h, qmax, symmetric
+        self.a = wh + pull
+        self.c = np.einsum("nl,nl->n", wh, w) + 2.0 * np.einsum("nl,nl->n", w, pull)
+        self.one_h_one = h.sum()
+        self.a_one = self.a.sum(axis=1)
+
+    def measure(self, levels, zero, stored):
+        """(error of these levels, zero levels and stored scales; the refitted scale and zero level
+        for these levels, a degenerate fit keeping the row's own)."""
+        z, s = zero.astype(np.float64), _f64(stored)
+        qc = levels.astype(np.float64) - z[:, None]  # (q' itself: codes and zero one higher give the very same sums)
+        qch = qc @ self.h
+        c_h_c, c_h_one, c_a = np.einsum("nl,nl->n", qch, qc), qch.sum(axis=1), np.einsum("nl,nl->n", qc, self.a)
+        with np.errstate(over="ignore", invalid="ignore"):
+            error = self.c - 2.0 * s * c_a + s * s * c_h_c
+        new_zero = zero.astype(np.float32)
+        if not self.symmetric:  # (w' = s q - m: the 2 x 2 normal equations in (s, m), then z = m / s rounded)
+            q_h_one = c_h_one + z * self.one_h_one
+            q_h_q = c_h_c + 2.0 * z * c_h_one + z * z * self.one_h_one
+            q_a = c_a + z * self.a_one
+            a12, a22 = -q_h_one, self.one_h_one
+            det = q_h_q * a22 - a12 * a12
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                fs = (q_a * a22 + a12 * self.a_one) / det
+                fm = (-q_h_q * self.a_one - a12 * q_a) / det
+                ratio = np.where((det > 1e-12 * np.abs(q_h_q * a22)) & (fs != 0) & np.isfinite(fm / fs), fm / fs, z)
+            new_zero = np.clip(round_half_away(ratio), 0, self.qmax).astype(np.float32)
+        shift = z - new_zero.astype(np.float64)  # (q - z_new = q' + shift)
+        numerator = c_a + shift * self.a_one
+        denominator = c_h_c + 2.0 * shift * c_h_one + shift * shift * self.one_h_one
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            s = (r1 * a22 - a12 * r2) / det
-            m = (a11 * r2 - a12 * r1) / det
-            z = np.where((det > 1e-12 * np.abs(a11 * a22)) & (s != 0) & np.isfinite(m / s), m / s, zero)
-        zero = np.clip(round_half_away(z), 0, qmax).astype(np.float32)
-    centred = q - zero.astype(np.float64)[:, None]
-    numerator = np.einsum("nl,nl->n", centred, target)
-    denominator = np.einsum("nl,nl->n", centred @ h, centred)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        fitted = numerator / denominator
-    return np.where((denominator > 0) & np.isfinite(fitted), fitted, scale), zero
+            fitted = numerator / denominator
+        return error, np.where((denominator > 0) & np.isfinite(fitted), fitted, s), new_zero
 
 
 def _stored(scale: np.ndarray, scale_dtype) -> np.ndarray:
@@ -179,13 +221,6 @@ def _rounded(w32, stored, zero, qmax) -> np.ndarray:
     """rtn's codes of float32 rows `w32` [N, L] against the stored scales [N] and zero levels [N]."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         return matmul_levels(w32[:, None, :], reciprocal_of(stored)[:, None], zero[:, None], np.float32(qmax))[:, 0, :]
-
-
-def _error(w, h, pull, levels, zero, stored) -> np.ndarray:
-    """d H d^T + 2 d . pull per row, d = w - (levels - zero) * stored."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = w - (levels.astype(np.float64) - zero.astype(np.float64)[:, None]) * _f64(stored)[:, None]
-        return np.einsum("nl,nl->n", d @ h, d) + 2.0 * np.einsum("nl,nl->n", d, pull)
 
 
 def output_error(rows: np.ndarray, gram: np.ndarray, q: Levels, group: int) -> float:

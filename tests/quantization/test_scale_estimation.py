@@ -239,6 +239,7 @@ def test_without_inputs_it_calibrates_on_seeded_samples_and_says_so():
     assert "made-up inputs" in report.notes[0]
     assert any("'E': read by Gather" in n and "rounded by rtn" in n for n in report.notes)
     assert report.options.settings()["scale_estimation"] is True
+    assert "(groups of 128, asymmetric, rtn with scale estimation)" in report.summary()
 
 
 # -- refusals -------------------------------------------------------------------------------------
