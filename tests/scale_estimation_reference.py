@@ -11,11 +11,12 @@ With the levels q fixed, dE/ds = 0 gives s = q'(H w_g + b) / (q' H q'), q' = q -
 free, w'_g = s q - m 1 and (s, m) solve the 2 x 2 normal equations [q; -1] H [q; -1]^T (s, m) =
 [q; -1] (H w_g + b); z = clamp(round(m / s)), then s again for that z.  The candidates are the
 method's (s0, z0) (kept unless beaten), and s0 f for f in 1.05, 1.0, ..., 0.6 with z0 and
-(asymmetric) with the zero that keeps the window's centre, each rounded, measured and refitted
-once; then from the method's own refit and from the two best candidates' refits (by their error,
-ties to the earlier), two rounds of (round, measure, refit).  Levels are rounded as ONNX Runtime's
-matmul rule rounds them, against the scale as stored: clamp(roundf(w * (1 / s) + z), 0, qmax) in
-float32 steps, written out here on its own.
+(asymmetric) with the zero that keeps the window's centre, each rounded and screened by the
+error's diagonal part, sum_l H_ll d_l^2 + 2 d . b; then from the method's own refit (two rounds)
+and from the three best screened candidates (ties to the earlier; three rounds, the first at the
+candidate itself) rounds of (round, measure by the whole H, keep the best, refit).  Levels are
+rounded as ONNX Runtime's matmul rule rounds them, against the scale as stored: clamp(roundf(w *
+(1 / s) + z), 0, qmax) in float32 steps, written out here on its own.
 """
 from __future__ import annotations
 
@@ -106,15 +107,13 @@ def reference_scale_estimation(w, gram, levels, zeros, scales, *, group: int, bi
             for scale, zero in starts:
                 stored = np.array(np.float32(scale)).astype(dtype)[()]
                 lv = _levels(w32, stored, zero, qmax)
-                cost = _cost(wg, h, b, lv, zero, stored)
-                if cost < best_cost:
-                    best_cost, best = cost, (lv, zero, stored)
-                tried.append((cost if np.isfinite(cost) else np.inf,
-                              _refit(wg, h, b, lv, zero, float(np.float32(stored)), qmax, symmetric)))
+                e = wg - (lv.astype(np.float64) - zero) * float(np.float32(stored))
+                screen = float(np.sum(np.diag(h) * e * e) + 2.0 * e @ b)
+                tried.append((screen if np.isfinite(screen) else np.inf, (float(np.float32(stored)), zero)))
             order = sorted(range(len(tried)), key=lambda i: tried[i][0])  # (stable: ties to the earlier)
-            chains += [tried[i][1] for i in order[:2]]
-            for scale, zero in chains:
-                for _ in range(REFITS):
+            chains = [(chains[0], REFITS)] + [(tried[i][1], REFITS + 1) for i in order[:3]]
+            for (scale, zero), rounds in chains:
+                for _ in range(rounds):
                     stored = np.array(np.float32(scale)).astype(dtype)[()]
                     lv = _levels(w32, stored, zero, qmax)
                     cost = _cost(wg, h, b, lv, zero, stored)

@@ -27,12 +27,14 @@ keeps its zero points fixed):
   2. candidate scales s0 * f for f in FACTORS (s0: the method's scale), each with the method's zero
      point and (asymmetric) the zero point that keeps the window's centre: each stored in the
      scale dtype, the codes rounded against that stored scale (rtn's rounding, rtn.matmul_levels),
-     the error measured, and the least-squares (s, z) for those codes computed;
-  3. from the incumbent's refit and from each row's TOP best candidates' refits, REFITS rounds of
-     (store, round, measure, refit);
+     and screened by the diagonal part of the error (sum of H_ll d_l^2 + 2 d . b, no product
+     with H: on drawn layers, the same final error within 0.5% as measuring every candidate by
+     the whole H, at 2 to 3 times less time);
+  3. from the incumbent's refit and from each row's TOP best screened candidates, rounds of
+     (store, round, measure by the whole H, refit) (REFITS refits after each chain's start);
   4. the group keeps the lowest error measured (strictly lower than the incumbent's to replace it).
-Each measure is one product q H (`_Fit`: the error and both fits are sums of it), about 25 per
-group of an asymmetric weight: N L^2 flops each.
+Each measure is one product q'H (`_Fit`: the error and both fits are sums of it), 12 per group:
+N L^2 flops each.
 Every error is measured with the scale as stored (float16 and bfloat16 round the fitted value)
 and the codes rounded against it, so what is written is what was measured, and the written
 codes, scales and zero points are the method's choice bit for bit on every engine.  A layer's
@@ -51,7 +53,7 @@ from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales
 
 FACTORS = tuple(1.0 - 0.05 * i for i in range(-1, 9))  # 1.05 down to 0.6 times the method's scale
 REFITS = 2  # rounds of (round against the stored scale, least-squares refit) from each chain of stage 2
-TOP = 2  # each row's best candidates of stage 1 refitted further (beside the method's own)
+TOP = 3  # each row's best screened candidates of stage 1 measured and refitted (beside the method's own)
 
 
 def levels_of(q, bits: int, symmetric: bool) -> Levels:
@@ -122,22 +124,27 @@ def fit_group(w: np.ndarray, h: np.ndarray, pull, incumbent, *, qmax: int, symme
 
     best_error, *incumbent_refit = fit.measure(best_levels, best_zero, best_scale)
     s0, z0 = _f64(best_scale), best_zero.copy()
-    # stage 1: every candidate window rounded and measured once (each measure gives its refit too)
-    errors, refits = [], []
+    # stage 1: every candidate window rounded against its stored scale and screened by the error's
+    # diagonal part (sum of H_ll d_l^2 + 2 d . b: no product with H), cheaply
+    diagonal = np.diag(h)
+    screened, tried = [], []
     for scale, zero in _starts(s0, z0, qmax, symmetric):
         stored = _stored(scale, scale_dtype)
-        levels = _rounded(w32, stored, zero, qmax)
-        error, *refit = fit.measure(levels, zero, stored)
-        keep(levels, zero, stored, error)
-        errors.append(np.where(np.isnan(error), np.inf, error))
-        refits.append(refit)
-    # stage 2: from the method's own and each row's TOP best candidates, REFITS rounds of (round, refit)
-    ranked = np.argsort(np.stack(errors), axis=0, kind="stable")[:TOP]
+        d = w - (_rounded(w32, stored, zero, qmax).astype(np.float64) - zero.astype(np.float64)[:, None]) * _f64(
+            stored)[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            screen = np.einsum("nl,l->n", d * d, diagonal) + 2.0 * np.einsum("nl,nl->n", d, pull)
+        screened.append(np.where(np.isnan(screen), np.inf, screen))
+        tried.append((_f64(stored), zero))
+    # stage 2: from the method's own refit and each row's TOP best screened candidates, rounds of
+    # (store, round, measure by the whole H, refit)
+    ranked = np.argsort(np.stack(screened), axis=0, kind="stable")[:TOP]
     rows = np.arange(len(w))
-    chains = [incumbent_refit] + [(np.stack([r[0] for r in refits])[pick, rows],
-                                   np.stack([r[1] for r in refits])[pick, rows]) for pick in ranked]
-    for scale, zero in chains:
-        for _ in range(REFITS):
+    scales_tried, zeros_tried = np.stack([t[0] for t in tried]), np.stack([t[1] for t in tried])
+    chains = [(incumbent_refit, REFITS)] + [((scales_tried[pick, rows], zeros_tried[pick, rows]), REFITS + 1)
+                                            for pick in ranked]
+    for (scale, zero), rounds in chains:
+        for _ in range(rounds):
             stored = _stored(scale, scale_dtype)
             levels = _rounded(w32, stored, zero, qmax)
             error, scale, zero = fit.measure(levels, zero, stored)
