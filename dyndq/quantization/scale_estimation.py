@@ -38,9 +38,13 @@ N L^2 flops each.
 Every error is measured with the scale as stored (float16 and bfloat16 round the fitted value)
 and the codes rounded against it, so what is written is what was measured, and the written
 codes, scales and zero points are the method's choice bit for bit on every engine.  A layer's
-output error on the calibration data is never above the method's without it (each group's step
-can only lower the whole row's error; with GPTQ, `gptq_weight_estimated` keeps the lower of GPTQ
+output error on the calibration data is never above the method's without it, up to float64
+rounding of the sums (each group's step can only lower the whole row's error; with GPTQ, `gptq_weight_estimated` keeps the lower of GPTQ
 with and without it).
+
+A method that changes the weight before rounding it (AWQ's per-channel scales) takes scale
+estimation by `refine_weight` on the weight it rounds, with the X^T X of what that weight is
+multiplied by (diag(1/a) X^T X diag(1/a) for W diag(a)).
 
 Integer codes only: MXFP4's shared power-of-two scales and NVFP4's E4M3 block scales with a
 tensor scale are refused (options.py), not refitted.
@@ -300,7 +304,14 @@ def quantize(weight: np.ndarray, target, options, gram: np.ndarray):
     """The weight (plan.Target `target`) by `options.method` with scale estimation on `gram`
     (calibration.py's entry): GPTQ with its groups fitted as it reaches them, or the data-free
     method's weight refitted."""
+    from dyndq.quantization.numerics import ROUNDINGS
+
     scale_dtype = options.scale_dtype or target.dtype
+    if options.method not in ("gptq", *ROUNDINGS):
+        # (a method that changes the weight before rounding it, awq, refits its own: refine_weight on the
+        # weight it rounds, with X^T X of the activation it is multiplied by)
+        raise NotImplementedError(f"scale estimation is not wired to method {options.method!r}: its calibration "
+                                  "calls refine_weight on the weight it rounds")
     if options.method == "gptq":
         return gptq_weight_estimated(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
                                      symmetric=options.symmetric, scale_dtype=scale_dtype, settings=options.gptq)
