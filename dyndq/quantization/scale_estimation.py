@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dyndq.quantization.gptq import gptq_levels
+from dyndq.quantization.numerics import ROUNDINGS, from_rows
 from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales, qmax_of, round_half_away
 
 FACTORS = tuple(1.0 - 0.05 * i for i in range(-1, 9))  # 1.05 down to 0.6 times the method's scale
@@ -266,8 +268,6 @@ def gptq_group_fit(gram: np.ndarray, *, bits: int, symmetric: bool, scale_dtype)
 def refine_weight(weight: np.ndarray, q, gram: np.ndarray, *, bits: int, symmetric: bool):
     """A 2-D weight's numerics.QuantizedWeight `q` (a data-free method's: rtn, search) with its
     groups' scales and zero points refitted on `gram` (`refine_levels`), in the same layout."""
-    from dyndq.quantization.numerics import from_rows
-
     weight = np.asarray(weight)
     rows = np.ascontiguousarray(weight.T if q.axis == 0 else weight)
     start = levels_of(q, bits, symmetric)
@@ -282,9 +282,6 @@ def gptq_weight_estimated(weight: np.ndarray, gram: np.ndarray, *, axis: int, gr
     the group (on the weights as its updates left them: NNCF's order too), or plain GPTQ where
     that gives the layer a lower output error on `gram` (a scale fitted to one group changes the
     updates fed to the later ones, so it is not lower by construction): the lower of the two."""
-    from dyndq.quantization.gptq import gptq_levels
-    from dyndq.quantization.numerics import from_rows
-
     weight = np.asarray(weight)
     rows = np.ascontiguousarray(weight.T if axis == 0 else weight)
     length = rows.shape[1]
@@ -304,8 +301,6 @@ def quantize(weight: np.ndarray, target, options, gram: np.ndarray):
     """The weight (plan.Target `target`) by `options.method` with scale estimation on `gram`
     (calibration.py's entry): GPTQ with its groups fitted as it reaches them, or the data-free
     method's weight refitted."""
-    from dyndq.quantization.numerics import ROUNDINGS
-
     scale_dtype = options.scale_dtype or target.dtype
     if options.method not in ("gptq", *ROUNDINGS):
         # (a method that changes the weight before rounding it, awq, refits its own: refine_weight on the
