@@ -50,9 +50,12 @@ def _add_parser(sub) -> None:
     q.add_argument("--act-order", action="store_true", default=None,
                    help="with --method gptq: round the columns by decreasing Hessian diagonal")
     q.add_argument("--calibration-memory", metavar="SIZE",
-                   help="with --method gptq: the layer statistics (X^T X) held at once, e.g. 512MiB or 2GB; the "
+                   help="with --method gptq or --scale-estimation: the layer statistics (X^T X) held at once, e.g. 512MiB or 2GB; the "
                         "inputs are collected in as many passes over the samples as that takes (default: a quarter "
                         "of the model's weights, or one layer's statistics if more)")
+    q.add_argument("--scale-estimation", action="store_true",
+                   help="on top of --method (integer formats): each group's scale and zero point refitted to the "
+                        "layer's output error on --input/--inputs-dir (else --samples seeded samples)")
     q.add_argument("--ops", default=",".join(OPS), metavar="OP,OP", help=f"the ops whose weights to quantize (default {','.join(OPS)})")
     q.add_argument("--exclude", action="append", default=[], metavar="NAME", help="a node or weight to leave alone (repeat)")
     q.add_argument("--emit", choices=EMITS, default="dyndq",
@@ -108,7 +111,7 @@ def cmd_quantize(args) -> int:
             check_target(args.report)
         except ModelFileError as e:
             raise UsageError(f"--report {e}") from None
-    calibrated = args.budget is not None or args.method == "gptq"  # (chosen on the inputs even when nothing is measured)
+    calibrated = args.budget is not None or args.method == "gptq" or args.scale_estimation  # (chosen on the inputs even when nothing is measured)
     if ((args.input or args.inputs_dir) and not calibrated or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")
@@ -118,6 +121,8 @@ def cmd_quantize(args) -> int:
     options.update({key: value for key, value in (("damping", args.damping), ("block_size", args.block_size),
                                                   ("act_order", args.act_order),
                                                   ("calibration_memory", args.calibration_memory)) if value is not None})
+    if args.scale_estimation:
+        options.update(scale_estimation=True)
     if args.budget is not None or args.format_choices is not None:
         options.update(budget=args.budget, format_choices=args.format_choices)
 

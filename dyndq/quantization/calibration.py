@@ -34,6 +34,7 @@ import time
 from collections.abc import Mapping
 
 from dyndq.opdefs import Problem
+from dyndq.quantization import scale_estimation
 from dyndq.quantization.activations import ActivationStats, collect, layer_inputs
 from dyndq.quantization.gptq import NotPositiveDefinite, gptq_weight
 from dyndq.quantization.evaluate import describe_samples
@@ -62,7 +63,8 @@ class Calibration:
         inputs = {key: inputs[key] for key in walker_order(model, inputs)}
         bound, chosen = bound_of(model, inputs, options)
         seeded = isinstance(feeds, Seeded)
-        note = (f"{options.method} calibrated on {describe_samples(feeds, not seeded, getattr(feeds, 'seed', 0))}"
+        what = options.method + (" with scale estimation" if options.scale_estimation else "")
+        note = (f"{what} calibrated on {describe_samples(feeds, not seeded, getattr(feeds, 'seed', 0))}"
                 + ("; seeded samples are made-up inputs: give real ones with --input/--inputs-dir (inputs= in Python) "
                    "for a calibration that fits the model's data" if seeded else ""))
         passes = Passes(model, inputs, feeds, bound, chosen, loaded=loaded, progress=progress)
@@ -80,7 +82,8 @@ class Calibration:
         return out
 
     def quantize(self, weight, target, options):
-        """The weight's numerics.QuantizedWeight by GPTQ (rtn's where it has no input)."""
+        """The weight's numerics.QuantizedWeight by GPTQ, or by a data-free method with scale
+        estimation (rtn's where it has no input)."""
         key = (target.graph, target.name)
         if key not in self.inputs:
             rtn = dataclasses.replace(options, method="rtn")
@@ -88,6 +91,8 @@ class Calibration:
         try:
             grams = [self.stats[i].gram for i in self.inputs[key]]
             gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
+            if options.scale_estimation:
+                return scale_estimation.quantize(weight, target, options, gram)
             return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
                                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
                                settings=options.gptq)

@@ -26,8 +26,11 @@ Where this differs from the paper's reference code, and why:
   a weight no update moved gets rtn's very code; the error is measured against (q - z) * s
   with the scale as stored.
 
+With scale estimation (scale_estimation.py), a group's scale and zero point are fitted to the
+output error when the group is reached (`group_fit`), in place of rtn's.
+
 Pure NumPy, float64 throughout; the cost is the column loop: about 2 N K^2 flops for the updates
-plus a K^3 Cholesky per weight (the Hessian is the caller's: activations.py).
+plus a K^3 Cholesky and a triangular inverse per weight (the Hessian is the caller's: activations.py).
 """
 from __future__ import annotations
 
@@ -55,23 +58,26 @@ class NotPositiveDefinite(ValueError):
 
 
 def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: int, bits: int, symmetric: bool,
-                scale_dtype, settings: GptqSettings = GptqSettings()) -> QuantizedWeight:
+                scale_dtype, settings: GptqSettings = GptqSettings(), group_fit=None) -> QuantizedWeight:
     """2-D `weight` (reduction axis `axis`) quantized by GPTQ with the calibration rows' X^T X
-    `gram` (K x K): numerics.QuantizedWeight in quantize_weight's layout."""
+    `gram` (K x K): numerics.QuantizedWeight in quantize_weight's layout.  `group_fit`: see gptq_levels."""
     weight = np.asarray(weight)
     rows = weight.T if axis == 0 else weight
     length = rows.shape[1]
     group = length if group_size == -1 else group_size
     q = gptq_levels(rows.astype(np.float64), 2.0 * np.asarray(gram, np.float64), group=group, bits=bits,
-                    symmetric=symmetric, scale_dtype=np.dtype(scale_dtype or weight.dtype), settings=settings)
+                    symmetric=symmetric, scale_dtype=np.dtype(scale_dtype or weight.dtype), settings=settings,
+                    group_fit=group_fit)
     return from_rows(np.ascontiguousarray(rows), q, weight.shape, axis, group, bits, symmetric)
 
 
 def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
-                settings: GptqSettings = GptqSettings()) -> Levels:
+                settings: GptqSettings = GptqSettings(), group_fit=None) -> Levels:
     """Levels [N, n_groups * group] (the last group padded with level 0), zero levels and
     scales [N, n_groups] of rows `w` [N, K] (float64) for the Hessian `hessian` [K, K] (see the
-    module doc)."""
+    module doc).  `group_fit(current, columns)`: a group's (stored scales, float32 reciprocals,
+    float32 zero levels) from its weights as updated when it is reached (`current` [N, length],
+    float64; `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit)."""
     n, k = w.shape
     n_groups = -(-k // group)
     qmax = np.float32(qmax_of(bits))
@@ -106,9 +112,13 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
                 later = members >= end  # (not yet given this block's errors: the lazy batch's pending part)
                 if later.any():
                     current[:, later] -= errors[:, :t - start] @ u[start:t][:, members[later]]
-                stored, inverse, level_zero = matmul_scales(current.astype(np.float32)[:, None, :], bits, symmetric,
-                                                            scale_dtype)
-                scales[:, g], reciprocal[:, g], zero[:, g] = stored[:, 0], inverse[:, 0], level_zero[:, 0]
+                if group_fit is not None:
+                    columns = np.arange(g * group, min((g + 1) * group, k))
+                    scales[:, g], reciprocal[:, g], zero[:, g] = group_fit(current, columns)
+                else:
+                    stored, inverse, level_zero = matmul_scales(current.astype(np.float32)[:, None, :], bits,
+                                                                symmetric, scale_dtype)
+                    scales[:, g], reciprocal[:, g], zero[:, g] = stored[:, 0], inverse[:, 0], level_zero[:, 0]
                 zeros[:, g] = zero[:, g]
                 reached[g] = True
             x = work[:, t]
@@ -128,17 +138,43 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
 
 def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
     """U, upper triangular, with H^-1 = U^T U (the paper's Cholesky form of the inverse Hessian),
-    from one Cholesky factorisation and one inverse: with J the reversal of the axis and
-    J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
-    inverting H and factoring the inverse would take a factorisation and an inverse more."""
+    from one Cholesky factorisation and one triangular inverse: with J the reversal of the axis
+    and J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
+    inverting H and factoring the inverse would take a factorisation and an inverse more.  H is
+    symmetric positive definite after damping, so nothing here takes a general (LU) inverse:
+    M^-1 is `lower_inverse`'s, by blocks."""
     try:
         if not np.isfinite(h).all():  # (a damping of 1e308 times the diagonal's mean overflows)
             raise np.linalg.LinAlgError("not finite")
         lower = np.linalg.cholesky(h[::-1, ::-1])
-        u = np.linalg.inv(lower)[::-1, ::-1]
+        u = lower_inverse(lower)[::-1, ::-1]
         del lower  # (before the contiguous copy below: K x K float64 fewer at the peak)
         if not np.isfinite(u).all():
             raise np.linalg.LinAlgError("its inverse is not finite")
     except np.linalg.LinAlgError as e:
         raise NotPositiveDefinite(str(e)) from None
     return np.ascontiguousarray(u)
+
+
+TRIANGLE_BLOCK = 64  # the order below which lower_inverse substitutes row by row
+
+
+def lower_inverse(m: np.ndarray) -> np.ndarray:
+    """The inverse of lower-triangular `m` with a nonzero diagonal (a Cholesky factor), exactly lower
+    triangular: by halves, [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]], the halves' own
+    inverses by the same rule down to TRIANGLE_BLOCK, then forward substitution one row at a time.
+    NumPy has no triangular inverse (LAPACK's trtri, which SciPy wraps, is not reached from it);
+    written here so the work is matrix products (BLAS) rather than a general LU inverse."""
+    n = m.shape[0]
+    if n <= TRIANGLE_BLOCK:
+        out = np.zeros_like(m)
+        for i in range(n):  # (row i of M^-1: (e_i - M[i, :i] @ M^-1[:i, :]) / M[i, i])
+            out[i, :i] = -(m[i, :i] @ out[:i, :i]) / m[i, i]
+            out[i, i] = 1.0 / m[i, i]
+        return out
+    half = n // 2
+    a_inv, d_inv = lower_inverse(m[:half, :half]), lower_inverse(m[half:, half:])
+    out = np.zeros_like(m)
+    out[:half, :half], out[half:, half:] = a_inv, d_inv
+    out[half:, :half] = -(d_inv @ (m[half:, :half] @ a_inv))
+    return out

@@ -57,11 +57,13 @@ class QuantizeOptions:
     act_order: bool = False
     # (a data-aware method, calibration.py) bytes of layer statistics held at once; None: the default bound
     calibration_memory: int | None = None
+    scale_estimation: bool = False  # each group's scale refitted to the output error on the calibration data
 
     @property
     def data_aware(self) -> bool:
-        """Whether the method needs calibration inputs (gptq): the quantizer collects the layers' inputs."""
-        return self.method in DATA_AWARE
+        """Whether the method needs calibration inputs (gptq, or any with scale estimation): the
+        quantizer collects the layers' inputs."""
+        return self.method in DATA_AWARE or self.scale_estimation
 
     @property
     def gptq(self):
@@ -79,7 +81,8 @@ class QuantizeOptions:
     def checked(cls, model, *, bits=None, group_size=None, symmetric=False, scale_dtype=None, ops=planning.OPS,
                 exclude=(), method="rtn", seed=0, format=None, budget=None,
                 format_choices=None, damping=None, block_size=None, act_order=None,
-                calibration_memory=None) -> QuantizeOptions:
+                calibration_memory=None,
+                scale_estimation=False) -> QuantizeOptions:
         """The options for `model` (whose node and weight names `exclude` must name), or
         OptionError naming every bad one.  bits and format None: not given (4 and "int"; with a
         budget, which chooses them, neither may be given, whatever its value).  damping, block_size
@@ -129,9 +132,9 @@ class QuantizeOptions:
             if memory is None:
                 bad("calibration_memory", repr(calibration_memory),
                     "a number of bytes >= 1, as a whole number or a size such as '512MiB' or '2GB'")
-            elif method not in DATA_AWARE:
+            elif method not in DATA_AWARE and scale_estimation is not True:
                 bad("calibration_memory", f"{calibration_memory!r} with method {method!r}",
-                    f"only with a data-aware method ({', '.join(DATA_AWARE)})")
+                    f"only with a data-aware method ({', '.join(DATA_AWARE)}) or scale_estimation")
         if damping is not None and (isinstance(damping, bool) or not isinstance(damping, numbers.Real)
                                     or not 0 < damping < float("inf")):
             bad("damping", repr(damping), "a number > 0 (times the mean of the Hessian's diagonal; default 0.01)")
@@ -140,6 +143,15 @@ class QuantizeOptions:
             bad("block_size", repr(block_size), "a whole number >= 1 (columns per lazy batch; default 128)")
         if act_order is not None and not isinstance(act_order, (bool, np.bool_)):
             bad("act_order", repr(act_order), "True or False")
+        if not isinstance(scale_estimation, (bool, np.bool_)):
+            bad("scale_estimation", repr(scale_estimation), "True or False")
+        elif scale_estimation:  # (scale_estimation.py: integer codes' free scales and zero points only)
+            if fmt is not None and fmt.name != DEFAULT_FORMAT:
+                bad("scale_estimation", f"True with format {format!r}", "integer codes (format 'int'): an FP4 "
+                    "format's scales are not free (MXFP4's a shared power of two, NVFP4's E4M3 with a tensor scale)")
+            if budget is not None:
+                bad("scale_estimation", f"True with a budget ({budget!r})", "no budget (a budget's candidates are "
+                                                                               "rtn's or search's)")
         ops = _names(ops)
         if ops is None:
             bad("ops", repr(original["ops"]), "an op name or a sequence of them: " + ", ".join(planning.OPS))
@@ -181,7 +193,8 @@ class QuantizeOptions:
                    budget=None if budget is None else float(budget), format_choices=choices,
                    damping=0.01 if damping is None else float(damping),
                    block_size=128 if block_size is None else int(block_size),
-                   act_order=bool(act_order), calibration_memory=memory)
+                   act_order=bool(act_order), calibration_memory=memory,
+                   scale_estimation=bool(scale_estimation))
 
     def settings(self) -> dict:
         """The options that shape the quantized model, as the report writes them (the seed, which
@@ -190,7 +203,8 @@ class QuantizeOptions:
                     scale_dtype=self.scale_dtype, ops=list(self.ops), exclude=list(self.exclude), method=self.method,
                     **({} if self.budget is None else dict(budget=self.budget, format_choices=list(self.format_choices))),
                     **(dict(damping=self.damping, block_size=self.block_size, act_order=self.act_order)
-                       if self.method == "gptq" else {}))
+                       if self.method == "gptq" else {}),
+                    **(dict(scale_estimation=True) if self.scale_estimation else {}))
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

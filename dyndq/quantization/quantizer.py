@@ -92,6 +92,9 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
     and act_order, given as keywords, and calibration_memory: the bytes of layer statistics held at
     once, or a size such as "512MiB", in as many passes over the samples as that takes: calibration.py).
+    scale_estimation=True (a keyword): on top of the method, each group's scale and zero point
+    refitted to the layer's output error on the calibration inputs (integer formats;
+    scale_estimation.py).
     exclude: node or weight names to leave alone.  evaluate: run both models and report the
     output error (and, for logits or distributions, top-1 agreement and KL divergence) on
     `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does

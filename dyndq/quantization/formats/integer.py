@@ -42,7 +42,8 @@ class IntegerCodes(Format):
     def describe(self, options) -> str:
         kind = f"{'int' if options.symmetric else 'uint'}{options.bits}"
         group = "per channel" if options.group_size == -1 else f"groups of {options.group_size}"
-        return f"{kind} ({group}, {'symmetric' if options.symmetric else 'asymmetric'}, {options.method})"
+        method = options.method + (" with scale estimation" if getattr(options, "scale_estimation", False) else "")
+        return f"{kind} ({group}, {'symmetric' if options.symmetric else 'asymmetric'}, {method})"
 
 
 INT = register(IntegerCodes())
