@@ -370,16 +370,16 @@ def test_streamed_a_tied_embedding_is_shared_as_in_memory(tmp_path, kind, monkey
 
 def test_streamed_fused_weights_are_moved_and_packed_in_bands_bit_for_bit(llama, tmp_path, monkeypatch):
     """The fused form streamed moves a Q8_0 weight's codes to [K, N] (fused._bands_transposed,
-    written straight to the data file) and packs MatMulNBits' B (matmul_nbits._packed_b) a band
+    written straight to the data file) and packs MatMulNBits' B (matmul_nbits._b_bands) a band
     at a time, never a whole-tensor temporary: with bands of a few rows, the file written is the
-    one the import in memory writes (whole arrays), bit for bit."""
+    one the import in memory writes, bit for bit."""
     from dyndq.checkpoints import fused
     from dyndq.converters.contrib import matmul_nbits
 
     monkeypatch.setattr(fused, "BAND_BYTES", 64)
     monkeypatch.setattr(matmul_nbits, "BAND_BYTES", 64)
     bands = {"moved": 0, "packed": 0}
-    moved, packed = fused._bands_transposed, matmul_nbits._packed_b
+    moved, packed = fused._bands_transposed, matmul_nbits._b_bands
 
     def counted_moved(codes):
         for chunk in moved(codes):
@@ -387,11 +387,12 @@ def test_streamed_fused_weights_are_moved_and_packed_in_bands_bit_for_bit(llama,
             yield chunk
 
     def counted_packed(codes, shift, bits):
-        bands["packed"] += -(-codes.shape[1] // max(1, matmul_nbits.BAND_BYTES // codes.shape[0]))
-        return packed(codes, shift, bits)
+        for band in packed(codes, shift, bits):
+            bands["packed"] += 1
+            yield band
 
     monkeypatch.setattr(fused, "_bands_transposed", counted_moved)
-    monkeypatch.setattr(matmul_nbits, "_packed_b", counted_packed)
+    monkeypatch.setattr(matmul_nbits, "_b_bands", counted_packed)
     src, _, path = llama
     model = float_model(src, extra=True)
     (tmp_path / "in").mkdir()

@@ -14,6 +14,7 @@ decodes it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import struct
@@ -184,14 +185,32 @@ def listed(path: str | os.PathLike, config: dict | None = None) -> list[Listed]:
 
 
 def tensor(handle, path: Path, key: str) -> np.ndarray:
-    """Tensor `key`: by safetensors' NumPy framework, or as its bytes where that has no dtype for it."""
-    dtype = handle.get_slice(key).get_dtype()
-    if dtype not in RAW_DTYPES:
+    """Tensor `key` (its file opened already by safetensors, `handle`, which checked its header),
+    mapped in place from the file's own layout (an 8-byte header length, the JSON header, the
+    data), copy-on-write: the pages the decode reads are the file's, never a copy of the whole
+    tensor beside them (safetensors' get_tensor copies it out of its own map: twice a module's
+    bytes at once, the streamed import's peak; docs/import.md, "Memory")."""
+    entry, data_start = _header(str(path))[key], _header(str(path))["__data_start__"]
+    dtype = np.dtype(DTYPES[entry["dtype"]]) if entry["dtype"] in DTYPES else None
+    if dtype is None:  # (a type of no NumPy row: safetensors' own reading)
         return handle.get_tensor(key)
-    with open(path, "rb") as f:  # the file's own layout: an 8-byte header length, the JSON header, the data
+    start, end = entry["data_offsets"]
+    shape = tuple(entry["shape"])
+    if end == start:
+        return np.empty(shape, dtype)
+    return np.memmap(path, dtype, mode="c", offset=data_start + start, shape=shape)
+
+
+@functools.lru_cache(maxsize=8)
+def _header_at(path: str, size: int, mtime: int) -> dict:
+    with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        entry = json.loads(f.read(length))[key]
-        start, end = entry["data_offsets"]
-        f.seek(8 + length + start)
-        data = np.frombuffer(f.read(end - start), np.uint8)
-    return data.view(RAW_DTYPES[dtype]).reshape(entry["shape"])
+        header = json.loads(f.read(length))
+    header["__data_start__"] = 8 + length
+    return header
+
+
+def _header(path: str) -> dict:
+    """The file's JSON header (read once per file while it is unchanged), and where its data starts."""
+    st = os.stat(path)
+    return _header_at(path, st.st_size, st.st_mtime_ns)
