@@ -150,37 +150,35 @@ def listed(path: str | os.PathLike, config: dict | None = None) -> list[Listed]:
         raise ValidationError([Problem(f"checkpoint {str(path)!r}", "a folder with no *.safetensors file", "one or more")])
     config = config if config is not None else quantization_config(path if path.is_dir() else path.parent)
     out: list[Listed] = []
-    with contextlib.ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(str(f), framework="np")) for f in files}
-        where: dict[str, Path] = {}  # every tensor's file (a module's tensors may lie in two shards)
-        modules: dict[str, dict[str, str]] = {}  # module name -> suffix -> tensor name, in the files' order
-        for f, handle in handles.items():
+    where: dict[str, tuple[Path, str, tuple]] = {}  # every tensor's (file, dtype, shape): a module may lie in two shards
+    modules: dict[str, dict[str, str]] = {}  # module name -> suffix -> tensor name, in the files' order
+    for f in files:  # (one file open at a time: safetensors' open of each maps it, and 34 shards open at once
+        # held 17 MiB of their pages, twice a module's bytes: docs/import.md, "Memory")
+        with safe_open(str(f), framework="np") as handle:
             for key in handle.keys():
-                where[key] = f
+                found = handle.get_slice(key)
+                where[key] = (f, found.get_dtype(), tuple(found.get_shape()))
                 prefix, _, suffix = key.rpartition(".")
                 if suffix in QUANTIZED_SUFFIXES and prefix:
                     modules.setdefault(prefix, {})[suffix] = key
                 else:
                     modules.setdefault(key, {})[""] = key
+    def entry(name: str, format: str, keys: dict[str, str], config: dict) -> Listed:
+        return Listed(name, format, {suffix: (where[key][0], key) for suffix, key in keys.items()}, config,
+                      {s: where[key][1] for s, key in keys.items()}, {s: where[key][2] for s, key in keys.items()})
 
-        def entry(name: str, format: str, keys: dict[str, str], config: dict) -> Listed:
-            slices = {suffix: handles[where[key]].get_slice(key) for suffix, key in keys.items()}
-            return Listed(name, format, {suffix: (where[key], key) for suffix, key in keys.items()}, config,
-                          {s: sl.get_dtype() for s, sl in slices.items()},
-                          {s: tuple(sl.get_shape()) for s, sl in slices.items()})
-
-        for name, keys in modules.items():
-            if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
-                out.append(entry(name, "dense", {"": keys[""]}, {}))
-                del keys[""]
-            if "" in keys:
-                out.append(entry(name, "dense", keys, {}))
-                continue
-            if config is None:
-                raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
-                                               "and no quantization_config (no config.json beside them, none given)",
-                                               "config.json holding quantization_config, or the config passed")])
-            out.append(entry(name, format_of(config, set(keys), f"module {name!r}"), keys, config))
+    for name, keys in modules.items():
+        if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
+            out.append(entry(name, "dense", {"": keys[""]}, {}))
+            del keys[""]
+        if "" in keys:
+            out.append(entry(name, "dense", keys, {}))
+            continue
+        if config is None:
+            raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
+                                           "and no quantization_config (no config.json beside them, none given)",
+                                           "config.json holding quantization_config, or the config passed")])
+        out.append(entry(name, format_of(config, set(keys), f"module {name!r}"), keys, config))
     return out
 
 
