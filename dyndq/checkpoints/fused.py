@@ -46,7 +46,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dyndq.build import make_node
 from dyndq.checkpoints.matching import STORED, TRANSPOSED, Match
 from dyndq.checkpoints.writer import Written
-from dyndq.converters.contrib.shared import mapped_columns, pack
+from dyndq.converters.contrib.shared import let_go, mapped_columns, pack
 from dyndq.opdefs import dtypes
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
@@ -264,7 +264,7 @@ def share(model: onnx.ModelProto, plan: "Plan", data=None) -> None:
         b_name, shape_name, data_name = (f"{codes_t.name}_B", f"{codes_t.name}_data_shape", f"{codes_t.name}_data")
         b_dims = [vocab, width // 32, 32 // per]
         raw = None if data is None else data.raw(codes_t)
-        if raw is not None and raw.size == vocab * width * bits // 8:
+        if raw is not None and bits in (4, 8) and width * bits % 8 == 0 and raw.size == vocab * width * bits // 8:
             b = data.stored_bytes(b_name, TensorProto.UINT8, b_dims, _unsigned_rows(raw.reshape(vocab, -1), bits))
         else:
             read = numpy_helper.to_array if data is None else data.read
@@ -303,8 +303,11 @@ def _unsigned_rows(raw: np.ndarray, bits: int):
     codes (q + 2^(bits-1): for a nibble, its high bit flipped), a band of rows at a time."""
     band = max(1, BAND_BYTES // max(1, raw.shape[1]))
     flip = np.uint8(0x80 if bits == 8 else 0x88)
+    mapped = getattr(raw, "_mmap", None)
     for start in range(0, raw.shape[0], band):
         yield (raw[start:start + band] ^ flip).data
+        if mapped is not None:  # (the pages read let go: a tied embedding is often a model's largest tensor)
+            let_go(mapped)
 
 
 def _dtype_problem(weight: int | None, result: int) -> str:
