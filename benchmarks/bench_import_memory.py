@@ -2,13 +2,15 @@
 model with external data, beside the model loaded whole.
 
     .venv/bin/python benchmarks/bench_import_memory.py [--rows 4096 --cols 4096 --tensors 34]
-        [--emit dyndq|onnx|onnxruntime|openvino] [--fuse exact|never] [--json]
+        [--emit dyndq|onnx|onnxruntime|openvino] [--fuse exact|never] [--format Q8_0|Q4_0|gptq] [--json]
 
 Writes, one weight at a time, a float32 model with external data (`--tensors` weights of
 [cols, rows], each read by a MatMul as torch exports a linear layer, and a small bias kept float)
 and a GGUF file of a Q8_0 tensor of [rows, cols] for each weight, named as the weight (matched by
 name: gguf's own quantizer, one matrix quantized once and written for every tensor: the bytes
-measured are the same).  Then each case runs in a fresh Python, and its peak resident memory
+measured are the same).  `--format Q4_0`: a GGUF of Q4_0 tensors; `--format gptq`: a GPTQ v2
+folder (4-bit, groups of 128, float32 scales: the GPTQ form ONNX Runtime's MatMulNBits computes
+exactly, so fused) of modules `layers.{i}`, its largest tensor a module's tensors together.  Then each case runs in a fresh Python, and its peak resident memory
 during the import is read (VmHWM reset through /proc/self/clear_refs after a warm-up import of a
 small model, so the imports and the interpreter are the baseline: `base`, the resident memory
 then):
@@ -43,21 +45,73 @@ CASES = ("stream", "whole")
 EXTRA_CASES = ("api",)
 
 
-def write_case(folder: str, rows: int, cols: int, tensors: int, seed: int = 0) -> dict:
-    """The float model (folder/float.onnx + its data) and the checkpoint (folder/q8.gguf), and a
-    small pair of them for the warm-up (small.onnx, small.gguf); returns their sizes."""
+FORMATS = ("Q8_0", "Q4_0", "gptq")
+GPTQ_GROUP = 128
+
+
+def checkpoint_name(kind: str) -> str:
+    """The checkpoint's name in the case's folder: a GGUF file, or a GPTQ folder."""
+    return "q.gptq" if kind == "gptq" else "q.gguf"
+
+
+def gptq_module(matrix: np.ndarray) -> dict:
+    """A GPTQ v2 module (4-bit, groups of GPTQ_GROUP, float32 scales) of `matrix` [out, in]:
+    qweight int32 [in/8, out], qzeros int32 [groups, out/8], scales float32 [groups, out], g_idx."""
+    w = np.ascontiguousarray(matrix.T)  # [in, out]
+    n_in, out = w.shape
+    grouped = w.reshape(n_in // GPTQ_GROUP, GPTQ_GROUP, out)
+    low, high = grouped.min(axis=1), grouped.max(axis=1)
+    scales = np.maximum((high - low) / 15, 1e-8).astype(np.float32)
+    zeros = np.clip(np.round(-low / scales), 0, 15).astype(np.uint32)
+    q = np.clip(np.round(grouped / scales[:, None]) + zeros[:, None], 0, 15).astype(np.uint32).reshape(n_in, out)
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    qweight = (q.reshape(n_in // 8, 8, out) << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
+    qzeros = (zeros.reshape(len(zeros), out // 8, 8) << shifts[None, None, :]).sum(axis=2, dtype=np.uint32)
+    return {"qweight": qweight.view(np.int32), "qzeros": qzeros.view(np.int32), "scales": scales,
+            "g_idx": (np.arange(n_in) // GPTQ_GROUP).astype(np.int32)}
+
+
+def write_checkpoint(path: str, names: list[str], matrix: np.ndarray, kind: str) -> int:
+    """The checkpoint of `kind` at `path` holding `matrix` [out, in] quantized once for each name
+    (GGUF: gguf's own writer and quantizer; gptq: safetensors' writer, one module at a time);
+    returns its largest tensor's bytes."""
+    if kind == "gptq":
+        import safetensors.numpy
+
+        os.makedirs(path, exist_ok=True)
+        module = gptq_module(matrix)
+        for i, name in enumerate(names):  # (a file per module, as sharded checkpoints hold them)
+            safetensors.numpy.save_file({f"{name}.{k}": v for k, v in module.items()},
+                                        os.path.join(path, f"model-{i:05d}.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": GPTQ_GROUP,
+                                               "checkpoint_format": "gptq_v2"}}, f)
+        return sum(v.nbytes for v in module.values())
     import gguf
 
+    qtype = gguf.GGMLQuantizationType[kind]
+    q = gguf.quants.quantize(matrix, qtype)
+    writer = gguf.GGUFWriter(path, "bench")
+    for name in names:
+        writer.add_tensor(f"{name}.weight", q, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return q.nbytes
+
+
+def write_case(folder: str, rows: int, cols: int, tensors: int, seed: int = 0, kind: str = "Q8_0") -> dict:
+    """The float model (folder/float.onnx + its data) and the checkpoint of `kind` (folder/q.gguf,
+    or the folder q.gptq), and a small pair of them for the warm-up (small.onnx, small.gguf or
+    small.gptq); returns their sizes."""
     rng = np.random.default_rng(seed)
     matrix = (rng.standard_normal((rows, cols), dtype=np.float32) * cols ** -0.5)
-    blocks = gguf.quants.quantize(matrix, gguf.GGMLQuantizationType.Q8_0)
     stored = np.ascontiguousarray(matrix.T)  # (MatMul's B: [in, out])
-    del matrix
-    sizes = {"floats": 0, "largest_float": stored.nbytes, "checkpoint": 0, "largest_tensor": blocks.nbytes,
-             "tensors": tensors}
-    for name, n, array, q in (("float", tensors, stored, blocks), ("small", 2, stored[:64, :64].copy(), None)):
-        if q is None:
-            q = gguf.quants.quantize(np.ascontiguousarray(array.T), gguf.GGMLQuantizationType.Q8_0)
+    sizes = {"floats": 0, "largest_float": stored.nbytes, "checkpoint": 0, "largest_tensor": 0,
+             "tensors": tensors, "format": kind}
+    small = 128 if kind == "gptq" else 64
+    for name, n, array in (("float", tensors, stored), ("small", 2, stored[:small, :small].copy())):
         path = os.path.join(folder, f"{name}.onnx")
         location = f"{name}.onnx.data"
         inits, nodes, outputs = [], [], []
@@ -80,16 +134,13 @@ def write_case(folder: str, rows: int, cols: int, tensors: int, seed: int = 0) -
         graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", T.FLOAT, [1, array.shape[0]])],
                                   outputs, inits)
         onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), path)
-        writer = gguf.GGUFWriter(os.path.join(folder, f"{name}.gguf"), "bench")
-        for i in range(n):
-            writer.add_tensor(f"layers.{i}.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        target = os.path.join(folder, "q.gptq" if kind == "gptq" else "q.gguf") if name == "float" else \
+            os.path.join(folder, "small.gptq" if kind == "gptq" else "small.gguf")
+        largest = write_checkpoint(target, [f"layers.{i}" for i in range(n)], np.ascontiguousarray(array.T), kind)
         if name == "float":
             sizes["floats"] = n * array.nbytes
-            sizes["checkpoint"] = n * q.nbytes
+            sizes["checkpoint"], sizes["largest_tensor"] = n * largest, largest
+    del matrix
     return sizes
 
 
@@ -98,7 +149,7 @@ import json, os, sys, time
 from dyndq.checkpoints import import_file, import_weights
 from dyndq.model_files import load_model, save_model
 D = {folder!r}
-import_file(os.path.join(D, "small.onnx"), os.path.join(D, "small.gguf"), os.path.join(D, "warm", "small.onnx"))
+import_file(os.path.join(D, "small.onnx"), os.path.join(D, {small!r}), os.path.join(D, "warm", "small.onnx"))
 
 def status(key):
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
@@ -112,7 +163,7 @@ def verify_model(*args, **kwargs):  # (the peak before the file's check: import_
     return real_verify(*args, **kwargs)
 
 written.verify_model = verify_model
-src, ckpt, dst = os.path.join(D, "float.onnx"), os.path.join(D, "q8.gguf"), os.path.join(D, {case!r}, "q.onnx")
+src, ckpt, dst = os.path.join(D, "float.onnx"), os.path.join(D, {ckpt!r}), os.path.join(D, {case!r}, "q.onnx")
 emit, fuse = {emit!r}, {fuse!r}
 model = load_model(src) if {case!r} == "api" else None
 with open("/proc/self/clear_refs", "w") as f:  # (VmHWM from here: the import's peak)
@@ -141,10 +192,12 @@ print("@@ " + json.dumps({{"seconds": seconds, "base": base, "peak": status("VmH
 """
 
 
-def run_case(case: str, folder: str, emit: str = "dyndq", fuse: str = "exact") -> dict:
+def run_case(case: str, folder: str, emit: str = "dyndq", fuse: str = "exact", kind: str = "Q8_0") -> dict:
     os.makedirs(os.path.join(folder, case), exist_ok=True)
     os.makedirs(os.path.join(folder, "warm"), exist_ok=True)
-    out = subprocess.run([sys.executable, "-c", _CHILD.format(folder=folder, case=case, emit=emit, fuse=fuse)],
+    ckpt = checkpoint_name(kind)
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(folder=folder, case=case, emit=emit, fuse=fuse, ckpt=ckpt,
+                                                              small=ckpt.replace("q.", "small."))],
                          capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"{case}: {out.stderr[-3000:]}")
@@ -152,17 +205,16 @@ def run_case(case: str, folder: str, emit: str = "dyndq", fuse: str = "exact") -
 
 
 def measure(rows: int, cols: int, tensors: int, cases=CASES, folder: str | None = None, emits=("dyndq",),
-            fuse: str = "exact") -> dict:
+            fuse: str = "exact", kind: str = "Q8_0") -> dict:
     """The sizes of the case written and each case's run: {"sizes": ..., "cases": {case: ...}} (with
     more than one emit, the cases named "case emit")."""
     with tempfile.TemporaryDirectory(dir=folder) as d:
-        sizes = write_case(d, rows, cols, tensors)
-        os.rename(os.path.join(d, "float.gguf"), os.path.join(d, "q8.gguf"))
+        sizes = write_case(d, rows, cols, tensors, kind=kind)
         runs = {}
         for emit in emits:
             for case in cases:
                 form, _, fused = emit.partition("/")  # ("onnxruntime/never": that emit with --fuse never)
-                runs[case if len(emits) == 1 else f"{case} {emit}"] = run_case(case, d, form, fused or fuse)
+                runs[case if len(emits) == 1 else f"{case} {emit}"] = run_case(case, d, form, fused or fuse, kind)
                 shutil.rmtree(os.path.join(d, case))  # (the next writes its own)
         return {"sizes": sizes, "cases": runs}
 
@@ -177,15 +229,17 @@ def main(argv=None) -> int:
                    choices=("dyndq", "onnx", "onnxruntime", "openvino", "onnxruntime/exact", "onnxruntime/never"),
                    help="the forms written (default: dyndq; several: each case for each; onnxruntime/never: with --fuse never)")
     p.add_argument("--fuse", choices=("exact", "never"), default="exact")
+    p.add_argument("--format", choices=FORMATS, default="Q8_0", help="the checkpoint's format (default: GGUF Q8_0)")
     p.add_argument("--folder", help="where to write the models (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    result = measure(args.rows, args.cols, args.tensors, args.case or CASES, args.folder, args.emit or ("dyndq",), args.fuse)
+    result = measure(args.rows, args.cols, args.tensors, args.case or CASES, args.folder, args.emit or ("dyndq",), args.fuse,
+                     args.format)
     if args.json:
         print(json.dumps(result))
         return 0
     s, mib = result["sizes"], 2 ** 20
-    print(f"float model {s['floats'] / mib:.0f} MiB ({s['tensors']} weights of {s['largest_float'] / mib:.1f} MiB), "
+    print(f"{s['format']}: float model {s['floats'] / mib:.0f} MiB ({s['tensors']} weights of {s['largest_float'] / mib:.1f} MiB), "
           f"checkpoint {s['checkpoint'] / mib:.1f} MiB (largest tensor {s['largest_tensor'] / mib:.2f} MiB)")
     for case, r in result["cases"].items():
         extra = r["peak"] - r["base"]

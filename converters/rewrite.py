@@ -42,7 +42,9 @@ class GraphView:
     `options`: what the command was given for the rules that take it (e.g. export's
     accuracy_level, for the rule writing MatMulNBits); `read(tensor)`: a constant's value,
     through the walker's store (a weight whose data is on disk is read from there, one at a
-    time).
+    time); `raw(name)`: a constant's bytes as stored (uint8, 4-bit codes two a byte), read in
+    place from its data file where the model's constants stay on disk (the streamed export:
+    walker.external_constants), else None (a rule then asks `constant`).
     """
 
     constant: Callable[[str], np.ndarray | None]
@@ -55,6 +57,7 @@ class GraphView:
     in_function: bool = False
     options: dict = field(default_factory=dict)
     read: Callable[[onnx.TensorProto], np.ndarray] = onnx.numpy_helper.to_array
+    raw: Callable[[str], np.ndarray | None] = lambda name: None
 
 
 @dataclass
@@ -189,7 +192,8 @@ def chain_to(view: GraphView, node: onnx.NodeProto, op_type: str, index: int, ax
     `index` (a Slice cutting the padding of `axis` may stand between): (the Slices passed, that
     node, the length kept along `axis`), or why the output goes elsewhere."""
     value, passed = node.output[0], []
-    shape = view.constant(node.input[0]).shape
+    spec = view.spec(node.input[0])  # (its shape alone: the values of a weight on disk are not read for it)
+    shape = tuple(spec.shape) if spec is not None and spec.size is not None else view.constant(node.input[0]).shape
     length = shape[axis]
     while True:
         readers = view.consumers(value)

@@ -70,22 +70,48 @@ from dyndq.plumbing.walk import Scope, constant_value, is_constant_node, scopes,
 
 from .rewrite import GraphView, Rewrite
 
-# (read, store) while a model whose large constants stay on disk is rewritten (external_constants)
+# (read, store, raw, store_bytes, {name: digest} of the tensors written in bands) while a model whose
+# large constants stay on disk is rewritten (external_constants)
 _EXTERNAL: contextvars.ContextVar = contextvars.ContextVar("dyndq_walker_external", default=None)
 
 
 @contextlib.contextmanager
 def external_constants(read: Callable[[onnx.TensorProto], np.ndarray],
-                       store: Callable[[onnx.TensorProto], onnx.TensorProto]):
+                       store: Callable[[onnx.TensorProto], onnx.TensorProto], raw=None, store_bytes=None):
     """Within it, the node rewrites read a constant's value by `read(tensor)` (a tensor whose data
     is in an external file: read from there, one at a time) and hand each new initializer to
     `store(tensor)`, which writes it out and returns what the graph holds (its stub): a model too
-    big to hold is rewritten one constant at a time (the streamed import's export)."""
-    token = _EXTERNAL.set((read, store))
+    big to hold is rewritten one constant at a time (the streamed import's export).  `raw(tensor)`,
+    when given, is a tensor's stored bytes (uint8, in place in its file: GraphView.raw) and
+    `store_bytes(name, data_type, dims, chunks)` (model_files.DataFile.stored_bytes) writes a tensor
+    a rule makes a band at a time (`written_in_bands`), so that neither is ever whole in memory."""
+    token = _EXTERNAL.set((read, store, raw, store_bytes, {}))
     try:
         yield
     finally:
         _EXTERNAL.reset(token)
+
+
+def written_in_bands(name: str, data_type: int, dims, chunks) -> onnx.TensorProto | None:
+    """Within external_constants given a `store_bytes`: the tensor `name` of ONNX type `data_type`
+    and `dims` whose raw bytes are `chunks` (bytes-like, in order) written out now, a band at a time
+    (its digest taken as it goes, for the sharing of equal tensors), its stub returned for the
+    rule's Rewrite; else None (the rule makes the tensor whole).  A rule calls it only once it
+    returns the Rewrite: the bytes are written whatever the walker does with it."""
+    external = _EXTERNAL.get()
+    if external is None or external[3] is None:
+        return None
+    header = onnx.TensorProto(data_type=data_type, dims=list(dims))
+    digest = _Digest(header, True)
+
+    def hashed():
+        for chunk in chunks:
+            digest.update(chunk)
+            yield chunk
+
+    stub = external[3](name, data_type, dims, hashed())
+    external[4][name] = digest.digest()
+    return stub
 
 
 @dataclass(frozen=True)
@@ -153,7 +179,7 @@ class _Walk:
         view = GraphView(constant=constant, consumers=index.readers,
                          is_output=lambda name: name in index.outputs, spec=specs_at(self.types, scope),
                          names=self.names, producer=index.makers.get, imports=imports, in_function=scope.in_function,
-                         options=self.options)
+                         options=self.options, raw=lambda name: _raw(scope, name))
         outcomes, applied, taken = [], [], set()
         for node in snapshot:
             if id(node) in taken:
@@ -184,8 +210,9 @@ class _Walk:
         if external is None:
             return
         for i, t in enumerate(rw.initializers):
-            self.digests[t.name] = _content(t)
-            rw.initializers[i] = external[1](t)
+            banded = external[4].pop(t.name, None)  # (written in bands by the rule already: its digest taken then)
+            self.digests[t.name] = banded or _content(t)
+            rw.initializers[i] = t if banded else external[1](t)
 
     def _refusal(self, rw: Rewrite, scope: Scope, opset: int, taken: set) -> str | None:
         need = rw.domains.get("", 0)
@@ -383,17 +410,50 @@ def _constant(scope: Scope, name: str):
     return numpy_helper.to_array(tensor) if external is None else external[0](tensor)
 
 
+def _raw(scope: Scope, name: str):
+    """The stored bytes of `name` where `scope` reads it, in place in its data file (GraphView.raw),
+    or None."""
+    external = _EXTERNAL.get()
+    if external is None or external[2] is None:
+        return None
+    holder = scope.resolve(name)
+    tensor = holder.constant(name) if holder is not None else None
+    return None if tensor is None else external[2](tensor)
+
+
 def _constant_node(t: onnx.TensorProto, names: NameScope) -> onnx.NodeProto:
     return onnx.helper.make_node("Constant", [], [t.name], name=names.fresh(f"{t.name}_Constant"), value=t)
 
 
 def _content(t: onnx.TensorProto) -> bytes:
     """What makes two tensors equal, their names aside: a digest (the walker keeps one per derived
-    tensor for the whole model: not the tensor's bytes)."""
-    copy = onnx.TensorProto()
-    copy.CopyFrom(t)
-    copy.name = ""
-    return hashlib.sha256(copy.SerializeToString()).digest()
+    tensor for the whole model: not the tensor's bytes) of its fields but the name and its raw
+    data, hashed apart: the raw data read once (protobuf hands it out as a copy), never a copy of
+    the whole tensor and its serialization beside it (docs/import.md, "Memory")."""
+    from dyndq.plumbing.light import copy_fields
+
+    header = onnx.TensorProto()
+    copy_fields(t, header, skip={"name", "raw_data"})
+    has_raw = t.HasField("raw_data")
+    digest = _Digest(header, has_raw)
+    if has_raw:
+        digest.update(t.raw_data)
+    return digest.digest()
+
+
+class _Digest:
+    """sha256 of a tensor's fields but its name and raw data (`header`, length first), whether it
+    has raw data, then its raw data as given (`update`, in pieces)."""
+
+    def __init__(self, header: onnx.TensorProto, has_raw: bool):
+        fields = header.SerializeToString(deterministic=True)
+        self._hash = hashlib.sha256(len(fields).to_bytes(8, "little") + fields + (b"\x01" if has_raw else b"\x00"))
+
+    def update(self, data) -> None:
+        self._hash.update(data)
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
 
 
 def _read_names(model: onnx.ModelProto) -> set[str]:

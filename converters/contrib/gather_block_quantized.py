@@ -189,13 +189,40 @@ class _Chain:
 
 
 
+@dataclass(frozen=True)
+class _Described:
+    """A constant's type and shape, where the streamed export keeps its values on disk (its
+    values read only once the chain is known to be this rule's: a MatMul's codes, read here whole,
+    were every fused weight's peak)."""
+
+    dtype: np.dtype
+    shape: tuple
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _described(view: GraphView, name: str) -> _Described | None:
+    spec = view.spec(name)
+    if view.raw(name) is None or spec is None or spec.dtype is None or spec.size is None:
+        return None
+    try:
+        numpy_type = dtypes.by_name(spec.dtype).numpy
+    except KeyError:  # (a type of no row: read as it is)
+        return None
+    return None if numpy_type is None else _Described(np.dtype(numpy_type), tuple(spec.shape))
+
+
 def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     """The chain a DynamicDequantize-2 starts that one GatherBlockQuantized expresses, or why not."""
     qtype, group = rw.ddq_attrs(node)
     src, s, z = rw.inputs_of(node, 3)
     if qtype != PER_GROUP:
         return f"{qtype}: GatherBlockQuantized takes blocks along one axis (per_group)"
-    codes = view.constant(src)
+    codes = _described(view, src)  # (on disk: its type and shape alone until it is known to feed a Gather)
+    if codes is None:
+        codes = view.constant(src)
     if codes is None:
         return "src is not a constant"
     kind = dtypes.name_of(codes.dtype)
@@ -216,6 +243,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if isinstance(chain, str):
         return chain
     nodes, gather, length = chain
+    if isinstance(codes, _Described):
+        codes = view.constant(src)
     if not codes.shape[qa] - block < length <= codes.shape[qa]:
         return f"Slice keeps {length} of {codes.shape[qa]}: more than the last block's padding"
     ga = int(attribute_values(gather).get("axis", 0)) % rank

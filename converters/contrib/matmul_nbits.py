@@ -59,6 +59,7 @@ from dyndq.opdefs import DOMAIN, PER_CHANNEL, PER_GROUP, dtypes
 from dyndq.plumbing.types import attribute_values
 
 from .. import rewrite as rw
+from ..walker import written_in_bands
 from ..rewrite import GraphView, Rewrite
 from ..rules import LIFT, WRITE, rule, says_why
 from . import float_zero_points as fzp
@@ -276,11 +277,13 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     src, s, z = rw.inputs_of(node, 3)
     if qtype not in (PER_GROUP, PER_CHANNEL):
         return f"{qtype}: MatMulNBits takes blocks along K (per_group, or per_channel along N)"
-    codes = view.constant(src)
+    form = shared.lifted_from(node, QUALNAME)
+    codes = _on_disk(view, src) if qtype == PER_GROUP and not form else None
+    if codes is None:
+        codes = view.constant(src)
     if codes is None or codes.ndim != 2:
         return "src is not a constant 2-D weight" if codes is None else f"src has rank {codes.ndim}, not 2"
     src_type = dtypes.name_of(codes.dtype)
-    form = shared.lifted_from(node, QUALNAME)
     doubled = bool(form.get("doubled")) and form.get("zero_points") == "float" and bool(z) \
         and src_type == fzp.DOUBLED_CODE_TYPES.get(form.get("bits"))
     if src_type not in BITS_OF and not doubled:
@@ -320,7 +323,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if a_spec is not None and a_spec.rank is not None and a_spec.rank < 2:
         return f"the MatMul's A has rank {a_spec.rank}: MatMulNBits takes A of rank 2 or more"
     if zero is None:
-        zero = np.zeros((blocks, N), np.int64)
+        zero = np.zeros((blocks, N), np.int16)
     if doubled:
         why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
@@ -330,7 +333,9 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
             return f"the doubled form of half-integer zero points no longer holds: {why}"
     bits = BITS_OF[src_type]
     shift = absent_zero_point(bits) if src_type.startswith("int") else 0
-    zero = zero.astype(np.int64) + shift
+    # (integers of at most 8 bits shifted by at most 128 held in int16: a quarter of int64's bytes; wider ones in int64)
+    zero = zero.astype(np.int16 if zero.dtype.itemsize <= 1 or zero.dtype == np.int16 else np.int64)
+    zero += shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
     return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form)
@@ -392,7 +397,7 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     replaced = [node] + nodes + [matmul] + ([last] if bias else [])
     new = rw.Constants(view.names)
     s_shape = form.get("scales_shape", [N, blocks])
-    inputs = [a, new.add(_packed_b(codes, shift, bits).reshape(N, blocks, block * bits // 8), src),
+    inputs = [a, _add_b(new, codes, shift, bits, [N, blocks, block * bits // 8], src),
               new.add(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]), s)]
     zp_form = form.get("zero_points", "packed" if np.any(zero != absent_zero_point(bits)) else "absent")
     if zp_form == "absent" and np.any(zero != absent_zero_point(bits)):
@@ -425,22 +430,79 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
 
 
-BAND_BYTES = 1 << 18  # the codes shifted and packed at once (_packed_b): 4x that in int16 temporaries
+BAND_BYTES = 1 << 18  # the codes shifted and packed at once (_b_bands): 4x that in int16 temporaries
 
 
-def _packed_b(codes: np.ndarray, shift: int, bits: int) -> np.ndarray:
-    """MatMulNBits' B rows, uint8 [N, K_pad*bits/8]: the codes [K_pad, N] shifted to unsigned, transposed
-    and packed a band of columns at a time into one array, so that no whole-weight temporary (the
-    codes widened to int16, shifted, transposed) is made beside it: the streamed import exports one
-    weight at a time, and this was its peak (docs/import.md, "Memory")."""
+def _add_b(new: rw.Constants, codes, shift: int, bits: int, dims: list, src: str) -> str:
+    """MatMulNBits' B (uint8 `dims`) made from the codes [K_pad, N] as a new constant derived from
+    `src` (as `new.add` names it): in the streamed export written to the data file a band at a time
+    as it is packed (walker.written_in_bands: never whole in memory, nor beside the codes), else
+    packed into one array (docs/import.md, "Memory")."""
+    name = new.names.fresh(src)
+    stub = written_in_bands(name, onnx.TensorProto.UINT8, dims, (band.data for band in _b_bands(codes, shift, bits)))
+    new.tensors.append(stub if stub is not None else rw.tensor(_packed_b(codes, shift, bits).reshape(dims), name))
+    new.derived[name] = (src, "")
+    return name
+
+
+def _packed_b(codes, shift: int, bits: int) -> np.ndarray:
+    """MatMulNBits' B rows, uint8 [N, K_pad*bits/8], packed a band at a time (`_b_bands`) into one array."""
     k_pad, N = codes.shape
     out = np.empty((N, k_pad * bits // 8), np.uint8)
+    at = 0
+    for band in _b_bands(codes, shift, bits):
+        out[at:at + len(band)] = band
+        at += len(band)
+    return out
+
+
+def _b_bands(codes, shift: int, bits: int):
+    """MatMulNBits' B rows, uint8 [band, K_pad*bits/8] (C order) a band at a time: the codes [K_pad, N]
+    (an array, or `_Nibbles` on disk) shifted to unsigned, transposed and packed a band of columns at
+    a time, so that no whole-weight temporary (the codes widened to int16, shifted, transposed) is
+    made: the streamed import exports one weight at a time, and this was its peak."""
+    k_pad, N = codes.shape
     band = max(1, BAND_BYTES // max(1, k_pad))
     for start in range(0, N, band):
-        q = codes[:, start:start + band].astype(np.int16)  # (codes of at most 8 bits, shifted: int16 holds them)
+        q = codes.columns(start, start + band) if isinstance(codes, _Nibbles) else \
+            shared.mapped_columns(codes, start, start + band, np.int16)  # (codes of at most 8 bits, shifted: int16 holds them)
         q += shift
-        out[start:start + band] = shared.pack(q.T, bits)
-    return out
+        yield np.ascontiguousarray(shared.pack(q.T, bits))
+
+
+class _Nibbles:
+    """4-bit codes [K, N] (N even) as ONNX stores them, two a byte, low nibble first, read in place
+    from their data file (GraphView.raw): `columns(start, stop)` unpacks those columns alone."""
+
+    def __init__(self, raw: np.ndarray, K: int, N: int, signed: bool):
+        self.raw, self.shape, self.ndim, self.signed = raw.reshape(K, N // 2), (K, N), 2, signed
+        self.dtype = dtypes.by_name("int4" if signed else "uint4").numpy
+
+    def columns(self, start: int, stop: int) -> np.ndarray:
+        """Columns start:stop of the codes, int16 [K, stop - start]."""
+        stop = min(stop, self.shape[1])
+        packed = shared.mapped_columns(self.raw, start // 2, (stop + 1) // 2, np.uint8)
+        q = np.empty((self.shape[0], 2 * packed.shape[1]), np.int16)
+        q[:, 0::2], q[:, 1::2] = packed & 0x0F, packed >> 4
+        if self.signed:  # (a nibble's two's complement)
+            q ^= 8
+            q -= 8
+        return q[:, start % 2:start % 2 + stop - start]
+
+
+def _on_disk(view: GraphView, name: str):
+    """The codes of `name` read in place from the data file where the streamed export keeps them
+    (8-bit: an array mapped on it; 4-bit with an even N: `_Nibbles`), else None."""
+    raw = view.raw(name)
+    spec = view.spec(name)
+    if raw is None or spec is None or spec.rank != 2 or spec.size is None:
+        return None
+    K, N = spec.shape
+    if spec.dtype in ("int8", "uint8") and raw.size == K * N:
+        return raw.view(np.dtype(spec.dtype)).reshape(K, N)
+    if spec.dtype in ("int4", "uint4") and N % 2 == 0 and raw.size == K * N // 2:
+        return _Nibbles(raw, K, N, spec.dtype == "int4")
+    return None
 
 
 def _bias(view: GraphView, matmul, N: int, t: str):

@@ -117,6 +117,36 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return np.stack(parts, axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
+RELEASE_BYTES = 1 << 20  # the rows of a mapped tensor read before their pages are let go (mapped_columns)
+
+
+def mapped_columns(codes: np.ndarray, start: int, stop: int, dtype) -> np.ndarray:
+    """codes[:, start:stop] (2-D) as a new array of `dtype`, copied a few rows at a time.  Where the
+    codes are mapped on a file (np.memmap: the streamed export's data on disk) the pages read are
+    let go after each few rows (madvise MADV_DONTNEED: they stay in the OS's cache), so that a band
+    of columns, which reads a page of every row, never keeps the whole tensor resident."""
+    stop = min(stop, codes.shape[1])
+    out = np.empty((codes.shape[0], max(0, stop - start)), dtype)
+    mapped = getattr(codes, "_mmap", None)
+    step = codes.shape[0] if mapped is None else max(1, RELEASE_BYTES // max(1, codes.strides[0]))
+    for row in range(0, codes.shape[0], step):
+        out[row:row + step] = codes[row:row + step, start:stop]
+        if mapped is not None:
+            let_go(mapped)
+    return out
+
+
+def let_go(mapped) -> None:
+    """The pages of `mapped` (an mmap.mmap) read so far let go from this process (where the platform can)."""
+    import mmap
+
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mapped.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):  # (the pages stay, as the OS keeps them)
+            pass
+
+
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """The inverse of `unpack`: codes in [0, 2^bits) along the last axis (a multiple of 8/bits) -> uint8."""
     codes = np.asarray(codes).astype(np.uint8)

@@ -46,7 +46,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dyndq.build import make_node
 from dyndq.checkpoints.matching import STORED, TRANSPOSED, Match
 from dyndq.checkpoints.writer import Written
-from dyndq.converters.contrib.shared import pack
+from dyndq.converters.contrib.shared import let_go, mapped_columns, pack
 from dyndq.opdefs import dtypes
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
@@ -114,21 +114,25 @@ def why_not(kind: str) -> str:
     return f"{kind}: no fused form written for it"
 
 
-def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded, store=None, store_bytes=None):
+def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded, data=None):
     """(decoded, matches) with each weight that fits rewritten into the lowering's form, and
     {weight: the form planned, or "composition: <reason>"}.  A rewritten weight's decode gives
     the graph's orientation itself, so its match reads it as stored (no Transpose after).
     `decoded`: {tensor: its Written}, or a function making one (one tensor's decode at a time);
-    `store(tensor)`, when given, takes each tensor of a decode once it is settled (the streamed
-    import: written to the new data file, its stub kept), so that one decode is held at a time;
-    `store_bytes(name, data_type, dims, chunks)` (DataFile.stored_bytes), when given, writes the
-    8-bit codes moved to [K, N] a band at a time, never whole beside the decode (docs/import.md, "Memory")."""
+    `data` (streamed.ReadableDataFile, the streamed import's scratch file), when given: each decode
+    is written to it as it is made (writer.written_to: its tensors stubs), read back from it, and
+    each tensor of a rewritten decode stored there once settled, so that one decode is held at a
+    time; 8- and 4-bit codes are moved to [K, N] from the file a band at a time, written back
+    straight from the bands: never whole in memory, nor beside the decode (docs/import.md, "Memory")."""
     by_tensor: dict[str, list[Match]] = {}
     for m in matches:
         by_tensor.setdefault(m.tensor, []).append(m)
     readers = _readers(model)
     dtypes = {t.name: t.data_type for t in model.graph.initializer}
     make = decoded if callable(decoded) else decoded.__getitem__
+    store = None if data is None else data.stored
+    if data is not None:
+        make = _written_to(make, data)
     decoded, planned, oriented, shared = {}, {}, {}, {}
     settled = None
     for tensor, ms in by_tensor.items():
@@ -144,7 +148,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
             reason = _dtype_problem(dtypes.get(ms[0].weight), TensorProto.FLOAT if widen else written.dtype)
         tied = _tied(ms, readers) if not reason and widen else None
         if tied is not None:  # (one set of codes and scales, read by GatherBlockQuantized and MatMulNBits)
-            rewritten, form = _rewrite(written, tuple(source.shape), "gather", widen)
+            rewritten, form = _rewrite(written, tuple(source.shape), "gather", widen, data)
             if rewritten is not None:
                 decoded[tensor] = rewritten
                 shared[tensor] = (rewritten.nodes[0].name, *tied)
@@ -162,7 +166,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
             use, reason = _use(ms[0], readers.get(ms[0].weight, []), readers)
         rewritten = None
         if use is not None:
-            rewritten, reason = _rewrite(written, tuple(source.shape), use.split(" ")[0], widen, store_bytes)
+            rewritten, reason = _rewrite(written, tuple(source.shape), use.split(" ")[0], widen, data)
         if rewritten is None:
             for m in ms:
                 planned[m.weight] = f"composition: {reason}"
@@ -177,6 +181,16 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
         decoded[settled] = _stored(decoded[settled], store)
     matches = [dataclasses.replace(m, orientation=oriented[m.weight]) if m.weight in oriented else m for m in matches]
     return decoded, matches, Plan(planned, list(shared.values()))
+
+
+def _written_to(make, data):
+    """`make` with each decode's tensors written to `data` as they are made (writer.written_to)."""
+    from dyndq.checkpoints.writer import written_to
+
+    def made(tensor):
+        with written_to(data):
+            return make(tensor)
+    return made
 
 
 def _stored(written: Written, store) -> Written:
@@ -227,14 +241,14 @@ def _tied(ms: list[Match], readers: dict):
     return gathers[0].output[0], matmuls[0][0].output[0], matmuls[0][1].output[0] if matmuls[0][1] is not None else None
 
 
-def share(model: onnx.ModelProto, plan: "Plan", read=numpy_helper.to_array, store=None) -> None:
+def share(model: onnx.ModelProto, plan: "Plan", data=None) -> None:
     """Each tied GGUF Q4_0/Q8_0 embedding (placed as one 2-D decode [V, D] in blocks [1, 32], its
     weights read by one Gather and one MatMul) written as GatherBlockQuantized and MatMulNBits
     reading one set of initializers, as ONNX Runtime's model builder writes tied embeddings:
     MatMulNBits' B [V, D/32, 32*bits/8] (uint8 codes, q - 8 + 8 and x + 128: their absent zero
     points 8 and 128 are the same for both ops), GatherBlockQuantized's data the same bytes through
-    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor.  `read(tensor)`: a tensor's
-    values (the streamed import's read its data file); `store`: as `prepare`'s."""
+    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor.  `data`: as `prepare`'s (the
+    codes read from it in place, B written to it a band of rows at a time)."""
     if not plan.tied:
         return
     graph = model.graph
@@ -246,13 +260,20 @@ def share(model: onnx.ModelProto, plan: "Plan", read=numpy_helper.to_array, stor
         codes_t, scales_t = inits[ddq.input[0]], inits[ddq.input[1]]
         bits = _bits(codes_t.data_type)
         vocab, width = codes_t.dims
-        codes = read(codes_t).reshape(vocab, width).astype(np.int16) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
         per = 8 // bits
-        packed = pack(codes, bits)  # (MatMulNBits' and GatherBlockQuantized's bytes: low bits first)
         b_name, shape_name, data_name = (f"{codes_t.name}_B", f"{codes_t.name}_data_shape", f"{codes_t.name}_data")
-        b = numpy_helper.from_array(packed.reshape(vocab, width // 32, 32 // per), b_name)
-        del codes, packed
-        new_inits += [b if store is None else store(b),
+        b_dims = [vocab, width // 32, 32 // per]
+        raw = None if data is None else data.raw(codes_t)
+        if raw is not None and bits in (4, 8) and width * bits % 8 == 0 and raw.size == vocab * width * bits // 8:
+            b = data.stored_bytes(b_name, TensorProto.UINT8, b_dims, _unsigned_rows(raw.reshape(vocab, -1), bits))
+        else:
+            read = numpy_helper.to_array if data is None else data.read
+            codes = read(codes_t).reshape(vocab, width).astype(np.int16) + (1 << (bits - 1))  # (unsigned: MatMulNBits' codes)
+            packed = pack(codes, bits)  # (MatMulNBits' and GatherBlockQuantized's bytes: low bits first)
+            b = numpy_helper.from_array(packed.reshape(b_dims), b_name)
+            del codes, packed
+            b = b if data is None else data.stored(b)
+        new_inits += [b,
                       numpy_helper.from_array(np.array([vocab, width // per], np.int64), shape_name)]
         gather, matmul = producers[gather_out], producers[matmul_out]
         reshape = helper.make_node("Reshape", [b_name, shape_name], [data_name], name=f"{codes_t.name}_Reshape")
@@ -275,6 +296,18 @@ def share(model: onnx.ModelProto, plan: "Plan", read=numpy_helper.to_array, stor
     graph.initializer.extend(new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def _unsigned_rows(raw: np.ndarray, bits: int):
+    """The bytes of codes [V, D] (int8, or int4 two a byte with D even) as MatMulNBits' unsigned
+    codes (q + 2^(bits-1): for a nibble, its high bit flipped), a band of rows at a time."""
+    band = max(1, BAND_BYTES // max(1, raw.shape[1]))
+    flip = np.uint8(0x80 if bits == 8 else 0x88)
+    mapped = getattr(raw, "_mmap", None)
+    for start in range(0, raw.shape[0], band):
+        yield (raw[start:start + band] ^ flip).data
+        if mapped is not None:  # (the pages read let go: a tied embedding is often a model's largest tensor)
+            let_go(mapped)
 
 
 def _dtype_problem(weight: int | None, result: int) -> str:
@@ -362,12 +395,13 @@ def _bits(data_type: int) -> int | None:
     return dtypes.narrow_integer_bits(dtypes.by_onnx(data_type))
 
 
-def _rewrite(written: Written, shape: tuple, use: str, widen: bool, store_bytes=None) -> tuple[Written | None, str]:
+def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -> tuple[Written | None, str]:
     """(the decode, the fused form in a few words) or (None, why not): the decode of a tensor
     [rows, K] (one DynamicDequantize per_group in blocks along K, then Reshape; a Cast to the
     scales' type folded) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
     [rows, K] in blocks [1, bs] (a Gather's table).  Codes, scales and zero points are the same
-    values moved; `widen`: float16 scales written float32 (exact), the output float32."""
+    values moved; `widen`: float16 scales written float32 (exact), the output float32; `data`: as
+    `prepare`'s (the decode's tensors stubs into it)."""
     ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]
     casts = [n for n in written.nodes if n.op_type == "Cast"]
     if len(ddq) != 1 or len(shape) != 2 or any(n.op_type not in ("DynamicDequantize", "Reshape", "Cast") for n in written.nodes):
@@ -389,26 +423,34 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, store_bytes=
                       "8-bit codes and float32 or float16 scales")
     rows, k = shape
     group = _group_of(node)
-    scales = numpy_helper.to_array(scales_t)
+    read = numpy_helper.to_array if data is None else data.read
+    scales = read(scales_t)
     if scales.size == 0 or k % (scales.size // rows) or group[-1] != k // (scales.size // rows) \
             or any(g != 1 for g in group[:-1]):
         return None, f"its blocks {group} are not runs along K of [{rows}, {k}]"
     bs = group[-1]
     if bs < 16 or bs & (bs - 1):
         return None, f"blocks of {bs}: the fused ops take a power of two from 16"
-    codes = _values(codes_t).reshape(rows, k)
     scales = scales.reshape(rows, k // bs)
     if widen:
         scales = scales.astype(np.float32)  # (exact)
-    zps = None if zps_t is None else _values(zps_t).reshape(rows, k // bs)
-    if use == "matmul" and store_bytes is not None and codes.dtype.itemsize == 1 and _bits(codes_t.data_type) == 8:
+    zps = None if zps_t is None else read(zps_t).reshape(rows, k // bs)
+    bits = _bits(codes_t.data_type)
+    raw = None if data is None else data.raw(codes_t)  # (streamed: the codes moved from the file, never read whole)
+    codes = moved_codes = None
+    if raw is not None and use != "matmul":  # (the same bytes, seen as [rows, K])
+        moved_codes = onnx.TensorProto()
+        moved_codes.CopyFrom(codes_t)
+        moved_codes.dims[:] = [rows, k]
+    elif raw is not None and (bits == 8 or (bits == 4 and rows % 2 == 0 and k % 2 == 0)):
         # (the codes [K, rows] written a band of K at a time: the bytes from_array would give, never a whole copy)
-        moved_codes = store_bytes(codes_t.name, codes_t.data_type, [k, rows], _bands_transposed(codes))
-        codes, scales = None, np.ascontiguousarray(scales.T)
-        zps = None if zps is None else np.ascontiguousarray(zps.T)
-        group = [bs, 1]
-    elif use == "matmul":
-        codes, scales = np.ascontiguousarray(codes.T), np.ascontiguousarray(scales.T)
+        bands = _bands_transposed(raw.view(np.uint8).reshape(rows, k)) if bits == 8 else _nibble_bands_transposed(raw, rows, k)
+        moved_codes = data.stored_bytes(codes_t.name, codes_t.data_type, [k, rows], bands)
+    else:
+        codes = (_values(codes_t) if raw is None else read(codes_t).reshape(-1)).reshape(rows, k)
+    if use == "matmul":
+        codes = None if codes is None else np.ascontiguousarray(codes.T)
+        scales = np.ascontiguousarray(scales.T)
         zps = None if zps is None else np.ascontiguousarray(zps.T)
         group = [bs, 1]
     else:
@@ -429,11 +471,25 @@ BAND_BYTES = 1 << 18  # about the codes moved at once when they are written a ba
 
 
 def _bands_transposed(codes: np.ndarray):
-    """The bytes of codes.T (C order), a band of its rows at a time."""
+    """The bytes of codes.T (C order), a band of its rows at a time (codes mapped on a file: read a
+    few rows at a time, their pages let go: shared.mapped_columns)."""
     rows, k = codes.shape
     band = max(1, BAND_BYTES // max(1, rows * codes.itemsize))
     for start in range(0, k, band):
-        yield np.ascontiguousarray(codes[:, start:start + band].T).data
+        yield np.ascontiguousarray(mapped_columns(codes, start, start + band, codes.dtype).T).data
+
+
+def _nibble_bands_transposed(raw: np.ndarray, rows: int, k: int):
+    """The bytes of codes.T, 4-bit codes [rows, K] (rows and K even) two a byte as ONNX stores them
+    (low nibble first), a band of K at a time: each band's nibbles moved, never the codes one a byte."""
+    packed = raw.reshape(rows, k // 2)
+    band = max(1, BAND_BYTES // max(1, rows)) // 2 or 1  # (bytes of a row of the source per band)
+    for start in range(0, k // 2, band):
+        some = mapped_columns(packed, start, start + band, np.uint8)
+        q = np.empty((rows, 2 * some.shape[1]), np.uint8)
+        q[:, 0::2], q[:, 1::2] = some & 0x0F, some >> 4
+        t = q.T  # [2 * band, rows]: pairs along rows packed, the first in the low nibble
+        yield np.ascontiguousarray(t[:, 0::2] | (t[:, 1::2] << 4)).data
 
 
 def _to(node: onnx.NodeProto) -> int | None:

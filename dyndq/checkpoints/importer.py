@@ -174,9 +174,7 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
         report.forms = fused.never(matches, tensors)
     elif emit == "onnxruntime":  # (ONNX Runtime's fused ops where the format fits them exactly: fused.py; each
         # decode made and rewritten in turn, before any is placed; streamed: written to the data file as it goes)
-        decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors),
-                                               store=None if data is None else data.stored,
-                                               store_bytes=None if data is None else data.stored_bytes)
+        decoded, matches, plan = fused.prepare(out, matches, tensors, decoder(out, matches, tensors), data=data)
         report.forms = plan.forms
     replaced = {m.weight for m in matches}
     if before_placing is not None:
@@ -186,10 +184,8 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
     else:
         with written_to(data):
             report.imported = place(out, matches, tensors, store=data.stored, decoded=decoded)
-    if plan is not None and data is None:
-        fused.share(out, plan)
-    elif plan is not None:
-        fused.share(out, plan, read=data.read, store=data.stored)
+    if plan is not None:
+        fused.share(out, plan, data=data)
     for row in report.imported:  # (a fused weight's decode is read as stored; the report says how the model reads it)
         row.orientation = orientations.get(row.weight, row.orientation)
     used = {m.tensor for m in matches}

@@ -39,6 +39,18 @@ class ReadableDataFile(DataFile):
         stub.CopyFrom(tensor)  # (no data in it; older onnx loads the data into the tensor it is given)
         return numpy_helper.to_array(stub, base_dir=self.folder)
 
+    def raw(self, tensor: onnx.TensorProto) -> np.ndarray | None:
+        """A tensor's bytes as stored in this file (uint8, read-only), mapped in place: the pages a
+        caller touches are read, never the whole tensor at once into an array of its own (None: its
+        data is not in this file)."""
+        if not external_data_helper.uses_external_data(tensor) or external_entry(tensor, "location") != self.location:
+            return None
+        offset, length = int(external_entry(tensor, "offset") or 0), int(external_entry(tensor, "length"))
+        if not length:
+            return np.empty(0, np.uint8)
+        self.file.flush()
+        return np.memmap(self.file, np.uint8, mode="r", offset=offset, shape=(length,))
+
 
 def exported_streamed(model: onnx.ModelProto, emit: str, scratch: ReadableDataFile, stage):
     """(the model exported for `emit`, its ExportReport): `model` (its large tensors stubs into
@@ -50,7 +62,7 @@ def exported_streamed(model: onnx.ModelProto, emit: str, scratch: ReadableDataFi
 
     with open(os.path.join(stage.folder, stage.location), "wb") as f:
         data = DataFile(f, stage.location)
-        with external_constants(scratch.read, data.stored):
+        with external_constants(scratch.read, data.stored, scratch.raw, data.stored_bytes):
             out, report = export_with_report(model, target=emit, consume=True)
         scratch.file.flush()
         for t in external_data_helper._get_all_tensors(out):

@@ -26,7 +26,7 @@ from dyndq.build import make_node
 from dyndq.plumbing.names import NameScope
 
 FLOAT = TensorProto.FLOAT
-CHUNK_BYTES = 1 << 20  # the blocks whose codes are unpacked at once (codes: Writer.codes)
+CHUNK_BYTES = 1 << 18  # the blocks whose codes are unpacked at once (codes: Writer.codes; a few times that in temporaries)
 DIRECT_BYTES = 1024  # tensors of this many bytes or more go straight to the data file `written_to` names
 # the dtypes whose array bytes are ONNX's raw_data as they are (not int4's one code a byte, which ONNX packs)
 _PLAIN = {np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32,
@@ -85,24 +85,31 @@ class Writer:
         ([rows, n_blocks, ...]): `make(blocks of some rows)` gives them one a byte, in element order
         (their low bits: an int4 as its two's complement nibble), and they are packed as ONNX packs
         them (the first element in the lowest bits) a few rows at a time, so that the whole tensor's
-        codes never stand one a byte in memory."""
+        codes never stand one a byte in memory (and, with a data file `written_to` names, each few
+        rows are written there as they are packed: the packed tensor is never whole either)."""
         bits = {TensorProto.UINT2: 2, TensorProto.INT2: 2, TensorProto.INT4: 4, TensorProto.UINT4: 4}[dtype]
         per_byte = 8 // bits
-        packed = np.empty(int(np.prod(shape)) // per_byte, np.uint8)
-        step, at = max(1, CHUNK_BYTES // max(1, blocks[:1].nbytes)), 0
-        for start in range(0, blocks.shape[0], step):
-            some = make(blocks[start:start + step]).reshape(-1, per_byte)
-            chunk = some[:, 0].copy()
-            for k in range(1, per_byte):
-                chunk |= some[:, k] << np.uint8(bits * k)
-            packed[at:at + len(chunk)] = chunk
-            at += len(chunk)
+        size = int(np.prod(shape)) // per_byte
+
+        def packed_chunks():
+            step = max(1, CHUNK_BYTES // max(1, blocks[:1].nbytes))
+            for start in range(0, blocks.shape[0], step):
+                some = make(blocks[start:start + step]).reshape(-1, per_byte)
+                chunk = some[:, 0].copy()
+                for k in range(1, per_byte):
+                    chunk |= some[:, k] << np.uint8(bits * k)
+                yield chunk
+
         name = self.fresh(hint)
         data = _DATA_FILE.get()
-        if data is not None and packed.nbytes >= DIRECT_BYTES:
-            self.tensors.append(data.stored_bytes(name, dtype, shape, [packed.data]))
-        else:
-            self.tensors.append(helper.make_tensor(name, dtype, list(shape), packed.tobytes(), raw=True))
+        if data is not None and size >= DIRECT_BYTES:  # (each chunk written as it is packed: never the whole tensor)
+            self.tensors.append(data.stored_bytes(name, dtype, shape, (chunk.data for chunk in packed_chunks())))
+            return name
+        packed, at = np.empty(size, np.uint8), 0
+        for chunk in packed_chunks():
+            packed[at:at + len(chunk)] = chunk
+            at += len(chunk)
+        self.tensors.append(helper.make_tensor(name, dtype, list(shape), packed.tobytes(), raw=True))
         return name
 
     def half(self, blocks: np.ndarray, at: int, hint: str) -> str:

@@ -25,10 +25,11 @@ from gguf_models import DOWN, EMBED, HEAD_W, K, NORM, Q, UP, bits, expected, flo
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_import_memory.py"
 
 
-def measured(rows: int, cols: int, tensors: int, folder, cases=("stream",), emits=("dyndq",)) -> dict:
-    """The benchmark's cases (its own script, in fresh Pythons): the sizes and the runs (named
-    "case emit" with more than one emit)."""
+def measured(rows: int, cols: int, tensors: int, folder, cases=("stream",), emits=("dyndq",), kind="Q8_0") -> dict:
+    """The benchmark's cases (its own script, in fresh Pythons) on a checkpoint of `kind` (Q8_0, Q4_0,
+    gptq): the sizes and the runs (named "case emit" with more than one emit)."""
     p = subprocess.run([sys.executable, str(BENCH), "--rows", str(rows), "--cols", str(cols), "--tensors", str(tensors),
+                        "--format", kind,
                         *[a for c in cases for a in ("--case", c)], *[a for e in emits for a in ("--emit", e)],
                         "--json", "--folder", str(folder)], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -100,19 +101,15 @@ def test_the_peak_memory_is_near_one_checkpoint_tensor_not_the_checkpoint_nor_th
 
 
 MIB = 1 << 20
-# the fused form's per-weight work (fused.prepare's rewrite, MatMulNBits' packing in the export): a
-# few copies of one tensor, never the checkpoint's (docs/import.md, "Memory")
-FUSED_TIMES = 5  # (measured 5.6x - 4 MiB of slack on the 96 MiB model: 11.8 MiB)
-FUSED_TIMES_BIG = 6  # (measured 5.4x on the 2.1 GiB model, 17 MiB tensors: 91 MiB, where the slack is small)
 
 
 def test_every_emit_is_streamed_and_import_weights_adds_only_the_model_it_returns(tmp_path):
     """The 96 MiB model of the test above, each --emit: streamed (`import_file` from external data),
     the import's peak before the written file's check (for onnx and onnxruntime an ONNX Runtime
     session of the file: the engine's own memory) under 1.5x the largest checkpoint tensor + 4 MiB
-    for the composition (--emit onnx, --emit onnxruntime --fuse never, and dyndq), under 5x it for
-    the fused MatMulNBits (its per-weight rewrite and packing), both under the checkpoint's bytes
-    (25.5 MiB: holding the model whole, any emit's, would be over); and `import_weights` on a
+    for the composition (--emit onnx, --emit onnxruntime --fuse never, and dyndq) and the fused
+    MatMulNBits alike, under the checkpoint's bytes (25.5 MiB: holding the model whole, any emit's,
+    would be over); and `import_weights` on a
     model in memory adds the model it returns and no more than the bound (the float weights it
     replaces never copied: the copy of the model it made before was 96 MiB more)."""
     pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
@@ -123,10 +120,8 @@ def test_every_emit_is_streamed_and_import_weights_adds_only_the_model_it_return
     sizes, runs = result["sizes"], result["cases"]
     largest, bound = sizes["largest_tensor"], 1.5 * sizes["largest_tensor"] + 4 * MIB
     said = {name: f"{(r['before_check'] - r['base']) / MIB:.1f} MiB" for name, r in runs.items()}
-    for name in ("stream onnx", "stream onnxruntime/never", "stream dyndq"):
+    for name in ("stream onnx", "stream onnxruntime/never", "stream dyndq", "stream onnxruntime"):
         assert runs[name]["before_check"] - runs[name]["base"] < bound, (name, said, bound / MIB)
-    assert runs["stream onnxruntime"]["before_check"] - runs["stream onnxruntime"]["base"] < FUSED_TIMES * largest + 4 * MIB \
-        < sizes["checkpoint"], said
     assert runs["stream onnxruntime"]["forms"] == ["com.microsoft::MatMulNBits"]
     assert runs["stream onnxruntime/never"]["forms"] == ["composition:"]
     for name in ("api dyndq", "api onnx", "api onnxruntime/never"):
@@ -140,13 +135,13 @@ def test_a_model_over_2_gib_is_imported_streamed_for_onnxruntime(tmp_path):
     """The 2.1 GiB model below, `--emit onnxruntime` (MatMulNBits, fused) and `--fuse never` (the
     composition): external data in and out, the file at 1.059x (fused Q8_0: float32 scales) and
     1.00x the checkpoint, the import's peak before the check (an ONNX Runtime session of the
-    file) under 6x (fused) and 1.5x (composition) the largest tensor + 4 MiB."""
+    file) under 1.5x the largest tensor + 4 MiB, fused and composition alike."""
     pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
     result = measured(rows=4096, cols=4096, tensors=34, folder=tmp_path, emits=("onnxruntime", "onnxruntime/never"))
     sizes, runs = result["sizes"], result["cases"]
     assert sizes["floats"] > 2 ** 31
     largest = sizes["largest_tensor"]
-    for name, times, size in (("stream onnxruntime", FUSED_TIMES_BIG, 36 / 34), ("stream onnxruntime/never", 1.5, 1.0)):
+    for name, times, size in (("stream onnxruntime", 1.5, 36 / 34), ("stream onnxruntime/never", 1.5, 1.0)):
         r = runs[name]
         assert r["imported"] == 34 and r["left_float"] == ["kept.bias"]
         assert r["written"] < size * sizes["checkpoint"] * 1.001 + MIB, (name, r["written"] / sizes["checkpoint"])
@@ -155,6 +150,26 @@ def test_a_model_over_2_gib_is_imported_streamed_for_onnxruntime(tmp_path):
               f"with the check {(r['peak'] - r['base']) / MIB:.0f} MiB; {r['seconds']:.0f} s; written "
               f"{r['written'] / sizes['checkpoint']:.3f}x the checkpoint")
         assert extra < times * largest + 4 * MIB, (name, extra / MIB)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "gptq"])
+def test_the_fused_import_peaks_under_1_5x_the_largest_tensor(tmp_path, kind):
+    """`--emit onnxruntime` fused (MatMulNBits) from GGUF Q8_0 and Q4_0 and from GPTQ 4-bit with
+    float32 scales (the GPTQ form it computes exactly), streamed: 3 float32 weights of 4096 x 4096
+    (192 MiB, external data), tensors of 17, 9 and 8.6 MiB: the peak before the check under 1.5x
+    the largest tensor + 4 MiB (measured 1.00x, 1.30x and 1.23x; before the bands 5.3x, 7.1x and
+    7.2x), under the checkpoint."""
+    pytest.importorskip("gguf", reason="the `gguf` package (the test extra installs it: make test)")
+    pytest.importorskip("safetensors", reason="the `safetensors` package (the test extra installs it: make test)")
+    if not pathlib.Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs here to reset the peak resident memory (Linux has it)")
+    result = measured(rows=4096, cols=4096, tensors=3, folder=tmp_path, emits=("onnxruntime",), kind=kind)
+    sizes, run = result["sizes"], result["cases"]["stream"]
+    assert run["forms"] == ["com.microsoft::MatMulNBits"] and run["imported"] == 3
+    extra, largest = run["before_check"] - run["base"], sizes["largest_tensor"]
+    bound = 1.5 * largest + 4 * MIB
+    assert extra < bound < sizes["checkpoint"], (f"{kind}: peak - base before the check {extra / MIB:.1f} MiB = "
+                                                 f"{extra / largest:.2f}x the largest tensor ({largest / MIB:.1f} MiB)")
 
 
 @pytest.mark.big
@@ -370,16 +385,16 @@ def test_streamed_a_tied_embedding_is_shared_as_in_memory(tmp_path, kind, monkey
 
 def test_streamed_fused_weights_are_moved_and_packed_in_bands_bit_for_bit(llama, tmp_path, monkeypatch):
     """The fused form streamed moves a Q8_0 weight's codes to [K, N] (fused._bands_transposed,
-    written straight to the data file) and packs MatMulNBits' B (matmul_nbits._packed_b) a band
+    written straight to the data file) and packs MatMulNBits' B (matmul_nbits._b_bands) a band
     at a time, never a whole-tensor temporary: with bands of a few rows, the file written is the
-    one the import in memory writes (whole arrays), bit for bit."""
+    one the import in memory writes, bit for bit."""
     from dyndq.checkpoints import fused
     from dyndq.converters.contrib import matmul_nbits
 
     monkeypatch.setattr(fused, "BAND_BYTES", 64)
     monkeypatch.setattr(matmul_nbits, "BAND_BYTES", 64)
     bands = {"moved": 0, "packed": 0}
-    moved, packed = fused._bands_transposed, matmul_nbits._packed_b
+    moved, packed = fused._bands_transposed, matmul_nbits._b_bands
 
     def counted_moved(codes):
         for chunk in moved(codes):
@@ -387,11 +402,12 @@ def test_streamed_fused_weights_are_moved_and_packed_in_bands_bit_for_bit(llama,
             yield chunk
 
     def counted_packed(codes, shift, bits):
-        bands["packed"] += -(-codes.shape[1] // max(1, matmul_nbits.BAND_BYTES // codes.shape[0]))
-        return packed(codes, shift, bits)
+        for band in packed(codes, shift, bits):
+            bands["packed"] += 1
+            yield band
 
     monkeypatch.setattr(fused, "_bands_transposed", counted_moved)
-    monkeypatch.setattr(matmul_nbits, "_packed_b", counted_packed)
+    monkeypatch.setattr(matmul_nbits, "_b_bands", counted_packed)
     src, _, path = llama
     model = float_model(src, extra=True)
     (tmp_path / "in").mkdir()

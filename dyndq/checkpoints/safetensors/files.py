@@ -14,6 +14,7 @@ decodes it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import struct
@@ -149,49 +150,65 @@ def listed(path: str | os.PathLike, config: dict | None = None) -> list[Listed]:
         raise ValidationError([Problem(f"checkpoint {str(path)!r}", "a folder with no *.safetensors file", "one or more")])
     config = config if config is not None else quantization_config(path if path.is_dir() else path.parent)
     out: list[Listed] = []
-    with contextlib.ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(str(f), framework="np")) for f in files}
-        where: dict[str, Path] = {}  # every tensor's file (a module's tensors may lie in two shards)
-        modules: dict[str, dict[str, str]] = {}  # module name -> suffix -> tensor name, in the files' order
-        for f, handle in handles.items():
+    where: dict[str, tuple[Path, str, tuple]] = {}  # every tensor's (file, dtype, shape): a module may lie in two shards
+    modules: dict[str, dict[str, str]] = {}  # module name -> suffix -> tensor name, in the files' order
+    for f in files:  # (one file open at a time: safetensors' open of each maps it, and 34 shards open at once
+        # held 17 MiB of their pages, twice a module's bytes: docs/import.md, "Memory")
+        with safe_open(str(f), framework="np") as handle:
             for key in handle.keys():
-                where[key] = f
+                found = handle.get_slice(key)
+                where[key] = (f, found.get_dtype(), tuple(found.get_shape()))
                 prefix, _, suffix = key.rpartition(".")
                 if suffix in QUANTIZED_SUFFIXES and prefix:
                     modules.setdefault(prefix, {})[suffix] = key
                 else:
                     modules.setdefault(key, {})[""] = key
+    def entry(name: str, format: str, keys: dict[str, str], config: dict) -> Listed:
+        return Listed(name, format, {suffix: (where[key][0], key) for suffix, key in keys.items()}, config,
+                      {s: where[key][1] for s, key in keys.items()}, {s: where[key][2] for s, key in keys.items()})
 
-        def entry(name: str, format: str, keys: dict[str, str], config: dict) -> Listed:
-            slices = {suffix: handles[where[key]].get_slice(key) for suffix, key in keys.items()}
-            return Listed(name, format, {suffix: (where[key], key) for suffix, key in keys.items()}, config,
-                          {s: sl.get_dtype() for s, sl in slices.items()},
-                          {s: tuple(sl.get_shape()) for s, sl in slices.items()})
-
-        for name, keys in modules.items():
-            if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
-                out.append(entry(name, "dense", {"": keys[""]}, {}))
-                del keys[""]
-            if "" in keys:
-                out.append(entry(name, "dense", keys, {}))
-                continue
-            if config is None:
-                raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
-                                               "and no quantization_config (no config.json beside them, none given)",
-                                               "config.json holding quantization_config, or the config passed")])
-            out.append(entry(name, format_of(config, set(keys), f"module {name!r}"), keys, config))
+    for name, keys in modules.items():
+        if "" in keys and len(keys) > 1:  # (a tensor named like a module, beside its quantized tensors: never seen)
+            out.append(entry(name, "dense", {"": keys[""]}, {}))
+            del keys[""]
+        if "" in keys:
+            out.append(entry(name, "dense", keys, {}))
+            continue
+        if config is None:
+            raise ValidationError([Problem(f"checkpoint {str(path)!r}", f"quantized tensors ({name}.{', '.join(keys)}) "
+                                           "and no quantization_config (no config.json beside them, none given)",
+                                           "config.json holding quantization_config, or the config passed")])
+        out.append(entry(name, format_of(config, set(keys), f"module {name!r}"), keys, config))
     return out
 
 
 def tensor(handle, path: Path, key: str) -> np.ndarray:
-    """Tensor `key`: by safetensors' NumPy framework, or as its bytes where that has no dtype for it."""
-    dtype = handle.get_slice(key).get_dtype()
-    if dtype not in RAW_DTYPES:
+    """Tensor `key` (its file opened already by safetensors, `handle`, which checked its header),
+    mapped in place from the file's own layout (an 8-byte header length, the JSON header, the
+    data), copy-on-write: the pages the decode reads are the file's, never a copy of the whole
+    tensor beside them (safetensors' get_tensor copies it out of its own map: twice a module's
+    bytes at once, the streamed import's peak; docs/import.md, "Memory")."""
+    entry, data_start = _header(str(path))[key], _header(str(path))["__data_start__"]
+    dtype = np.dtype(DTYPES[entry["dtype"]]) if entry["dtype"] in DTYPES else None
+    if dtype is None:  # (a type of no NumPy row: safetensors' own reading)
         return handle.get_tensor(key)
-    with open(path, "rb") as f:  # the file's own layout: an 8-byte header length, the JSON header, the data
+    start, end = entry["data_offsets"]
+    shape = tuple(entry["shape"])
+    if end == start:
+        return np.empty(shape, dtype)
+    return np.memmap(path, dtype, mode="c", offset=data_start + start, shape=shape)
+
+
+@functools.lru_cache(maxsize=8)
+def _header_at(path: str, size: int, mtime: int) -> dict:
+    with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        entry = json.loads(f.read(length))[key]
-        start, end = entry["data_offsets"]
-        f.seek(8 + length + start)
-        data = np.frombuffer(f.read(end - start), np.uint8)
-    return data.view(RAW_DTYPES[dtype]).reshape(entry["shape"])
+        header = json.loads(f.read(length))
+    header["__data_start__"] = 8 + length
+    return header
+
+
+def _header(path: str) -> dict:
+    """The file's JSON header (read once per file while it is unchanged), and where its data starts."""
+    st = os.stat(path)
+    return _header_at(path, st.st_size, st.st_mtime_ns)
