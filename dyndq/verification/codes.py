@@ -187,12 +187,12 @@ def nncf_candidates(source: np.ndarray, g: Grouping, scale_dtype) -> list[Rtn]:
 
 
 def also_nncf(rtn: Rtn, candidates: list[Rtn], offsets, scales, zeros, covered) -> str:
-    """Where ONNX Runtime's rule matched, whether NNCF's gives the very same codes too (on float32
+    """Where ONNX Runtime's rule matched, NNCF's rule named if it gives the very same codes too (on float32
     weights NNCF's rule is ONNX Runtime's gather rule but for its eps floor, and the matmul rule
     differs from both only at ties): said, so that an NNCF output is not taken for ONNX Runtime's."""
     if rtn.rule == "nncf" or not any(c.rule == "nncf" and exact(offsets, scales, zeros, c, covered) for c in candidates):
         return ""
-    return f"NNCF's rule ({RULE_SOURCES['nncf']}) gives the same codes"
+    return f"NNCF's rule ({RULE_SOURCES['nncf']})"
 
 
 def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn]:

@@ -155,11 +155,17 @@ _VALUES: dict[tuple[int, str], np.ndarray] = {}  # (id(model), value) -> its dec
 def value_of(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
     """The decode's float value, as the reference engine (our kernel) computes it (one `compute_all`
     gave, or its nodes alone)."""
-    from dyndq.reference import reference_evaluator
-
     hit = _VALUES.get((id(model), decode.value))
     if hit is not None and _INDEXED.get(id(model), (None,))[0] is model:
         return hit
+    return computed_alone(model, decode)
+
+
+def computed_alone(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
+    """The decode's value from a model of its nodes alone, on the reference engine (where
+    `compute_all`'s one run failed, or its values were forgotten)."""
+    from dyndq.reference import reference_evaluator
+
     sub = _sub_model(model, decode.nodes, decode.value)
     return np.asarray(reference_evaluator(sub).run(None, {})[0])
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from dyndq.parity import EngineMissing
 from dyndq.parity.engines import ORT_LEVELS
 from dyndq.parity.metrics import TOLERANCE
 from dyndq.runner import SESSIONS
@@ -34,6 +35,14 @@ DEFAULT_LEVELS = ("basic",)  # (what `dyndq.run` runs)
 # (a MatMulNBits' blocks summed in its own order) without hiding an int8 or bfloat16 computation,
 # which moves a result by 1e-3 and more where float32 reordering moves it by 1e-6.
 SLACK = 2.0
+
+
+class SettingRefused(ValueError):
+    """An engine or level asked for that verify does not compare on (the CLI's usage error)."""
+
+
+class NotInstalled(EngineMissing, SettingRefused):
+    """An engine asked for that is not installed."""
 
 
 @dataclass(frozen=True)
@@ -53,25 +62,24 @@ REFERENCE = EngineSetting("reference", "our kernel")
 def settings_asked(engines=None, levels=None) -> list[EngineSetting]:
     """The settings compared: the reference engine first, then each engine of `engines` (of ENGINES;
     None: DEFAULT_ENGINES), ONNX Runtime at each of `levels` (of LEVELS; None: DEFAULT_LEVELS).
-    ValueError names an unknown engine or level, or levels without ONNX Runtime;
-    `dyndq.parity.EngineMissing` an engine not installed."""
-    from dyndq.parity import EngineMissing
+    SettingRefused (a ValueError) names an unknown engine or level, or levels without ONNX Runtime;
+    an engine not installed is `dyndq.parity.EngineMissing` and SettingRefused both."""
     from dyndq.converters.engines import ENGINES as TABLE
     from dyndq.runner import session_module
 
     engines = tuple(dict.fromkeys(DEFAULT_ENGINES if engines is None else engines))
     for engine in engines:
         if engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
+            raise SettingRefused(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     if levels is not None:
         for level in levels:
             if level not in LEVELS:
-                raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
+                raise SettingRefused(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
         if "onnxruntime" not in engines:
-            raise ValueError("a level is ONNX Runtime's: ask for the engine onnxruntime with it")
+            raise SettingRefused("a level is ONNX Runtime's: ask for the engine onnxruntime with it")
     for engine in engines:
         if engine != "reference" and not session_module(engine).installed():
-            raise EngineMissing(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
+            raise NotInstalled(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
     out = [REFERENCE]
     for engine in engines:
         if engine == "onnxruntime":

@@ -46,6 +46,7 @@ class WeightVerdict:
     rule: str | None = None  # the RTN rule compared against, named
     matched: str | None = None  # how the source was found
     note: str = ""
+    also: str | None = None  # another quantizer's rule that gives the very same codes (said once per report)
     # the weight's values as the source tensor is laid out (its decode, evaluated on demand: blame.py
     # swaps them into the float source); None for an unmatched weight
     decoded: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
@@ -229,14 +230,20 @@ def _screened(flat: dict, theirs: np.ndarray, source, name: str) -> float:
 
 # -- the verdicts ------------------------------------------------------------------------------
 
-def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
+def verify_weights(quantized: onnx.ModelProto, source, hold: bool = False) -> tuple[list[WeightVerdict], list[str]]:
     """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
     sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
-    their calls (decodes.scopes); one found in a body says where in its note."""
+    their calls (decodes.scopes); one found in a body says where in its note.  `hold`: the decodes'
+    values stay held for the verdicts' `decoded` (blame swaps them in) until the caller's
+    `decodes.forget()`; otherwise they are let go here, and `decoded` computes one alone."""
+    done = False
     try:
-        return _verify_weights(quantized, source)
+        out = _verify_weights(quantized, source)
+        done = True
+        return out
     finally:
-        forget()  # (the decodes' values and indexes held for this verify let go)
+        if not (hold and done):
+            forget()  # (the decodes' values and indexes held for this verify let go)
 
 
 def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
@@ -477,7 +484,7 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
     for rtn in candidates:
         if C.exact(offsets, scales, zeros, rtn, covered):
             return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g),
-                                 note=C.also_nncf(rtn, candidates, offsets, scales, zeros, covered))
+                                 also=C.also_nncf(rtn, candidates, offsets, scales, zeros, covered) or None)
     for rtn in candidates:
         found = C.layout(codes, scales, zeros, rtn, g, covered)
         if found is not None:
