@@ -57,11 +57,12 @@ def build(hf, out, precision: str, *options: str) -> onnx.ModelProto:
 
 
 # the builder's int4 settings tried (--extra_options): its defaults on cpu (symmetric, block 32,
-# accuracy_level 4), and asymmetric codes in blocks of 64 at accuracy_level 1.  (Its Gather
-# quantization, op_types_to_quantize=MatMul,Gather, left every weight float in 0.18.0, so its
-# GatherBlockQuantized embedding is not tried here.)
+# accuracy_level 4), and asymmetric codes in blocks of 64 at accuracy_level 1.
 SETTINGS = {"default": ((), "symmetric, 4 bits, block 32"),
             "asymmetric": (("is_symmetric=false", "block_size=64", "accuracy_level=1"), "asymmetric, 4 bits, block 64")}
+# the embedding quantized too: the op types are separated by "/" (its help's example), a "," names one
+# op type "MatMul,Gather" that no node has, which quantizes nothing (as an earlier version of this test found)
+GATHER = ("op_types_to_quantize=MatMul/Gather",)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def built(tmp_path_factory):
     tiny_llama(root / "hf")
     fp32 = build(root / "hf", root / "fp32", "fp32")
     return root, fp32, {name: build(root / "hf", root / name, "int4", *options)
-                        for name, (options, _) in SETTINGS.items()}
+                        for name, (options, _) in {**SETTINGS, "gather": (GATHER, "")}.items()}
 
 
 def matmulnbits(model):
@@ -143,3 +144,29 @@ def test_the_cli_exits_0_on_the_builders_output_and_1_on_the_planted_fault(built
                            capture_output=True, text=True)
     assert wrong.returncode == 1, wrong.stderr
     assert [w["kind"] for w in json.loads(wrong.stdout)["weights"] if w["status"] == "layout"] == ["nibble-order"]
+
+
+def test_the_builders_gatherblockquantized_embedding_verifies_as_onnxruntimes_gather_rule(built):
+    """op_types_to_quantize=MatMul/Gather: the embedding table becomes GatherBlockQuantized (ONNX
+    Runtime's quantizer's quantize_ndarray, blocks of 32 along the hidden axis): rtn under the gather
+    rule, the MatMulNBits weights as before, no false alarm; its nibbles swapped are named, only there."""
+    _, fp32, int4 = built
+    model = int4["gather"]
+    [gbq] = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
+    report = dyndq.verify(model, fp32, outputs=False)
+    got = {w.source: w for w in report.weights if w.status != "float"}
+    embed = got["model.embed_tokens.weight"]
+    assert (embed.weight, embed.status, embed.rule) == (
+        gbq.input[0], "rtn", "ONNX Runtime's gather rule (quantize_ndarray), symmetric, 4 bits, block 32")
+    assert len(got) == LAYERS * 5 + 2 and {w.status for w in got.values()} == {"rtn"}
+    assert report.faithful and report.unused == []
+    bad = onnx.ModelProto()
+    bad.CopyFrom(model)
+    t = next(t for t in bad.graph.initializer if t.name == gbq.input[0])
+    assert t.data_type == onnx.TensorProto.INT4  # (its codes as int4 [96, 64], one per element: swapped in pairs)
+    codes = nh.to_array(t)
+    swapped = codes.reshape(codes.shape[0], -1, 2)[..., ::-1].reshape(codes.shape)
+    t.CopyFrom(onnx.helper.make_tensor(t.name, t.data_type, t.dims, swapped.reshape(-1).tolist()))
+    report = dyndq.verify(bad, fp32, outputs=False)
+    assert {w.weight: (w.status, w.kind) for w in report.weights if w.status not in ("rtn", "float")} == {
+        gbq.input[0]: ("layout", "nibble-order")}

@@ -163,3 +163,37 @@ def test_the_cli_exits_0_on_olives_output_and_1_on_a_planted_fault(tmp_path, cap
     assert "4 weight(s): 4 rtn; faithful" in capsys.readouterr().out
     assert main(["verify", str(tmp_path / "bad.onnx"), "--against", str(tmp_path / "source.onnx"), "--weights-only"]) == 1
     assert "layout       W2_Q4 <- W2  nibble-order" in capsys.readouterr().out
+
+
+def test_olives_dynamic_quantization_is_said_unmatched_not_faithful(tmp_path):
+    """OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic: MatMulInteger, a QOperator form verify
+    does not decode): each stored weight is unmatched, a finding; no false "faithful"."""
+    source = source_model()
+    model = olive_run("OnnxDynamicQuantization", source, tmp_path)
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    report = dyndq.verify(model, source, outputs=False)
+    assert sorted(w.weight for w in report.weights if w.status == "unmatched") == [
+        "E_quantized", "W1_quantized", "W2_quantized", "W3_quantized"]
+    assert not report.faithful
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import trained_models
+
+    if (why := trained_models.minilm_missing()) is not None:
+        pytest.skip(why)
+    return onnx.load(str(trained_models.path_of("minilm")))
+
+
+def test_olives_4_bit_minilm_verifies_as_round_to_nearest(minilm, tmp_path):
+    """all-MiniLM-L6-v2's export (`make test-trained-export`; DYNDQ_TEST_MODELS points elsewhere):
+    Olive's RTN pass at its defaults (symmetric, 4 bits, block 128) writes its 36 MatMul weights as
+    MatMulNBits and its embedding tables as GatherBlockQuantized; every one is rtn, the outputs within
+    the tolerance on both engines."""
+    model = olive_run("OnnxBlockWiseRtnQuantization", minilm, tmp_path)
+    report = dyndq.verify(model, minilm, samples=1)
+    quantized = [w for w in report.weights if w.status != "float"]
+    assert {w.status for w in quantized} == {"rtn"}, [(w.weight, w.status, w.kind) for w in quantized if w.status != "rtn"]
+    assert len([n for n in model.graph.node if n.op_type == "MatMulNBits"]) == 36
+    assert report.faithful and report.outputs, report.summary()
