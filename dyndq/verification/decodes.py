@@ -234,7 +234,8 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
 
     from dyndq.plumbing.walk import graphs
 
-    if not model.functions and not any(_constant_tensor(n) for g in graphs(model.graph) for n in g.node):
+    if not model.functions and not any(_constant_tensor(n) or _reshaped_codes(g, n) for g in graphs(model.graph)
+                                       for n in g.node):
         return lifted(model)  # (nothing to change before the lift, which copies: no second copy of the weights)
     out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
     if not model.functions:
@@ -244,7 +245,27 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
         for n in constants:
             g.initializer.append(_as_initializer(n))
             g.node.remove(n)
+        for n in [n for n in g.node if _reshaped_codes(g, n)]:
+            inits = {t.name: t for t in g.initializer}
+            data, shape = numpy_helper.to_array(inits[n.input[0]]), numpy_helper.to_array(inits[n.input[1]])
+            g.initializer.append(numpy_helper.from_array(data.reshape(shape), n.output[0]))
+            g.node.remove(n)
     return lifted(out)
+
+
+def _reshaped_codes(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+    """A Reshape of stored codes by a stored shape, feeding a GatherBlockQuantized's data: the model
+    builder's tied embedding reads the lm_head's MatMulNBits codes so.  Folded into a stored tensor
+    before the lift, which takes a GatherBlockQuantized of stored codes only."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return False
+    names = {t.name: t for t in graph.initializer}
+    if node.input[0] not in names or node.input[1] not in names or \
+            names[node.input[0]].data_type not in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
+        return False
+    shape = numpy_helper.to_array(names[node.input[1]])
+    return bool((shape > 0).all()) and any(n.op_type == "GatherBlockQuantized" and n.input and n.input[0] == node.output[0]
+                                           for n in graph.node)
 
 
 def scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:

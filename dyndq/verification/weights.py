@@ -102,6 +102,18 @@ class OnnxSource:
                 if t.data_type in FLOAT_TYPES and int(np.prod(t.dims)) > 1 and name not in self.weights:
                     self.weights[name] = Weight(name, tuple(t.dims), t.data_type)
                     self._tensors[name] = t
+        # a float weight the source reads through a Transpose of it (the model builder's tied embedding:
+        # Gather(Transpose(lm_head's weight))): the Transpose's output is a source tensor too, a view of
+        # the weight, matched as any other but never listed unused (its weight is)
+        self.views: dict[str, tuple[str, list[int]]] = {}
+        for node in searched.graph.node:
+            if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and node.input and \
+                    node.input[0] in self.weights and node.output[0] not in self.weights:
+                base = self.weights[node.input[0]]
+                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) or \
+                    list(range(len(base.shape)))[::-1]
+                self.views[node.output[0]] = (base.name, perm)
+                self.weights[node.output[0]] = Weight(node.output[0], tuple(base.shape[i] for i in perm), base.dtype)
         self.readers = {}  # node name -> {input index: initializer}
         for node in (n for g in every for n in g.node):
             for i, name in enumerate(node.input):
@@ -111,6 +123,9 @@ class OnnxSource:
     def values(self, name: str) -> np.ndarray:
         """The weight in its own type (float16 rounds to nearest in float16, as ONNX Runtime's
         quantizer reads it: matching's float32 copies would give other codes)."""
+        if name in self.views:
+            base, perm = self.views[name]
+            return np.transpose(self.values(base), perm)
         return numpy_helper.to_array(self._tensors[name])
 
     def names(self) -> list[str]:
@@ -362,7 +377,7 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
                                              matched=found[1], note="left float" + ("" if equal else
                                                                                      ", not the source's values"),
                                              decoded=lambda model=model, name=name: stored(model, name)), where))
-    return verdicts, [n for n in source.names() if n not in taken]
+    return verdicts, [n for n in source.names() if n not in taken and n not in getattr(source, "views", {})]
 
 
 def _fails(model: onnx.ModelProto, d: Decode) -> str:
