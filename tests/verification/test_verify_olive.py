@@ -1,14 +1,15 @@
 """dyndq.verify on Olive's ONNX weight quantization (olive-ai 0.13.0, its passes run on an ONNX model
-as Olive's own tests run them: `create_pass_from_dict(...).run(ONNXModelHandler, out)`).
+as Olive runs one pass: `create_pass_from_dict(...).run(ONNXModelHandler, out)`).
 
 OnnxBlockWiseRtnQuantization writes MatMulNBits for each MatMul (its codes by ONNX Runtime's own C
 quantizer, quantize_matmul_4bits / quantize_matmul_8bits: the matmul rule) and GatherBlockQuantized
 for each Gather's table (its codes by its own NumPy `_quantize_ndarray`, blocked along the table's
-last axis).  Every weight verifies `rtn` with no false alarm; where Olive's own rounding gives codes
-that no rule of ONNX Runtime's gives, verify names Olive's rule (codes.olive_candidates).  A copy
-with one weight's nibbles swapped is named, and only that weight.  OnnxDynamicQuantization (ONNX
-Runtime's quantize_dynamic, called by Olive) verifies under ONNX Runtime's qdq rule.  Marked
-`olive`: needs olive-ai (with torch, which Olive imports): `make test-olive` installs it."""
+last axis: ONNX Runtime's quantize_ndarray at 4 bits, step for step; at 8 bits, where ONNX Runtime's
+has no form, Olive's own rule, which verify names: codes.rtn_candidates).  Every weight verifies
+`rtn` with no false alarm; a planted fault in one weight is named, and only that weight.
+OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic, MatMulInteger) is a form verify does not
+decode: each weight is said unmatched, not left out.  Marked `olive`: needs olive-ai (with the torch
+it imports): `make test-olive` installs it."""
 from __future__ import annotations
 
 import numpy as np
