@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-nncf test-genai test-models test-trained-export test-gguf-real bench-trained bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-nncf test-olive test-genai test-models test-trained-export test-gguf-real bench-trained bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -93,6 +93,12 @@ test-torch: $(STAMP)
 test-nncf: $(STAMP)
 	$(call install_extra,nncf)
 	$(PY) -m pytest -q -m nncf tests/verification/test_verify_nncf.py
+
+# the tests that verify Olive's ONNX weight quantization (its block-wise RTN and dynamic quantization passes;
+# marked `olive`; `make test` skips them where Olive is not installed, saying so): the `olive` extra
+test-olive: $(STAMP)
+	$(call install_extra,olive)
+	$(PY) -m pytest -q -m olive tests/verification/test_verify_olive.py
 
 # ONNX Runtime's model builder output verified against its own fp32 build of the same tiny random Llama
 # (marked `genai`; `make test` skips them where onnxruntime-genai is not installed, saying so)

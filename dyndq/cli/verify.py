@@ -65,7 +65,7 @@ def _add_parser(sub) -> None:
 
 def cmd_verify(args) -> int:
     from dyndq.verification import verify
-    from dyndq.verification.settings import settings_asked
+    from dyndq.verification.settings import SettingRefused
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: a whole number >= 1")
@@ -83,13 +83,12 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--blame runs the float source: {args.against} is a checkpoint, not an ONNX model to run")
     inputs = None if args.weights_only else input_samples(args, args.against) if args.against.lower().endswith(".onnx") \
         else None
-    try:
-        settings_asked(args.engine, args.level)
-    except ValueError as e:  # (EngineMissing among them: an engine asked for that is not installed)
+    try:  # (verify checks the engines and levels first, before any work: its refusal is a usage error)
+        report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
+                        outputs=not args.weights_only, engines=args.engine, levels=args.level, tolerance=tolerance,
+                        blame=True if args.blame else None, blame_top=args.blame_top)
+    except SettingRefused as e:  # (an engine asked for that is not installed among them)
         raise UsageError(f"--engine/--level: {e}") from None
-    report = verify(args.quantized, args.against, inputs=inputs, samples=args.samples, seed=args.seed,
-                    outputs=not args.weights_only, engines=args.engine, levels=args.level, tolerance=tolerance,
-                    blame=True if args.blame else None, blame_top=args.blame_top)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

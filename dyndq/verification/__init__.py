@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 
 from dyndq.verification.outputs import OutputVerdict
-from dyndq.verification.settings import EngineSetting, SettingVerdict, settings_asked
+from dyndq.verification.decodes import forget
+from dyndq.verification.settings import REFERENCE, EngineSetting, SettingVerdict, settings_asked
 from dyndq.verification.weights import CheckpointSource, OnnxSource, WeightVerdict, verify_weights
 
 SAMPLES = 4
@@ -56,6 +57,16 @@ class VerifyReport:
         return [o for o in self.outputs if not self.within(o)]
 
     @property
+    def also(self) -> list[dict]:
+        """[{"rule", "weights"}]: another quantizer's rule that gives the same codes as the rule named on
+        these rtn weights (NNCF's where ONNX Runtime's matched), said once for the report."""
+        by_rule: dict[str, list[str]] = {}
+        for w in self.weights:
+            if w.also:
+                by_rule.setdefault(w.also, []).append(w.weight)
+        return [{"rule": rule, "weights": names} for rule, names in by_rule.items()]
+
+    @property
     def findings(self) -> list[WeightVerdict]:
         return [w for w in self.weights if not w.faithful]
 
@@ -69,7 +80,8 @@ class VerifyReport:
                 "settings": [s.as_dict() for s in self.settings],
                 "blame": [b.as_dict() for b in self.blame], "tolerance": self.tolerance,
                 "source_kind": self.source_kind, "unused_source": list(self.unused), "inputs": self.inputs,
-                "outputs_note": self.outputs_note, "blame_note": self.blame_note, "faithful": self.faithful}
+                "outputs_note": self.outputs_note, "blame_note": self.blame_note, "also": self.also,
+                "faithful": self.faithful}
 
     def summary(self) -> str:
         counts: dict[str, int] = {}
@@ -94,6 +106,11 @@ class VerifyReport:
                 lines.append(f"               {'against' if w.status != 'rtn' else 'exactly'} {w.rule}")
             if w.note:
                 lines.append(f"               {w.note}")
+        rtn = sum(w.status == "rtn" for w in self.weights)
+        for a in self.also:
+            which = f"every rtn weight ({rtn})" if len(a["weights"]) == rtn else \
+                f"{len(a['weights'])} of the {rtn} rtn weights: {', '.join(a['weights'])}"
+            lines.append(f"  {a['rule']} gives the same codes as the rule named for {which}")
         lines += [f"  unused source tensor: {n}" for n in self.unused]
         if self.outputs:
             lines.append(f"  outputs on {self.inputs}:")
@@ -142,7 +159,6 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
     each gives alone (None: only where an output is beyond the tolerance; True: always; False:
     never), the `blame_top` largest kept (None: blame.TOP).  Neither model is modified."""
     from dyndq.model_files import model_of
-    from dyndq.verification import blame as B
 
     asked = settings_asked(engines, levels)  # (an unknown or missing engine refused before any work)
 
@@ -157,7 +173,22 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
     src, shown, kind = _source_of(source)
     report = VerifyReport(os.fspath(quantized) if isinstance(quantized, (str, os.PathLike)) else "<model>", shown, kind,
                           tolerance=float(tolerance))
-    report.weights, report.unused = verify_weights(model, src)
+    try:
+        _judged(report, model, src, kind, inputs, samples, seed, outputs, asked, blame, blame_top)
+    finally:
+        forget()  # (the decodes' values, held from the weights' verdicts through the blame, let go)
+    for w in report.weights:
+        w.decoded = None  # (each holds the lifted model: the report outlives it)
+    return report
+
+
+def _judged(report: VerifyReport, model, src, kind: str, inputs, samples: int, seed: int, outputs: bool, asked,
+            blame, blame_top) -> None:
+    """The report's weights, outputs, settings and blame, filled in."""
+    from dyndq.runner import ORT_LEVEL
+    from dyndq.verification import blame as B
+
+    report.weights, report.unused = verify_weights(model, src, hold=True)
     if not outputs:
         report.outputs_note = "not compared (weights only)"
     elif kind != "onnx":
@@ -171,13 +202,12 @@ def verify(quantized, source, *, inputs=None, samples: int = SAMPLES, seed: int 
         report.settings, more = unexplained(model, runs, feeds)
         report.outputs_note = "; ".join(notes + more)
         if blame or (blame is None and report.beyond):
+            # (the float source's outputs as compare ran them, on the engines blame runs: not run again)
+            ran = {s.engine: runs[s][0] for s in (REFERENCE, EngineSetting("onnxruntime", ORT_LEVEL)) if s in runs}
             report.blame, report.blame_note = B.blamed(src.model, src.values, report.weights, feeds,
-                                                       B.TOP if blame_top is None else blame_top)
+                                                       B.TOP if blame_top is None else blame_top, ran)
     if blame and kind != "onnx":
         report.blame_note = f"not measured: the source is a {kind} checkpoint, not a model to run"
-    for w in report.weights:
-        w.decoded = None  # (each holds the lifted model: the report outlives it)
-    return report
 
 
 __all__ = ["OutputVerdict", "SettingVerdict", "VerifyReport", "WeightVerdict", "verify"]

@@ -7,7 +7,8 @@ inputs, one session, each run feeding one weight swapped and the rest float), su
 by `quantization.numerics.ErrorStats` (the one judge of an output's error verify's outputs use).
 It runs on ONNX Runtime (as the budget does: one session serves every swap), or on the reference
 engine when ONNX Runtime cannot run the source.  Cost: one run of the float source per weight
-and sample, beside one to know its float outputs.
+and sample; its float outputs are verify's own (outputs.compare ran the source on the same feeds
+at the same setting), so they are not computed again.
 
 Ranked by relative error, largest first (a NaN first of all); `share` is the weight's squared
 relative error on that output over the sum of every weight's (independent errors add in square,
@@ -59,10 +60,12 @@ class Blame:
 
 
 def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
-           top: int | None = TOP) -> tuple[list[Blame], str]:
+           top: int | None = TOP, ran: dict | None = None) -> tuple[list[Blame], str]:
     """(the `top` weights most to blame, largest error first; None: all, how it was measured).
     `source_values(name)`: a source weight's float value in its own type; `verdicts`: the weights'
-    (weights.WeightVerdict, each with `decoded`)."""
+    (weights.WeightVerdict, each with `decoded`); `ran`: {engine: the float source's outputs per
+    feed} already computed on that engine as `Swapped` runs it (verify's outputs: ONNX Runtime at
+    its basic level, the reference engine), taken instead of running the source again."""
     from dyndq.wording import first_line
 
     swappable = held(source)
@@ -77,7 +80,7 @@ def blamed(source: onnx.ModelProto, source_values, verdicts, feeds: list[dict],
     for engine in ENGINES:
         try:
             run = Swapped(source, floats, engine)
-            want = [run(f) for f in feeds]
+            want = (ran or {}).get(engine) or [run(f) for f in feeds]
             break
         except Exception as e:  # (an engine that cannot run the source: the next one, said)
             said.append(f"{SAID[engine]} cannot run the source: {first_line(e)}")

@@ -46,16 +46,18 @@ class Rtn:
 
     def name(self, g: Grouping) -> str:
         block = "per tensor" if g.tensor else "per channel" if g.block == -1 else f"block {g.block}"
-        owner = "NNCF's" if self.rule == "nncf" else f"ONNX Runtime's {self.rule}"
+        owner = OWNERS.get(self.rule, f"ONNX Runtime's {self.rule}")
         return f"{owner} rule ({RULE_SOURCES[self.rule]})" + \
             f", {'symmetric' if self.symmetric else 'asymmetric'}, {g.bits} bits, {block}"
 
 
 # where each rule is ONNX Runtime's: its weight-only quantizer's two (dyndq.quantization.rtn), and
 # its QDQ/QOperator quantizer's (quantize_static, quantize_dynamic: quant_utils.quantize_data, called);
-# NNCF's data-free weight compression (nncf_candidates)
+# NNCF's data-free weight compression (nncf_candidates); Olive's 8-bit Gather tables (rtn_candidates)
 RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray", "qdq": "quant_utils.quantize_data",
-                "nncf": "weight_lowering.do_integer_quantization"}
+                "nncf": "weight_lowering.do_integer_quantization",
+                "olive": "OnnxBlockWiseRtnQuantization._quantize_ndarray"}
+OWNERS = {"nncf": "NNCF's", "olive": "Olive's"}  # (the rules that are no quantizer's of ONNX Runtime's)
 
 
 def grouping(decoder, codes: np.ndarray, scales: np.ndarray) -> Grouping | None:
@@ -109,12 +111,17 @@ def offsets_of(codes, zeros, g: Grouping) -> np.ndarray:
 
 def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) -> list[Rtn]:
     """Round to nearest of `source` (laid out as the codes), by each rule and symmetry, the
-    reader's own rule first (a Gather's table: the gather rule)."""
+    reader's own rule first (a Gather's table: the gather rule; at 8 bits Olive's, below)."""
     from dyndq.quantization.numerics import ScaleOutOfRange, quantize_weight
 
     if g.tensor:
         return []
     rules = ("gather", "matmul") if reader == "Gather" else ("matmul", "gather")
+    if reader == "Gather" and g.bits == 8:
+        # ONNX Runtime's quantize_ndarray is 4-bit only: an 8-bit table's codes by that formula are
+        # Olive's (OnnxBlockWiseRtnQuantization._quantize_ndarray, its 8-bit GatherBlockQuantized:
+        # the same NumPy steps with qmin -128, qmax 255, mid 128), which dyndq's gather rule at 8 bits follows
+        rules = ("olive", "matmul")
     out = []
     for rule in rules:
         if rule == "gather" and g.bits == 2:  # (ONNX Runtime quantizes no Gather at 2 bits)
@@ -123,7 +130,7 @@ def rtn_candidates(source: np.ndarray, g: Grouping, scale_dtype, reader: str) ->
             try:
                 with np.errstate(all="ignore"):
                     q = quantize_weight(source, axis=g.axis, group_size=g.block, bits=g.bits, symmetric=symmetric,
-                                        scale_dtype=scale_dtype, rule=rule)
+                                        scale_dtype=scale_dtype, rule="gather" if rule == "olive" else rule)
             except ScaleOutOfRange:  # (a NaN, infinity or huge value no scale of that type holds: no RTN to be)
                 continue
             codes = _ints(q.codes)[tuple(slice(0, s) for s in source.shape)]
@@ -187,12 +194,12 @@ def nncf_candidates(source: np.ndarray, g: Grouping, scale_dtype) -> list[Rtn]:
 
 
 def also_nncf(rtn: Rtn, candidates: list[Rtn], offsets, scales, zeros, covered) -> str:
-    """Where ONNX Runtime's rule matched, whether NNCF's gives the very same codes too (on float32
+    """Where ONNX Runtime's rule matched, NNCF's rule named if it gives the very same codes too (on float32
     weights NNCF's rule is ONNX Runtime's gather rule but for its eps floor, and the matmul rule
     differs from both only at ties): said, so that an NNCF output is not taken for ONNX Runtime's."""
     if rtn.rule == "nncf" or not any(c.rule == "nncf" and exact(offsets, scales, zeros, c, covered) for c in candidates):
         return ""
-    return f"NNCF's rule ({RULE_SOURCES['nncf']}) gives the same codes"
+    return f"NNCF's rule ({RULE_SOURCES['nncf']})"
 
 
 def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn]:

@@ -155,11 +155,17 @@ _VALUES: dict[tuple[int, str], np.ndarray] = {}  # (id(model), value) -> its dec
 def value_of(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
     """The decode's float value, as the reference engine (our kernel) computes it (one `compute_all`
     gave, or its nodes alone)."""
-    from dyndq.reference import reference_evaluator
-
     hit = _VALUES.get((id(model), decode.value))
     if hit is not None and _INDEXED.get(id(model), (None,))[0] is model:
         return hit
+    return computed_alone(model, decode)
+
+
+def computed_alone(model: onnx.ModelProto, decode: Decode) -> np.ndarray:
+    """The decode's value from a model of its nodes alone, on the reference engine (where
+    `compute_all`'s one run failed, or its values were forgotten)."""
+    from dyndq.reference import reference_evaluator
+
     sub = _sub_model(model, decode.nodes, decode.value)
     return np.asarray(reference_evaluator(sub).run(None, {})[0])
 
@@ -228,7 +234,8 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
 
     from dyndq.plumbing.walk import graphs
 
-    if not model.functions and not any(_constant_tensor(n) for g in graphs(model.graph) for n in g.node):
+    if not model.functions and not any(_constant_tensor(n) or _reshaped_codes(g, n) for g in graphs(model.graph)
+                                       for n in g.node):
         return lifted(model)  # (nothing to change before the lift, which copies: no second copy of the weights)
     out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
     if not model.functions:
@@ -238,7 +245,27 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
         for n in constants:
             g.initializer.append(_as_initializer(n))
             g.node.remove(n)
+        for n in [n for n in g.node if _reshaped_codes(g, n)]:
+            inits = {t.name: t for t in g.initializer}
+            data, shape = numpy_helper.to_array(inits[n.input[0]]), numpy_helper.to_array(inits[n.input[1]])
+            g.initializer.append(numpy_helper.from_array(data.reshape(shape), n.output[0]))
+            g.node.remove(n)
     return lifted(out)
+
+
+def _reshaped_codes(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+    """A Reshape of stored codes by a stored shape, feeding a GatherBlockQuantized's data: the model
+    builder's tied embedding reads the lm_head's MatMulNBits codes so.  Folded into a stored tensor
+    before the lift, which takes a GatherBlockQuantized of stored codes only."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return False
+    names = {t.name: t for t in graph.initializer}
+    if node.input[0] not in names or node.input[1] not in names or \
+            names[node.input[0]].data_type not in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
+        return False
+    shape = numpy_helper.to_array(names[node.input[1]])
+    return bool((shape > 0).all()) and any(n.op_type == "GatherBlockQuantized" and n.input and n.input[0] == node.output[0]
+                                           for n in graph.node)
 
 
 def scopes(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:

@@ -55,7 +55,8 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
     per setting that could not run a model, {setting: (the source's runs, the quantized model's)})."""
     from dyndq.wording import first_line
 
-    out, notes, ran = [], [], {}
+    out, ran = [], {}
+    pairs, notes = paired(quantized, source)
     for setting in settings:
         runs = []
         for model, which in ((source, "the source"), (quantized, "the quantized model")):
@@ -70,9 +71,9 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
         ran[setting] = floats, ours = runs
         for name in floats[0]:
             f = [np.asarray(s[name]) for s in floats]
-            if name not in ours[0] or not all(floating(a) for a in f):
+            if pairs.get(name) not in ours[0] or not all(floating(a) for a in f):
                 continue
-            q = [np.asarray(s[name]) for s in ours]
+            q = [np.asarray(s[pairs[name]]) for s in ours]
             stats = ErrorStats()  # (quantize's evaluation's sums: one judge of an output's error)
             with np.errstate(all="ignore"):
                 for x, y in zip(f, q):
@@ -88,6 +89,26 @@ def compare(quantized: onnx.ModelProto, source: onnx.ModelProto, feeds: list[dic
                 verdict.top1, verdict.kl = agree / rows, kl / rows
             out.append(verdict)
     return out, notes, ran
+
+
+def paired(quantized: onnx.ModelProto, source: onnx.ModelProto) -> tuple[dict[str, str], list[str]]:
+    """({the source's output: the quantized model's output compared with it}, notes).  By name; an
+    output the quantized model renamed (Olive 0.13's RTN pass appends "_Q4" to a quantized MatMul's
+    output, a graph output too) by its place among the graph's outputs, said; one with no
+    counterpart said, not compared."""
+    mine, theirs = [o.name for o in quantized.graph.output], [o.name for o in source.graph.output]
+    pairs, notes = {}, []
+    for i, name in enumerate(theirs):
+        if name in mine:
+            pairs[name] = name
+        elif len(mine) == len(theirs) and mine[i] not in theirs:
+            pairs[name] = mine[i]
+            notes.append(f"the quantized model's output {mine[i]!r} is compared with the source's {name!r} "
+                         "(the same place among the outputs; its name differs)")
+        else:
+            notes.append(f"the source's output {name!r} is not compared: the quantized model has no output of "
+                         "that name")
+    return pairs, notes
 
 
 def engine_model(model: onnx.ModelProto, engine: str) -> onnx.ModelProto:

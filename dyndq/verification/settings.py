@@ -10,7 +10,8 @@ compared with the reference engine's outputs of the same quantized model, and th
 likewise: d = max |a - b| / max |b| over the samples, per output (parity's measure).  The same
 weights run on both sides, so the weights cannot explain a difference there; the float model's d
 is what the engine's own arithmetic moves at that setting.  A setting is a finding when the
-quantized model's d exceeds the allowance max(parity's TOLERANCE, SLACK x the float model's d).
+quantized model's d exceeds the allowance max(parity's TOLERANCE, SLACK x the float model's d, the
+output type's epsilon: one unit in the last place of a float16 or bfloat16 output).
 Parity's own search (`dyndq.runtime_parity` on the model that setting ran, with the sample where d
 was largest) then names the cause (an ONNX Runtime transformer, a MatMulNBits node's accuracy_level,
 an OpenVINO setting) and the first node whose output differs.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from dyndq.parity import EngineMissing
 from dyndq.parity.engines import ORT_LEVELS
 from dyndq.parity.metrics import TOLERANCE
 from dyndq.runner import SESSIONS
@@ -34,6 +36,14 @@ DEFAULT_LEVELS = ("basic",)  # (what `dyndq.run` runs)
 # (a MatMulNBits' blocks summed in its own order) without hiding an int8 or bfloat16 computation,
 # which moves a result by 1e-3 and more where float32 reordering moves it by 1e-6.
 SLACK = 2.0
+
+
+class SettingRefused(ValueError):
+    """An engine or level asked for that verify does not compare on (the CLI's usage error)."""
+
+
+class NotInstalled(EngineMissing, SettingRefused):
+    """An engine asked for that is not installed."""
 
 
 @dataclass(frozen=True)
@@ -53,25 +63,24 @@ REFERENCE = EngineSetting("reference", "our kernel")
 def settings_asked(engines=None, levels=None) -> list[EngineSetting]:
     """The settings compared: the reference engine first, then each engine of `engines` (of ENGINES;
     None: DEFAULT_ENGINES), ONNX Runtime at each of `levels` (of LEVELS; None: DEFAULT_LEVELS).
-    ValueError names an unknown engine or level, or levels without ONNX Runtime;
-    `dyndq.parity.EngineMissing` an engine not installed."""
-    from dyndq.parity import EngineMissing
+    SettingRefused (a ValueError) names an unknown engine or level, or levels without ONNX Runtime;
+    an engine not installed is `dyndq.parity.EngineMissing` and SettingRefused both."""
     from dyndq.converters.engines import ENGINES as TABLE
     from dyndq.runner import session_module
 
     engines = tuple(dict.fromkeys(DEFAULT_ENGINES if engines is None else engines))
     for engine in engines:
         if engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
+            raise SettingRefused(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     if levels is not None:
         for level in levels:
             if level not in LEVELS:
-                raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
+                raise SettingRefused(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
         if "onnxruntime" not in engines:
-            raise ValueError("a level is ONNX Runtime's: ask for the engine onnxruntime with it")
+            raise SettingRefused("a level is ONNX Runtime's: ask for the engine onnxruntime with it")
     for engine in engines:
         if engine != "reference" and not session_module(engine).installed():
-            raise EngineMissing(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
+            raise NotInstalled(f"{TABLE[engine].title} is not installed ({session_module(engine).INSTALL})")
     out = [REFERENCE]
     for engine in engines:
         if engine == "onnxruntime":
@@ -91,7 +100,7 @@ class SettingVerdict:
     output: str
     difference: float  # the quantized model's max |a - b| / max |b|, engine against the reference engine
     float_difference: float  # the float model's, likewise
-    allowance: float  # max(TOLERANCE, SLACK * float_difference)
+    allowance: float  # max(TOLERANCE, SLACK * float_difference, the output type's epsilon)
     culprits: list = field(default_factory=list)  # parity's Causes
     node: object = None  # parity's FirstDivergence, or None
     notes: list[str] = field(default_factory=list)
@@ -147,7 +156,7 @@ def unexplained(quantized: onnx.ModelProto, runs: dict, feeds: list[dict]) -> tu
         worst = None
         for name, (d, sample) in ours_d.items():
             f = floats_d.get(name, (0.0, 0))[0]
-            allowance = max(TOLERANCE, SLACK * f)
+            allowance = max(TOLERANCE, SLACK * f, _ulp(quantized_ref[sample][name]))
             if d > allowance and (worst is None or d / allowance > worst[0]):
                 worst = (d / allowance, SettingVerdict(setting.engine, setting.setting, name, d, f, allowance), sample)
         if worst is not None:
@@ -155,6 +164,19 @@ def unexplained(quantized: onnx.ModelProto, runs: dict, feeds: list[dict]) -> tu
             _diagnose(quantized, setting, feeds[sample], verdict)
             found.append(verdict)
     return found, []
+
+
+def _ulp(output) -> float:
+    """One unit in the last place of an output's largest value, relative to it: its type's epsilon
+    (float16 9.8e-4, bfloat16 7.8e-3).  A float16 output cannot be compared closer than that: two
+    kernels summing in float32 in another order round apart by one unit (ONNX Runtime's float16
+    MatMulNBits against our kernel: 6.2e-4 where the float16 MatMul agrees exactly)."""
+    import ml_dtypes
+
+    try:
+        return float(ml_dtypes.finfo(np.asarray(output).dtype).eps)
+    except (TypeError, ValueError):  # (not a float type: held to the others)
+        return 0.0
 
 
 def _diagnose(quantized: onnx.ModelProto, setting: EngineSetting, feed: dict, verdict: SettingVerdict) -> None:

@@ -33,6 +33,12 @@ _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLi
 # the quantized ops whose float inputs (scales) are no weight left float: one still there was not lifted
 # (NNCF 3.4's MatMulNBits with zero points [N, blocks], a shape ONNX Runtime refuses too)
 UNLIFTED = ("MatMulNBits", "GatherBlockQuantized", "DequantizeLinear")
+# integer ops computing on stored integer weights (ONNX Runtime's QOperator forms: quantize_dynamic's
+# MatMulInteger, quantize_static's QLinearMatMul, ...), by the input holding the weight: the lift
+# does not decode them, so each such weight is said unmatched (a finding), never left out of the
+# report (a model of only these once verified "faithful" with no weight compared)
+INTEGER_WEIGHT = {"MatMulInteger": 1, "ConvInteger": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1,
+                  "QLinearMatMul": 3, "QLinearConv": 3, "QGemm": 3, "QAttention": 1}
 
 
 @dataclass
@@ -46,6 +52,7 @@ class WeightVerdict:
     rule: str | None = None  # the RTN rule compared against, named
     matched: str | None = None  # how the source was found
     note: str = ""
+    also: str | None = None  # another quantizer's rule that gives the very same codes (said once per report)
     # the weight's values as the source tensor is laid out (its decode, evaluated on demand: blame.py
     # swaps them into the float source); None for an unmatched weight
     decoded: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
@@ -95,6 +102,18 @@ class OnnxSource:
                 if t.data_type in FLOAT_TYPES and int(np.prod(t.dims)) > 1 and name not in self.weights:
                     self.weights[name] = Weight(name, tuple(t.dims), t.data_type)
                     self._tensors[name] = t
+        # a float weight the source reads through a Transpose of it (the model builder's tied embedding:
+        # Gather(Transpose(lm_head's weight))): the Transpose's output is a source tensor too, a view of
+        # the weight, matched as any other but never listed unused (its weight is)
+        self.views: dict[str, tuple[str, list[int]]] = {}
+        for node in searched.graph.node:
+            if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and node.input and \
+                    node.input[0] in self.weights and node.output[0] not in self.weights:
+                base = self.weights[node.input[0]]
+                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) or \
+                    list(range(len(base.shape)))[::-1]
+                self.views[node.output[0]] = (base.name, perm)
+                self.weights[node.output[0]] = Weight(node.output[0], tuple(base.shape[i] for i in perm), base.dtype)
         self.readers = {}  # node name -> {input index: initializer}
         for node in (n for g in every for n in g.node):
             for i, name in enumerate(node.input):
@@ -104,6 +123,9 @@ class OnnxSource:
     def values(self, name: str) -> np.ndarray:
         """The weight in its own type (float16 rounds to nearest in float16, as ONNX Runtime's
         quantizer reads it: matching's float32 copies would give other codes)."""
+        if name in self.views:
+            base, perm = self.views[name]
+            return np.transpose(self.values(base), perm)
         return numpy_helper.to_array(self._tensors[name])
 
     def names(self) -> list[str]:
@@ -229,14 +251,20 @@ def _screened(flat: dict, theirs: np.ndarray, source, name: str) -> float:
 
 # -- the verdicts ------------------------------------------------------------------------------
 
-def verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
+def verify_weights(quantized: onnx.ModelProto, source, hold: bool = False) -> tuple[list[WeightVerdict], list[str]]:
     """(a verdict per weight of `quantized`, the source tensors no weight matched).  Weights are
     sought in the main graph, in every If/Loop/Scan body, and in model-local functions, inlined at
-    their calls (decodes.scopes); one found in a body says where in its note."""
+    their calls (decodes.scopes); one found in a body says where in its note.  `hold`: the decodes'
+    values stay held for the verdicts' `decoded` (blame swaps them in) until the caller's
+    `decodes.forget()`; otherwise they are let go here, and `decoded` computes one alone."""
+    done = False
     try:
-        return _verify_weights(quantized, source)
+        out = _verify_weights(quantized, source)
+        done = True
+        return out
     finally:
-        forget()  # (the decodes' values and indexes held for this verify let go)
+        if not (hold and done):
+            forget()  # (the decodes' values and indexes held for this verify let go)
 
 
 def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerdict], list[str]]:
@@ -247,6 +275,7 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
     origins = FunctionOrigins(quantized) if quantized.functions else None  # (named before `prepared` inlines them)
     model = prepared(quantized)
     decodes, floats, seen = [], [], set()  # (where, the scope's model, a decode or float weight), each value once
+    unread = []  # (where, the stored weight of an integer op, that op)
     for where, model in scopes(model):
         found_decodes, found_floats = find(model)
         compute_all(model, [d for d in found_decodes if d.value not in seen])
@@ -254,6 +283,16 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
         seen.update(d.value for d in found_decodes)
         floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
         seen.update(found_floats)
+        stored_names = {t.name for t in model.graph.initializer}
+        integer_read = {v for n in model.graph.node if n.op_type in INTEGER_WEIGHT for v in n.input}
+        for node in model.graph.node:  # (an integer op's stored weight: a form verify does not read)
+            i = INTEGER_WEIGHT.get(node.op_type) if node.domain in ("", "ai.onnx", "com.microsoft") else None
+            if node.op_type == "Gather" and node.output and node.output[0] in integer_read:
+                i = 0  # (a quantized table gathered straight into one: quantize_dynamic's embedding)
+            name = node.input[i] if i is not None and len(node.input) > i else ""
+            if name and name not in seen and name in stored_names:
+                seen.add(name)
+                unread.append((where, name, node))
     readers = {}  # (the reader nodes of each scope, once)
 
     def shown(d: Decode, name: str) -> str:
@@ -315,6 +354,10 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
         verdict = _judge(model, d, value, source, best[0], f"by shape and closeness ({best[1]:.3g})")
         verdict.weight, verdict.decoded = shown(d, d.value), _decoded(model, d)
         verdicts.append(placed(verdict, where, d))
+    for where, name, node in unread:
+        verdicts.append(placed(WeightVerdict(name, None, "unmatched", note=f"the stored weight of {node.op_type} "
+                                             f"{node.name!r}, a form verify does not decode (ONNX Runtime's QOperator "
+                                             "integer ops): not compared"), where))
     for where, model, name, reader in floats:
         if reader in UNLIFTED:  # (a quantized op's scales: its weight is one verify could not decode)
             verdicts.append(placed(WeightVerdict(name, None, "unmatched", note=f"an input of a {reader} node verify "
@@ -334,7 +377,7 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
                                              matched=found[1], note="left float" + ("" if equal else
                                                                                      ", not the source's values"),
                                              decoded=lambda model=model, name=name: stored(model, name)), where))
-    return verdicts, [n for n in source.names() if n not in taken]
+    return verdicts, [n for n in source.names() if n not in taken and n not in getattr(source, "views", {})]
 
 
 def _fails(model: onnx.ModelProto, d: Decode) -> str:
@@ -477,7 +520,7 @@ def _against_rtn(model, d: Decode, value, theirs, error, name, how) -> WeightVer
     for rtn in candidates:
         if C.exact(offsets, scales, zeros, rtn, covered):
             return WeightVerdict(d.value, name, "rtn", error=error, matched=how, rule=rtn.name(g),
-                                 note=C.also_nncf(rtn, candidates, offsets, scales, zeros, covered))
+                                 also=C.also_nncf(rtn, candidates, offsets, scales, zeros, covered) or None)
     for rtn in candidates:
         found = C.layout(codes, scales, zeros, rtn, g, covered)
         if found is not None:

@@ -93,6 +93,22 @@ def test_an_engine_not_installed_exits_2_saying_how_to_install_it(files, capsys,
     assert "OpenVINO is not installed (pip install 'openvino>=" in capsys.readouterr().err
 
 
+def test_the_engines_and_levels_are_checked_once(files, capsys, monkeypatch):
+    """verify checks them before any work, and its refusal is the usage error: the CLI asks no second time."""
+    import dyndq.verification as V
+    from dyndq.verification import settings
+
+    calls = []
+    was = settings.settings_asked
+    monkeypatch.setattr(V, "settings_asked", lambda *a: calls.append(a) or was(*a))
+    monkeypatch.setattr(settings, "settings_asked", V.settings_asked)
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--weights-only"]) == 0
+    assert main(["verify", str(files / "q.onnx"), "--against", str(files / "float.onnx"), "--engine", "reference",
+                 "--level", "all"]) == 2
+    assert "--engine/--level: a level is ONNX Runtime's" in capsys.readouterr().err
+    assert calls == [(None, None), (["reference"], ["all"])]
+
+
 def test_a_gguf_checkpoint_as_the_source(tmp_path, capsys):
     pytest.importorskip("gguf")
     import dyndq

@@ -127,3 +127,26 @@ def test_a_model_against_itself_has_nothing_to_blame(source):
     report = dyndq.verify(source, source, samples=1, blame=True)
     assert report.faithful and report.blame == [] and report.blame_note.endswith("none to blame")
     assert "  to blame: no weight differs from its source tensor: none to blame" in report.table()
+
+
+def test_blame_takes_the_decodes_and_float_outputs_verify_already_has(source, quantized, monkeypatch):
+    """No decode is computed again for the blame (the weights' one run holds them until the report
+    is built), and the float source runs only with a weight swapped in: its float outputs are the
+    ones outputs.compare computed.  Each counted where it is done."""
+    from dyndq.quantization import swapped
+    from dyndq.verification import decodes
+
+    alone, runs = [], []
+    was_alone, was_call = decodes.computed_alone, swapped.Swapped.__call__
+    monkeypatch.setattr(decodes, "computed_alone", lambda model, d: alone.append(d.value) or was_alone(model, d))
+
+    def call(self, feed, swap=None):
+        runs.append(sorted(swap or {}))
+        return was_call(self, feed, swap)
+
+    monkeypatch.setattr(swapped.Swapped, "__call__", call)
+    report = dyndq.verify(quantized, source, samples=2, blame=True)
+    assert sorted(b.source for b in report.blame) == ["W1", "W2", "W3"]
+    assert alone == []  # (before: one per blamed weight, after verify_weights let the values go)
+    assert sorted(runs) == [["W1"], ["W1"], ["W2"], ["W2"], ["W3"], ["W3"]]  # (before: two more, nothing swapped)
+    assert decodes._VALUES == {}  # (let go once the report is built)

@@ -81,6 +81,44 @@ def test_onnxruntimes_gatherblockquantized_verifies_by_its_gather_rule(source, s
     assert got["E"].weight == "E_Q4"
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnxruntimes_dynamic_qoperator_weights_are_unmatched_not_left_out(source, tmp_path, per_channel):
+    """quantize_dynamic (QOperator: MatMulInteger on uint8/int8 weights, the embedding table gathered
+    straight into it; Olive's OnnxDynamicQuantization calls it): a form verify does not decode, so
+    each stored weight is said unmatched, a finding.  Before, no weight was listed and the report
+    was "faithful" on weights never compared."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    onnx.save(source, tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx", per_channel=per_channel)
+    model = onnx.load(tmp_path / "dynamic.onnx")
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    report = dyndq.verify(model, source, outputs=False)
+    got = {w.weight: w for w in report.weights if w.status == "unmatched" and w.weight.endswith("_quantized")}
+    assert sorted(got) == ["E_quantized", "W1_quantized", "W2_quantized", "W3_quantized"], report.table()
+    assert "a form verify does not decode" in got["W1_quantized"].note and not report.faithful
+
+
+def test_an_output_the_quantizer_renamed_is_compared_by_its_place_and_said(source, quantized):
+    """Olive 0.13's RTN pass renames a quantized MatMul's output, the graph's own ("logits_Q4"): its
+    outputs are still compared, with the source's output at the same place, and that is said; an
+    output with no counterpart is said, not compared (before: nothing compared, nothing said)."""
+    renamed = copy_of(quantized)
+    renamed.graph.output[0].name = "logits_Q4"
+    next(n for n in renamed.graph.node if "logits" in n.output).output[0] = "logits_Q4"
+    report = dyndq.verify(renamed, source, samples=1)
+    assert [(o.engine, o.name) for o in report.outputs] == [("reference", "logits"), ("onnxruntime", "logits")]
+    assert report.faithful and "the quantized model's output 'logits_Q4' is compared with the source's 'logits'" \
+        in report.outputs_note
+    from dyndq.verification.outputs import paired
+
+    two = copy_of(renamed)
+    two.graph.output.append(onnx.helper.make_tensor_value_info("r1", onnx.TensorProto.FLOAT, None))
+    pairs, notes = paired(two, source)
+    assert pairs == {} and notes == ["the source's output 'logits' is not compared: the quantized model has no output "
+                                     "of that name"]
+
+
 def test_a_zero_point_off_by_one_in_a_qdq_8bit_model_is_named(source, tmp_path):
     """ONNX Runtime's static QDQ quantizer, per channel: one weight's zero points (0, symmetric) made 1."""
     model = qdq8(source, tmp_path, per_channel=True)

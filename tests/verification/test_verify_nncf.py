@@ -27,7 +27,7 @@ from nncf import CompressWeightsMode as Mode  # noqa: E402
 from verify_models import copy_of, float_model, init, replace  # noqa: E402
 
 NNCF_RULE = "NNCF's rule (weight_lowering.do_integer_quantization)"
-ALSO = "NNCF's rule (weight_lowering.do_integer_quantization) gives the same codes"
+ALSO = "NNCF's rule (weight_lowering.do_integer_quantization)"  # (a weight's `also`: said once per report)
 
 
 def source_model(opset: int = 21) -> onnx.ModelProto:
@@ -67,10 +67,10 @@ def test_nncfs_compression_verifies_as_round_to_nearest(mode, group_size, form):
     assert {k: (w.status, w.kind) for k, w in got.items()} == {k: ("rtn", None) for k in ("E", "W1", "W2", "W3")}
     assert report.faithful and report.unused == []
     assert got["W2"].rule == f"{NNCF_RULE}, {form}"  # (its zero groups: NNCF's eps scale, no rule of ONNX Runtime's)
-    assert got["W1"].rule.endswith(form) and got["W1"].note == ALSO
+    assert got["W1"].rule.endswith(form) and got["W1"].also == ALSO
     # INT4 modes keep the embedding and the last MatMul in NNCF's backup mode, INT8_ASYM per channel
     backup = form if group_size is None else "asymmetric, 8 bits, per channel"
-    assert got["E"].rule.endswith(backup) and got["W3"].rule.endswith(backup) and got["E"].note == ALSO
+    assert got["E"].rule.endswith(backup) and got["W3"].rule.endswith(backup) and got["E"].also == ALSO
     assert len(report.outputs) == 2 and all(o.cosine > 0.99 for o in report.outputs), report.outputs  # (both engines)
 
 
@@ -86,7 +86,10 @@ def test_without_the_zero_groups_nncfs_codes_are_onnx_runtimes_gather_rule():
     got = {w.source: w for w in report.weights}
     assert {w.status for w in report.weights} == {"rtn"}
     assert got["W2"].rule == "ONNX Runtime's gather rule (quantize_ndarray), symmetric, 4 bits, block 32"
-    assert all(w.note == ALSO for w in report.weights)
+    assert all(w.also == ALSO and w.note == "" for w in report.weights)
+    assert report.also == [{"rule": ALSO, "weights": [w.weight for w in report.weights]}]
+    said = [line for line in report.table() if "gives the same codes" in line]
+    assert said == [f"  {ALSO} gives the same codes as the rule named for every rtn weight (4)"]  # (once)
 
 
 def test_nncfs_matmulnbits_form_below_opset_21_verifies():

@@ -153,3 +153,18 @@ def test_a_rewrite_at_one_level_is_pinned_on_its_transformer(source):
         ("transformer", "QDQSelectorActionTransformer")], report.table()
     assert (found.node.node, found.node.op_type, found.node.became) == ("fc3_matmul_Q4", "MatMul",
                                                                         "com.microsoft::MatMulNBits")
+
+
+def test_a_float16_output_is_held_to_one_unit_in_its_last_place():
+    """A float16 output one unit apart between engines (ONNX Runtime's float16 MatMulNBits against our
+    kernel, summing in another order, where the float16 MatMul agreed exactly: Olive's float16 output
+    showed 6.2e-4) is no setting's fault: the allowance is at least the output type's epsilon."""
+    ours = np.array([1.0, 0.5, -0.25], np.float16)
+    moved = ours.copy()
+    moved[0] = np.nextafter(ours[0], np.float16(2))  # (one unit above 1: 9.8e-4 relative)
+    runs = {settings.REFERENCE: ([{"y": ours}], [{"y": ours}]),
+            EngineSetting("onnxruntime", "basic"): ([{"y": ours}], [{"y": moved}])}
+    assert settings.differences([{"y": moved}], [{"y": ours}])["y"][0] > TOLERANCE
+    assert unexplained(float_model(), runs, [{}]) == ([], [])
+    assert settings._ulp(moved) == 2.0 ** -10 and settings._ulp(moved.astype(np.float32)) == 2.0 ** -23
+    assert settings._ulp(np.int64(3)) == 0.0
