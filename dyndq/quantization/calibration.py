@@ -29,6 +29,7 @@ class Seeded(list):
 class Calibration:
     def __init__(self, inputs: dict, missing: dict, stats: dict, note: str):
         self.inputs, self.missing, self.stats, self.note = inputs, missing, stats, note
+        self.scaling = None  # (method "awq") awq.Scaling: its scales, searched and placed in the graph
 
     @classmethod
     def collect(cls, model, targets, options, feeds: list[dict], *, loaded=None, progress=None) -> Calibration:
@@ -49,8 +50,10 @@ class Calibration:
         return out
 
     def quantize(self, weight, target, options):
-        """The weight's numerics.QuantizedWeight by GPTQ (rtn's where it has no input)."""
+        """The weight's numerics.QuantizedWeight by GPTQ or AWQ (rtn's where it has no input)."""
         key = (target.graph, target.name)
+        if self.scaling is not None:  # (awq: its scaled weight, a fold into it too, rounded by rtn)
+            return self.scaling.quantize(weight, target, options)
         if key not in self.inputs:
             rtn = dataclasses.replace(options, method="rtn")
             return options.fmt.quantize(weight, target, rtn, options.bits)

@@ -88,9 +88,10 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     group_size: elements per group along the reduction axis (-1: the whole axis, per channel;
     default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
-    method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error) or "gptq"
+    method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error), "gptq"
     (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
-    and act_order, given as keywords).
+    and act_order, given as keywords) or "awq" (calibrated so too: a scale per input channel,
+    divided out of the activation in the graph: awq.py).
     exclude: node or weight names to leave alone.  evaluate: run both models and report the
     output error (and, for logits or distributions, top-1 agreement and KL divergence) on
     `inputs` (one feed dict or a list of them, checked first: FeedError names a feed that does
@@ -246,6 +247,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         chosen = report.budget.chosen()
     out = tensors.structure(model)
     names = NameScope(all_names(model))
+    if options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
+        from dyndq.quantization.awq import Scaling
+
+        calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names)
+        report.notes += calibration.scaling.notes
+        found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
                       calibration)
     apply(out, [rule.rule()], None, names, store=tensors)
