@@ -306,6 +306,95 @@ def test_the_cli_writes_what_it_chose_bit_for_bit_on_both_engines(tmp_path, caps
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("case", ["layer_norm", "matmul_float", "residual_mul"])
+def test_a_model_with_external_data_gets_the_same_tensors_as_in_memory(case, tmp_path):
+    """quantize_file on a model whose weights are in an external data file (read one at a time,
+    the folded Scale, B and float weight written to the new data file as the walker comes to them)
+    writes the tensors `dyndq.quantize` writes in memory, bit for bit, and the same nodes."""
+    from dyndq.quantization import quantize_file
+
+    make, options, _, _ = CASES[case]
+    onnx.save(make(), tmp_path / "float.onnx", save_as_external_data=True, location="float.data", size_threshold=0)
+    k0 = make().graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    feeds = feeds_of(salient(60, k0, 11, factor=1.0))
+    quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", method="awq", inputs=feeds, group_size=32, **options)
+    in_memory, _ = dyndq.quantize(make(), method="awq", inputs=feeds, group_size=32, evaluate=False, **options)
+    written = dyndq.load_model(str(tmp_path / "q.onnx"))
+    got = {t.name: nh.to_array(t) for t in written.graph.initializer}
+    want = {t.name: nh.to_array(t) for t in in_memory.graph.initializer}
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+    assert [(n.op_type, list(n.input)) for n in written.graph.node] == \
+        [(n.op_type, list(n.input)) for n in in_memory.graph.node]
+
+
+def test_a_weight_read_by_two_inputs_ties_them_to_one_scale():
+    """W read by MatMuls of x1 and of x2: one group, one alpha, one r in both Muls (each X divided by
+    it), the weight quantized once; the quantized model runs alike on both engines."""
+    k, n = 64, 16
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("MatMul", ["x1", "W"], ["y1"], name="a"),
+             helper.make_node("MatMul", ["x2", "W"], ["y2"], name="b")]
+    model = graph_model(nodes, [helper.make_tensor_value_info(v, T.FLOAT, ["batch", k]) for v in ("x1", "x2")],
+                        [helper.make_tensor_value_info(v, T.FLOAT, ["batch", n]) for v in ("y1", "y2")],
+                        {"W": (rng.standard_normal((k, n)) * 0.1).astype(np.float32)})
+    feeds = [{"x1": salient(20, k, i), "x2": salient(20, k, 10 + i)} for i in range(2)]
+    out, report = dyndq.quantize(model, method="awq", group_size=32, inputs=feeds, evaluate=False)
+    muls = [n for n in out.graph.node if n.op_type == "Mul"]
+    assert sorted(n.input[0] for n in muls) == ["x1", "x2"]
+    inits = {t.name: nh.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(inits[muls[0].input[1]], inits[muls[1].input[1]])
+    alphas = {note.split("alpha ")[1].split(",")[0] for note in report.notes if "alpha" in note}
+    assert len(alphas) == 1 and len(report.layers) == 1, report.notes
+    feed = {"x1": salient(5, k, 50), "x2": salient(5, k, 51)}
+    runs = [dyndq.run(out, feed, engine=e) for e in ("reference", "onnxruntime")]
+    for name in ("y1", "y2"):
+        np.testing.assert_allclose(runs[0][name], runs[1][name], rtol=1e-5, atol=1e-5 * np.abs(runs[1][name]).max())
+
+
+def test_a_float16_model_gets_its_scale_in_float16_and_its_error_below_rtns():
+    """A float16 MatMul: the Mul's r is float16 (X's dtype: MatMul takes one type), the weight
+    divided by that r; the output error on the calibration rows (float64, from the dequantized
+    weights) below rtn's; both engines alike within float16's rounding."""
+    k, n = 64, 24
+    model = readers_of_x(k, [n], seed=6)
+    for t in model.graph.initializer:
+        t.CopyFrom(nh.from_array(nh.to_array(t).astype(np.float16), t.name))
+    for v in (*model.graph.input, *model.graph.output):
+        v.type.tensor_type.elem_type = T.FLOAT16
+    x = salient(90, k, 6).astype(np.float16)
+    out, report = dyndq.quantize(model, method="awq", group_size=32, inputs=feeds_of(x), evaluate=False)
+    rtn, _ = dyndq.quantize(model, group_size=32, evaluate=False)
+    inits = {t.name: nh.to_array(t) for t in out.graph.initializer}
+    assert inits["x_awq_scale"].dtype == np.float16
+    x64, w64 = x.astype(np.float64), nh.to_array(model.graph.initializer[0]).astype(np.float64)
+
+    def error(m):
+        probe = dyndq.run(m, {"x": np.eye(k, dtype=np.float16)}, engine="reference")["y0"].astype(np.float64)
+        return float(((x64 @ w64 - x64 @ probe) ** 2).sum())  # (x = I: diag(r) times the weight as dequantized)
+
+    assert error(out) < 0.9 * error(rtn)
+    feed = {"x": salient(5, k, 60).astype(np.float16)}
+    runs = [dyndq.run(out, feed, engine=e)["y0"].astype(np.float32) for e in ("reference", "onnxruntime")]
+    np.testing.assert_allclose(runs[0], runs[1], rtol=2e-3, atol=2e-3 * np.abs(runs[1]).max())
+
+
+def test_an_input_read_transposed_is_left_unscaled_and_said():
+    """Gemm with transA=1 (X [k, batch]: its channels are its rows): not scaled, rtn's codes, said."""
+    k, n = 64, 16
+    rng = np.random.default_rng(8)
+    model = graph_model([helper.make_node("Gemm", ["x", "W"], ["y"], name="g", transA=1)],
+                        [helper.make_tensor_value_info("x", T.FLOAT, [k, "batch"])],
+                        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", n])],
+                        {"W": (rng.standard_normal((k, n)) * 0.1).astype(np.float32)})
+    out, report = dyndq.quantize(model, method="awq", inputs=[{"x": salient(30, k, 8).T.copy()}], evaluate=False)
+    rtn, _ = dyndq.quantize(model, evaluate=False)
+    assert "read transposed (Gemm transA) by g: not scaled" in " ".join(report.notes), report.notes
+    assert "Mul" not in [n.op_type for n in out.graph.node]
+    np.testing.assert_array_equal(codes_of(out, "W")[0].astype(np.uint8), codes_of(rtn, "W")[0].astype(np.uint8))
+
+
 # -- what it does not do --------------------------------------------------------------------------
 
 def test_alpha_zero_changes_nothing_in_the_graph():
@@ -353,9 +442,10 @@ def test_awq_is_a_listed_data_aware_method():
 
 def test_minilm_awq_errs_less_than_rtn_on_held_out_sentences():
     """all-MiniLM-L6-v2 (`make test-trained-export`), 4 bits, groups of 128, asymmetric: AWQ
-    calibrated on the 32 "chosen" sentences errs less than rtn on the 16 held-out ones (the sentence
-    embeddings' relative error; docs/quantize.md gives the figures), one Mul per X it scales (every
-    X of this model has another reader, a residual Add, or comes from a GELU or a reshape)."""
+    calibrated on the 32 "chosen" sentences errs less than rtn on the 16 held-out ones, below 0.9x
+    (the sentence embeddings' relative error; docs/quantize.md gives the figures), one Mul per X it
+    scales (every X of this model has another reader, a residual Add, or comes from a GELU or a
+    reshape)."""
     import trained_models as tm
     from dyndq.runner import Runner
 
@@ -372,9 +462,11 @@ def test_minilm_awq_errs_less_than_rtn_on_held_out_sentences():
     rtn, _ = dyndq.quantize(minilm, evaluate=False)
     awq, report = dyndq.quantize(minilm, method="awq", inputs=chosen, evaluate=False)
     assert report.notes[0].startswith("awq calibrated on 32 samples given")
+    scaled = [note for note in report.notes if "1/s in a Mul" in note]
+    assert len(scaled) == [n.op_type for n in awq.graph.node].count("Mul") - [n.op_type for n in minilm.graph.node].count("Mul")
     errors = [float(np.linalg.norm(embeddings(m) - want) / np.linalg.norm(want)) for m in (rtn, awq)]
     print("held-out relative error rtn, awq:", errors)
     assert errors[1] < AWQ_BELOW_RTN * errors[0], errors
 
 
-AWQ_BELOW_RTN = 1.0
+AWQ_BELOW_RTN = 0.9  # (measured: 0.245 against 0.294, 0.83x)
