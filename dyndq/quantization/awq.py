@@ -173,7 +173,7 @@ class Scaling:
             raise AwqError([Problem(f"weight {target.name!r}", f"scaled by awq, {e.found}", e.allowed)]) from None
 
     @classmethod
-    def build(cls, out: onnx.ModelProto, targets, calibration, options, read, names) -> Scaling:
+    def build(cls, out: onnx.ModelProto, targets, calibration, options, read, names, progress=None) -> Scaling:
         """Search every group's alpha (from the graph's end) and place its 1/s in `out` (the model
         the walker rewrites next: its nodes and small tensors changed in place; `read(tensor)` gives a
         constant's array)."""
@@ -186,7 +186,9 @@ class Scaling:
         searched_keys: set = set()
         inserts: list[tuple[int, onnx.NodeProto]] = []
         readers = _readers(out)
-        for group in groups:
+        for n, group in enumerate(groups):
+            if progress:
+                progress(f"awq: searching the scale of {_values(group)} ({n + 1}/{len(groups)})")
             uses = [(k, u) for k in group.keys for u in by_key[k].uses]
             shown = ", ".join(dict.fromkeys(u.node for _, u in uses))
             if any(i.transposed for i in group.inputs):

@@ -140,7 +140,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     # flattered; gptq's own options go to it alone)
     methods = methods or [m for m in methods_of(options.get("format")) if m not in DATA_AWARE]
     checked = [QuantizeOptions.checked(model, method=m, seed=seed, **{key: value for key, value in options.items()
-                                                                      if m in DATA_AWARE or key not in GPTQ_OPTIONS})
+                                                                      if m == "gptq" or key not in GPTQ_OPTIONS})
                for m in methods]
     evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
                             progress=progress)
@@ -250,7 +250,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
         from dyndq.quantization.awq import Scaling
 
-        calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names)
+        calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names, progress)
         report.notes += calibration.scaling.notes
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
