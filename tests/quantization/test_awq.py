@@ -395,6 +395,30 @@ def test_an_input_read_transposed_is_left_unscaled_and_said():
     np.testing.assert_array_equal(codes_of(out, "W")[0].astype(np.uint8), codes_of(rtn, "W")[0].astype(np.uint8))
 
 
+def test_an_x_that_is_a_graph_output_is_not_folded():
+    """h, the LayerNormalization's output, also a graph output: folding 1/s into the norm would change
+    that output, so a Mul goes before the MatMuls and the norm's Scale and B are kept."""
+    model = layer_norm_model()
+    model.graph.output.append(helper.make_tensor_value_info("h", T.FLOAT, ["batch", 64]))
+    out, report = dyndq.quantize(model, method="awq", group_size=32, inputs=feeds_of(salient(60, 64, 3, factor=1.0)),
+                                 evaluate=False)
+    assert "1/s in a Mul" in " ".join(report.notes), report.notes
+    before = {t.name: nh.to_array(t) for t in model.graph.initializer}
+    after = {t.name: nh.to_array(t) for t in out.graph.initializer}
+    for name in ("gamma", "beta"):
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_ranking_gives_gptqs_options_to_gptq_alone():
+    """rank_methods(methods=["gptq", "awq"], damping=...): gptq takes it, awq (which has none) is not
+    given it."""
+    from dyndq.quantization import rank_methods
+
+    feeds = feeds_of(salient(60, 64, 2))
+    ranked = rank_methods(readers_of_x(64, [16]), methods=["gptq", "awq"], inputs=feeds, damping=0.05, group_size=32)
+    assert sorted(method for method, _ in ranked) == ["awq", "gptq"]
+
+
 # -- what it does not do --------------------------------------------------------------------------
 
 def test_alpha_zero_changes_nothing_in_the_graph():
