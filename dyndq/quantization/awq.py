@@ -28,7 +28,7 @@ Where 1/s goes (`Scaling.place`), for each X of a group whose alpha is not 0: in
 X when that is exact and X has no other reader than the group's MatMuls (nor is a graph output):
 - LayerNormalization: its Scale and B (a last-axis vector of K) times r;
 - MatMul or Gemm with a constant 2-D weight: that weight's output channels times r (and Gemm's C
-  along its last axis): a weight the plan quantizes is multiplied when it is rounded (its own
+  along its last axis; an Add of a constant bias after such a MatMul, its bias too): a weight the plan quantizes is multiplied when it is rounded (its own
   group's search, done after this one, sees it so: the groups are searched from the graph's end),
   a float one in the graph;
 else one Mul by r before the group's readers of X.  The report's notes say which, per X.
@@ -345,6 +345,9 @@ def _fold(out, value, reader_indices, r, readers, inits, by_key, searched_keys, 
         if bias is not None:
             replace(2, times_r(read(bias)))
         return f"folded into LayerNormalization {node.name or value!r} (its Scale{' and B' if bias is not None else ''})"
+    if node.op_type == "Add":  # (a MatMul's output plus a constant bias: both times r)
+        return _fold_bias_add(out, node, index, value, r, readers, inits, by_key, searched_keys, scaling, read, names,
+                              replace, times_r)
     if node.op_type in ("MatMul", "Gemm"):
         w = constant(1)
         if w is None or len(w.dims) != 2:
@@ -375,6 +378,28 @@ def _fold(out, value, reader_indices, r, readers, inits, by_key, searched_keys, 
             what += " and C"
         return f"folded into {node.op_type} {node.name or value!r} ({what})"
     return None
+
+
+def _fold_bias_add(out, node, index, value, r, readers, inits, by_key, searched_keys, scaling, read, names, replace,
+                   times_r) -> str | None:
+    """X = MatMul(A, W) + b, b a constant along the last axis and the MatMul's output read by the Add
+    alone: r folded into b and into W's output channels (see `_fold`)."""
+    fed = {i.name for i in out.graph.input}
+    sides = [j for j in (0, 1) if node.input[j] in inits and node.input[j] not in fed]
+    if len(sides) != 1:
+        return None
+    bias = inits[node.input[sides[0]]]
+    product = node.input[1 - sides[0]]
+    if not bias.dims or bias.dims[-1] != len(r) or readers.get(product, []) != [("main", index)]:
+        return None
+    made = [(i, n) for i, n in enumerate(out.graph.node) if product in n.output]
+    if len(made) != 1 or made[0][1].op_type != "MatMul" or made[0][1].domain not in ("", "ai.onnx"):
+        return None
+    inner = _fold(out, product, {index}, r, readers, inits, by_key, searched_keys, scaling, read, names)
+    if inner is None:
+        return None
+    replace(sides[0], times_r(read(bias)))
+    return f"folded into Add {node.name or value!r} (its bias) and {inner.removeprefix('folded into ')}"
 
 
 def _mul(out, value, reader_indices, r, dtype, names, inserts) -> str:

@@ -168,8 +168,9 @@ def layer_norm_model(k=64, n=48, residual=False, seed=0) -> onnx.ModelProto:
                        [helper.make_tensor_value_info(o, T.FLOAT, ["batch", n]) for o in outs], inits)
 
 
-def chain_model(k0=48, k=64, n=32, gemm=False, seed=0) -> onnx.ModelProto:
-    """x -> MatMul W1 [k0, k] (or Gemm W1 [k, k0] transB=1 with C [k]) -> h -> MatMul W2 [k, n] -> y."""
+def chain_model(k0=48, k=64, n=32, gemm=False, seed=0, bias_add=False) -> onnx.ModelProto:
+    """x -> MatMul W1 [k0, k] (or Gemm W1 [k, k0] transB=1 with C [k]; or MatMul then Add of a bias b [k],
+    as exporters write a Linear) -> h -> MatMul W2 [k, n] -> y."""
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((k0, k)) * 0.1).astype(np.float32)
     w1[:, rng.choice(k, 4, replace=False)] *= 20  # (salient channels of h)
@@ -179,8 +180,11 @@ def chain_model(k0=48, k=64, n=32, gemm=False, seed=0) -> onnx.ModelProto:
         first = helper.make_node("Gemm", ["x", "W1", "C"], ["h"], name="first", transB=1)
     else:
         inits.update(W1=w1)
-        first = helper.make_node("MatMul", ["x", "W1"], ["h"], name="first")
+        first = helper.make_node("MatMul", ["x", "W1"], ["p" if bias_add else "h"], name="first")
     nodes = [first, helper.make_node("MatMul", ["h", "W2"], ["y"], name="second")]
+    if bias_add:
+        inits.update(b=(rng.standard_normal(k) * 0.1).astype(np.float32))
+        nodes.insert(1, helper.make_node("Add", ["p", "b"], ["h"], name="bias"))
     return graph_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["batch", k0])],
                        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", n])], inits)
 
@@ -228,6 +232,8 @@ CASES = {
                                                       "(as it is rounded))", 0),
     "matmul_float": (lambda: chain_model(), {"exclude": ["W1"]}, "folded into MatMul 'first' (its float weight's "
                                                                   "output channels)", 0),
+    "matmul_bias_add": (lambda: chain_model(bias_add=True), {}, "folded into Add 'bias' (its bias) and MatMul 'first' "
+                                                                 "(its weight's output channels (as it is rounded))", 0),
     "gemm_quantized": (lambda: chain_model(gemm=True), {}, "folded into Gemm 'first' (its weight's output channels "
                                                              "(as it is rounded) and C)", 0),
 }
@@ -236,7 +242,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_where_one_over_s_goes_end_to_end(case, monkeypatch, tmp_path):
     """1/s folded into the producer of X where that is exact (a LayerNormalization's Scale and B; a
-    preceding MatMul's or Gemm's weight, quantized after the fold or kept float, and Gemm's C), else
+    preceding MatMul's or Gemm's weight, quantized after the fold or kept float, and Gemm's C, or a
+    bias Add after a MatMul), else
     a Mul (X also read by a residual Add): the note says which; the folded float model (each
     quantized weight replaced by the float weight AWQ rounded) computes the original's outputs
     within 2e-5 relative on ONNX Runtime; the quantized model runs alike on the reference engine and
@@ -306,7 +313,7 @@ def test_the_cli_writes_what_it_chose_bit_for_bit_on_both_engines(tmp_path, caps
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("case", ["layer_norm", "matmul_float", "residual_mul"])
+@pytest.mark.parametrize("case", ["layer_norm", "matmul_float", "residual_mul", "matmul_bias_add"])
 def test_a_model_with_external_data_gets_the_same_tensors_as_in_memory(case, tmp_path):
     """quantize_file on a model whose weights are in an external data file (read one at a time,
     the folded Scale, B and float weight written to the new data file as the walker comes to them)
