@@ -128,7 +128,8 @@ test-trained-export: $(STAMP)
 	$(PY) tests/trained_models.py export minilm
 	$(PY) -m pytest -q tests/quantization/test_trained_models.py tests/parity/test_trained_models.py \
 		tests/checkpoints/safetensors/test_gptq_minilm.py tests/verification/test_blame_minilm.py \
-		tests/verification/test_verify_gptq_minilm.py
+		tests/verification/test_verify_gptq_minilm.py \
+		tests/quantization/test_awq.py::test_minilm_awq_errs_less_than_rtn_on_held_out_sentences
 
 # Real GGUF files of a real model, made by llama.cpp's own converter and quantizer (tests/llama_cpp_ggufs.py):
 # llama.cpp's source tree from the llama-cpp-python 0.3.16 sdist on PyPI (SHA-256 checked), its quantizer

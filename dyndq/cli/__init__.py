@@ -10,7 +10,7 @@
     dyndq schema
     dyndq import-onednn GRAPH.json OUT.onnx [--inputs-dir DIR] [--seed N] [--max-input-bytes N]
     dyndq export-onednn MODEL.onnx OUT.json [--weights-as-inputs]
-    dyndq quantize IN OUT [--bits 2|4|8] [--group-size N] [--method rtn|search|gptq] [--emit FORM] [--json] [--overwrite] ...
+    dyndq quantize IN OUT [--bits 2|4|8] [--group-size N] [--method rtn|search|gptq|awq] [--emit FORM] [--json] [--overwrite] ...
     dyndq import-weights MODEL.onnx CHECKPOINT -o OUT.onnx [--names MAP.json] [--emit dyndq|onnx|onnxruntime|openvino] [--json]
     dyndq verify QUANTIZED.onnx --against SOURCE [--json] [--input NAME=FILE.npy ... | --inputs-dir DIR] [--weights-only] [--engine E ...] [--level L ...]
 

@@ -43,7 +43,9 @@ def _add_parser(sub) -> None:
     q.add_argument("--method", choices=METHODS, default="rtn",
                    help="rtn: ONNX Runtime's rounding (default); search: a per-group search, lower error; gptq: "
                         "calibrated on --input/--inputs-dir (else --samples seeded samples), the error of each column "
-                        "fed forward through the inverse Hessian of the layer's inputs (integer formats)")
+                        "fed forward through the inverse Hessian of the layer's inputs; awq: calibrated so too, a scale per input "
+                        "channel searched on the activations' magnitudes, divided out of the activation in the graph "
+                        "(integer formats)")
     q.add_argument("--damping", type=float, metavar="F",
                    help="with --method gptq: added to the Hessian's diagonal, times its mean (default 0.01)")
     q.add_argument("--block-size", type=int, metavar="N", help="with --method gptq: columns per lazy batch (default 128)")
@@ -111,7 +113,9 @@ def cmd_quantize(args) -> int:
             check_target(args.report)
         except ModelFileError as e:
             raise UsageError(f"--report {e}") from None
-    calibrated = args.budget is not None or args.method == "gptq" or args.scale_estimation  # (chosen on the inputs even when nothing is measured)
+    from dyndq.quantization.numerics import DATA_AWARE
+
+    calibrated = args.budget is not None or args.method in DATA_AWARE or args.scale_estimation  # (chosen on the inputs even when nothing is measured)
     if ((args.input or args.inputs_dir) and not calibrated or args.rank_methods) and args.no_evaluate:
         raise UsageError("--input, --inputs-dir and --rank-methods are for measuring the output error; "
                          "--no-evaluate measures none")

@@ -52,6 +52,7 @@ class Seeded(list):
 class Calibration:
     def __init__(self, inputs: dict, missing: dict, stats: Mapping, note: str):
         self.inputs, self.missing, self.stats, self.note = inputs, missing, stats, note
+        self.scaling = None  # (method "awq") awq.Scaling: its scales, searched and placed in the graph
 
     @classmethod
     def collect(cls, model, targets, options, feeds: list[dict], *, loaded=None, progress=None) -> Calibration:
@@ -82,15 +83,24 @@ class Calibration:
         return out
 
     def quantize(self, weight, target, options):
-        """The weight's numerics.QuantizedWeight by GPTQ, or by a data-free method with scale
+        """The weight's numerics.QuantizedWeight by GPTQ or AWQ, or by a data-free method with scale
         estimation (rtn's where it has no input)."""
         key = (target.graph, target.name)
+        if self.scaling is not None and not (options.scale_estimation and key in self.inputs):
+            return self.scaling.quantize(weight, target, options)  # (awq: its scaled weight, a fold's too, by rtn)
         if key not in self.inputs:
             rtn = dataclasses.replace(options, method="rtn")
             return options.fmt.quantize(weight, target, rtn, options.bits)
         try:
             grams = [self.stats[i].gram for i in self.inputs[key]]
             gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
+            if self.scaling is not None:  # (awq with scale estimation: refitted on its scaled weight's input)
+                gram = self.scaling.input_gram(gram, target)
+                def refine(scaled, q):
+                    return scale_estimation.refine_weight(scaled, q, gram, bits=options.bits,
+                                                          symmetric=options.symmetric)
+
+                return self.scaling.quantize(weight, target, options, refine=refine)
             if options.scale_estimation:
                 return scale_estimation.quantize(weight, target, options, gram)
             return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,

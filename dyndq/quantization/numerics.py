@@ -42,7 +42,7 @@ from dyndq.quantization.scratch import release, scratch
 from dyndq.quantization.search import search
 
 ROUNDINGS = {"rtn": rtn, "search": search}  # the methods that see one group at a time (quantize_weight)
-DATA_AWARE = ("gptq",)  # the methods that need the layer's inputs too (gptq.py; quantizer.py collects them)
+DATA_AWARE = ("gptq", "awq")  # the methods that need the layer's inputs too (gptq.py, awq.py; quantizer.py collects them)
 METHODS = (*ROUNDINGS, *DATA_AWARE)
 BLOCK_ELEMENTS = 1 << 16  # elements of the weight handed to a method at a time (its temporaries: a few MiB)
 TILE_COLUMNS = 256  # columns of a block when the axis is not the last (see quantize_weight)

@@ -61,7 +61,7 @@ class QuantizeOptions:
 
     @property
     def data_aware(self) -> bool:
-        """Whether the method needs calibration inputs (gptq, or any with scale estimation): the
+        """Whether the method needs calibration inputs (gptq, awq, or any with scale estimation): the
         quantizer collects the layers' inputs."""
         return self.method in DATA_AWARE or self.scale_estimation
 
@@ -181,7 +181,7 @@ class QuantizeOptions:
             choices, wrong = parse_choices(formats.default_choices() if format_choices is None else format_choices)
             problems += wrong
             if method in DATA_AWARE:
-                bad("budget", f"{budget!r} with method {method!r}", "none with method 'gptq' (a budget's "
+                bad("budget", f"{budget!r} with method {method!r}", f"none with method {method!r} (a budget's "
                                                                      "candidates are rounded by rtn or search)")
         elif format_choices is not None:
             bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")

@@ -88,10 +88,11 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     group_size: elements per group along the reduction axis (-1: the whole axis, per channel;
     default 128, and the format's block, 32 or 16, for mxfp4 and nvfp4, which take no other).
     scale_dtype: "float32", "float16" or "bfloat16" (default: each weight's own dtype).
-    method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error) or "gptq"
+    method: "rtn" (ONNX Runtime's own rounding, code for code), "search" (lower error), "gptq"
     (calibrated on `inputs`, or `samples` seeded samples: gptq.py; its options damping, block_size
     and act_order, given as keywords, and calibration_memory: the bytes of layer statistics held at
-    once, or a size such as "512MiB", in as many passes over the samples as that takes: calibration.py).
+    once, or a size such as "512MiB", in as many passes over the samples as that takes: calibration.py) or "awq" (calibrated so too: a scale per input channel,
+    divided out of the activation in the graph: awq.py).
     scale_estimation=True (a keyword): on top of the method, each group's scale and zero point
     refitted to the layer's output error on the calibration inputs (integer formats;
     scale_estimation.py).
@@ -143,7 +144,7 @@ def rank_methods(model, *, methods=None, inputs=None, samples: int = 4, seed: in
     # flattered; gptq's own options go to it alone)
     methods = methods or [m for m in methods_of(options.get("format")) if m not in DATA_AWARE]
     checked = [QuantizeOptions.checked(model, method=m, seed=seed, **{key: value for key, value in options.items()
-                                                                      if m in DATA_AWARE or key not in GPTQ_OPTIONS})
+                                                                      if m == "gptq" or key not in GPTQ_OPTIONS})
                for m in methods]
     evaluation = Evaluation(model, seed=seed, inputs=user_inputs(model, inputs), samples=checked_samples(samples),
                             progress=progress)
@@ -249,6 +250,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         chosen = report.budget.chosen()
     out = tensors.structure(model)
     names = NameScope(all_names(model))
+    if options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
+        from dyndq.quantization.awq import Scaling
+
+        calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names, progress)
+        report.notes += calibration.scaling.notes
+        found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
                       calibration)
     apply(out, [rule.rule()], None, names, store=tensors)

@@ -303,8 +303,8 @@ def quantize(weight: np.ndarray, target, options, gram: np.ndarray):
     method's weight refitted."""
     scale_dtype = options.scale_dtype or target.dtype
     if options.method not in ("gptq", *ROUNDINGS):
-        # (a method that changes the weight before rounding it, awq, refits its own: refine_weight on the
-        # weight it rounds, with X^T X of the activation it is multiplied by)
+        # (awq changes the weight before rounding it: calibration.py refits its scaled weight with
+        # refine_weight, on X^T X of the scaled input)
         raise NotImplementedError(f"scale estimation is not wired to method {options.method!r}: its calibration "
                                   "calls refine_weight on the weight it rounds")
     if options.method == "gptq":
