@@ -98,15 +98,42 @@ class Case:
 
 
 def prepared(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list]:
-    """(the model every method quantizes, what was done to it): Constant weights as initializers
-    (ONNX Runtime's quantizer and NNCF read initializers only), the default domain's opset raised to
-    NNCF_OPSET by onnx's version converter where it is below."""
-    import trained_models as tm
-
+    """(the model every method quantizes, what was done to it): the Constant nodes that are a MatMul's
+    B made initializers (ONNX Runtime's quantizer and NNCF take initializers only as weights; the
+    other Constants stay nodes: NNCF 3.4's Cast pass fails on a Cast reading an initializer), the
+    default domain's opset raised to NNCF_OPSET by onnx's version converter where it is below."""
     notes = []
-    if any(n.op_type == "Constant" for n in model.graph.node):
-        model = tm.constants_as_initializers(model)
-        notes.append("Constant weights made initializers")
+    weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
+    constants = [n for n in model.graph.node if n.op_type == "Constant" and n.output[0] in weights
+                 and n.attribute[0].name == "value"]
+    if constants:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        keep = [n for n in out.graph.node if not (n.op_type == "Constant" and n.output[0] in weights
+                                                   and n.attribute[0].name == "value")]
+        for n in constants:
+            tensor = out.graph.initializer.add()
+            tensor.CopyFrom(n.attribute[0].t)
+            tensor.name = n.output[0]
+        del out.graph.node[:]
+        out.graph.node.extend(keep)
+        model = out
+        notes.append(f"{len(constants)} Constant MatMul weights made initializers")
+    unnamed = [n for n in model.graph.node if not n.name]
+    if unnamed:  # (ONNX Runtime's RTN and GPTQ ports sort the graph by node name, and fail where two share one)
+        if not constants:
+            out = onnx.ModelProto()
+            out.CopyFrom(model)
+            model = out
+        taken = {n.name for n in model.graph.node}
+        count = 0
+        for n in model.graph.node:
+            if not n.name:
+                while f"{n.op_type}_{count}" in taken:
+                    count += 1
+                n.name = f"{n.op_type}_{count}"
+                taken.add(n.name)
+        notes.append(f"{len(unnamed)} nodes without a name named")
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     if opset < NNCF_OPSET:
         from onnx import version_converter
@@ -126,23 +153,27 @@ def matmul_weights(model: onnx.ModelProto) -> list[tuple[str, tuple]]:
 
 def grouping(model: onnx.ModelProto, want: int = 128) -> tuple[int, int, list, list]:
     """(group, ONNX Runtime's block, excluded nodes, notes): `want` where it divides every K; else the
-    largest group <= want dividing every K that some group divides (NNCF needs a group dividing K);
-    a weight whose K only 1 divides (beside itself) is left float by every method."""
-    ks = {name: shape[0] for name, shape in matmul_weights(model)}
+    largest group <= want that divides every K (NNCF needs a group dividing K) into a count of groups
+    that, times N, is even (NNCF 3.4 packs INT4_ASYM's zero points two a byte over the whole weight
+    and fails on an odd count), with ONNX Runtime at the power of two just above it (it takes no
+    other block).  A weight whose K no group from 8 to `want` divides is left float by every method."""
+    shapes = dict(matmul_weights(model))
     notes = []
-    if all(k % want == 0 for k in ks.values()):
+    if all(k % want == 0 for k, _ in shapes.values()):
         return want, want, [], notes
-    excluded = sorted(n for n, k in ks.items() if not any(k % g == 0 for g in range(8, want + 1)))
-    rest = [k for n, k in ks.items() if n not in excluded]
-    group = max(g for g in range(8, want + 1) if all(k % g == 0 for k in rest))
+    excluded = sorted(n for n, (k, _) in shapes.items() if not any(k % g == 0 for g in range(8, want + 1)))
+    rest = [shape for n, shape in shapes.items() if n not in excluded]
+    group = max(g for g in range(8, want + 1) if all(k % g == 0 and (k // g * n) % 2 == 0 for k, n in rest))
+    block = want if group == want else 1 << (group - 1).bit_length()
     if excluded:
         notes.append(f"left float by every method (K divisible by no group from 8 to {want}): "
-                     + ", ".join(f"{n} (K = {ks[n]})" for n in excluded))
+                     + ", ".join(f"{n} (K = {shapes[n][0]})" for n in excluded))
     if group != want:
-        notes.append(f"groups of {group} for NNCF and dyndq (K = {', '.join(map(str, sorted(set(rest))))}: "
-                     f"NNCF needs a group dividing K); ONNX Runtime takes powers of two only: blocks of {want}, "
+        ks = ", ".join(map(str, sorted({k for k, _ in rest})))
+        notes.append(f"groups of {group} for NNCF and dyndq (K = {ks}: NNCF needs a group dividing K, and an even count "
+                     f"of INT4_ASYM zero points per weight); ONNX Runtime takes powers of two only: blocks of {block}, "
                      f"the last one of each column padded")
-    return group, want, excluded, notes
+    return group, block, excluded, notes
 
 
 def minilm_case(samples: int, held_out: int) -> Case | str:
@@ -391,7 +422,11 @@ def child(spec_path: str) -> int:
     try:
         out = QUANTIZERS[key](model, calibration, spec, options)
     except Exception as e:  # noqa: BLE001  (a refusal or failure of that library: said in its row)
-        print("\nRESULT " + json.dumps({"refused": f"{e.__class__.__name__}: {' '.join(str(e).split())[:300]}"}))
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        said = " ".join(str(e).split())[:300] or f"(no message) at {Path(where.filename).name}:{where.lineno} {where.name}"
+        print("\nRESULT " + json.dumps({"refused": f"{e.__class__.__name__}: {said}"}))
         return 0
     seconds = time.perf_counter() - t
     peak = peak_mib(reset)
@@ -448,7 +483,9 @@ def quantize_nncf(model, calibration, spec, options):
 
     options = dict(options)
     mode = getattr(nncf.CompressWeightsMode, options.pop("mode"))
-    scope = nncf.IgnoredScope(names=list(spec["excluded"]), types=["Gather"], validate=False)
+    # (MatMul weights only, as the others: NNCF would take Gather tables and Conv weights too)
+    others = sorted({n.op_type for n in model.graph.node} - {"MatMul"})
+    scope = nncf.IgnoredScope(names=list(spec["excluded"]), types=others, validate=False)
     dataset = nncf.Dataset(calibration) if options else None
     return nncf.compress_weights(model, mode=mode, ratio=1.0, group_size=spec["group"], all_layers=True,
                                  ignored_scope=scope, dataset=dataset,
