@@ -85,7 +85,8 @@ def _check_ours_and_onnxruntime(text: str) -> dict:
         cells = rows[f"dyndq {m}"]
         assert float(cells[2]) > 0 and cells[3].endswith("x") and int(cells[5]) > 0 and float(cells[6]) >= 0, cells
         assert "(" in cells[7], cells
-    assert rows["dyndq rtn"][2] == base[2]  # (rtn is ONNX Runtime's RTN, code for code: the same error)
+    # (rtn is ONNX Runtime's RTN, code for code: the same error but for the engines' float sums, run apart)
+    assert abs(float(rows["dyndq rtn"][2]) / float(base[2]) - 1) < 1e-3, (rows["dyndq rtn"], base)
     for label in ("ONNX Runtime GPTQWeightOnlyQuantConfig", "ONNX Runtime RTNWeightOnlyQuantConfig", "dyndq gptq act_order"):
         assert float(rows[label][2]) > 0, rows[label]
     # (its GPTQ feeds no error forward: RTN's codes but for its own ties, so about RTN's error; test_gptq_onnxruntime.py)
