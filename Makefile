@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-big test-openvino test-torch test-nncf test-olive test-genai test-models test-trained-export test-gguf-real bench-trained bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
+.PHONY: demo test test-big test-openvino test-torch test-nncf test-olive test-genai test-models test-trained-export test-gguf-real bench-trained bench-data-aware bench bench-import install test-oldest test-clang test-nosimd test-sanitize clean venv-broken
 
 # A venv works when its python runs and imports pip.  One that does not (a first `make` stopped
 # by Ctrl-C while `python -m venv` was making it leaves a python without pip, and every later
@@ -92,7 +92,7 @@ test-torch: $(STAMP)
 # `nncf`; `make test` skips them where NNCF is not installed, saying so): the `nncf` extra of pyproject.toml
 test-nncf: $(STAMP)
 	$(call install_extra,nncf)
-	$(PY) -m pytest -q -m nncf tests/verification/test_verify_nncf.py
+	$(PY) -m pytest -q -m nncf tests/verification/test_verify_nncf.py tests/quantization/test_bench_smoke.py
 
 # the tests that verify Olive's ONNX weight quantization (its block-wise RTN and dynamic quantization passes;
 # marked `olive`; `make test` skips them where Olive is not installed, saying so): the `olive` extra
@@ -181,6 +181,13 @@ test-sanitize: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_kernel.py
+
+# dyndq's quantization methods against NNCF's compress_weights and ONNX Runtime's MatMulNBitsQuantizer (RTN,
+# GPTQ) on the same trained models, calibration samples and bytes (docs/quantize.md "Against the peers"; tens of
+# minutes: not in .ci/run): NNCF from the `nncf` extra, the models from test-models and test-trained-export
+bench-data-aware: test-models test-trained-export
+	$(call install_extra,nncf)
+	$(PY) benchmarks/bench_data_aware.py --model all
 
 # what `dyndq import-weights` costs per checkpoint format (GGUF, GPTQ, AWQ, compressed-tensors), against
 # ONNX Runtime's float model and its own int4, side by side (minutes; docs/import.md "What it costs")
