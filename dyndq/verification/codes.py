@@ -55,6 +55,7 @@ class Rtn:
 # its QDQ/QOperator quantizer's (quantize_static, quantize_dynamic: quant_utils.quantize_data, called);
 # NNCF's data-free weight compression (nncf_candidates); Olive's 8-bit Gather tables (rtn_candidates)
 RULE_SOURCES = {"matmul": "MlasQuantizeBlockwise", "gather": "quantize_ndarray", "qdq": "quant_utils.quantize_data",
+                "qdq-reduced": "quant_utils.quantize_data with reduce_range",
                 "nncf": "weight_lowering.do_integer_quantization",
                 "olive": "OnnxBlockWiseRtnQuantization._quantize_ndarray"}
 OWNERS = {"nncf": "NNCF's", "olive": "Olive's"}  # (the rules that are no quantizer's of ONNX Runtime's)
@@ -216,17 +217,19 @@ def qdq_candidates(source: np.ndarray, g: Grouping, code_dtype: str) -> list[Rtn
         return []
     qtype = TensorProto.INT8 if code_dtype == "int8" else TensorProto.UINT8
     out = []
-    for symmetric in (True, False):
-        slices = [source.reshape(-1)] if g.tensor else [np.take(source, c, axis=1 - g.axis) for c in
-                                                      range(source.shape[1 - g.axis])]
-        parts = [quantize_data(s.reshape(-1), qtype, symmetric) for s in slices]
+    slices = [source.reshape(-1)] if g.tensor else [np.take(source, c, axis=1 - g.axis) for c in
+                                                  range(source.shape[1 - g.axis])]
+    # (reduce_range: 7-bit codes, which quantize_dynamic/quantize_static take to keep ONNX Runtime's u8s8
+    # integer MatMul on AVX2 without VNNI from saturating)
+    for symmetric, reduced in ((True, False), (False, False), (True, True), (False, True)):
+        parts = [quantize_data(s.reshape(-1), qtype, symmetric, reduce_range=reduced) for s in slices]
         if g.tensor:
             levels = _ints(parts[0][2]).reshape(source.shape)
         else:
             levels = np.stack([_ints(q).reshape(-1) for _, _, q in parts], axis=1 - g.axis)
         scales = grouped(np.array([np.asarray(s).reshape(()) for _, s, _ in parts], np.float32), g, source.shape)
         zeros = grouped(np.array([int(np.asarray(z)) for z, _, _ in parts], np.int64), g, source.shape)
-        out.append(Rtn("qdq", symmetric, levels - _spread(zeros, g, source.shape), levels, scales, zeros))
+        out.append(Rtn("qdq-reduced" if reduced else "qdq", symmetric, levels - _spread(zeros, g, source.shape), levels, scales, zeros))
     return out
 
 

@@ -234,8 +234,8 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
 
     from dyndq.plumbing.walk import graphs
 
-    if not model.functions and not any(_constant_tensor(n) or _reshaped_codes(g, n) for g in graphs(model.graph)
-                                       for n in g.node):
+    if not model.functions and not any(_constant_tensor(n) or _reshaped_codes(g, n) or n.op_type in INTEGER_MATMULS
+                                       for g in graphs(model.graph) for n in g.node):
         return lifted(model)  # (nothing to change before the lift, which copies: no second copy of the weights)
     out = inliner.inline_local_functions(model) if model.functions else onnx.ModelProto()
     if not model.functions:
@@ -250,7 +250,60 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
             data, shape = numpy_helper.to_array(inits[n.input[0]]), numpy_helper.to_array(inits[n.input[1]])
             g.initializer.append(numpy_helper.from_array(data.reshape(shape), n.output[0]))
             g.node.remove(n)
+        _integer_weights_dequantized(g)
     return lifted(out)
+
+
+INTEGER_MATMULS = ("MatMulInteger", "QLinearMatMul")
+
+
+def _integer_weights_dequantized(graph: onnx.GraphProto) -> None:
+    """ONNX Runtime's QOperator MatMuls (quantize_dynamic's MatMulInteger, whose weight scale is
+    found where the graph multiplies the int32 product by it, and quantize_static's QLinearMatMul)
+    on a stored weight: a DequantizeLinear of its codes, scale and zero point read by a MatMul of
+    the float input they quantized, added beside them (their outputs read by nothing: `prepared`
+    serves the weights' search, never a run), so the lift makes it our op and the weight is judged
+    as any QDQ one.  A form whose scale is not found so stays (said unmatched)."""
+    inits = {t.name: t for t in graph.initializer}
+    made_by = {o: n for n in graph.node for o in n.output}
+    readers: dict = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def only_reader(value, op):
+        found = readers.get(value, [])
+        return found[0] if len(found) == 1 and found[0].op_type == op else None
+
+    added = []
+    for n in graph.node:
+        if n.op_type not in INTEGER_MATMULS or n.domain not in ("", "ai.onnx"):
+            continue
+        if n.op_type == "MatMulInteger":  # (A, B, a_zero_point, b_zero_point): B's scale multiplies the product
+            codes, zero = n.input[1], (n.input[3] if len(n.input) > 3 else "")
+            quantizer = made_by.get(n.input[0])
+            cast = only_reader(n.output[0], "Cast")
+            mul = cast is not None and only_reader(cast.output[0], "Mul")
+            product = mul and made_by.get(next((i for i in mul.input if i != cast.output[0]), ""))
+            # (the product of A's scale and B's, in that order as ONNX Runtime writes it: both stored where A
+            # is a table's codes gathered)
+            scale = product is not None and product and product.op_type == "Mul" and \
+                next((i for i in reversed(product.input) if i in inits), None)
+            wanted = "DynamicQuantizeLinear"
+        else:  # (a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point)
+            codes, scale, zero = n.input[3], n.input[4], n.input[5]
+            quantizer, wanted = made_by.get(n.input[0]), "QuantizeLinear"
+        if not scale or scale not in inits or codes not in inits or (zero and zero not in inits):
+            continue
+        # (the reader's input: the float the codes' partner quantized, else the integer input itself, which only
+        # makes the reader no constant for `find`: this graph is searched, never run)
+        read_from = quantizer.input[0] if quantizer is not None and quantizer.op_type == wanted else n.input[0]
+        per_column = len(inits[scale].dims) == 1 and inits[scale].dims[0] > 1
+        dequantized, read = f"{codes}_verify_dequantized", f"{codes}_verify_read"
+        added += [helper.make_node("DequantizeLinear", [codes, scale] + ([zero] if zero else []), [dequantized],
+                                   name=f"{n.name}_verify_dequantize", **({"axis": 1} if per_column else {})),
+                  helper.make_node("MatMul", [read_from, dequantized], [read], name=f"{n.name}_verify_read")]
+    graph.node.extend(added)
 
 
 def _reshaped_codes(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:

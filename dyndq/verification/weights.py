@@ -34,8 +34,9 @@ _SUFFIX = re.compile(r"(_DQ)?(_Q[248]|_quantized|_qdq|_dequantized|_DequantizeLi
 # (NNCF 3.4's MatMulNBits with zero points [N, blocks], a shape ONNX Runtime refuses too)
 UNLIFTED = ("MatMulNBits", "GatherBlockQuantized", "DequantizeLinear")
 # integer ops computing on stored integer weights (ONNX Runtime's QOperator forms: quantize_dynamic's
-# MatMulInteger, quantize_static's QLinearMatMul, ...), by the input holding the weight: the lift
-# does not decode them, so each such weight is said unmatched (a finding), never left out of the
+# MatMulInteger, quantize_static's QLinearMatMul, ...), by the input holding the weight: where
+# decodes.prepared finds no scale and float input to decode it by (the MatMuls it takes:
+# decodes.INTEGER_MATMULS), each such weight is said unmatched (a finding), never left out of the
 # report (a model of only these once verified "faithful" with no weight compared)
 INTEGER_WEIGHT = {"MatMulInteger": 1, "ConvInteger": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1,
                   "QLinearMatMul": 3, "QLinearConv": 3, "QGemm": 3, "QAttention": 1}
@@ -281,12 +282,17 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
         compute_all(model, [d for d in found_decodes if d.value not in seen])
         decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
         seen.update(d.value for d in found_decodes)
+        # (a decoder's scales, which a QOperator MatMulInteger's graph also multiplies its product by: no float weight)
+        seen.update(i for d in found_decodes if d.decoder is not None for i in d.decoder.input[1:])
         floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
         seen.update(found_floats)
         stored_names = {t.name for t in model.graph.initializer}
         integer_read = {v for n in model.graph.node if n.op_type in INTEGER_WEIGHT for v in n.input}
+        read_beside = {n.name for n in model.graph.node}  # (decodes.prepared's "<node>_verify_read": decoded)
         for node in model.graph.node:  # (an integer op's stored weight: a form verify does not read)
             i = INTEGER_WEIGHT.get(node.op_type) if node.domain in ("", "ai.onnx", "com.microsoft") else None
+            if f"{node.name}_verify_read" in read_beside:
+                continue
             if node.op_type == "Gather" and node.output and node.output[0] in integer_read:
                 i = 0  # (a quantized table gathered straight into one: quantize_dynamic's embedding)
             name = node.input[i] if i is not None and len(node.input) > i else ""

@@ -18,9 +18,10 @@ from onnxruntime.quantization import QuantFormat  # noqa: E402
 from verify_models import (blocks_reversed, copy_of, init, nbits, nibbles_swapped, ort_quantized,  # noqa: E402
                            replace, requantized, transposed_square, zero_points_plus_one)
 
-def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
+def qdq8(model, folder, per_channel: bool, quant_format=QuantFormat.QDQ) -> onnx.ModelProto:
     """ONNX Runtime's static QDQ quantizer (int8 weights, its default symmetric; the activations
-    quantized too, calibrated on two samples): DequantizeLinear per tensor or per channel + MatMul."""
+    quantized too, calibrated on two samples): DequantizeLinear per tensor or per channel + MatMul
+    (QuantFormat.QOperator: QLinearMatMul)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
 
     class Samples(CalibrationDataReader):
@@ -31,7 +32,7 @@ def qdq8(model, folder, per_channel: bool) -> onnx.ModelProto:
             return next(self.left, None)
 
     onnx.save(model, folder / "float.onnx")
-    quantize_static(folder / "float.onnx", folder / "qdq.onnx", Samples(), quant_format=QuantFormat.QDQ,
+    quantize_static(folder / "float.onnx", folder / "qdq.onnx", Samples(), quant_format=quant_format,
                     weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul"])
     return onnx.load(folder / "qdq.onnx")
 
@@ -82,21 +83,56 @@ def test_onnxruntimes_gatherblockquantized_verifies_by_its_gather_rule(source, s
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_onnxruntimes_dynamic_qoperator_weights_are_unmatched_not_left_out(source, tmp_path, per_channel):
-    """quantize_dynamic (QOperator: MatMulInteger on uint8/int8 weights, the embedding table gathered
-    straight into it; Olive's OnnxDynamicQuantization calls it): a form verify does not decode, so
-    each stored weight is said unmatched, a finding.  Before, no weight was listed and the report
-    was "faithful" on weights never compared."""
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_onnxruntimes_dynamic_qoperator_weights_are_judged_rtn(source, tmp_path, per_channel, reduce_range):
+    """quantize_dynamic (QOperator: MatMulInteger on int8 weights, the scale multiplied into the int32
+    product; Olive's OnnxDynamicQuantization calls it): each MatMulInteger weight whose float input
+    a DynamicQuantizeLinear quantizes is decoded (decodes.prepared) and judged: rtn, exactly ONNX
+    Runtime's qdq rule (with reduce_range: its 7-bit codes, named so), W1 too, whose input is the
+    embedding's codes gathered.  The embedding table gathered straight into a MatMulInteger stays
+    unmatched (a finding), never left out: before, no weight was listed and the report was
+    "faithful" on weights never compared."""
     from onnxruntime.quantization import quantize_dynamic
 
     onnx.save(source, tmp_path / "float.onnx")
-    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx", per_channel=per_channel)
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx", per_channel=per_channel,
+                     reduce_range=reduce_range)
     model = onnx.load(tmp_path / "dynamic.onnx")
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
     report = dyndq.verify(model, source, outputs=False)
-    got = {w.weight: w for w in report.weights if w.status == "unmatched" and w.weight.endswith("_quantized")}
-    assert sorted(got) == ["E_quantized", "W1_quantized", "W2_quantized", "W3_quantized"], report.table()
-    assert "a form verify does not decode" in got["W1_quantized"].note and not report.faithful
+    by = {w.weight: w for w in report.weights}
+    rule = "qdq-reduced rule (quant_utils.quantize_data with reduce_range)" if reduce_range else \
+        "qdq rule (quant_utils.quantize_data)"
+    for name in ("W1_quantized", "W2_quantized", "W3_quantized"):
+        assert by[name].status == "rtn" and rule in by[name].rule, report.table()
+        assert ("per channel" if per_channel else "per tensor") in by[name].rule
+    unmatched = sorted(w.weight for w in report.weights if w.status == "unmatched" and w.weight.endswith("_quantized"))
+    assert unmatched == ["E_quantized"], report.table()
+    assert "a form verify does not decode" in by["E_quantized"].note and not report.faithful
+    assert by["W1_quantized"].status == "rtn", report.table()
+    assert not [w for w in report.weights if w.status == "float"], report.table()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnxruntimes_static_qoperator_weights_are_judged_rtn_and_a_planted_zero_point_named(source, tmp_path,
+                                                                                            per_channel):
+    """quantize_static with QuantFormat.QOperator: QLinearMatMul on int8 weights, its scale and zero
+    point its own inputs; each weight is decoded and judged rtn (ONNX Runtime's qdq rule), the
+    outputs of both engines agree; a zero point plus one planted in one weight's is named on that
+    weight alone."""
+    model = qdq8(source, tmp_path, per_channel, QuantFormat.QOperator)
+    assert "QLinearMatMul" in {n.op_type for n in model.graph.node}
+    report = dyndq.verify(model, source, outputs=False)
+    judged = {w.weight: w for w in report.weights if w.weight.endswith("_quantized")}
+    assert judged and all(w.status == "rtn" and "quant_utils.quantize_data" in w.rule for w in judged.values()), \
+        report.table()
+    bad = copy_of(model)
+    name = sorted(judged)[-1]
+    zp = next(t for t in bad.graph.initializer if t.name == name.replace("_quantized", "_zero_point"))
+    zp.CopyFrom(nh.from_array((nh.to_array(zp).astype(np.int16) + 1).astype(nh.to_array(zp).dtype), zp.name))
+    planted = dyndq.verify(bad, source, outputs=False)
+    off = [(w.weight, w.kind) for w in planted.weights if w.status not in ("rtn", "float")]
+    assert off == [(name, "zero-point-off-by-one")], planted.table()
 
 
 def test_an_output_the_quantizer_renamed_is_compared_by_its_place_and_said(source, quantized):

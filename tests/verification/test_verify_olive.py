@@ -7,8 +7,9 @@ for each Gather's table (its codes by its own NumPy `_quantize_ndarray`, blocked
 last axis: ONNX Runtime's quantize_ndarray at 4 bits, step for step; at 8 bits, where ONNX Runtime's
 has no form, Olive's own rule, which verify names: codes.rtn_candidates).  Every weight verifies
 `rtn` with no false alarm; a planted fault in one weight is named, and only that weight.
-OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic, MatMulInteger) is a form verify does not
-decode: each weight is said unmatched, not left out.  Marked `olive`: needs olive-ai (with the torch
+OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic, MatMulInteger): its MatMulInteger weights
+are judged by ONNX Runtime's qdq rule; an embedding table gathered straight into a MatMulInteger is
+said unmatched, not left out.  Marked `olive`: needs olive-ai (with the torch
 it imports): `make test-olive` installs it."""
 from __future__ import annotations
 
@@ -166,15 +167,21 @@ def test_the_cli_exits_0_on_olives_output_and_1_on_a_planted_fault(tmp_path, cap
     assert "layout       W2_Q4 <- W2  nibble-order" in capsys.readouterr().out
 
 
-def test_olives_dynamic_quantization_is_said_unmatched_not_faithful(tmp_path):
-    """OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic: MatMulInteger, a QOperator form verify
-    does not decode): each stored weight is unmatched, a finding; no false "faithful"."""
+def test_olives_dynamic_quantization_is_judged_and_its_embedding_said_unmatched(tmp_path):
+    """OnnxDynamicQuantization (ONNX Runtime's quantize_dynamic: MatMulInteger): the MatMulInteger
+    weights are decoded (their scale where the graph multiplies the int32 product by it) and judged
+    rtn, ONNX Runtime's qdq rule; the embedding table gathered straight into the first MatMulInteger
+    is unmatched, a finding: no false "faithful"."""
     source = source_model()
     model = olive_run("OnnxDynamicQuantization", source, tmp_path)
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
     report = dyndq.verify(model, source, outputs=False)
-    assert sorted(w.weight for w in report.weights if w.status == "unmatched") == [
-        "E_quantized", "W1_quantized", "W2_quantized", "W3_quantized"]
+    by = {w.weight: w for w in report.weights}
+    matmuls = ("W1_quantized", "W2_quantized", "W3_quantized")
+    assert [by[n].status for n in matmuls] == ["rtn"] * 3, report.table()
+    assert all("quant_utils.quantize_data" in by[n].rule for n in matmuls)
+    assert sorted(w.weight for w in report.weights if w.status == "unmatched" and w.weight.endswith("_quantized")) == [
+        "E_quantized"]
     assert not report.faithful
 
 
