@@ -19,28 +19,7 @@ from dyndq.quantization.options import OptionError
 from dyndq.quantization.plan import plan
 
 from gptq_reference import reference_gptq
-from quantize_models import mlp
-
-
-def correlated(m: int, k: int, seed: int) -> np.ndarray:
-    """Rows [m, k] whose channels are correlated (mixed by a random matrix) and of unequal scales."""
-    rng = np.random.default_rng(seed)
-    mix = rng.standard_normal((k, k)) / np.sqrt(k) + np.eye(k)
-    return (rng.standard_normal((m, k)) @ mix * rng.uniform(0.2, 3.0, k)).astype(np.float32)
-
-
-def two_layers(k=64, n=48, seed=0) -> onnx.ModelProto:
-    """x [batch, k] -> MatMul(W1 [k, n]) -> y1; x -> Gemm(W2 [n, k], transB=1) -> y2: x = I gives
-    each dequantized weight back exactly (y1 = W1', y2 = W2'^T), on any engine."""
-    rng = np.random.default_rng(seed)
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["y1"], name="fc1"),
-             helper.make_node("Gemm", ["x", "W2"], ["y2"], name="fc2", transB=1)]
-    inits = [nh.from_array(rng.standard_normal((k, n)).astype(np.float32), "W1"),
-             nh.from_array(rng.standard_normal((n, k)).astype(np.float32), "W2")]
-    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", T.FLOAT, ["batch", k])],
-                          [helper.make_tensor_value_info("y1", T.FLOAT, ["batch", n]),
-                           helper.make_tensor_value_info("y2", T.FLOAT, ["batch", n])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+from quantize_models import correlated, mlp, two_layers
 
 
 # -- activations ----------------------------------------------------------------------------------
