@@ -254,13 +254,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         from dyndq.quantization.awq import Scaling
 
         calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names, progress)
-        report.notes += calibration.scaling.notes
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
                       calibration)
     apply(out, [rule.rule()], None, names, store=tensors)
-    if calibration is not None:  # (after the walker: its passes, run as the weights came, counted)
-        report.notes += calibration.notes()
+    if calibration is not None:  # (after the walker: its passes, run as the weights came, counted; awq's scales next)
+        report.notes += calibration.notes() + (calibration.scaling.notes if calibration.scaling is not None else [])
     if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)
         report.budget.release()
     if strict and len(report.left_alone) > len(found.problems):
