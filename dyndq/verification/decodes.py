@@ -303,6 +303,19 @@ def _integer_weights_dequantized(graph: onnx.GraphProto) -> None:
         added += [helper.make_node("DequantizeLinear", [codes, scale] + ([zero] if zero else []), [dequantized],
                                    name=f"{n.name}_verify_dequantize", **({"axis": 1} if per_column else {})),
                   helper.make_node("MatMul", [read_from, dequantized], [read], name=f"{n.name}_verify_read")]
+        table = quantizer if quantizer is not None and quantizer.op_type == "Gather" else None
+        if n.op_type == "MatMulInteger" and table is not None and table.input[0] in inits:
+            # (quantize_dynamic's embedding: its codes gathered straight into A, A's scale the product's other
+            # factor, its zero point A's; decoded so too, read by a Gather)
+            a_scale = next((i for i in product.input if i in inits and i != scale), None)
+            a_zero = n.input[2] if len(n.input) > 2 and n.input[2] in inits else ""
+            if a_scale is not None and (a_zero or len(n.input) < 3 or not n.input[2]):
+                rows = f"{table.input[0]}_verify_dequantized"
+                added += [helper.make_node("DequantizeLinear", [table.input[0], a_scale] + ([a_zero] if a_zero else []),
+                                           [rows], name=f"{table.name}_verify_dequantize"),
+                          helper.make_node("Gather", [rows, table.input[1]], [f"{table.input[0]}_verify_read"],
+                                           name=f"{table.name}_verify_read",
+                                           **{a.name: helper.get_attribute_value(a) for a in table.attribute})]
     graph.node.extend(added)
 
 

@@ -279,11 +279,14 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
     unread = []  # (where, the stored weight of an integer op, that op)
     for where, model in scopes(model):
         found_decodes, found_floats = find(model)
+        # (a decoder's scales, which a QOperator MatMulInteger's graph also multiplies its product by: no float
+        # weight, nor is their product)
+        scales = {i for d in found_decodes if d.decoder is not None for i in d.decoder.input[1:]}
+        found_decodes = [d for d in found_decodes if d.quantized or not all(i in scales for n in d.nodes for i in n.input)]
         compute_all(model, [d for d in found_decodes if d.value not in seen])
         decodes += [(where, model, d) for d in found_decodes if d.value not in seen]
         seen.update(d.value for d in found_decodes)
-        # (a decoder's scales, which a QOperator MatMulInteger's graph also multiplies its product by: no float weight)
-        seen.update(i for d in found_decodes if d.decoder is not None for i in d.decoder.input[1:])
+        seen.update(scales)
         floats += [(where, model, name, reader) for name, reader in found_floats.items() if name not in seen]
         seen.update(found_floats)
         stored_names = {t.name for t in model.graph.initializer}
