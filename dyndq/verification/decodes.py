@@ -275,7 +275,7 @@ def _integer_weights_dequantized(graph: onnx.GraphProto) -> None:
         found = readers.get(value, [])
         return found[0] if len(found) == 1 and found[0].op_type == op else None
 
-    added = []
+    added, decoded = [], set()  # (the codes given a DequantizeLinear: once each, however many nodes read them)
     for n in graph.node:
         if n.op_type not in INTEGER_MATMULS or n.domain not in ("", "ai.onnx"):
             continue
@@ -293,28 +293,31 @@ def _integer_weights_dequantized(graph: onnx.GraphProto) -> None:
         else:  # (a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point)
             codes, scale, zero = n.input[3], n.input[4], n.input[5]
             quantizer, wanted = made_by.get(n.input[0]), "QuantizeLinear"
-        if not scale or scale not in inits or codes not in inits or (zero and zero not in inits):
+        if not scale or scale not in inits or codes not in inits or (zero and zero not in inits) or codes in decoded:
             continue
+        decoded.add(codes)
         # (the reader's input: the float the codes' partner quantized, else the integer input itself, which only
         # makes the reader no constant for `find`: this graph is searched, never run)
         read_from = quantizer.input[0] if quantizer is not None and quantizer.op_type == wanted else n.input[0]
         per_column = len(inits[scale].dims) == 1 and inits[scale].dims[0] > 1
         dequantized, read = f"{codes}_verify_dequantized", f"{codes}_verify_read"
         added += [helper.make_node("DequantizeLinear", [codes, scale] + ([zero] if zero else []), [dequantized],
-                                   name=f"{n.name}_verify_dequantize", **({"axis": 1} if per_column else {})),
-                  helper.make_node("MatMul", [read_from, dequantized], [read], name=f"{n.name}_verify_read")]
+                                   name=f"{codes}_verify_dequantize", **({"axis": 1} if per_column else {})),
+                  helper.make_node("MatMul", [read_from, dequantized], [read], name=f"{codes}_verify_read")]
         table = quantizer if quantizer is not None and quantizer.op_type == "Gather" else None
-        if n.op_type == "MatMulInteger" and table is not None and table.input[0] in inits:
+        if n.op_type == "MatMulInteger" and table is not None and table.input[0] in inits and \
+                table.input[0] not in decoded:
             # (quantize_dynamic's embedding: its codes gathered straight into A, A's scale the product's other
             # factor, its zero point A's; decoded so too, read by a Gather)
             a_scale = next((i for i in product.input if i in inits and i != scale), None)
             a_zero = n.input[2] if len(n.input) > 2 and n.input[2] in inits else ""
             if a_scale is not None and (a_zero or len(n.input) < 3 or not n.input[2]):
+                decoded.add(table.input[0])
                 rows = f"{table.input[0]}_verify_dequantized"
                 added += [helper.make_node("DequantizeLinear", [table.input[0], a_scale] + ([a_zero] if a_zero else []),
-                                           [rows], name=f"{table.name}_verify_dequantize"),
+                                           [rows], name=f"{table.input[0]}_verify_dequantize"),
                           helper.make_node("Gather", [rows, table.input[1]], [f"{table.input[0]}_verify_read"],
-                                           name=f"{table.name}_verify_read",
+                                           name=f"{table.input[0]}_verify_read",
                                            **{a.name: helper.get_attribute_value(a) for a in table.attribute})]
     graph.node.extend(added)
 

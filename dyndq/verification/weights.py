@@ -291,15 +291,13 @@ def _verify_weights(quantized: onnx.ModelProto, source) -> tuple[list[WeightVerd
         seen.update(found_floats)
         stored_names = {t.name for t in model.graph.initializer}
         integer_read = {v for n in model.graph.node if n.op_type in INTEGER_WEIGHT for v in n.input}
-        read_beside = {n.name for n in model.graph.node}  # (decodes.prepared's "<node>_verify_read": decoded)
+        decoded = {i for d in found_decodes for n in d.nodes for i in n.input}  # (codes a decode reads: judged)
         for node in model.graph.node:  # (an integer op's stored weight: a form verify does not read)
             i = INTEGER_WEIGHT.get(node.op_type) if node.domain in ("", "ai.onnx", "com.microsoft") else None
-            if f"{node.name}_verify_read" in read_beside:
-                continue
             if node.op_type == "Gather" and node.output and node.output[0] in integer_read:
                 i = 0  # (a quantized table gathered straight into one: quantize_dynamic's embedding)
             name = node.input[i] if i is not None and len(node.input) > i else ""
-            if name and name not in seen and name in stored_names:
+            if name and name not in seen and name not in decoded and name in stored_names:
                 seen.add(name)
                 unread.append((where, name, node))
     readers = {}  # (the reader nodes of each scope, once)

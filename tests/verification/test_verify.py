@@ -111,6 +111,36 @@ def test_onnxruntimes_dynamic_qoperator_weights_are_judged_rtn(source, tmp_path,
     assert report.faithful and not [w for w in report.weights if w.status in ("float", "unmatched")], report.table()
 
 
+def test_a_qoperator_weight_not_decoded_is_unmatched_among_unnamed_nodes(tmp_path):
+    """Nodes without names, two MatMulIntegers: the one whose scale is found is judged rtn; the one
+    whose product is multiplied by a stored constant (no scale of its own to find) stays unmatched,
+    never left out (the decoded codes are told apart by their names, not by their nodes')."""
+    from onnx import TensorProto as T, helper
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"], name="fc2")]
+    inits = [nh.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W1"),
+             nh.from_array(rng.standard_normal((32, 8)).astype(np.float32), "W2")]
+    float_model = helper.make_model(helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", T.FLOAT, [2, 16])],
+                                                      [helper.make_tensor_value_info("y", T.FLOAT, [2, 8])], inits),
+                                    opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(float_model, tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx")
+    model = onnx.load(tmp_path / "dynamic.onnx")
+    last = next(n for n in model.graph.node if n.output[0] == "y")  # (W2's product times a stored constant)
+    product = next(i for i in last.input if "scales_mul" in i)
+    model.graph.initializer.append(nh.from_array(np.array(0.01, np.float32), "stored_product"))
+    last.input[list(last.input).index(product)] = "stored_product"
+    for n in model.graph.node:
+        n.name = ""
+    report = dyndq.verify(model, float_model, outputs=False)
+    by = {w.weight: w for w in report.weights}
+    assert by["W1_quantized"].status == "rtn", report.table()
+    assert by["W2_quantized"].status == "unmatched" and "a form verify does not decode" in by["W2_quantized"].note
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_onnxruntimes_static_qoperator_weights_are_judged_rtn_and_a_planted_zero_point_named(source, tmp_path,
                                                                                             per_channel):
