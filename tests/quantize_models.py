@@ -123,3 +123,34 @@ def two_layers(k=64, n=48, seed=0) -> onnx.ModelProto:
                           [helper.make_tensor_value_info("y1", T.FLOAT, ["batch", n]),
                            helper.make_tensor_value_info("y2", T.FLOAT, ["batch", n])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def assert_two_layers_give_back(out, emit: str, want: dict) -> None:
+    """The written two_layers file `out` at x = I gives `want`'s dequantized W1 and W2 back bit for
+    bit: on our reference engine and ONNX Runtime (--emit dyndq), else the file as written on ONNX
+    Runtime at its basic optimizations (as dyndq runs it: the extended ones fuse MatMuls)."""
+    import onnxruntime as ort
+
+    import dyndq
+
+    eye = {"x": np.eye(want["W1"].shape[0], dtype=np.float32)}
+    if emit == "dyndq":
+        written = dyndq.load_model(str(out))
+        runs = [dyndq.run(written, eye, engine=e) for e in ("reference", "onnxruntime")]
+    else:
+        basic = ort.SessionOptions()
+        basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        session = ort.InferenceSession(str(out), basic, providers=["CPUExecutionProvider"])
+        runs = [dict(zip(["y1", "y2"], session.run(["y1", "y2"], eye)))]
+    for got in runs:
+        np.testing.assert_array_equal(got["y1"].view(np.uint32), want["W1"].view(np.uint32))
+        np.testing.assert_array_equal(got["y2"].view(np.uint32), want["W2"].T.view(np.uint32))
+
+
+def assert_same_initializers(written: onnx.ModelProto, in_memory: onnx.ModelProto) -> None:
+    """The same initializers, by name, byte for byte."""
+    got = {t.name: nh.to_array(t) for t in written.graph.initializer}
+    want = {t.name: nh.to_array(t) for t in in_memory.graph.initializer}
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))

@@ -15,6 +15,7 @@ from dyndq.quantization import awq as awq_module
 from dyndq.quantization.options import OptionError
 
 from awq_reference import ALPHAS, reference_awq, rtn_columns
+from quantize_models import assert_same_initializers
 
 OPSET = 21
 
@@ -327,11 +328,7 @@ def test_a_model_with_external_data_gets_the_same_tensors_as_in_memory(case, tmp
     quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", method="awq", inputs=feeds, group_size=32, **options)
     in_memory, _ = dyndq.quantize(make(), method="awq", inputs=feeds, group_size=32, evaluate=False, **options)
     written = dyndq.load_model(str(tmp_path / "q.onnx"))
-    got = {t.name: nh.to_array(t) for t in written.graph.initializer}
-    want = {t.name: nh.to_array(t) for t in in_memory.graph.initializer}
-    assert sorted(got) == sorted(want)
-    for name in want:
-        np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+    assert_same_initializers(written, in_memory)
     assert [(n.op_type, list(n.input)) for n in written.graph.node] == \
         [(n.op_type, list(n.input)) for n in in_memory.graph.node]
 

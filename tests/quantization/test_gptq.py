@@ -19,7 +19,7 @@ from dyndq.quantization.options import OptionError
 from dyndq.quantization.plan import plan
 
 from gptq_reference import reference_gptq
-from quantize_models import correlated, mlp, two_layers
+from quantize_models import assert_same_initializers, assert_two_layers_give_back, correlated, mlp, two_layers
 
 
 # -- activations ----------------------------------------------------------------------------------
@@ -163,8 +163,6 @@ def test_quantize_method_gptq_writes_what_it_chose_bit_for_bit_on_both_engines(t
     the same calibration, bit for bit, on the reference engine and on ONNX Runtime (for --emit
     onnx and onnxruntime: the file as written on ONNX Runtime); the report says on what it was
     calibrated."""
-    import onnxruntime as ort
-
     k, n = 64, 48
     model = two_layers(k, n)
     onnx.save(model, tmp_path / "float.onnx")
@@ -184,18 +182,7 @@ def test_quantize_method_gptq_writes_what_it_chose_bit_for_bit_on_both_engines(t
     fmt = formats.get("int")
     want = {name: fmt.dequantize(gptq_weight(weights[name], x.T @ x, axis=axis, group_size=32, bits=4, symmetric=False,
                                              scale_dtype="float32"), np.float32) for name, axis in (("W1", 0), ("W2", 1))}
-    eye = {"x": np.eye(k, dtype=np.float32)}
-    if emit == "dyndq":
-        written = dyndq.load_model(str(out))
-        runs = [dyndq.run(written, eye, engine=e) for e in ("reference", "onnxruntime")]
-    else:
-        basic = ort.SessionOptions()  # (its basic optimizations, as dyndq runs it: the extended ones fuse MatMuls)
-        basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        session = ort.InferenceSession(str(out), basic, providers=["CPUExecutionProvider"])
-        runs = [dict(zip(["y1", "y2"], session.run(["y1", "y2"], eye)))]
-    for got in runs:
-        np.testing.assert_array_equal(got["y1"].view(np.uint32), want["W1"].view(np.uint32))
-        np.testing.assert_array_equal(got["y2"].view(np.uint32), want["W2"].T.view(np.uint32))
+    assert_two_layers_give_back(out, emit, want)
     # (and GPTQ's codes are not rtn's: the method did something)
     rtn = fmt.dequantize(quantize_weight(weights["W1"], axis=0, group_size=32, bits=4), np.float32)
     assert not np.array_equal(rtn, want["W1"])
@@ -268,11 +255,7 @@ def test_a_model_with_external_data_is_calibrated_from_its_data_file(tmp_path):
     quantize_file(tmp_path / "float.onnx", tmp_path / "q.onnx", method="gptq", inputs=feeds, group_size=32)
     in_memory, _ = dyndq.quantize(model, method="gptq", inputs=feeds, group_size=32, evaluate=False)
     written = dyndq.load_model(str(tmp_path / "q.onnx"))
-    got = {t.name: nh.to_array(t) for t in written.graph.initializer}
-    want = {t.name: nh.to_array(t) for t in in_memory.graph.initializer}
-    assert sorted(got) == sorted(want)
-    for name in want:
-        np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+    assert_same_initializers(written, in_memory)
 
 
 def test_a_hessian_that_does_not_factor_leaves_the_weight_alone_naming_the_damping():

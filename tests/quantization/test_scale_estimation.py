@@ -21,7 +21,7 @@ from dyndq.quantization.scale_estimation import (gptq_weight_estimated, levels_o
                                                  refine_weight)
 
 from scale_estimation_reference import reference_scale_estimation
-from quantize_models import correlated, mlp, two_layers
+from quantize_models import assert_two_layers_give_back, correlated, mlp, two_layers
 
 
 SCALE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -146,8 +146,6 @@ def test_quantize_scale_estimation_writes_what_it_chose_bit_for_bit(tmp_path, ca
     same calibration (X^T X summed per sample, as activations.py sums it), bit for bit, on the
     reference engine and ONNX Runtime (--emit onnx/onnxruntime: the file as written, on ONNX
     Runtime); not the method's own weights; the report says what was calibrated on what."""
-    import onnxruntime as ort
-
     from dyndq.quantization import scale_estimation
 
     k, n = 64, 48
@@ -173,18 +171,7 @@ def test_quantize_scale_estimation_writes_what_it_chose_bit_for_bit(tmp_path, ca
 
     want = {name: fmt.dequantize(scale_estimation.quantize(weights[name], Target(axis), options, stats.gram),
                                  np.float32) for name, axis in (("W1", 0), ("W2", 1))}
-    eye = {"x": np.eye(k, dtype=np.float32)}
-    if emit == "dyndq":
-        written = dyndq.load_model(str(out))
-        runs = [dyndq.run(written, eye, engine=e) for e in ("reference", "onnxruntime")]
-    else:
-        basic = ort.SessionOptions()
-        basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        session = ort.InferenceSession(str(out), basic, providers=["CPUExecutionProvider"])
-        runs = [dict(zip(["y1", "y2"], session.run(["y1", "y2"], eye)))]
-    for got in runs:
-        np.testing.assert_array_equal(got["y1"].view(np.uint32), want["W1"].view(np.uint32))
-        np.testing.assert_array_equal(got["y2"].view(np.uint32), want["W2"].T.view(np.uint32))
+    assert_two_layers_give_back(out, emit, want)
     without = gptq_weight(weights["W1"], stats.gram, axis=0, group_size=32, bits=4, symmetric=False,
                           scale_dtype="float32") if method == "gptq" else quantize_weight(
         weights["W1"], axis=0, group_size=32, method=method)
