@@ -66,6 +66,7 @@ class _Table:
     ga: int
     want: tuple
     form: dict
+    cast: onnx.NodeProto | None = None  # the Cast of float16 scales to float32 feeding the node (shared.cast_scales)
 
 
 
@@ -100,8 +101,12 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
     blocks = -(-length // block)
     want = tuple(blocks if i == qa else d for i, d in enumerate(codes.shape))
     found = shared.float_scales(view, s)
+    cast = None
     if isinstance(found, str):
-        return found
+        through = shared.cast_scales(view, s)  # (float16 scales read as float32 through a Cast: lifted with output_dtype)
+        if through is None:
+            return found
+        cast, found = through[0], (through[1], "float16")
     scales, t = found
     if scales.shape != want:
         return f"scales has shape {list(scales.shape)}, not {list(want)}"
@@ -123,7 +128,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Table | str:
         if kind == "uint8" and padding.size and np.all(padding == padding.flat[0]) and int(padding.flat[0]):
             form["zero_points_padding"] = int(padding.flat[0])  # (written back as it was; 0 otherwise)
         zero = zero[..., :want[-1]]
-    return _Table((data_name, indices, s, z), kind, codes, zero, bits, block, qa, ga, want, form)
+    return _Table((data_name, indices, s if cast is None else cast.input[0], z), kind, codes, zero, bits, block, qa, ga,
+                  want, form, cast)
 
 
 @rule("GatherBlockQuantized -> DynamicDequantize + Gather", kind=LIFT, pattern=(MS_DOMAIN, OP),
@@ -155,13 +161,19 @@ def lift(found: _Table, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     ctx = rw.context(view, base)
     group = [block if i == qa else 1 for i in range(rank)]
     table = shared.dynamic_dequantize(ctx, code_name, s, zero_name, group, form)
+    if found.cast is not None:  # (float16 scales, a float32 result: DynamicDequantize-3's output_dtype, as the Cast gave)
+        ctx.nodes[-1].attribute.append(onnx.helper.make_attribute("output_dtype", onnx.TensorProto.FLOAT))
     if padded:
         table = rw.slice_to(ctx, table, qa, length)
     out = ctx.op("Gather", table, indices, axis=ga, hint="gathered")
     ctx.output_as(out, node.output[0])
     shared.stand_in(ctx.nodes[-1], node)
     shown = f"DynamicDequantize per_group {group} + {'Slice + ' if padded else ''}Gather (axis {ga})"
-    return rw.lifted(node, ctx, new, shown, padded=padded)
+    if found.cast is not None:
+        shown += " (float16 scales, output_dtype float32: the Cast folded)"
+    out = rw.lifted(node, ctx, new, shown, padded=padded)
+    out.replaces[:0] = shared.lifted_cast(view, node, found.cast)
+    return out
 
 
 # == writing for ONNX Runtime ==================================================================================
@@ -186,6 +198,7 @@ class _Chain:
     length: int
     nodes: list
     gather: onnx.NodeProto
+    cast: bool = False  # float16 scales, output_dtype float32: the scales Cast to float32 (shared.cast_scales)
 
 
 
@@ -237,8 +250,10 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
         return found
     scales, t = found
     output_dtype = attribute_values(node).get("output_dtype")
-    if output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
-        return f"output_dtype {dtypes.by_onnx(output_dtype).name}: GatherBlockQuantized gives the scales' type, {t}"
+    cast = output_dtype is not None and dtypes.by_onnx(output_dtype).name == "float32" and t == "float16"
+    if not cast and output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
+        return (f"output_dtype {dtypes.by_onnx(output_dtype).name}: GatherBlockQuantized gives the scales' type, {t} "
+                "(or float32 from float16 scales, through a Cast)")
     chain = rw.chain_to(view, node, "Gather", 0, qa, "the data of a Gather")
     if isinstance(chain, str):
         return chain
@@ -270,7 +285,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     if zero_values.min(initial=lo) < lo or zero_values.max(initial=hi) > hi:
         return f"zero points outside {code_type}'s range"
     return _Chain((src, s, z), codes, values, zero, zero_values, data_type, bits, shift, block, qa, ga, length, nodes,
-                  gather)
+                  gather, cast)
 
 
 @rule("DynamicDequantize + Gather -> GatherBlockQuantized", kind=WRITE, pattern=(DOMAIN, "DynamicDequantize"),
@@ -294,7 +309,8 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     rewritten = packed or shift or length != codes.shape[qa]
     data_name = new.add(shared.pack(values, packed) if packed else shared.as_codes(values, data_type), src) \
         if rewritten else src
-    inputs = [data_name, gather.input[1], s]
+    cast = [shared.scales_cast(view, s, gather.name or gather.output[0])] if found.cast else []
+    inputs = [data_name, gather.input[1], cast[0].output[0] if cast else s]
     if form.get("zero_points") == "given" or np.any(zero_values != default):
         if z and not rewritten and dtypes.name_of(zero.dtype) == data_type:
             inputs.append(z)  # the zero points as they are
@@ -322,4 +338,6 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     fused = onnx.helper.make_node(OP, inputs, [gather.output[0]], domain=MS_DOMAIN, **kept)
     shared.stand_in(fused, gather)
     shown = f"{QUALNAME} ({data_type} data, block_size {block}, quantize_axis {qa}, gather_axis {ga})"
-    return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
+    if cast:
+        shown += ", its float16 scales through a Cast to float32"
+    return Rewrite(replaced, cast + [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)

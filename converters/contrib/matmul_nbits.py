@@ -93,6 +93,7 @@ class _Weights:
     scales: np.ndarray
     zero: np.ndarray  # int64 [N, n_blocks]: the zero points (doubled: 2zp)
     form: dict  # form["doubled"]: half-integer zero points, lifted as codes 2q, zero points 2zp, scales / 2
+    cast: onnx.NodeProto | None = None  # the Cast of float16 scales to float32 feeding the node (shared.cast_scales)
 
 
 
@@ -119,8 +120,12 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     if codes.dtype != np.uint8 or codes.shape != (N, blocks, blob):
         return f"B is {codes.dtype}{list(codes.shape)}, not uint8[N, n_blocks, blob] = uint8{[N, blocks, blob]}"
     found = shared.float_scales(view, s)
+    cast = None
     if isinstance(found, str):
-        return found
+        through = shared.cast_scales(view, s)  # (float16 scales read as float32 through a Cast: lifted with output_dtype)
+        if through is None:
+            return found
+        cast, found = through[0], (through[1], "float16")
     scales, t = found
     if scales.shape not in ((N, blocks), (N * blocks,)):
         return f"scales has shape {list(scales.shape)}, not {[N, blocks]} or {[N * blocks]}"
@@ -128,6 +133,8 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     zero, problem = _lift_zero_points(view, z, N, blocks, bits, t, form)
     if problem:
         return problem
+    if cast is not None and form["zero_points"] == "float":
+        return "float zero points beside float16 scales cast to float32: not lifted"
     if g:
         index = view.constant(g)
         if index is None:
@@ -156,12 +163,13 @@ def _lift_found(node: onnx.NodeProto, view: GraphView) -> _Weights | str:
     if form["zero_points"] == "float" or g:
         # ONNX Runtime computes q*scale - zp*scale here (each product rounded to float32), not
         # (q - zp)*scale: lifted only where the two agree on every weight
-        differ = fzp.onnxruntime_differences(q, scales.reshape(N, blocks).T, zero.T, block, K, bits,
+        differ = fzp.onnxruntime_differences(q, scales.reshape(N, blocks).T.astype(np.float32) if cast is not None
+                                             else scales.reshape(N, blocks).T, zero.T, block, K, bits,
                                                form.get("doubled"))
         if differ:
             return (f"{'g_idx' if g else 'float zero points'}: ONNX Runtime computes q*scale - zp*scale there, "
                     f"which differs from (q - zp)*scale in {differ} of {K * N} weights")
-    return _Weights(attrs, (a, b, s, z, g, bias), q, scales, zero, form)
+    return _Weights(attrs, (a, b, s if cast is None else cast.input[0], z, g, bias), q, scales, zero, form, cast)
 
 
 @rule("MatMulNBits -> DynamicDequantize + MatMul", kind=LIFT, pattern=(MS_DOMAIN, OP),
@@ -190,6 +198,8 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     base = node.name or node.output[0]
     ctx = rw.context(view, base)
     w = shared.dynamic_dequantize(ctx, codes_name, scales_name, zps_name, (block, 1), form)
+    if found.cast is not None:  # (float16 scales, a float32 result: DynamicDequantize-3's output_dtype, as the Cast gave)
+        ctx.nodes[-1].attribute.append(onnx.helper.make_attribute("output_dtype", onnx.TensorProto.FLOAT))
     padded = blocks * block != K
     if padded:
         w = rw.slice_to(ctx, w, 0, K)
@@ -205,7 +215,11 @@ def lift(found: _Weights, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     before = sum(view.constant(n).nbytes for n in (b, s, z) if n)
     notes = [fzp.cost(f"{QUALNAME} {node.name or node.output[0]!r}", before, new.tensors, code_type, zps_type)] \
         if doubled else []
-    return rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
+    if found.cast is not None:
+        shown += " (float16 scales, output_dtype float32: the Cast folded)"
+    out = rw.lifted(node, ctx, new, shown, padded=padded, broadcast=bool(bias), notes=notes)
+    out.replaces[:0] = shared.lifted_cast(view, node, found.cast)
+    return out
 
 
 def _lift_zero_points(view, z, N, blocks, bits, t, form) -> tuple[np.ndarray | None, str | None]:
@@ -268,6 +282,7 @@ class _Chain:
     t: str
     form: dict  # (shared.lifted_from's: empty when the node was not lifted from MatMulNBits)
     doubled: bool = False  # the lifted form of half-integer zero points: codes 2q, zero points 2zp, scales / 2
+    cast: bool = False  # float16 scales, output_dtype float32: the scales written float16 and Cast to float32
 
 
 
@@ -308,8 +323,12 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
         codes, scales, zero, block = _whole_columns(codes, scales, zero, BITS_OF[src_type])
     else:
         block = int(group[0])
-    if output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
-        return f"output_dtype {dtypes.by_onnx(output_dtype).name}: MatMulNBits gives the scales' type, {t}"
+    cast = output_dtype is not None and dtypes.by_onnx(output_dtype).name == "float32" and t == "float16"
+    if cast:  # (MatMulNBits' scales are A's type: float32 ones made by a Cast of the float16 ones, exact)
+        t = "float32"
+    elif output_dtype is not None and dtypes.by_onnx(output_dtype).name != t:
+        return (f"output_dtype {dtypes.by_onnx(output_dtype).name}: MatMulNBits gives the scales' type, {t} (or float32 "
+                "from float16 scales, through a Cast)")
     chain = rw.chain_to(view, node, "MatMul", 1, 0, "the B of a MatMul")
     if isinstance(chain, str):
         return chain
@@ -324,6 +343,8 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
         return f"the MatMul's A has rank {a_spec.rank}: MatMulNBits takes A of rank 2 or more"
     if zero is None:
         zero = np.zeros((blocks, N), np.int16)
+    if doubled and cast:
+        return "half-integer zero points beside float16 scales of a float32 result: MatMulNBits' form of them is float32"
     if doubled:
         why = fzp.doubled_problem(codes, scales, form["bits"])
         if why is None:
@@ -338,7 +359,7 @@ def _write_found(node: onnx.NodeProto, view: GraphView) -> _Chain | str:
     zero += shift
     if zero.min(initial=0) < 0 or zero.max(initial=0) >= 1 << bits:
         return f"zero points outside MatMulNBits' {bits}-bit range once shifted to unsigned codes"
-    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form)
+    return _Chain((src, s, z), codes, scales, zero, bits, shift, block, nodes, matmul, K, t, form, cast=cast)
 
 
 # The block sizes ONNX Runtime 1.32's CPU MatMulNBits takes: powers of two from 16, up to 256 for 2-bit
@@ -399,6 +420,9 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
     s_shape = form.get("scales_shape", [N, blocks])
     inputs = [a, _add_b(new, codes, shift, bits, [N, blocks, block * bits // 8], src),
               new.add(np.ascontiguousarray(scales.T).reshape(s_shape if np.prod(s_shape) == N * blocks else [N, blocks]), s)]
+    cast = [shared.scales_cast(view, inputs[2], matmul.name or matmul.output[0])] if found.cast else []
+    if cast:
+        inputs[2] = cast[0].output[0]
     zp_form = form.get("zero_points", "packed" if np.any(zero != absent_zero_point(bits)) else "absent")
     if zp_form == "absent" and np.any(zero != absent_zero_point(bits)):
         zp_form = "packed"  # the codes were changed since the lift: the zero points are needed now
@@ -427,7 +451,9 @@ def write(found: _Chain, node: onnx.NodeProto, view: GraphView) -> Rewrite:
         fused.attribute.extend(attributes)
     shared.stand_in(fused, last if bias else matmul)
     shown = f"{QUALNAME} (bits {bits}, block_size {block}, accuracy_level {level}: {why}" + (", with bias)" if bias else ")")
-    return Rewrite(replaced, [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
+    if cast:
+        shown += ", its float16 scales through a Cast to float32"
+    return Rewrite(replaced, cast + [fused], new.tensors, shown, domains={MS_DOMAIN: MS_OPSET}, derived=new.derived)
 
 
 BAND_BYTES = 1 << 18  # the codes shifted and packed at once (_b_bands): 4x that in int16 temporaries

@@ -90,6 +90,39 @@ def float_scales(view: GraphView, name: str | None, allowed=("float32", "float16
     return scales, t
 
 
+# Scales stored narrower than the op's result: both contrib ops take scales of A's type (their
+# output's), so float16 scales of a float32 result (GGUF Q4_0/Q8_0's d) are written as the float16
+# initializer and a Cast to float32 feeding the op (exact: every float16 is a float32), not a
+# float32 copy (4 bytes a block where the checkpoint has 2).  ONNX Runtime's constant folding
+# (level basic and up) folds the Cast at load, before the kernels prepack (measured: docs/import.md).
+
+def cast_scales(view: GraphView, name: str | None) -> tuple[onnx.NodeProto, np.ndarray] | None:
+    """(the Cast, the float16 constant it reads) where `name` is a Cast to float32 of a constant
+    float16 tensor; else None."""
+    cast = view.producer(name) if name else None
+    if cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx") or len(cast.input) != 1 \
+            or next((a.i for a in cast.attribute if a.name == "to"), None) != onnx.TensorProto.FLOAT:
+        return None
+    values = view.constant(cast.input[0])
+    return (cast, values) if values is not None and values.dtype == np.float16 else None
+
+
+def lifted_cast(view: GraphView, node: onnx.NodeProto, cast: onnx.NodeProto | None) -> list[onnx.NodeProto]:
+    """The Cast of a lifted node's float16 scales, to be replaced with it where the node is its
+    only reader (the lifted DynamicDequantize reads the float16 scales itself, output_dtype
+    float32); else nothing (another reader keeps it)."""
+    if cast is None or view.is_output(cast.output[0]) or [n for n in view.consumers(cast.output[0]) if n is not node]:
+        return []
+    return [cast]
+
+
+def scales_cast(view: GraphView, scales: str, base: str) -> onnx.NodeProto:
+    """A Cast of the float16 scales `scales` to float32: the scales input of a fused op whose
+    result is float32 (exact)."""
+    return onnx.helper.make_node("Cast", [scales], [view.names.fresh(f"{base}/scales_float32")],
+                                 name=view.names.fresh(f"{base}/Cast"), to=onnx.TensorProto.FLOAT)
+
+
 def integer_values(array: np.ndarray) -> np.ndarray | None:
     """The values of a zero-point tensor as int64, when every one is a finite integer (None otherwise)."""
     a = np.asarray(array)
