@@ -15,12 +15,18 @@ float16 ones alike (integer zero points, given or absent: (q - z) * s, not q*s -
 form does not round a weight to float16 before using it.  So:
 
 - GGUF Q4_0 ((q - 8) * d) and Q8_0 (x * d): gguf computes float32(q) * float32(d), one rounding
-  (exact anyway: at most 19 significant bits).  Fused, with the scales d widened to float32
-  (exact): the kernel's weights are gguf's bits.  Int4 codes q - 8 are written as MatMulNBits'
-  4-bit codes with its absent zero point 8; int8 codes x as uint8 x + 128 with zero point 128
-  (the exporter's shift, which leaves q - z as it was).  The cost: a float32 scale is 4 bytes
-  where GGUF's is 2: 20/18 bytes a Q4_0 block, 36/34 a Q8_0 one.  (float16 scales would give a
-  float16 result: the product rounded to float16, not gguf's float32.)
+  (exact anyway: at most 19 significant bits).  Fused, with float32 scales (d widened: exact) the
+  kernel's weights are gguf's bits.  Int4 codes q - 8 are written as MatMulNBits' 4-bit codes with
+  its absent zero point 8; int8 codes x as uint8 x + 128 with zero point 128 (the exporter's
+  shift, which leaves q - z as it was).  The scales are stored as the checkpoint's float16 d and
+  a Cast to float32 feeds the op's scales (the op takes scales of A's type; float16 ones would
+  give a float16 result, the product rounded to float16, not gguf's float32): every float16 is a
+  float32, so the Cast is exact, and the file holds 18 bytes a Q4_0 block and 34 a Q8_0 one, as
+  the checkpoint (stored float32, 20 and 36: 1.111x and 1.059x).  ONNX Runtime folds the Cast at
+  load (constant folding, level basic and up) before the kernels prepack: the same bits, session
+  memory and speed as float32 scales stored (measured: docs/import.md).  In our graph the decode
+  is DynamicDequantize-3 with float16 scales and output_dtype float32, float32(q - z) * float32(d),
+  which the export writes so.
 - GPTQ, AWQ, compressed-tensors pack-quantized: their weights are the product rounded to the
   scales' type (float16 or bfloat16).  On a float32 weight MatMulNBits would give the float32
   product unrounded; on a float16 one too (measured above): other weights either way, so the
@@ -31,9 +37,8 @@ form does not round a weight to float16 before using it.  So:
   act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
   a weight read through another node than a MatMul's B or a Gather's data.
 
-The fused GGUF forms are larger than the checkpoint (1.111x for Q4_0), over the import's 1.10x
-size bound: `fuse="never"` (`--fuse never`) writes every weight as the composition instead (`never`:
-the checkpoint's bytes), and each fused weight's row says its bytes against the checkpoint's.
+Each fused weight's row says its bytes against the checkpoint's (1.000x for GGUF Q4_0 and Q8_0);
+`fuse="never"` (`--fuse never`) writes every weight as the composition instead.
 """
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ from dyndq.converters.contrib.shared import let_go, mapped_columns, pack
 from dyndq.opdefs import dtypes
 
 MATMUL, GATHER = "com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized"
-FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d widened to float32
+FITS = ("GGUF Q4_0", "GGUF Q8_0")  # GGUF types a fused op computes exactly, float16 d read as float32 (a Cast)
 # safetensors formats whose decode may be one DynamicDequantize (q - z) * s: fused where its
 # weights are float32 (float32 scales) and the model's too; float16 ones: see EXACT_RESULTS
 SAFETENSORS_FITS = ("gptq", "awq", "pack-quantized")
@@ -83,9 +88,9 @@ _REASONS = {  # kind prefix -> why the composition is written
 }
 
 
-# what the fused form costs in bytes where the scales are widened (GGUF's float16 d to float32)
-WIDENED_SIZE = {"GGUF Q4_0": "20 bytes per 32 weights against Q4_0's 18: 1.111x",
-                "GGUF Q8_0": "36 bytes per 32 weights against Q8_0's 34: 1.059x"}
+# the fused form's bytes where GGUF's float16 d is read as float32 through a Cast (stored float16)
+WIDENED_SIZE = {"GGUF Q4_0": "18 bytes per 32 weights, as Q4_0's: 1.000x",
+                "GGUF Q8_0": "34 bytes per 32 weights, as Q8_0's: 1.000x"}
 
 
 def never(matches: list[Match], tensors: dict) -> dict:
@@ -100,7 +105,7 @@ def never(matches: list[Match], tensors: dict) -> dict:
         else:
             cost = WIDENED_SIZE.get(kind, "")
             forms[m.weight] = ("composition: fuse 'never' asked: the checkpoint's own bytes kept"
-                               + (f" (fused, the float32 scales ONNX Runtime's ops need for its bits: {cost})" if cost else ""))
+                               + (f" (fused, the float16 d read as float32 through a Cast: {cost})" if cost else ""))
     return forms
 
 
@@ -153,7 +158,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
                 decoded[tensor] = rewritten
                 shared[tensor] = (rewritten.nodes[0].name, *tied)
                 for m in ms:
-                    planned[m.weight] = (f"{GATHER} and {MATMUL} sharing one set of initializers, {form} (d widened): "
+                    planned[m.weight] = (f"{GATHER} and {MATMUL} sharing one set of initializers, {form}: "
                                          "a tied embedding" + _size(rewritten, source))
                     oriented[m.weight] = STORED
                 continue
@@ -175,7 +180,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
         if use == "matmul through Transpose":  # (the decode is [in, out] itself: the MatMul reads it, the Transpose goes)
             _drop_transpose(model, readers[ms[0].weight][0][0], ms[0].weight)
         op = MATMUL if use.startswith("matmul") else GATHER
-        planned[ms[0].weight] = f"{op} {reason}" + (" (d widened)" if widen else "") + _size(rewritten, source)
+        planned[ms[0].weight] = f"{op} {reason}" + _size(rewritten, source)
         oriented[ms[0].weight] = STORED
     if store is not None and settled is not None:
         decoded[settled] = _stored(decoded[settled], store)
@@ -215,7 +220,7 @@ def _size(rewritten: Written, source) -> str:
         return nbytes(t) if bits in (None, 8) else -(-int(np.prod(t.dims)) * bits // 8)
 
     ratio = sum(stored(t) for t in rewritten.tensors) / max(1, source.nbytes)
-    return f"; {ratio:.3f}x the checkpoint's bytes" + (" (float32 scales; fuse 'never': 1.00x)" if ratio > 1.001 else "")
+    return f"; {ratio:.3f}x the checkpoint's bytes" + (" (fuse 'never': 1.00x)" if ratio > 1.001 else "")
 
 
 def _tied(ms: list[Match], readers: dict):
@@ -247,7 +252,8 @@ def share(model: onnx.ModelProto, plan: "Plan", data=None) -> None:
     reading one set of initializers, as ONNX Runtime's model builder writes tied embeddings:
     MatMulNBits' B [V, D/32, 32*bits/8] (uint8 codes, q - 8 + 8 and x + 128: their absent zero
     points 8 and 128 are the same for both ops), GatherBlockQuantized's data the same bytes through
-    a Reshape [V, D*bits/8], the float32 scales [V, D/32] one tensor.  `data`: as `prepare`'s (the
+    a Reshape [V, D*bits/8], the scales [V, D/32] one float16 tensor (the checkpoint's d) and one
+    Cast to float32 read by both (the ops' scales are A's type; exact).  `data`: as `prepare`'s (the
     codes read from it in place, B written to it a band of rows at a time)."""
     if not plan.tied:
         return
@@ -277,16 +283,25 @@ def share(model: onnx.ModelProto, plan: "Plan", data=None) -> None:
                       numpy_helper.from_array(np.array([vocab, width // per], np.int64), shape_name)]
         gather, matmul = producers[gather_out], producers[matmul_out]
         reshape = helper.make_node("Reshape", [b_name, shape_name], [data_name], name=f"{codes_t.name}_Reshape")
-        gbq = helper.make_node("GatherBlockQuantized", [data_name, gather.input[1], scales_t.name], [gather_out],
+        scales = scales_t.name
+        if scales_t.data_type == TensorProto.FLOAT16:  # (GGUF's d, a float32 model: read as float32 through a Cast)
+            scales = f"{scales_t.name}_float32"
+            reshape = [reshape, helper.make_node("Cast", [scales_t.name], [scales], name=f"{scales_t.name}_Cast",
+                                                 to=TensorProto.FLOAT)]
+        gbq = helper.make_node("GatherBlockQuantized", [data_name, gather.input[1], scales], [gather_out],
                                name=gather.name or f"{gather_out}_GatherBlockQuantized", domain="com.microsoft",
                                bits=bits, block_size=32, gather_axis=0, quantize_axis=1)
-        nbits = helper.make_node("MatMulNBits", [matmul.input[0], b_name, scales_t.name], [matmul_out],
+        nbits = helper.make_node("MatMulNBits", [matmul.input[0], b_name, scales], [matmul_out],
                                  name=matmul.name or f"{matmul_out}_MatMulNBits", domain="com.microsoft",
                                  K=width, N=vocab, bits=bits, block_size=32, accuracy_level=0)
         weights = {ddq.output[0]} | {n.output[0] for n in graph.node if n.op_type == "Identity" and n.input[0] == ddq.output[0]}
         replaced = {gather_out: gbq, matmul_out: nbits, ddq.output[0]: reshape}
         drop = weights - {ddq.output[0]} | ({transpose_out} if transpose_out else set())
-        nodes = [replaced.get(n.output[0], n) for n in graph.node if n.output[0] not in drop]
+        nodes = []
+        for n in graph.node:
+            if n.output[0] not in drop:
+                made = replaced.get(n.output[0], n)
+                nodes += made if isinstance(made, list) else [made]
         del graph.node[:]
         graph.node.extend(nodes)
         gone.add(codes_t.name)
@@ -400,7 +415,9 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -
     [rows, K] (one DynamicDequantize per_group in blocks along K, then Reshape; a Cast to the
     scales' type folded) as one DynamicDequantize on 2-D codes: [K, rows] in blocks [bs, 1] (a MatMul's B) or
     [rows, K] in blocks [1, bs] (a Gather's table).  Codes, scales and zero points are the same
-    values moved; `widen`: float16 scales written float32 (exact), the output float32; `data`: as
+    values moved; `widen`: float16 scales kept float16 (the checkpoint's bytes), the output float32
+    (DynamicDequantize-3's output_dtype: float32(q - z) * float32(d), gguf's arithmetic), which the
+    export writes as the float16 scales and a Cast to float32 feeding the fused op; `data`: as
     `prepare`'s (the decode's tensors stubs into it)."""
     ddq = [n for n in written.nodes if n.op_type == "DynamicDequantize"]
     casts = [n for n in written.nodes if n.op_type == "Cast"]
@@ -431,9 +448,7 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -
     bs = group[-1]
     if bs < 16 or bs & (bs - 1):
         return None, f"blocks of {bs}: the fused ops take a power of two from 16"
-    scales = scales.reshape(rows, k // bs)
-    if widen:
-        scales = scales.astype(np.float32)  # (exact)
+    scales = scales.reshape(rows, k // bs)  # (`widen`: kept float16, the checkpoint's bytes; the node's output_dtype float32)
     zps = None if zps_t is None else read(zps_t).reshape(rows, k // bs)
     bits = _bits(codes_t.data_type)
     raw = None if data is None else data.raw(codes_t)  # (streamed: the codes moved from the file, never read whole)
@@ -458,10 +473,12 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -
     tensors = [moved_codes if codes is None else _codes_tensor(codes, codes_t), numpy_helper.from_array(scales, scales_t.name)]
     if zps is not None:
         tensors.append(_codes_tensor(zps, zps_t))
-    out_type = TensorProto.FLOAT if scales.dtype == np.float32 else TensorProto.FLOAT16
+    out_type = TensorProto.FLOAT if widen or scales.dtype == np.float32 else TensorProto.FLOAT16
     new = make_node(list(node.input), [node.output[0]], name=node.name, version=3, qtype="per_group",
                     group_shape=group, output_dtype=out_type)
-    form = (f"{_bits(codes_t.data_type)}-bit block {bs}, {'float32' if out_type == TensorProto.FLOAT else 'float16'} scales"
+    form = (f"{_bits(codes_t.data_type)}-bit block {bs}, "
+            + ("float16 scales read as float32 through a Cast" if widen
+               else f"{'float32' if out_type == TensorProto.FLOAT else 'float16'} scales")
             + (", zero points" if zps is not None else ""))
     moved = f"{written.form}; codes and scales moved to {'[K, N]' if use == 'matmul' else '[rows, K]'}, blocks {group}"
     return Written([new], tensors, node.output[0], moved, written.opset, (), out_type), form

@@ -31,8 +31,8 @@ from dyndq.plumbing.opsets import ai_onnx_version
 
 EMITS = ("dyndq", *TARGETS)  # ("dyndq", "onnx", "onnxruntime", "openvino")
 # --emit onnxruntime: "exact" writes ONNX Runtime's fused ops wherever they give the format's bits
-# (fast; GGUF Q4_0 at 1.111x its bytes: float32 scales), "never" the composition everywhere (the
-# checkpoint's own bytes, 1.00x: issue 42's size bound; slower on ONNX Runtime)
+# (fast; GGUF Q4_0/Q8_0 at 1.00x its bytes: the float16 d and a Cast to float32), "never" the
+# composition everywhere (the checkpoint's own bytes too, 1.00x; slower on ONNX Runtime)
 FUSES = ("exact", "never")
 
 
@@ -90,7 +90,7 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unperm
     unpermute=False leaves a GGUF file's Q/K rows as stored (llama.cpp's rotary permutation not
     undone: a Mistral-format checkpoint converted as llama); for an open Checkpoint, give it to
     its constructor.  fuse ("exact", "never"): for emit "onnxruntime", whether the weights ONNX
-    Runtime's fused ops compute exactly are written fused (fast, GGUF Q4_0 at 1.111x its bytes) or
+    Runtime's fused ops compute exactly are written fused (fast, GGUF Q4_0 at 1.00x its bytes) or
     every weight as the composition (the checkpoint's bytes); docs/import.md "Fused or not"."""
     from dyndq.model_files import model_of
 

@@ -28,8 +28,9 @@ def _add_parser(sub) -> None:
                    help=emit_help())
     p.add_argument("--fuse", choices=("exact", "never"), default="exact",
                    help="with --emit onnxruntime: 'exact' (the default) writes MatMulNBits/GatherBlockQuantized "
-                        "wherever they give the format's bits (fast; GGUF Q4_0 at 1.111x its bytes, its scales "
-                        "widened to float32), 'never' every weight as the composition (the checkpoint's own bytes)")
+                        "wherever they give the format's bits (fast; GGUF Q4_0 at 1.00x its bytes, its float16 scales "
+                        "read as float32 through a Cast), 'never' every weight as the composition (the checkpoint's "
+                        "own bytes)")
     p.add_argument("--no-unpermute", dest="unpermute", action="store_false",
                    help="leave a GGUF file's Q/K rows as stored (llama.cpp's rotary row permutation not undone: "
                         "for a checkpoint converted as llama that was never permuted, Mistral's own format)")

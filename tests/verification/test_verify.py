@@ -292,6 +292,24 @@ def test_an_import_of_a_gguf_checkpoint_verifies_identical_against_it(tmp_path):
     assert len(report.findings) == 1 and report.findings[0].status in ("requantized", "differs")
 
 
+def test_an_import_for_onnxruntime_verifies_identical_through_its_fused_ops(tmp_path):
+    """`--emit onnxruntime`: the fused Q4_0/Q8_0 weights (MatMulNBits and GatherBlockQuantized whose
+    scales are the checkpoint's float16 d through a Cast to float32) are decoded by the lift and
+    judged identical to the checkpoint's, as the composition's are."""
+    pytest.importorskip("gguf")
+    from gguf_models import float_model as llama_model, gguf_tensors, source_weights, write_gguf
+
+    src = source_weights()
+    write_gguf(tmp_path / "m.gguf", gguf_tensors(src))
+    imported, imported_report = dyndq.import_weights(llama_model(src), tmp_path / "m.gguf", emit="onnxruntime")
+    fused = [n for n in imported.graph.node if n.domain == "com.microsoft"]
+    assert len(fused) == 3 and all(imported_report.forms[w].endswith("1.000x the checkpoint's bytes")
+                                   for w in imported_report.forms if not imported_report.forms[w].startswith("composition"))
+    report = dyndq.verify(imported, tmp_path / "m.gguf")
+    assert report.faithful and len(report.weights) == 7
+    assert {w.source: w.status for w in report.weights if w.status != "identical"} == {"output_norm.weight": "float"}
+
+
 # -- dyndq's own quantizer, in each form it writes -----------------------------------------------------
 
 @pytest.mark.parametrize("dtype,options", [("float32", {}), ("float32", dict(symmetric=True, group_size=32)),
