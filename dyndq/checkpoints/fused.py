@@ -23,8 +23,9 @@ form does not round a weight to float16 before using it.  So:
   give a float16 result, the product rounded to float16, not gguf's float32): every float16 is a
   float32, so the Cast is exact, and the file holds 18 bytes a Q4_0 block and 34 a Q8_0 one, as
   the checkpoint (stored float32, 20 and 36: 1.111x and 1.059x).  ONNX Runtime folds the Cast at
-  load (constant folding, level basic and up) before the kernels prepack: the same bits, session
-  memory and speed as float32 scales stored (measured: docs/import.md).  In our graph the decode
+  load (constant folding, level basic and up) before the kernels prepack: the same bits and speed
+  as float32 scales stored, the session holding about one more float32 copy of the scales
+  (measured: docs/import.md).  In our graph the decode
   is DynamicDequantize-3 with float16 scales and output_dtype float32, float32(q - z) * float32(d),
   which the export writes so.
 - GPTQ, AWQ, compressed-tensors pack-quantized: their weights are the product rounded to the

@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_import.py"
 
 
@@ -25,3 +27,19 @@ def test_bench_import_refuses_an_unknown_format(tmp_path):
     p = subprocess.run([sys.executable, str(BENCH), "--formats", "Q4_0,Q9_9"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and "unknown formats ['Q9_9']" in p.stderr
+
+
+def test_bench_import_fused_measures_the_scales_cast_small(monkeypatch, capsys):
+    """benchmarks/bench_import_fused.py's `scales_cast` (docs/import.md's figures of the Cast of a
+    fused weight's float16 d) on a small MatMulNBits: the float16 d through a Cast gives the bits of
+    float32 scales stored, 4- and 8-bit, with ONNX Runtime's optimisations on and off."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import bench_import_fused
+
+    monkeypatch.setattr(bench_import_fused, "CAST_RUNS", 10)
+    monkeypatch.setattr(bench_import_fused, "MEMORY_REPEATS", 1)
+    bench_import_fused.scales_cast(128)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 8 and all("same bits True" in line for line in lines), lines
+    assert sum("float16 + Cast" in line for line in lines) == 4
