@@ -2,6 +2,7 @@
 MatMul's latency on ONNX Runtime, for a GGUF Q4_0 and Q8_0 weight (docs/import.md's figures).
 
     .venv/bin/python benchmarks/bench_import_fused.py [SIZE] [M]   (default 4096 x 4096, M = 1 and 32 rows)
+    .venv/bin/python benchmarks/bench_import_fused.py scales-cast [SIZE [RUNS [MEMORY_REPEATS]]]
 
 A float32 model x [M, SIZE] @ w [SIZE, SIZE] (w: a MatMul's B) and a GGUF file holding w's
 transpose quantized by gguf's own quantizer (Q4_0, Q8_0) are imported with `--emit onnxruntime`
@@ -221,6 +222,10 @@ def scales_cast(size: int = 4096) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]))
-    tied()
-    scales_cast(*(int(a) for a in sys.argv[1:2]))
+    if sys.argv[1:2] == ["scales-cast"]:  # scales-cast [SIZE [RUNS [MEMORY_REPEATS]]]: that measurement alone
+        size, CAST_RUNS, MEMORY_REPEATS = ([int(a) for a in sys.argv[2:5]] + [4096, CAST_RUNS, MEMORY_REPEATS][len(sys.argv[2:5]):])
+        scales_cast(size)
+    else:
+        main(*(int(a) for a in sys.argv[1:2]))
+        tied()
+        scales_cast(*(int(a) for a in sys.argv[1:2]))

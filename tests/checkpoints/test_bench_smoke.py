@@ -29,17 +29,14 @@ def test_bench_import_refuses_an_unknown_format(tmp_path):
     assert p.returncode == 2 and "unknown formats ['Q9_9']" in p.stderr
 
 
-def test_bench_import_fused_measures_the_scales_cast_small(monkeypatch, capsys):
-    """benchmarks/bench_import_fused.py's `scales_cast` (docs/import.md's figures of the Cast of a
-    fused weight's float16 d) on a small MatMulNBits: the float16 d through a Cast gives the bits of
-    float32 scales stored, 4- and 8-bit, with ONNX Runtime's optimisations on and off."""
+def test_bench_import_fused_measures_the_scales_cast_small(tmp_path):
+    """benchmarks/bench_import_fused.py's `scales-cast` (docs/import.md's figures of the Cast of a
+    fused weight's float16 d), as a script, on a small MatMulNBits: the float16 d through a Cast
+    gives the bits of float32 scales stored, 4- and 8-bit, with ONNX Runtime's optimisations on and off."""
     pytest.importorskip("onnxruntime")
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    import bench_import_fused
-
-    monkeypatch.setattr(bench_import_fused, "CAST_RUNS", 10)
-    monkeypatch.setattr(bench_import_fused, "MEMORY_REPEATS", 1)
-    bench_import_fused.scales_cast(128)
-    lines = capsys.readouterr().out.splitlines()
+    p = subprocess.run([sys.executable, str(BENCH.with_name("bench_import_fused.py")), "scales-cast", "128", "10", "1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
     assert len(lines) == 8 and all("same bits True" in line for line in lines), lines
     assert sum("float16 + Cast" in line for line in lines) == 4
