@@ -432,8 +432,8 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -
     if bs < 16 or bs & (bs - 1):
         return None, f"blocks of {bs}: the fused ops take a power of two from 16"
     scales = scales.reshape(rows, k // bs)
-    if widen:
-        scales = scales.astype(np.float32)  # (exact)
+    if widen or written.dtype == TensorProto.FLOAT:  # (exact; a float32 decode of float16 scales, AWQ GEMV's,
+        scales = scales.astype(np.float32)          # stays float32: its scales' type would round it to float16)
     zps = None if zps_t is None else read(zps_t).reshape(rows, k // bs)
     bits = _bits(codes_t.data_type)
     raw = None if data is None else data.raw(codes_t)  # (streamed: the codes moved from the file, never read whole)

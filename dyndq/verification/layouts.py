@@ -54,7 +54,10 @@ class WrongLayouts:
         from dyndq.checkpoints.safetensors.files import listed
 
         if self._awq is None:
-            self._awq = {m.stand_in().weight_name: m for m in listed(self.checkpoint.path) if m.format == "awq"}
+            from dyndq.checkpoints.safetensors.awq import version  # (GEMV packs in plain order: no such misreading)
+
+            self._awq = {m.stand_in().weight_name: m for m in listed(self.checkpoint.path)
+                         if m.format == "awq" and version(m.config) == "gemm"}
         if name not in self._awq:
             return []
         module = self._awq[name].load()
