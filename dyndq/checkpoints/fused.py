@@ -21,11 +21,12 @@ form does not round a weight to float16 before using it.  So:
   (the exporter's shift, which leaves q - z as it was).  The cost: a float32 scale is 4 bytes
   where GGUF's is 2: 20/18 bytes a Q4_0 block, 36/34 a Q8_0 one.  (float16 scales would give a
   float16 result: the product rounded to float16, not gguf's float32.)
-- GPTQ, AWQ, compressed-tensors pack-quantized: their weights are the product rounded to the
+- GPTQ, AWQ GEMM, compressed-tensors pack-quantized: their weights are the product rounded to the
   scales' type (float16 or bfloat16).  On a float32 weight MatMulNBits would give the float32
   product unrounded; on a float16 one too (measured above): other weights either way, so the
   composition.  Where the scales are float32 (compressed-tensors can store them so) the weights
-  are the float32 product: fused, exact.
+  are the float32 product: fused, exact.  So too AWQ GEMV, whose weights are the float32 product
+  of its float16 scales (its GEMV kernel's): fused with the scales widened to float32 (exact).
 - everything else keeps the composition, with the reason (`why_not`): a min added after the
   product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
   act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
