@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from dyndq.checkpoints.safetensors.files import Module
+from dyndq.checkpoints.safetensors.files import Module, awq_version as version
 from dyndq.checkpoints.safetensors.packing import codes_tensor, grouped, need, unpack
 from dyndq.checkpoints.writer import Writer
 
@@ -43,14 +43,6 @@ def columns(words: np.ndarray) -> np.ndarray:
     """AWQ's words (int32 [..., n]) as their 8n codes [..., 8n] uint8, in column order."""
     nibbles = (words.astype("<u4")[..., None] >> SHIFTS) & np.uint32(0xF)
     return nibbles[..., REVERSE].astype(np.uint8).reshape(*words.shape[:-1], -1)
-
-
-VERSIONS = ("gemm", "gemv")  # (AutoAWQ's "version"; GEMV_FAST's interleaved packing, ExLlama's and Marlin's are other layouts)
-
-
-def version(config: dict) -> str:
-    """The AWQ checkpoint's packing, lower case: "gemm" (the default, as AutoAWQ's) or "gemv"."""
-    return str(config.get("version", "gemm")).lower()
 
 
 def weight_shape(module: Module) -> tuple[int, int]:

@@ -68,17 +68,23 @@ def quantization_config(path: Path) -> dict | None:
     return None
 
 
+AWQ_VERSIONS = ("gemm", "gemv")  # (AutoAWQ's "version"; GEMV_FAST's interleaved packing, ExLlama's and Marlin's are other layouts)
+
+
+def awq_version(config: dict) -> str:
+    """An AWQ checkpoint's packing, lower case: "gemm" (the default, as AutoAWQ's) or "gemv" (awq.py reads both)."""
+    return str(config.get("version", "gemm")).lower()
+
+
 def format_of(config: dict, suffixes: set[str], where: str) -> str:
     """The format of a module holding tensors `suffixes`, by the checkpoint's quantization_config."""
     method = str(config.get("quant_method", "")).lower()
     if method == "gptq":
         return "gptq"
     if method == "awq":
-        from dyndq.checkpoints.safetensors.awq import VERSIONS, version
-
-        if version(config) not in VERSIONS:
-            raise ValidationError([Problem(where, f"an AWQ checkpoint of version {version(config)!r} (not taken yet)",
-                                           f"version {' or '.join(VERSIONS)}")])
+        if awq_version(config) not in AWQ_VERSIONS:
+            raise ValidationError([Problem(where, f"an AWQ checkpoint of version {awq_version(config)!r} (not taken yet)",
+                                           f"version {' or '.join(AWQ_VERSIONS)}")])
         return "awq"
     if method == "compressed-tensors":
         kind = "nvfp4-pack-quantized" if "weight_global_scale" in suffixes else "pack-quantized"
