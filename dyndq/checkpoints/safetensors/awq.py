@@ -12,8 +12,9 @@ here, reordered and stored transposed ([out, in], torch's orientation) as ONNX u
 bits.
 
 The GEMV version (AutoAWQ's WQLinear_GEMV, `"version": "gemv"`): `qweight` int32 [out, in/8], the
-codes packed along the inputs in plain order (nibble i of word c: input 8c + i), so the words'
-little-endian bytes are already ONNX's uint4 [out, in]; `qzeros` int32 [out, zw] packed the same
+codes packed along the inputs in plain order (nibble i of word c: input 8c + i), so ONNX's uint4
+[out, in] holds the words' own bytes (unpacked and packed again a few rows at a time, as the other
+formats' codes: streamed); `qzeros` int32 [out, zw] packed the same
 way along the groups and `scales` float16 [out, 8 zw], both padded past in/group_size columns
 (AutoAWQ's `calculate_zeros_width`: zw = ceil(groups / 8), rounded up to a multiple of 2 for groups
 of 64, of 4 for groups of 32): the padding is not read, as the kernels do not read it.  The group

@@ -87,3 +87,13 @@ def test_a_gemv_module_it_cannot_read_is_refused_by_name():
         ours.nodes(gemv(dict(t, qzeros=t["qzeros"][:8]), 64))
     with pytest.raises(dyndq.ValidationError, match=r"gate_proj.scales.*at least 4"):
         ours.nodes(gemv(dict(t, scales=t["scales"][:, :3]), 64))
+
+
+def test_the_codes_written_are_the_qweights_own_bytes():
+    """(GEMV packs code i of each word at bits 4i: ONNX's uint4 order, so [out, in] uint4 is qweight's bytes)"""
+    from onnx import TensorProto
+
+    t = awq_gemv_tensors(256, 16, 64, seed=8)
+    placed = ours.nodes(gemv(t, 64))
+    [codes] = [x for x in placed.tensors if x.data_type == TensorProto.UINT4 and list(x.dims) == [16, 256]]
+    assert codes.raw_data == t["qweight"].astype("<i4").tobytes()
