@@ -25,6 +25,12 @@ rows of 384 (every weight but ffn_down, whose rows are 1536) take Q5_0 in Q4_K_M
 The same build makes a second program, tests/llama_cpp/dequantize.c: ggml's own dequantization
 (its gguf reader, then each type's `to_float`: llama.cpp's runtime decode) of every tensor of a
 GGUF file, the C oracle the tests hold gguf's Python and our decode to (`c_dequantize`).
+
+ggml 4227c9b predates NVFP4, so NVFP4's C oracle is the same program built against the ggml of a
+newer sdist, llama-cpp-python 0.3.36 (llama.cpp 0c1e57098, gguf-py 0.19.0; fetched and checked the
+same way, only its ggml/ folder kept): only ggml's `ggml-base` library (its gguf reader and the
+types' to_float; not the CPU backend, not llama) and the program, into ggml-0.3.36/ beside
+llama.cpp-0.3.16/ (`nvfp4_dequantizer`; about 35 s of compiler time, -j2).
 """
 from __future__ import annotations
 
@@ -49,6 +55,9 @@ QUANTS = ("Q4_K_M", "Q6_K", "Q8_0", "IQ4_NL")  # llama_ftype's names, less their
 PROGRAM = "dyndq-llama-quantize"
 DEQUANTIZER = "dyndq-ggml-dequantize"  # tests/llama_cpp/dequantize.c: ggml's to_float of a GGUF file's tensors
 HERE = Path(__file__).resolve().parent
+# the ggml of a newer sdist, for NVFP4's C oracle alone (tests/llama_cpp/ggml_base/CMakeLists.txt)
+NVFP4_VERSION = "0.3.36"
+NVFP4_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
 
 def cache() -> Path:
@@ -85,24 +94,28 @@ def files() -> list[tuple[Path, dict[str, int]]]:
 def source() -> Path:
     """llama.cpp's source tree from the llama-cpp-python sdist (fetched once, SHA-256 checked)."""
     tree = cache() / "source"
-    if (tree / "convert_hf_to_gguf.py").is_file():
-        return tree
-    cache().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache()) as tmp:
+    if not (tree / "convert_hf_to_gguf.py").is_file():
+        _fetched(LLAMA_VERSION, LLAMA_SDIST_SHA256, SOURCE_IN_SDIST, tree)
+    return tree
+
+
+def _fetched(version: str, sha256: str, folder: str, tree: Path) -> None:
+    """`folder` of llama-cpp-python `version`'s sdist (SHA-256 checked) made `tree`."""
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tree.parent) as tmp:
         # --no-binary: the sdist (the wheels hold the compiled library, not the converter)
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", LLAMA_PACKAGE,
-                        "--dest", tmp, f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"], check=True)
+                        "--dest", tmp, f"{LLAMA_PACKAGE}=={version}"], check=True)
         (sdist,) = Path(tmp).glob("*.tar.gz")
-        tm._check(sdist.read_bytes(), LLAMA_SDIST_SHA256, sdist.name)
+        tm._check(sdist.read_bytes(), sha256, sdist.name)
         with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(SOURCE_IN_SDIST)]
+            members = [m for m in tar.getmembers() if m.name.startswith(folder)]
             tar.extractall(tmp, members, filter="data")
         # (the sdist keeps the submodule's .git file, pointing to no repository: cmake's look for the
         # commit would print "fatal: not a git repository" at every configure)
-        (Path(tmp) / SOURCE_IN_SDIST / ".git").unlink(missing_ok=True)
-        (Path(tmp) / SOURCE_IN_SDIST).rename(tree)
-    print(f"wrote {tree} (llama.cpp's source tree from {LLAMA_PACKAGE} {LLAMA_VERSION}'s sdist)")
-    return tree
+        (Path(tmp) / folder / ".git").unlink(missing_ok=True)
+        (Path(tmp) / folder).rename(tree)
+    print(f"wrote {tree} ({folder} of {LLAMA_PACKAGE} {version}'s sdist)")
 
 
 def quantizer(tree: Path) -> Path:
@@ -134,6 +147,38 @@ def dequantizer() -> Path:
     return cache() / "build" / DEQUANTIZER
 
 
+def nvfp4_dequantizer() -> Path:
+    """tests/llama_cpp/dequantize.c built against ggml-base of llama-cpp-python NVFP4_VERSION's sdist
+    (built once: its ggml/ folder fetched, then the program), the C oracle of NVFP4."""
+    home, program = tm.folder() / f"ggml-{NVFP4_VERSION}", nvfp4_dequantizer_path()
+    if program.is_file():
+        return program
+    tree = home / "ggml"
+    if not (tree / "CMakeLists.txt").is_file():
+        _fetched(NVFP4_VERSION, NVFP4_SDIST_SHA256, f"llama_cpp_python-{NVFP4_VERSION}/vendor/llama.cpp/ggml/", tree)
+    started = time.monotonic()
+    for step in (["cmake", "-S", str(HERE / "llama_cpp" / "ggml_base"), "-B", str(home / "build"), f"-DGGML={tree}",
+                  "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF"],
+                 ["cmake", "--build", str(home / "build"), "--target", DEQUANTIZER, "-j2"]):
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(step[:3])} failed (exit {done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+    print(f"built {program} in {time.monotonic() - started:.0f} s (ggml-base of {LLAMA_PACKAGE} {NVFP4_VERSION}, -j2)")
+    return program
+
+
+def nvfp4_dequantizer_missing() -> str | None:
+    """Why NVFP4's C oracle cannot be run here, or None when its program is built."""
+    if not nvfp4_dequantizer_path().is_file():
+        return (f"{nvfp4_dequantizer_path()} not built: `make test-gguf-real` builds it (ggml's to_float, from "
+                f"{LLAMA_PACKAGE} {NVFP4_VERSION}'s sdist: ggml 4227c9b predates NVFP4)")
+    return None
+
+
+def nvfp4_dequantizer_path() -> Path:
+    return tm.folder() / f"ggml-{NVFP4_VERSION}" / "build" / DEQUANTIZER
+
+
 def dequantizer_missing() -> str | None:
     """Why ggml's C dequantization cannot be run here, or None when its program is built."""
     if not dequantizer().is_file():
@@ -141,20 +186,21 @@ def dequantizer_missing() -> str | None:
     return None
 
 
-def c_types() -> list[str]:
-    """The type names (gguf's, upper case) that this ggml can dequantize."""
-    done = subprocess.run([str(dequantizer()), "--types"], capture_output=True, text=True, check=True)
+def c_types(program: Path | None = None) -> list[str]:
+    """The type names (gguf's, upper case) that this ggml (`program`'s: by default 0.3.16's) can dequantize."""
+    done = subprocess.run([str(program or dequantizer()), "--types"], capture_output=True, text=True, check=True)
     return [line.upper() for line in done.stdout.split()]
 
 
-def c_dequantize(path: Path) -> dict[str, "np.ndarray"]:
+def c_dequantize(path: Path, program: Path | None = None) -> dict[str, "np.ndarray"]:
     """Each tensor of GGUF file `path` (name -> flat float32), dequantized by ggml's own to_float
-    after ggml's own gguf reader read the file: llama.cpp's runtime decode."""
+    after ggml's own gguf reader read the file: llama.cpp's runtime decode (`program`: the
+    dequantizer built, by default against 0.3.16's ggml)."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "values.f32"
-        done = subprocess.run([str(dequantizer()), str(path), str(out)], capture_output=True, text=True)
+        done = subprocess.run([str(program or dequantizer()), str(path), str(out)], capture_output=True, text=True)
         if done.returncode:
             raise AssertionError(f"{DEQUANTIZER} {path} failed (exit {done.returncode}): {done.stderr[-2000:]}")
         values = np.fromfile(out, np.float32)
@@ -173,6 +219,7 @@ def make() -> None:
 
     tree = source()
     program = quantizer(tree)
+    nvfp4_dequantizer()
     out = cache() / "gguf"
     out.mkdir(parents=True, exist_ok=True)
     if not path_of("F32").is_file():

@@ -142,6 +142,78 @@ def awq_oracle(t, group_size) -> np.ndarray:
         return ((iweight - izeros).astype(np.float16) * scales).T
 
 
+def awq_zeros_width(n_in, group_size) -> int:
+    """AutoAWQ's calculate_zeros_width (awq/modules/linear/gemv.py): the words of a GEMV row of
+    zeros, ceil(groups / 8) rounded up to a multiple of 2 (groups of 64) or 4 (of 32)."""
+    multiple = {64: 2, 32: 4}.get(group_size, 1)
+    return -(-(-(-(n_in // group_size) // 8)) // multiple) * multiple
+
+
+def awq_gemv_tensors(n_in, out, group_size, seed=0):
+    """A WQLinear_GEMV module's tensors as AutoAWQ's `from_linear` packs them: qweight [out, in/8]
+    and qzeros [out, zw] with code i of each 8 at bits 4i (its order_map is 0..7), scales float16
+    [out, 8 zw]; the padding columns hold random values (AutoAWQ leaves zeros: no kernel reads them)."""
+    rng = np.random.default_rng(seed)
+    groups, width = n_in // group_size, awq_zeros_width(n_in, group_size)
+    q = rng.integers(0, 16, (out, n_in), dtype=np.uint8)
+    z = rng.integers(0, 16, (out, width * 8), dtype=np.uint8)
+    scales = (rng.standard_normal((out, width * 8)) * 0.01).astype(np.float16)
+    scales[:, :groups] = scales_with_extremes((out, groups), rng)
+
+    def pack(codes):  # from_linear's loop: qweight[:, col] |= intweight[:, 8 col + i] << 4 i
+        words = np.zeros((codes.shape[0], codes.shape[1] // 8), np.uint32)
+        for i in range(8):
+            words |= codes[:, i::8].astype(np.uint32) << np.uint32(4 * i)
+        return words.view(np.int32)
+    return {"qweight": pack(q), "qzeros": pack(z), "scales": scales}
+
+
+def awq_gemv_oracle(t, group_size) -> np.ndarray:
+    """The weights AutoAWQ's GEMV kernel multiplies by (AutoAWQ_kernels' and llm-awq's gemv_cuda.cu,
+    gemv_kernel_g64 / gemv_kernel_g128, the path of up to 8 rows), [out, in] float32: each of a warp's
+    32 threads' loops, as the kernel indexes qweight, the (for groups of 64: 64-bit) zero words and
+    the scales, over every output row at once; `dequantized_weight = scaling_factor *
+    (current_single_weight_fp - current_zeros)` in float32."""
+    assert group_size in (64, 128), "gemv_forward_cuda has kernels for groups of 64 and 128 only"
+    qweight, zeros, scales = t["qweight"].view(np.uint32), t["qzeros"].view(np.uint32), t["scales"]
+    out, weight_w = qweight.shape
+    n_in = weight_w * 8
+    packed = -(-(n_in // group_size) // 8)
+    if group_size == 64:
+        packed = -(-packed // 2) * 2
+    assert zeros.shape[1] == packed and scales.shape[1] == packed * 8  # (the kernel's zeros_w and sf_w)
+    per_group = group_size // 32  # (threads a group: each thread reads 32 codes)
+    w = np.full((out, n_in), np.nan, np.float32)
+    for p in range(packed // 2 if group_size == 64 else packed):
+        if group_size == 64:  # (a uint64 read of two zero words: the second word's nibbles above the first's)
+            words = zeros[:, 2 * p].astype(np.uint64) | (zeros[:, 2 * p + 1].astype(np.uint64) << np.uint64(32))
+        else:
+            words = zeros[:, p].astype(np.uint64)
+        for thread in range(32):
+            scale = scales[:, p * (32 // per_group) + thread // per_group].astype(np.float32)
+            zero = ((words >> np.uint64(thread // per_group * 4)) & np.uint64(0xF)).astype(np.float32)
+            for ic_0 in range(4):
+                at = p * 128 + thread * 4 + ic_0
+                if at < weight_w:
+                    word = qweight[:, at]
+                    for ic_1 in range(8):
+                        single = ((word >> np.uint32(4 * ic_1)) & np.uint32(0xF)).astype(np.float32)
+                        with np.errstate(all="ignore"):
+                            w[:, at * 8 + ic_1] = scale * (single - zero)
+    return w
+
+
+def awq_gemv_product(t, group_size) -> np.ndarray:
+    """The same float32 product for any group size (gemv_forward_cuda has kernels for 64 and 128
+    only), written plainly: input k's code at bits 4(k % 8) of word k / 8, its group's zero so too, [out, in]."""
+    k = np.arange(t["qweight"].shape[1] * 8)
+    q = ((t["qweight"].view(np.uint32)[:, k // 8] >> (4 * (k % 8)).astype(np.uint32)) & 0xF).astype(np.float32)
+    g = k // group_size
+    z = ((t["qzeros"].view(np.uint32)[:, g // 8] >> (4 * (g % 8)).astype(np.uint32)) & 0xF).astype(np.float32)
+    with np.errstate(all="ignore"):
+        return t["scales"][:, g].astype(np.float32) * (q - z)
+
+
 def model_of(placed, shape) -> onnx.ModelProto:
     out = helper.make_tensor_value_info(placed.output, placed.dtype, list(shape))
     graph = helper.make_graph(placed.nodes, "checkpoint_module", [], [out], initializer=placed.tensors)

@@ -28,11 +28,13 @@ form does not round a weight to float16 before using it.  So:
   (measured: docs/import.md).  In our graph the decode
   is DynamicDequantize-3 with float16 scales and output_dtype float32, float32(q - z) * float32(d),
   which the export writes so.
-- GPTQ, AWQ, compressed-tensors pack-quantized: their weights are the product rounded to the
+- GPTQ, AWQ GEMM, compressed-tensors pack-quantized: their weights are the product rounded to the
   scales' type (float16 or bfloat16).  On a float32 weight MatMulNBits would give the float32
   product unrounded; on a float16 one too (measured above): other weights either way, so the
   composition.  Where the scales are float32 (compressed-tensors can store them so) the weights
-  are the float32 product: fused, exact.
+  are the float32 product: fused, exact.  So too AWQ GEMV, whose weights are the float32 product
+  of its float16 scales (its GEMV kernel's): fused, its float16 scales read as float32 through a Cast
+  as GGUF's d (exact).
 - everything else keeps the composition, with the reason (`why_not`): a min added after the
   product (Q4_1, Q5_1, K-quants' dmin), codes of 3, 5 or 6 bits, lookup tables (IQ, fp4),
   act-order (a Gather puts the decode's rows back in the inputs' order), a tied embedding (one decode read twice: kept once),
@@ -450,6 +452,8 @@ def _rewrite(written: Written, shape: tuple, use: str, widen: bool, data=None) -
     if bs < 16 or bs & (bs - 1):
         return None, f"blocks of {bs}: the fused ops take a power of two from 16"
     scales = scales.reshape(rows, k // bs)  # (`widen`: kept float16, the checkpoint's bytes; the node's output_dtype float32)
+    # (a float32 decode of float16 scales, AWQ GEMV's float32 product: the same, float16 kept and read as float32)
+    widen = widen or (written.dtype == TensorProto.FLOAT and scales.dtype == np.float16)
     zps = None if zps_t is None else read(zps_t).reshape(rows, k // bs)
     bits = _bits(codes_t.data_type)
     raw = None if data is None else data.raw(codes_t)  # (streamed: the codes moved from the file, never read whole)

@@ -51,10 +51,11 @@ class WrongLayouts:
             return np.asarray(self._stored[name].values(), np.float32)
 
     def _awq_plain(self, name: str) -> list[tuple[str, str, np.ndarray]]:
-        from dyndq.checkpoints.safetensors.files import listed
+        from dyndq.checkpoints.safetensors.files import awq_version, listed
 
         if self._awq is None:
-            self._awq = {m.stand_in().weight_name: m for m in listed(self.checkpoint.path) if m.format == "awq"}
+            self._awq = {m.stand_in().weight_name: m for m in listed(self.checkpoint.path)  # (GEMV packs in plain
+                         if m.format == "awq" and awq_version(m.config) == "gemm"}     # order: no such misreading)
         if name not in self._awq:
             return []
         module = self._awq[name].load()

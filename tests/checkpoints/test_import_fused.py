@@ -417,3 +417,45 @@ def test_fuse_is_checked_and_reaches_the_command(tmp_path, capsys):
     written = onnx.load(str(tmp_path / "a.onnx"))
     assert not any(n.domain == MS for n in written.graph.node)
     assert main(args + ["-o", str(tmp_path / "b.onnx"), "--fuse", "sometimes"]) == 2
+
+
+def gemv_folder(tmp_path, n_in, out, group_size):
+    """An AWQ GEMV checkpoint of LINEAR (AutoAWQ's WQLinear_GEMV), finite scales: the sums below compare numbers."""
+    from safetensors_checkpoints import awq_gemv_tensors
+
+    safetensors = pytest.importorskip("safetensors.numpy")
+    t = awq_gemv_tensors(n_in, out, group_size, seed=group_size)
+    groups = n_in // group_size
+    t["scales"][:, :groups] = (np.random.default_rng(1).standard_normal((out, groups)) * 0.013).astype(np.float16)
+    safetensors.save_file({f"{LINEAR}.{k}": v for k, v in t.items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "awq", "bits": 4, "group_size": group_size, "version": "gemv"}}))
+    return t
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_awq_gemv_on_a_float32_model_becomes_matmul_nbits_giving_its_kernels_weights(tmp_path, group_size):
+    """AWQ GEMV's weights are the float32 product (its GEMV kernel's): its float16 scales, stored as
+    they are and read as float32 through a Cast (exact), make MatMulNBits multiply by that product,
+    bit for bit (fed float16 scales, the op's result would be float16: the product rounded)."""
+    from safetensors_checkpoints import awq_gemv_oracle, awq_gemv_product
+
+    t = gemv_folder(tmp_path, 256, 64, group_size)
+    out, report = dyndq.import_weights(linear_model(), tmp_path, emit="onnxruntime")
+    assert ops(out) == ["Cast", "MatMulNBits"], (ops(out), report.forms)
+    (cast,) = [n for n in out.graph.node if n.op_type == "Cast"]
+    inits = {t.name: t for t in out.graph.initializer}
+    assert inits[cast.input[0]].data_type == onnx.TensorProto.FLOAT16
+    assert report.forms[f"{LINEAR}.weight"].startswith(f"com.microsoft::MatMulNBits 4-bit block {group_size}, float16 "
+                                                       "scales read as float32 through a Cast, zero points; "), report.forms
+    want = np.ascontiguousarray(awq_gemv_oracle(t, group_size).T if group_size != 32 else awq_gemv_product(t, 32).T)
+    same_bits(run_onnxruntime(out, {"x": np.eye(256, dtype=np.float32)})[0], want, zeros_by_value=True)
+    same_bits(run_onnxruntime(out, {"x": pairs(256, np.float32)})[0], summed(want, np.float32), zeros_by_value=True)
+
+
+def test_awq_gemv_on_a_float16_model_keeps_the_composition_saying_why(tmp_path):
+    gemv_folder(tmp_path, 256, 64, 64)
+    out, report = dyndq.import_weights(linear_model(np.float16), tmp_path, emit="onnxruntime")
+    assert "MatMulNBits" not in ops(out)
+    assert report.forms[f"{LINEAR}.weight"].startswith("composition: the model's weight is float16, the decode float"), \
+        report.forms

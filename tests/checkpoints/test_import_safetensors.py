@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 import dyndq
 from dyndq.cli import main
 from engines import run_onnxruntime
-from safetensors_checkpoints import (GROUP, N_IN, O, OUT, Q, UP, awq_oracle, awq_tensors, float_model, gptq_oracle,
-                                     gptq_tensors)
+from safetensors_checkpoints import (GROUP, N_IN, O, OUT, Q, UP, awq_gemv_oracle, awq_gemv_tensors, awq_oracle,
+                                     awq_tensors, float_model, gptq_oracle, gptq_tensors)
 
 save_file = pytest.importorskip("safetensors.numpy").save_file
 
@@ -94,3 +94,38 @@ def test_the_command_imports_a_gptq_folder_and_checks_the_file(tmp_path, capsys)
                                                                               "group_size": GROUP}}))
     assert main(["import-weights", str(src), str(tmp_path / "lone.safetensors"), "-o", str(tmp_path / "x.onnx")]) == 1
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("config_file", ["config.json", "quant_config.json"])
+def test_an_awq_gemv_folder_imports_its_kernels_weights_on_both_engines(tmp_path, config_file):
+    """AWQ's GEMV version (config.json's quantization_config, or AutoAWQ's own quant_config.json):
+    each weight the float32 product its GEMV kernel multiplies by, bit for bit, the model's float32
+    weight taking it as it is (no cast)."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    want, tensors = {}, {}
+    for i, module in enumerate((UP, Q)):
+        t = awq_gemv_tensors(N_IN, OUT, GROUP, seed=10 + i)
+        want[f"{module}.weight"] = awq_gemv_oracle(t, GROUP)
+        tensors.update({f"{module}.{k}": v for k, v in t.items()})
+    save_file(tensors, str(folder / "model.safetensors"))
+    if config_file == "config.json":
+        (folder / "config.json").write_text(json.dumps({"quantization_config": {
+            "quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemv", "zero_point": True}}))
+    else:
+        (folder / "quant_config.json").write_text(json.dumps({"zero_point": True, "q_group_size": GROUP, "w_bit": 4,
+                                                              "version": "GEMV"}))
+    out, report = dyndq.import_weights(float_model(), folder)
+    assert dyndq.check(out) == []
+    rows = {r.weight: r for r in report.imported}
+    assert set(rows) == set(want) and all("GEMV" in r.form and "cast to float" not in r.note for r in rows.values()), \
+        report.table()
+    shapes = {n: [OUT, N_IN] for n in want}
+    check = probe(out, shapes)
+    x = {"x": np.ones((2, N_IN), np.float32)}
+    with np.errstate(all="ignore"):
+        got = {"reference": dyndq.run(check, x),
+               "onnxruntime": dict(zip(shapes, run_onnxruntime(dyndq.export(check, target="onnxruntime"), x)))}
+    for engine, values in got.items():
+        for name, value in want.items():
+            assert (bits(values[name]) == bits(value)).all(), f"{name} on {engine}"

@@ -129,3 +129,23 @@ def test_other_codes_changed_are_not_called_a_layout(awq):
     codes.CopyFrom(numpy_helper.from_array(c[::-1].copy(), codes.name))  # (rows reversed: no known reading)
     got = statuses(dyndq.verify(out, folder))
     assert got[f"{UP}.weight"][0] in ("differs", "requantized") and got[f"{UP}.weight"][1] is None, got
+
+
+def test_an_awq_gemv_import_stays_identical_and_has_no_packing_order_reading(tmp_path):
+    """GEMV packs in plain order: its import is identical, and its codes put in GEMM's order are no
+    known layout (verify names packing-order for GEMM modules alone)."""
+    from safetensors_checkpoints import awq_gemv_tensors
+
+    tensors = {f"{m}.{k}": v for i, m in enumerate((UP, Q_PROJ)) for k, v in awq_gemv_tensors(N_IN, OUT, GROUP, seed=i).items()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemv"}}))
+    right, _ = dyndq.import_weights(awq_float(), tmp_path)
+    report = dyndq.verify(right, tmp_path)
+    assert statuses(report) == {f"{UP}.weight": ("identical", None), f"{Q_PROJ}.weight": ("identical", None)}, \
+        report.summary()
+    codes = next(t for t in right.graph.initializer if t.name == f"{UP}.weight_quantized")
+    c = numpy_helper.to_array(codes)
+    codes.CopyFrom(numpy_helper.from_array(c.reshape(c.shape[0], -1, 8)[:, :, AWQ_ORDER].reshape(c.shape), codes.name))
+    got = statuses(dyndq.verify(right, tmp_path))
+    assert got[f"{UP}.weight"][0] != "identical" and got[f"{UP}.weight"] != ("layout", "packing-order"), got

@@ -39,7 +39,9 @@ def weight_shape(module) -> tuple[int, ...]:
         n_in = len(t["g_idx"]) if "g_idx" in t else t["qweight"].shape[0] * 32 // bits
         return (t["qweight"].shape[1], n_in)
     if module.format == "awq":
-        return (t["qweight"].shape[1] * 8, t["qweight"].shape[0])
+        from dyndq.checkpoints.safetensors.awq import weight_shape as awq_shape
+
+        return awq_shape(module)
     if module.format == "nvfp4-pack-quantized":
         return (t["weight_packed"].shape[0], t["weight_packed"].shape[1] * 2)
     return tuple(int(n) for n in np.asarray(t["weight_shape"]).reshape(-1))  # pack-quantized

@@ -31,7 +31,7 @@ from dyndq.opdefs import Problem, ValidationError
 QUANTIZED_SUFFIXES = {"qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale", "weight_zero_point",
                       "weight_shape", "weight_global_scale"}
 # the formats taken: quant_method (and compressed-tensors' format) -> the writer's name
-TAKEN = "gptq (checkpoint_format gptq, gptq_v2), awq (version gemm), compressed-tensors (pack-quantized, nvfp4-pack-quantized)"
+TAKEN = "gptq (checkpoint_format gptq, gptq_v2), awq (version gemm, gemv), compressed-tensors (pack-quantized, nvfp4-pack-quantized)"
 # safetensors' dtypes NumPy's framework cannot give, read as bytes
 RAW_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 
@@ -68,15 +68,23 @@ def quantization_config(path: Path) -> dict | None:
     return None
 
 
+AWQ_VERSIONS = ("gemm", "gemv")  # (AutoAWQ's "version"; GEMV_FAST's interleaved packing, ExLlama's and Marlin's are other layouts)
+
+
+def awq_version(config: dict) -> str:
+    """An AWQ checkpoint's packing, lower case: "gemm" (the default, as AutoAWQ's) or "gemv" (awq.py reads both)."""
+    return str(config.get("version", "gemm")).lower()
+
+
 def format_of(config: dict, suffixes: set[str], where: str) -> str:
     """The format of a module holding tensors `suffixes`, by the checkpoint's quantization_config."""
     method = str(config.get("quant_method", "")).lower()
     if method == "gptq":
         return "gptq"
     if method == "awq":
-        version = str(config.get("version", "gemm")).lower()
-        if version != "gemm":
-            raise ValidationError([Problem(where, f"an AWQ checkpoint of version {version!r} (not taken yet)", "version gemm")])
+        if awq_version(config) not in AWQ_VERSIONS:
+            raise ValidationError([Problem(where, f"an AWQ checkpoint of version {awq_version(config)!r} (not taken yet)",
+                                           f"version {' or '.join(AWQ_VERSIONS)}")])
         return "awq"
     if method == "compressed-tensors":
         kind = "nvfp4-pack-quantized" if "weight_global_scale" in suffixes else "pack-quantized"

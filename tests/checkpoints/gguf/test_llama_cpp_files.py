@@ -151,16 +151,17 @@ def differing(name, got, want, who):
     return kinds
 
 
-def check_against_c(path, tensors):
+def check_against_c(path, tensors, program=None):
     """Each of `tensors` (GGUFTensors of GGUF file `path`) dequantized by gguf.quants.dequantize
-    and by ours (reference engine and ONNX Runtime), against ggml's C dequantization bit for bit:
-    the set of differences found, each as `differing` says it (empty: every bit the same)."""
+    and by ours (reference engine and ONNX Runtime), against ggml's C dequantization bit for bit
+    (`program`: the dequantizer, by default 0.3.16's ggml's): the set of differences found, each
+    as `differing` says it (empty: every bit the same)."""
     import gguf
     import numpy as np
 
     from gguf_blocks import qtype
 
-    c = made.c_dequantize(path)
+    c = made.c_dequantize(path, program)
     assert list(c) == [t.name for t in tensors], (list(c), [t.name for t in tensors])
     found = set()
     for t in tensors:
@@ -206,7 +207,7 @@ def test_ggmls_c_dequantization_of_drawn_blocks_of_every_type(tmp_path):
         pytest.skip(C_WHY_NOT)
     ggml_has = set(made.c_types())
     types = [n for n in known(ours.names()) if n in ggml_has]
-    assert set(known(ours.names())) - set(types) <= {"NVFP4"}  # (ggml 4227c9b predates NVFP4, gguf 0.19's)
+    assert set(known(ours.names())) - set(types) <= {"NVFP4"}  # (ggml 4227c9b predates NVFP4: the test below)
     tensors = {}
     for name in types:
         block = block_of(name)[0]
@@ -216,3 +217,30 @@ def test_ggmls_c_dequantization_of_drawn_blocks_of_every_type(tmp_path):
     assert [t.type_name for t in read] == types
     want = {(name, who, kind) for name, kind in NAN_DIFFERENCES.items() for who in ("gguf", "reference", "onnxruntime")}
     assert check_against_c(tmp_path / "drawn.gguf", read) == want
+
+
+def test_a_newer_ggmls_c_dequantization_of_drawn_nvfp4_blocks(tmp_path):
+    """NVFP4, which ggml 4227c9b predates, against the to_float of llama-cpp-python 0.3.36's ggml
+    (nvfp4_dequantizer: its ggml-base alone): drawn blocks (every code, every e4m3 scale byte in
+    each of a block's four scale positions: the sign bit and 0x7F that ggml reads as 0 included) in
+    a GGUF file by gguf's writer, read by that ggml's gguf reader: gguf's Python and ours (both
+    engines) give its bits, NaNs included (NVFP4 makes none)."""
+    import numpy as np
+
+    from gguf_blocks import block_of, drawn, known, write_gguf
+
+    why_not = made.nvfp4_dequantizer_missing()
+    if why_not:
+        pytest.skip(why_not)
+    if "NVFP4" not in known(ours.names()):
+        pytest.skip("the installed gguf has no NVFP4 (gguf 0.19 and later)")
+    program = made.nvfp4_dequantizer_path()
+    assert "NVFP4" in made.c_types(program)
+    data = drawn("NVFP4", 16, 4096 // block_of("NVFP4")[0], seed=3)
+    assert all(len(np.unique(data.reshape(-1, block_of("NVFP4")[1])[:, at])) == 256 for at in range(4))
+    write_gguf(tmp_path / "nvfp4.gguf", {"t_NVFP4": ("NVFP4", data)})
+    read = list(ours.read(tmp_path / "nvfp4.gguf"))
+    assert [t.type_name for t in read] == ["NVFP4"]
+    c = made.c_dequantize(tmp_path / "nvfp4.gguf", program)["t_NVFP4"]
+    assert np.count_nonzero(c) > c.size // 2 and np.isfinite(c).all()  # (values, not a decode of nothing)
+    assert check_against_c(tmp_path / "nvfp4.gguf", read, program) == set()

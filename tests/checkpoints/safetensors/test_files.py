@@ -53,8 +53,8 @@ def test_quantized_tensors_without_a_config_are_refused(tmp_path):
 
 
 def test_a_format_not_taken_is_refused_naming_it(tmp_path):
-    write_checkpoint(tmp_path, config={"quant_method": "awq", "version": "gemv"})
-    with pytest.raises(dyndq.ValidationError, match="version 'gemv'"):
+    write_checkpoint(tmp_path, config={"quant_method": "awq", "version": "gemv_fast"})
+    with pytest.raises(dyndq.ValidationError, match="version 'gemv_fast'"):
         list(ours.read(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "hqq"}}))
     with pytest.raises(dyndq.ValidationError, match="quant_method 'hqq'"):
