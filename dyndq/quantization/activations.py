@@ -108,12 +108,12 @@ def layer_inputs(model: onnx.ModelProto, targets) -> tuple[dict, dict]:
 
 
 def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, gram: bool = True,
-            progress=None) -> dict[LayerInput, ActivationStats]:
+            progress=None, mapped: MappedWeights | None = None) -> dict[LayerInput, ActivationStats]:
     """The statistics of each of `inputs` (LayerInputs) over the samples `feeds` (checked feed
     dicts), the model run on ONNX Runtime (`loaded`: as model_files.read_model(..., load_data=False)
     read it, its weights read from its external data for the run) with only those inputs exposed:
     one pass over the samples (calibration.py runs several, a group of inputs each, within a memory
-    bound).  `gram`: also sum X^T X."""
+    bound).  `gram`: also sum X^T X.  `mapped`: the big weights fed mapped from its file (MappedWeights)."""
     from dyndq.quantization.evaluate import OnOrt
 
     inputs = list(dict.fromkeys(inputs))
@@ -122,7 +122,7 @@ def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, g
     wanted = {i.value: i.dtype for i in inputs if i.value not in fed}
     try:
         # (the float model on ONNX Runtime as the evaluation runs it, only these values given: evaluate.OnOrt)
-        run = OnOrt(model, loaded, outputs=wanted) if wanted else None
+        run = OnOrt(model, loaded, outputs=wanted, weights=mapped and mapped.arrays()) if wanted else None
     except Exception as e:  # noqa: BLE001 - a model ONNX Runtime cannot load (a bfloat16 MatMul): said, not a traceback
         raise _engine_problem(e, "load it") from e
     for n, sample in enumerate(feeds):
@@ -146,6 +146,58 @@ def collect(model: onnx.ModelProto, inputs, feeds: list[dict], *, loaded=None, g
             stats[i].add(rows)
         del values
     return stats
+
+
+class MappedWeights:
+    """The model's big initializers (those `evaluate.OnOrt` feeds apart: over plumbing.light.BIG)
+    written once to a scratch file, each pass's ONNX Runtime session fed them mapped from it
+    (`arrays()`, read-only np.memmap) rather than as arrays read into memory for every pass.
+
+    Why: a pass exposes one group's layer inputs, and ONNX Runtime runs only the nodes those
+    need, so the weights of the layers after them, and the rows of an embedding no token
+    indexes, are never read: mapped, their pages are never brought in, where read into memory
+    each pass held every weight's copy (MiniLM: 0.5x the model) beside the model the caller
+    holds.  The values fed are the same arrays, so the activations (and the codes) are bit for
+    bit those of arrays in memory.  The file is the weights' bytes once on disk (in the system's
+    temporary folder), removed by `close()` (or when this is collected)."""
+
+    def __init__(self, model: onnx.ModelProto, loaded=None):
+        import os
+        import tempfile
+        import weakref
+
+        from dyndq.model_files import tensor_array
+        from dyndq.plumbing.light import BIG, nbytes
+
+        self.layout = {}  # name -> (dtype, shape, offset)
+        folder = tempfile.mkdtemp(prefix="dyndq-calibration-")
+        self.path = os.path.join(folder, "weights.bin")
+        self._finalizer = weakref.finalize(self, _remove, folder)
+        with open(self.path, "wb") as f:
+            for t in model.graph.initializer:
+                if nbytes(t) <= BIG or t.name in self.layout:
+                    continue
+                a = onnx.numpy_helper.to_array(t) if loaded is None else tensor_array(t, loaded)
+                if a.dtype.hasobject or not a.size:
+                    continue
+                offset = -(-f.tell() // 64) * 64
+                f.seek(offset)
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+                self.layout[t.name] = (a.dtype, a.shape, offset)
+                del a
+
+    def arrays(self) -> dict:
+        """{name: a read-only array mapped from the file}: one pass's (its pages go with it)."""
+        return {name: np.memmap(self.path, dtype, "r", offset, shape) for name, (dtype, shape, offset) in self.layout.items()}
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _remove(folder: str) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _engine_problem(e: Exception, what: str) -> ActivationError:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from dyndq.opdefs import Problem
 from dyndq.quantization import scale_estimation
-from dyndq.quantization.activations import ActivationStats, collect, layer_inputs
+from dyndq.quantization.activations import ActivationStats, MappedWeights, collect, layer_inputs
 from dyndq.quantization.gptq import NotPositiveDefinite, gptq_weight
 from dyndq.quantization.evaluate import describe_samples
 from dyndq.wording import plural
@@ -86,12 +86,12 @@ class Calibration:
         """The weight's numerics.QuantizedWeight by GPTQ or AWQ, or by a data-free method with scale
         estimation (rtn's where it has no input)."""
         key = (target.graph, target.name)
-        if self.scaling is not None and not (options.scale_estimation and key in self.inputs):
-            return self.scaling.quantize(weight, target, options)  # (awq: its scaled weight, a fold's too, by rtn)
-        if key not in self.inputs:
-            rtn = dataclasses.replace(options, method="rtn")
-            return options.fmt.quantize(weight, target, rtn, options.bits)
         try:
+            if self.scaling is not None and not (options.scale_estimation and key in self.inputs):
+                return self.scaling.quantize(weight, target, options)  # (awq: its scaled weight, a fold's too, by rtn)
+            if key not in self.inputs:
+                rtn = dataclasses.replace(options, method="rtn")
+                return options.fmt.quantize(weight, target, rtn, options.bits)
             grams = [self.stats[i].gram for i in self.inputs[key]]
             gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
             if self.scaling is not None:  # (awq with scale estimation: refitted on its scaled weight's input)
@@ -110,9 +110,15 @@ class Calibration:
             self.done(key)
 
     def done(self, key) -> None:
-        """The weight `key` ((graph, name)) is quantized: the statistics no other weight still needs are dropped."""
+        """The weight `key` ((graph, name)) is quantized: the statistics no other weight still needs are dropped
+        (awq's without scale estimation too: its scales were searched before the walker)."""
         if isinstance(self.stats, Passes):
             self.stats.done(key)
+
+    def close(self) -> None:
+        """Every statistic dropped and the passes' mapped weights removed (quantize_model, once the walker is done)."""
+        if isinstance(self.stats, Passes):
+            self.stats.close()
 
 
 def walker_order(model, inputs: dict) -> list:
@@ -200,6 +206,7 @@ class Passes(Mapping):
             for i in found:
                 self.waiting.setdefault(i, set()).add(key)
         self.held: dict = {}
+        self.mapped = None  # (activations.MappedWeights: made with the first pass, closed with the last)
         self.current = -1
         self.runs = 0
         self.seconds = 0.0
@@ -228,6 +235,14 @@ class Passes(Mapping):
             weights.discard(key)
             if not weights:
                 self.held.pop(i, None)
+        if not any(self.waiting.values()):
+            self.close()
+
+    def close(self) -> None:
+        self.held = {}
+        if self.mapped is not None:
+            self.mapped.close()
+            self.mapped = None
 
     def _pass(self, g: int) -> None:
         group = self.groups[g]
@@ -236,7 +251,10 @@ class Passes(Mapping):
         started = time.perf_counter()
         count = len(self.groups)
         progress = self.progress and (lambda line: self.progress(f"pass {g + 1}/{count}: {line}"))
-        self.held.update(collect(self.model, wanted, self.feeds, loaded=self.loaded, progress=progress))
+        if self.mapped is None:
+            self.mapped = MappedWeights(self.model, self.loaded)
+        self.held.update(collect(self.model, wanted, self.feeds, loaded=self.loaded, progress=progress,
+                                 mapped=self.mapped))
         self.seconds += time.perf_counter() - started
         self.runs += 1
         self.current = g

@@ -123,9 +123,12 @@ class OnOrt(Runner):
     (the calibration's layer inputs, activations.py), exposed on a copy made for the run (the model
     passed in is never changed): as `dyndq.run(..., outputs=)` asks for values (run_outputs.with_outputs),
     each typed as the model declares it, else as ONNX infers it, else by the dtype given with an
-    open shape (ONNX Runtime needs a type; a model over 2 GiB is not inferred)."""
+    open shape (ONNX Runtime needs a type; a model over 2 GiB is not inferred).
 
-    def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None, outputs=None):
+    `weights`: {name: array} of big initializers already at hand (the calibration's, mapped from a
+    file: activations.MappedWeights), fed as they are instead of read."""
+
+    def __init__(self, model: onnx.ModelProto, loaded=None, as_written: str | None = None, outputs=None, weights=None):
         from dyndq.ort_session import OrtSession
         from dyndq.run_outputs import exported_for_onnxruntime
 
@@ -148,7 +151,7 @@ class OnOrt(Runner):
             self.ops = sorted({n.op_type for n in self.exported.graph.node})  # (what ran, for the report and its tests)
             del self.exported  # (the session holds what it runs: the whole export is not kept beside it)
             return
-        light, weights = _weights_apart(model, loaded)
+        light, weights = _weights_apart(model, loaded, weights)
         face = model  # (what the Runner checks feeds and outputs against: the model's own inputs, its weights fed apart)
         if outputs is not None:
             light = _exposing(light, outputs)
@@ -211,10 +214,10 @@ def _standard(model: onnx.ModelProto) -> bool:
                                                  for a in n.attribute) for n in model.graph.node)
 
 
-def _weights_apart(model: onnx.ModelProto, loaded=None) -> tuple[onnx.ModelProto, dict]:
+def _weights_apart(model: onnx.ModelProto, loaded=None, given=None) -> tuple[onnx.ModelProto, dict]:
     """(the model without its big initializers' data, each a graph input instead, as `light_view`
-    makes them; {name: array} of them, each read once); a small tensor with external data is
-    read into the model."""
+    makes them; {name: array} of them, each read once, or taken from `given`); a small tensor with
+    external data is read into the model."""
     from dyndq.model_files import tensor_array, tensor_with_data
     from dyndq.plumbing.light import BIG, copy_fields, nbytes
 
@@ -227,7 +230,10 @@ def _weights_apart(model: onnx.ModelProto, loaded=None) -> tuple[onnx.ModelProto
         if nbytes(t) <= BIG:
             light.graph.initializer.append(t if loaded is None else tensor_with_data(t, loaded))
             continue
-        weights[t.name] = onnx.numpy_helper.to_array(t) if loaded is None else tensor_array(t, loaded)
+        if given is not None and t.name in given:
+            weights[t.name] = given[t.name]
+        else:
+            weights[t.name] = onnx.numpy_helper.to_array(t) if loaded is None else tensor_array(t, loaded)
         if t.name not in inputs:  # (IR < 4 lists initializers among the inputs already)
             light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return light, weights

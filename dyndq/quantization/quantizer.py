@@ -257,7 +257,11 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
                       calibration)
-    apply(out, [rule.rule()], None, names, store=tensors)
+    try:
+        apply(out, [rule.rule()], None, names, store=tensors)
+    finally:
+        if calibration is not None:  # (its statistics and mapped weights gone before the evaluation's sessions)
+            calibration.close()
     if calibration is not None:  # (after the walker: its passes, run as the weights came, counted; awq's scales next)
         report.notes += calibration.notes() + (calibration.scaling.notes if calibration.scaling is not None else [])
     if report.budget is not None:  # (the candidates' codes, every width of every weight, are not kept with the report)

@@ -211,3 +211,65 @@ def test_the_float_model_on_onnx_runtime_gives_the_values_asked_for():
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1)], functions=[f], ir_version=10)
     got = OnOrt(fn_model, outputs={"t": "float32"})(feeds)
     np.testing.assert_array_equal(got["t"], feeds["x"] + feeds["x"])
+
+
+def wide(seed: int = 3) -> onnx.ModelProto:
+    """x [m, 512] -> W1 [512, 640] (1.25 MiB: over plumbing.light.BIG, fed apart) -> Relu -> W2 [640, 16]."""
+    rng = np.random.default_rng(seed)
+    inits = [nh.from_array((rng.standard_normal((512, 640)) / 23).astype(np.float32), "W1"),
+             nh.from_array((rng.standard_normal((640, 16)) / 25).astype(np.float32), "W2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"])]
+    g = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", T.FLOAT, ["m", 512])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["m", 16])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_big_weights_are_fed_mapped_from_one_file_with_the_same_statistics_bit_for_bit():
+    """A pass feeds the weights over BIG mapped from the calibration's file (not read again), and the
+    statistics are those of the weights read into memory, bit for bit; close() removes the file."""
+    import os
+
+    from dyndq.quantization.activations import MappedWeights, collect
+
+    model = wide()
+    feeds = [{"x": np.random.default_rng(i).standard_normal((20, 512)).astype(np.float32)} for i in range(2)]
+    wanted = [LayerInput("r", 640)]
+    mapped = MappedWeights(model)
+    arrays = mapped.arrays()
+    assert list(arrays) == ["W1"] and isinstance(arrays["W1"], np.memmap)
+    np.testing.assert_array_equal(arrays["W1"], nh.to_array(model.graph.initializer[0]))
+    del arrays
+    read = collect(model, wanted, feeds)[wanted[0]]
+    fed = collect(model, wanted, feeds, mapped=mapped)[wanted[0]]
+    assert np.array_equal(read.gram, fed.gram) and np.array_equal(read.abs_sum, fed.abs_sum)
+    mapped.close()
+    assert not os.path.exists(mapped.path)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_awq_and_gptq_drop_every_statistic_and_the_mapped_file_by_the_end(method):
+    """awq without scale estimation drops its statistics as the walker goes too (it never asked
+    for them there), and the mapped weights' file is gone once quantize returns."""
+    import os
+
+    from dyndq.quantization import activations, calibration
+
+    seen, paths = [], []
+    done, made = calibration.Passes.done, activations.MappedWeights.__init__
+
+    def watched_done(self, key):
+        done(self, key)
+        seen.append(sum(ActivationStats.bytes_for(i.k) for i in self.held))
+
+    def watched_init(self, *a, **k):
+        made(self, *a, **k)
+        paths.append(self.path)
+
+    try:
+        calibration.Passes.done, activations.MappedWeights.__init__ = watched_done, watched_init
+        dyndq.quantize(wide(), method=method, inputs=[{"x": np.ones((4, 512), np.float32)}], evaluate=False)
+    finally:
+        calibration.Passes.done, activations.MappedWeights.__init__ = done, made
+    assert len(seen) == 2 and seen[-1] == 0
+    assert paths and not any(os.path.exists(p) for p in paths)
