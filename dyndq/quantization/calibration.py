@@ -92,6 +92,8 @@ class Calibration:
             rtn = dataclasses.replace(options, method="rtn")
             return options.fmt.quantize(weight, target, rtn, options.bits)
         try:
+            if self.scaling is not None and key in self.scaling.refined:  # (awq: refitted as its group was searched)
+                return self.scaling.refined.pop(key)
             grams = [self.stats[i].gram for i in self.inputs[key]]
             gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
             if self.scaling is not None:  # (awq with scale estimation: refitted on its scaled weight's input)
