@@ -10,6 +10,8 @@ X @ W (a Gemm's transposed B [N, K] the same, read along its rows):
     alpha in 0, 0.05, ..., 1 (`ALPHAS`) minimising the layer's output error on the calibration rows
         ||X W - X diag(1/s) Q(diag(s) W)||^2 = tr(D^T G D), D = W - diag(1/s) Q(diag(s) W), G = X^T X,
         computed from the X^T X collected (no activation is held); ties go to the smaller alpha;
+        with fewer calibration rows than 3/4 K, as |B D|^2 for B [R, K] with B^T B = G (`gram_factor`,
+        R <= the rows): the same sum to float64 rounding, in R K N flops instead of K^2 N;
     Q: the format's rounding by rtn's rule, so alpha 0 (s = 1) gives rtn's very codes, and the
         error chosen is never above rtn's.
 
@@ -32,6 +34,11 @@ X when that is exact and X has no other reader than the group's MatMuls (nor is 
   group's search, done after this one, sees it so: the groups are searched from the graph's end),
   a float one in the graph;
 else one Mul by r before the group's readers of X.  The report's notes say which, per X.
+
+With scale estimation, each weight of a group is refitted (scale_estimation.refine_weight on
+diag(r) G diag(r)) right after the group's search, while the calibration holds its X^T X: the
+search reads the groups from the graph's end, and a refit when the walker offers the weights (from
+its start) would collect every X^T X again in passes of its own.
 """
 from __future__ import annotations
 

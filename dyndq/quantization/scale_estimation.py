@@ -34,7 +34,8 @@ keeps its zero points fixed):
      (store, round, measure by the whole H, refit) (REFITS refits after each chain's start);
   4. the group keeps the lowest error measured (strictly lower than the incumbent's to replace it).
 Each measure is one product q'H (`_Fit`: the error and both fits are sums of it), 12 per group:
-N L^2 flops each.
+N L^2 flops each; the chains of stage 3 are measured a round at a time, stacked as rows of one
+product (fewer, larger products: each row's sums are the ones it gets alone, bit for bit).
 Every error is measured with the scale as stored (float16 and bfloat16 round the fitted value)
 and the codes rounded against it, so what is written is what was measured, and the written
 codes, scales and zero points are the method's choice bit for bit on every engine.  A layer's
