@@ -624,6 +624,8 @@ def main(argv=None) -> int:
                    help="all: minilm, ppocr and magika (synthetic is for the tests)")
     p.add_argument("--samples", type=int, default=16, help="calibration inputs (the same for every data-aware method)")
     p.add_argument("--held-out", type=int, default=16, help="held-out inputs the errors are measured on")
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="only the methods whose label contains TEXT (repeatable; default: every method)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -644,6 +646,8 @@ def main(argv=None) -> int:
         skipped.append(f"dyndq scale_estimation rows left out: this dyndq's quantize does not take "
                        f"scale_estimation=True ({refusal})")
     rows_of = methods(why_not_nncf is None, refusal is None)
+    if args.only:
+        rows_of = [m for m in rows_of if any(text in m.label for text in args.only)]
     names = ("minilm", "ppocr", "magika") if args.model == "all" else (args.model,)
     status = 0
     with tempfile.TemporaryDirectory() as tmp:

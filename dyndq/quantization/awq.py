@@ -10,6 +10,8 @@ X @ W (a Gemm's transposed B [N, K] the same, read along its rows):
     alpha in 0, 0.05, ..., 1 (`ALPHAS`) minimising the layer's output error on the calibration rows
         ||X W - X diag(1/s) Q(diag(s) W)||^2 = tr(D^T G D), D = W - diag(1/s) Q(diag(s) W), G = X^T X,
         computed from the X^T X collected (no activation is held); ties go to the smaller alpha;
+        with fewer calibration rows than 3/4 K, as |B D|^2 for B [R, K] with B^T B = G (`gram_factor`,
+        R <= the rows): the same sum to float64 rounding, in R K N flops instead of K^2 N;
     Q: the format's rounding by rtn's rule, so alpha 0 (s = 1) gives rtn's very codes, and the
         error chosen is never above rtn's.
 
@@ -32,6 +34,11 @@ X when that is exact and X has no other reader than the group's MatMuls (nor is 
   group's search, done after this one, sees it so: the groups are searched from the graph's end),
   a float one in the graph;
 else one Mul by r before the group's readers of X.  The report's notes say which, per X.
+
+With scale estimation, each weight of a group is refitted (scale_estimation.refine_weight on
+diag(r) G diag(r)) right after the group's search, while the calibration holds its X^T X: the
+search reads the groups from the graph's end, and a refit when the walker offers the weights (from
+its start) would collect every X^T X again in passes of its own.
 """
 from __future__ import annotations
 
@@ -75,10 +82,42 @@ def scaled_weight(weight: np.ndarray, axis: int, rows: np.ndarray | None = None,
         return w.astype(np.asarray(weight).dtype)
 
 
-def output_error(goal: np.ndarray, dequantized: np.ndarray, r: np.ndarray, gram: np.ndarray) -> float:
-    """tr(D^T G D) with D = goal - diag(r) dequantized, all [K, N] float64 (G: X^T X, [K, K])."""
+def output_error(goal: np.ndarray, dequantized: np.ndarray, r: np.ndarray, gram: np.ndarray,
+                 factor: np.ndarray | None = None) -> float:
+    """tr(D^T G D) with D = goal - diag(r) dequantized, all [K, N] float64 (G: X^T X, [K, K]);
+    with `factor` B ([R, K], B^T B = G: `gram_factor`), |B D|^2, the same sum in R K N flops."""
     d = goal - r[:, None] * dequantized
+    if factor is not None:
+        e = factor @ d
+        return float(np.einsum("rn,rn->", e, e))
     return float(np.einsum("kn,kn->", d, gram @ d))
+
+
+def gram_factor(gram: np.ndarray, rows: int) -> np.ndarray | None:
+    """B [R, K] with B^T B = G (to float64 rounding) when X^T X of `rows` calibration rows has
+    R < 3/4 K (fewer rows than channels: R <= rows), else None (G itself is as cheap).
+    Cholesky with diagonal pivoting (Higham, "Accuracy and Stability of Numerical Algorithms",
+    10.3: backward stable on a positive semidefinite matrix), stopped after `rows` steps or once
+    the largest diagonal left is below 1e-13 of G's: each alpha's error then costs R K N flops
+    instead of K^2 N (NumPy has no pivoted Cholesky; LAPACK's pstrf is not reached from it)."""
+    g = np.asarray(gram, np.float64)
+    k = g.shape[0]
+    most = min(rows, k)
+    if most >= 0.75 * k:
+        return None
+    left = np.diag(g).copy()
+    floor = 1e-13 * max(float(left.max(initial=0.0)), 0.0)
+    b = np.zeros((most, k))
+    for j in range(most):
+        p = int(np.argmax(left))
+        if not left[p] > floor:
+            b = b[:j]
+            break
+        column = g[p] - b[:j, p] @ b[:j]
+        b[j] = column / np.sqrt(left[p])
+        left -= b[j] * b[j]
+        left[p] = 0.0
+    return b
 
 
 @dataclass
@@ -91,6 +130,7 @@ class Member:
     axis: int
     gram: np.ndarray
     columns: np.ndarray | None = None
+    rows: int | None = None  # the calibration rows summed into `gram` (None: not known)
 
     def goal(self) -> np.ndarray:
         """The weight the group's output should be: [K, N] float64, a fold's multiplier applied."""
@@ -111,13 +151,14 @@ def search(members: list[Member], mean_abs: np.ndarray, dtype, quantize) -> Sear
     `quantize(weight, member)` gives the weight's values as the graph dequantizes them (raising
     ScaleOutOfRange for one it cannot quantize).  No alpha quantizable: alpha 0, error inf."""
     goals = [m.goal() for m in members]
+    factors = [None if m.rows is None else gram_factor(m.gram, m.rows) for m in members]
     errors, best = {}, None
     for alpha in ALPHAS:
         r = multiplier(mean_abs, alpha, dtype)
         total = 0.0
         if not (np.isfinite(r).all() and (r > 0).all()):
             total = float("inf")
-        for m, goal in zip(members, goals):
+        for m, goal, factor in zip(members, goals, factors):
             if total == float("inf"):
                 break
             try:
@@ -126,7 +167,7 @@ def search(members: list[Member], mean_abs: np.ndarray, dtype, quantize) -> Sear
                 total = float("inf")
                 break
             values = np.asarray(values, np.float64)
-            total += output_error(goal, values if m.axis == 0 else values.T, r, m.gram)
+            total += output_error(goal, values if m.axis == 0 else values.T, r, m.gram, factor)
         if not np.isfinite(total):
             total = float("inf")
         errors[alpha] = total
@@ -160,6 +201,7 @@ class Scaling:
         self.columns: dict[tuple[str, str], np.ndarray] = {}  # weight -> r of a fold (its outputs times it)
         self.notes: list[str] = []
         self.searched_errors: dict[tuple[str, str], dict] = {}  # weight -> its group's error at each alpha
+        self.refined: dict = {}  # weight -> its QuantizedWeight with scale estimation, made while X^T X is held
 
     def scaled(self, weight, target) -> np.ndarray:
         """The weight as awq rounds it: divided by its rows' r, times a fold's columns' r."""
@@ -182,6 +224,23 @@ class Scaling:
             return q if refine is None else refine(scaled, q)
         except ScaleOutOfRange as e:  # (left alone it would be wrong: the graph's X is scaled for it)
             raise AwqError([Problem(f"weight {target.name!r}", f"scaled by awq, {e.found}", e.allowed)]) from None
+
+    def _refine(self, members, by_key, calibration, options) -> None:
+        """Each member's weight rounded and refitted by scale estimation now, while its group's
+        X^T X is held (what calibration.py would do when the walker offers it, bit for bit, without
+        collecting that X^T X again in a pass of its own); a weight it cannot quantize is left for then."""
+        from dyndq.quantization.scale_estimation import refine_weight
+
+        for m in members:
+            target = by_key[m.key]
+            grams = [calibration.stats[i].gram for i in calibration.inputs[m.key]]
+            gram = self.input_gram(grams[0] if len(grams) == 1 else sum(grams), target)
+            scaled = self.scaled(m.weight, target)
+            try:
+                self.refined[m.key] = refine_weight(scaled, rounded(scaled, target, options), gram, bits=options.bits,
+                                                    symmetric=options.symmetric)
+            except ScaleOutOfRange:  # (calibration.py's call says it, named)
+                pass
 
     @classmethod
     def build(cls, out: onnx.ModelProto, targets, calibration, options, read, names, progress=None) -> Scaling:
@@ -211,21 +270,25 @@ class Scaling:
             mean_abs = sum(calibration.stats[i].abs_sum for i in group.inputs) / max(rows, 1)
             dtype = np.dtype(group.inputs[0].dtype) if group.inputs[0].dtype != "bfloat16" else _bfloat16()
             members = [Member(k, read(inits[k[1]]) if k[1] in inits else _constant(out, k[1]), by_key[k].axis,
-                              sum(calibration.stats[i].gram for i in calibration.inputs[k]), self.columns.get(k))
+                              sum(calibration.stats[i].gram for i in calibration.inputs[k]), self.columns.get(k),
+                              sum(calibration.stats[i].rows for i in calibration.inputs[k]))
                        for k in group.keys]
 
             def values_of(w, m, target_of=by_key):
                 return options.fmt.dequantize(rounded(w, target_of[m.key], options), w.dtype)
 
             group.searched = found = search(members, mean_abs, dtype, values_of)
-            del members
             searched_keys.update(group.keys)
             self.searched_errors.update({k: found.errors for k in group.keys})
+            if found.alpha != 0:
+                for k in group.keys:
+                    self.rows[k] = found.r
+            if options.scale_estimation:  # (rows and columns final: a fold into it is from a group searched before)
+                self._refine(members, by_key, calibration, options)
+            del members
             if found.alpha == 0:
                 self.notes.append(f"awq: {_values(group)} (read by {shown}): alpha 0, no scale (rtn's rounding)")
                 continue
-            for k in group.keys:
-                self.rows[k] = found.r
             for value in group.values:
                 mine = [(k, u) for k, u in uses if nodes[u.index].input[0] == value]
                 where = _fold(out, value, {u.index for _, u in mine}, found.r, readers, inits, by_key, searched_keys,

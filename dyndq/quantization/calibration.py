@@ -87,6 +87,8 @@ class Calibration:
         estimation (rtn's where it has no input)."""
         key = (target.graph, target.name)
         try:
+            if self.scaling is not None and key in self.scaling.refined:  # (awq: refitted as its group was searched)
+                return self.scaling.refined.pop(key)
             if self.scaling is not None and not (options.scale_estimation and key in self.inputs):
                 return self.scaling.quantize(weight, target, options)  # (awq: its scaled weight, a fold's too, by rtn)
             if key not in self.inputs:

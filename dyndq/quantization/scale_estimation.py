@@ -34,7 +34,8 @@ keeps its zero points fixed):
      (store, round, measure by the whole H, refit) (REFITS refits after each chain's start);
   4. the group keeps the lowest error measured (strictly lower than the incumbent's to replace it).
 Each measure is one product q'H (`_Fit`: the error and both fits are sums of it), 12 per group:
-N L^2 flops each.
+N L^2 flops each; the chains of stage 3 are measured a round at a time, stacked as rows of one
+product (fewer, larger products: each row's sums are the ones it gets alone, bit for bit).
 Every error is measured with the scale as stored (float16 and bfloat16 round the fitted value)
 and the codes rounded against it, so what is written is what was measured, and the written
 codes, scales and zero points are the method's choice bit for bit on every engine.  A layer's
@@ -60,6 +61,7 @@ from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales
 FACTORS = tuple(1.0 - 0.05 * i for i in range(-1, 9))  # 1.05 down to 0.6 times the method's scale
 REFITS = 2  # rounds of (round against the stored scale, least-squares refit) from each chain of stage 2
 TOP = 3  # each row's best screened candidates of stage 1 measured and refitted (beside the method's own)
+STACKED = 1 << 20  # the most weights of stage 2's chains stacked at once (8 MiB a float64 copy)
 
 
 def levels_of(q, bits: int, symmetric: bool) -> Levels:
@@ -133,7 +135,7 @@ def fit_group(w: np.ndarray, h: np.ndarray, pull, incumbent, *, qmax: int, symme
     # stage 1: every candidate window rounded against its stored scale and screened by the error's
     # diagonal part (sum of H_ll d_l^2 + 2 d . b: no product with H), cheaply
     diagonal = np.diag(h)
-    screened, tried = [], []
+    screened, scales_tried, zeros_tried = [], [], []
     for scale, zero in _starts(s0, z0, qmax, symmetric):
         stored = _stored(scale, scale_dtype)
         d = w - (_rounded(w32, stored, zero, qmax).astype(np.float64) - zero.astype(np.float64)[:, None]) * _f64(
@@ -141,20 +143,35 @@ def fit_group(w: np.ndarray, h: np.ndarray, pull, incumbent, *, qmax: int, symme
         with np.errstate(over="ignore", invalid="ignore"):
             screen = np.einsum("nl,l->n", d * d, diagonal) + 2.0 * np.einsum("nl,nl->n", d, pull)
         screened.append(np.where(np.isnan(screen), np.inf, screen))
-        tried.append((_f64(stored), zero))
+        scales_tried.append(_f64(stored))
+        zeros_tried.append(zero)
     # stage 2: from the method's own refit and each row's TOP best screened candidates, rounds of
-    # (store, round, measure by the whole H, refit)
+    # (store, round, measure by the whole H, refit); each round of every chain in one stacked
+    # product, then kept in the chains' order (as if run one chain after the other)
     ranked = np.argsort(np.stack(screened), axis=0, kind="stable")[:TOP]
-    rows = np.arange(len(w))
-    scales_tried, zeros_tried = np.stack([t[0] for t in tried]), np.stack([t[1] for t in tried])
+    n = len(w)
+    per_batch = max(1, STACKED // max(1, w.size))
+    rows = np.arange(n)
+    scales_tried, zeros_tried = np.stack(scales_tried), np.stack(zeros_tried)
     chains = [(incumbent_refit, REFITS)] + [((scales_tried[pick, rows], zeros_tried[pick, rows]), REFITS + 1)
                                             for pick in ranked]
-    for (scale, zero), rounds in chains:
-        for _ in range(rounds):
-            stored = _stored(scale, scale_dtype)
-            levels = _rounded(w32, stored, zero, qmax)
-            error, scale, zero = fit.measure(levels, zero, stored)
-            keep(levels, zero, stored, error)
+    state = [start for start, _ in chains]
+    measured = [[] for _ in chains]
+    for step in range(max(rounds for _, rounds in chains)):
+        active = [i for i, (_, rounds) in enumerate(chains) if rounds > step]
+        for b0 in range(0, len(active), per_batch):
+            batch = active[b0:b0 + per_batch]
+            zero = np.concatenate([state[i][1] for i in batch])
+            stored = _stored(np.concatenate([state[i][0] for i in batch]), scale_dtype)
+            levels = _rounded(np.tile(w32, (len(batch), 1)), stored, zero, qmax)
+            error, scale, new_zero = fit.measure(levels, zero, stored, copies=len(batch))
+            for slot, i in enumerate(batch):
+                part = slice(slot * n, (slot + 1) * n)
+                measured[i].append((levels[part], zero[part], stored[part], error[part]))
+                state[i] = (scale[part], new_zero[part])
+    for chain in measured:
+        for one in chain:
+            keep(*one)
     return best_levels, best_zero, best_scale
 
 
@@ -185,29 +202,32 @@ class _Fit:
         self.one_h_one = h.sum()
         self.a_one = self.a.sum(axis=1)
 
-    def measure(self, levels, zero, stored):
+    def measure(self, levels, zero, stored, copies: int = 1):
         """(error of these levels, zero levels and stored scales; the refitted scale and zero level
-        for these levels, a degenerate fit keeping the row's own)."""
+        for these levels, a degenerate fit keeping the row's own); `copies` candidates of every
+        row stacked (levels [copies * N, L]: one product for all, each row's sums its own)."""
+        a, c, a_one = ((self.a, self.c, self.a_one) if copies == 1 else
+                       (np.tile(self.a, (copies, 1)), np.tile(self.c, copies), np.tile(self.a_one, copies)))
         z, s = zero.astype(np.float64), _f64(stored)
         qc = levels.astype(np.float64) - z[:, None]  # (q' itself: codes and zero one higher give the very same sums)
         qch = qc @ self.h
-        c_h_c, c_h_one, c_a = np.einsum("nl,nl->n", qch, qc), qch.sum(axis=1), np.einsum("nl,nl->n", qc, self.a)
+        c_h_c, c_h_one, c_a = np.einsum("nl,nl->n", qch, qc), qch.sum(axis=1), np.einsum("nl,nl->n", qc, a)
         with np.errstate(over="ignore", invalid="ignore"):
-            error = self.c - 2.0 * s * c_a + s * s * c_h_c
+            error = c - 2.0 * s * c_a + s * s * c_h_c
         new_zero = zero.astype(np.float32)
         if not self.symmetric:  # (w' = s q - m: the 2 x 2 normal equations in (s, m), then z = m / s rounded)
             q_h_one = c_h_one + z * self.one_h_one
             q_h_q = c_h_c + 2.0 * z * c_h_one + z * z * self.one_h_one
-            q_a = c_a + z * self.a_one
+            q_a = c_a + z * a_one
             a12, a22 = -q_h_one, self.one_h_one
             det = q_h_q * a22 - a12 * a12
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                fs = (q_a * a22 + a12 * self.a_one) / det
-                fm = (-q_h_q * self.a_one - a12 * q_a) / det
+                fs = (q_a * a22 + a12 * a_one) / det
+                fm = (-q_h_q * a_one - a12 * q_a) / det
                 ratio = np.where((det > 1e-12 * np.abs(q_h_q * a22)) & (fs != 0) & np.isfinite(fm / fs), fm / fs, z)
             new_zero = np.clip(round_half_away(ratio), 0, self.qmax).astype(np.float32)
         shift = z - new_zero.astype(np.float64)  # (q - z_new = q' + shift)
-        numerator = c_a + shift * self.a_one
+        numerator = c_a + shift * a_one
         denominator = c_h_c + 2.0 * shift * c_h_one + shift * shift * self.one_h_one
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             fitted = numerator / denominator

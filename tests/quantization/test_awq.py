@@ -108,6 +108,46 @@ def test_alpha_s_and_codes_are_the_references(bits, symmetric, group, seed, monk
         np.testing.assert_array_equal(zero_points.reshape(ref["zeros"].shape).astype(np.uint8), ref["zeros"])
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_fewer_rows_than_channels_are_searched_on_a_factor_of_x_t_x_with_the_references_alpha_and_codes(
+        symmetric, monkeypatch):
+    """40 calibration rows for K = 64 (X^T X of rank 40 < 3/4 K): each alpha's error is |B D|^2 with
+    B [R, K] from awq.gram_factor (used: spied), B^T B is X^T X within 1e-12 of its largest entry; the
+    errors are the reference's (X multiplied out) within 1e-6, and the alpha, r, codes, scales and
+    zero points are the reference's, every one."""
+    k, n = 64, 24
+    model = readers_of_x(k, [n], seed=5)
+    x = salient(40, k, 5)
+    factors = []
+    real = awq_module.gram_factor
+
+    def spied(gram, rows):
+        factors.append((gram, rows, real(gram, rows)))
+        return factors[-1][2]
+
+    monkeypatch.setattr(awq_module, "gram_factor", spied)
+    seen = captured_scaling(monkeypatch)
+    out, report = dyndq.quantize(model, method="awq", bits=4, symmetric=symmetric, group_size=32,
+                                 inputs=feeds_of(x), evaluate=False)
+    (gram, rows, b), = factors
+    assert rows == 40 and b is not None and b.shape[0] <= 40
+    np.testing.assert_allclose(b.T @ b, gram, rtol=0, atol=1e-12 * np.abs(gram).max())
+    assert awq_module.gram_factor(gram, 48) is None  # (3/4 K rows or more: G itself)
+    w = nh.to_array(model.graph.initializer[0])
+    ref = reference_awq(w, x, bits=4, group=32, symmetric=symmetric)
+    found = seen[0].searched_errors[("main", "W0")]
+    np.testing.assert_allclose([found[a] for a in ALPHAS], ref["errors"], rtol=1e-6)
+    assert ref["alpha"] > 0 and f"alpha {ref['alpha']:g}, 1/s in a Mul" in " ".join(report.notes), report.notes
+    inits = {t.name: nh.to_array(t) for t in out.graph.initializer}
+    np.testing.assert_array_equal(inits["x_awq_scale"].view(np.uint32), ref["r"].view(np.uint32))
+    codes, scales, zero_points = codes_of(out, "W0")
+    levels = codes.astype(np.int16) + (8 if symmetric else 0)
+    np.testing.assert_array_equal(levels[:k], ref["levels"])
+    np.testing.assert_array_equal(scales.reshape(ref["scales"].shape).view(np.uint32), ref["scales"].view(np.uint32))
+    if not symmetric:
+        np.testing.assert_array_equal(zero_points.reshape(ref["zeros"].shape).astype(np.uint8), ref["zeros"])
+
+
 @pytest.mark.parametrize("bits,group", [(4, 32), (4, -1), (2, 16), (8, 64)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_output_error_is_below_rtns_on_layers_with_salient_channels(bits, group, seed):
@@ -552,3 +592,39 @@ def test_scale_estimation_on_top_of_awq_refits_the_scaled_weight_on_its_scaled_i
     rtn, _ = dyndq.quantize(model, method="rtn", bits=4, symmetric=symmetric, group_size=32, evaluate=False)
     assert error(both) <= error(alone) * (1 + 1e-6) < error(rtn)
     assert not np.array_equal(codes_of(both, "W0")[1], codes_of(alone, "W0")[1])
+
+
+def chain_model(seed: int = 0) -> onnx.ModelProto:
+    """x [m, 64] -> W0 [64, 64] -> Relu -> W1 [64, 96] -> Relu -> W2 [96, 128] -> y: three inputs in a row."""
+    rng = np.random.default_rng(seed)
+    shapes = {"W0": (64, 64), "W1": (64, 96), "W2": (96, 128)}
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"], name="m0"), helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("MatMul", ["ra", "W1"], ["b"], name="m1"), helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("MatMul", ["rb", "W2"], ["y"], name="m2")]
+    inits = {name: (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32) for name, shape in shapes.items()}
+    return graph_model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, ["m", 64])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, ["m", 128])], inits)
+
+
+def test_scale_estimation_on_awq_is_refitted_as_each_group_is_searched_in_awqs_own_passes(monkeypatch):
+    """With statistics held one input at a time (a bound of the largest input's, K = 96), awq with
+    scale estimation refits each weight while its X^T X is held by the search: it collects in as many
+    passes as awq alone (none again for the refit), and writes byte for byte what the refit made when
+    the walker offers the weight (Scaling._refine off: calibration.py's path, passes again) writes."""
+    model = chain_model()
+    feeds = [{"x": salient(30, 64, seed)} for seed in range(3)]
+    bound = 8 * (96 * 96 + 2 * 96)
+    common = dict(method="awq", group_size=32, inputs=feeds, evaluate=False, calibration_memory=bound)
+
+    def passes(report) -> int:
+        note = next(n for n in report.notes if "collected in" in n)
+        return int(note.split("collected in ")[1].split(" pass")[0])
+
+    alone, alone_report = dyndq.quantize(model, **common)
+    both, both_report = dyndq.quantize(model, scale_estimation=True, **common)
+    assert passes(both_report) == passes(alone_report) >= 2
+    monkeypatch.setattr(awq_module.Scaling, "_refine", lambda *args: None)
+    later, later_report = dyndq.quantize(model, scale_estimation=True, **common)
+    assert passes(later_report) > passes(both_report)  # (the walker's order runs passes again)
+    assert_same_initializers(both, later)
+    assert not np.array_equal(codes_of(both, "W2")[1], codes_of(alone, "W2")[1])
