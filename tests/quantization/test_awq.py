@@ -594,7 +594,7 @@ def test_scale_estimation_on_top_of_awq_refits_the_scaled_weight_on_its_scaled_i
     assert not np.array_equal(codes_of(both, "W0")[1], codes_of(alone, "W0")[1])
 
 
-def chain_model(seed: int = 0) -> onnx.ModelProto:
+def three_layer_model(seed: int = 0) -> onnx.ModelProto:
     """x [m, 64] -> W0 [64, 64] -> Relu -> W1 [64, 96] -> Relu -> W2 [96, 128] -> y: three inputs in a row."""
     rng = np.random.default_rng(seed)
     shapes = {"W0": (64, 64), "W1": (64, 96), "W2": (96, 128)}
@@ -611,7 +611,7 @@ def test_scale_estimation_on_awq_is_refitted_as_each_group_is_searched_in_awqs_o
     scale estimation refits each weight while its X^T X is held by the search: it collects in as many
     passes as awq alone (none again for the refit), and writes byte for byte what the refit made when
     the walker offers the weight (Scaling._refine off: calibration.py's path, passes again) writes."""
-    model = chain_model()
+    model = three_layer_model()
     feeds = [{"x": salient(30, 64, seed)} for seed in range(3)]
     bound = 8 * (96 * 96 + 2 * 96)
     common = dict(method="awq", group_size=32, inputs=feeds, evaluate=False, calibration_memory=bound)
