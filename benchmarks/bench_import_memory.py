@@ -21,6 +21,10 @@ then):
 - api:    `dyndq.import_weights(model, GGUF, emit=EMIT)` on a model already in memory, its base
   taken with the model loaded: what the import adds beyond the model given (`result`: the bytes
   of the model returned, which it holds)
+- export: `dyndq.export(model, target=EMIT)` on the quantized model in memory (the import's with
+  --emit dyndq, written streamed, then loaded whole before the base is taken): what the export
+  adds beyond the model given
+  (`result` as for api; EMIT an export target, fused unless --fuse never: not run for dyndq)
 
 The figures: peak - base against the checkpoint's largest tensor (its bytes in the GGUF file),
 the whole checkpoint and the float model's weights; `before_check`: the peak before the written
@@ -42,7 +46,7 @@ import onnx
 from onnx import TensorProto as T, helper
 
 CASES = ("stream", "whole")
-EXTRA_CASES = ("api",)
+EXTRA_CASES = ("api", "export")
 
 
 FORMATS = ("Q8_0", "Q4_0", "gptq")
@@ -166,6 +170,8 @@ written.verify_model = verify_model
 src, ckpt, dst = os.path.join(D, "float.onnx"), os.path.join(D, {ckpt!r}), os.path.join(D, {case!r}, "q.onnx")
 emit, fuse = {emit!r}, {fuse!r}
 model = load_model(src) if {case!r} == "api" else None
+if {case!r} == "export":  # (the quantized model, made by another Python: read whole before the base)
+    model = load_model(os.path.join(D, "quantized", "q.onnx"))
 with open("/proc/self/clear_refs", "w") as f:  # (VmHWM from here: the import's peak)
     f.write("5")
 base = status("VmRSS")
@@ -178,17 +184,37 @@ elif {case!r} == "api":
     before_check["peak"] = status("VmHWM")
     result = sum(nbytes(t) for t in out.graph.initializer)
     save_model(out, dst, external_data=True)
+elif {case!r} == "export":
+    from dyndq import export
+    out, report = export(model, target=emit), None
+    before_check["peak"] = status("VmHWM")
+    result = sum(nbytes(t) for t in out.graph.initializer)
+    save_model(out, dst, external_data=True)
 else:
     out, report = import_weights(load_model(src), ckpt, emit=emit, fuse=fuse)
     before_check["peak"] = status("VmHWM")
     save_model(out, dst, external_data=True)
 seconds = time.perf_counter() - t
-print("@@ " + json.dumps({{"seconds": seconds, "base": base, "peak": status("VmHWM"), "imported": len(report.imported),
+print("@@ " + json.dumps({{"seconds": seconds, "base": base, "peak": status("VmHWM"), "imported": len(report.imported) if report else None,
                           "before_check": before_check.get("peak"), "result": result,
-                          "forms": sorted(set(f.split(" ")[0] for f in report.forms.values())),
-                          "left_float": [w for w, _ in report.left_float], "written": os.path.getsize(dst)
+                          "forms": sorted(set(f.split(" ")[0] for f in report.forms.values())) if report else
+                          sorted({{f"{{n.domain}}::{{n.op_type}}" for n in out.graph.node if n.domain == "com.microsoft"}}),
+                          "left_float": [w for w, _ in report.left_float] if report else [], "written": os.path.getsize(dst)
                           + sum(os.path.getsize(os.path.join(os.path.dirname(dst), f)) for f in os.listdir(os.path.dirname(dst))
                                 if f.endswith(".data"))}}))
+"""
+
+
+# the export case's input: the checkpoint imported fused (streamed), lifted to our op (DynamicDequantize
+# on 2-D codes [K, N], blocks along K: what the export writes as MatMulNBits again), saved
+_QUANTIZED = r"""
+import os, dyndq
+from dyndq.checkpoints import import_file
+from dyndq.model_files import load_model, save_model
+D = {folder!r}
+import_file(os.path.join(D, "float.onnx"), os.path.join(D, {ckpt!r}), os.path.join(D, "fused", "q.onnx"), emit="onnxruntime")
+save_model(dyndq.lift(load_model(os.path.join(D, "fused", "q.onnx"))), os.path.join(D, "quantized", "q.onnx"),
+           external_data=True)
 """
 
 
@@ -196,6 +222,13 @@ def run_case(case: str, folder: str, emit: str = "dyndq", fuse: str = "exact", k
     os.makedirs(os.path.join(folder, case), exist_ok=True)
     os.makedirs(os.path.join(folder, "warm"), exist_ok=True)
     ckpt = checkpoint_name(kind)
+    if case == "export" and not os.path.exists(os.path.join(folder, "quantized", "q.onnx")):
+        for sub in ("fused", "quantized"):
+            os.makedirs(os.path.join(folder, sub), exist_ok=True)
+        made = subprocess.run([sys.executable, "-c", _QUANTIZED.format(folder=folder, ckpt=ckpt)], capture_output=True,
+                              text=True)
+        if made.returncode:
+            raise RuntimeError(f"the quantized model for the export case: {made.stderr[-3000:]}")
     out = subprocess.run([sys.executable, "-c", _CHILD.format(folder=folder, case=case, emit=emit, fuse=fuse, ckpt=ckpt,
                                                               small=ckpt.replace("q.", "small."))],
                          capture_output=True, text=True)
@@ -214,6 +247,8 @@ def measure(rows: int, cols: int, tensors: int, cases=CASES, folder: str | None 
         for emit in emits:
             for case in cases:
                 form, _, fused = emit.partition("/")  # ("onnxruntime/never": that emit with --fuse never)
+                if case == "export" and (form == "dyndq" or fused):  # (an export target, as export writes it)
+                    continue
                 runs[case if len(emits) == 1 else f"{case} {emit}"] = run_case(case, d, form, fused or fuse, kind)
                 shutil.rmtree(os.path.join(d, case))  # (the next writes its own)
         return {"sizes": sizes, "cases": runs}

@@ -70,26 +70,35 @@ from dyndq.plumbing.walk import Scope, constant_value, is_constant_node, scopes,
 
 from .rewrite import GraphView, Rewrite
 
-# (read, store, raw, store_bytes, {name: digest} of the tensors written in bands) while a model whose
-# large constants stay on disk is rewritten (external_constants)
+# (read, store, raw, store_bytes, {name: digest} of the tensors written in bands, let_go) while a model
+# whose large constants stay on disk (or beside it in memory) is rewritten (external_constants)
 _EXTERNAL: contextvars.ContextVar = contextvars.ContextVar("dyndq_walker_external", default=None)
 
 
 @contextlib.contextmanager
 def external_constants(read: Callable[[onnx.TensorProto], np.ndarray],
-                       store: Callable[[onnx.TensorProto], onnx.TensorProto], raw=None, store_bytes=None):
+                       store: Callable[[onnx.TensorProto], onnx.TensorProto], raw=None, store_bytes=None,
+                       let_go=None):
     """Within it, the node rewrites read a constant's value by `read(tensor)` (a tensor whose data
     is in an external file: read from there, one at a time) and hand each new initializer to
     `store(tensor)`, which writes it out and returns what the graph holds (its stub): a model too
     big to hold is rewritten one constant at a time (the streamed import's export).  `raw(tensor)`,
     when given, is a tensor's stored bytes (uint8, in place in its file: GraphView.raw) and
     `store_bytes(name, data_type, dims, chunks)` (model_files.DataFile.stored_bytes) writes a tensor
-    a rule makes a band at a time (`written_in_bands`), so that neither is ever whole in memory."""
-    token = _EXTERNAL.set((read, store, raw, store_bytes, {}))
+    a rule makes a band at a time (`written_in_bands`), so that neither is ever whole in memory.
+    `let_go(tensor)`, when given (tensors held beside a model in memory: dyndq.held_tensors), is
+    handed each constant of a scope as soon as a rewrite taken leaves nothing reading it (`_let_go`):
+    a weight's old form goes when its new one exists, not at the model's end."""
+    token = _EXTERNAL.set((read, store, raw, store_bytes, {}, let_go))
     try:
         yield
     finally:
         _EXTERNAL.reset(token)
+
+
+def within_external_constants() -> bool:
+    """Whether a caller's `external_constants` is in force (its stubs read through it)."""
+    return _EXTERNAL.get() is not None
 
 
 def written_in_bands(name: str, data_type: int, dims, chunks) -> onnx.TensorProto | None:
@@ -159,6 +168,7 @@ class _Walk:
         self.candidates: set[str] = set()  # constants a rewrite stopped reading: removed at the end if unread
         self.replaced_domains: dict[int, set[str]] = {}  # id(top scope) -> the domains of nodes replaced there
         self.digests: dict[str, bytes] = {}  # new initializer -> its content's digest, where it was stored early
+        self.nested_outputs: dict[int, set[str]] = {}  # id(scope) -> the outputs of the graphs nested in it (_let_go)
 
     # -- one scope ------------------------------------------------------------------------
 
@@ -194,6 +204,7 @@ class _Walk:
                     self._store_early(result)
                     applied.append(result)
                     taken.update(id(n) for n in result.replaces)
+                    self._let_go(scope, index, result, taken)
                     outcomes.append(Outcome(scope.path, node, rewrite=result))
                     continue
                 result = refusal
@@ -213,6 +224,25 @@ class _Walk:
             banded = external[4].pop(t.name, None)  # (written in bands by the rule already: its digest taken then)
             self.digests[t.name] = banded or _content(t)
             rw.initializers[i] = t if banded else external[1](t)
+
+    def _let_go(self, scope: Scope, index: "_Index", rw: Rewrite, taken: set) -> None:
+        """Within external_constants given a `let_go`, each constant of `scope` the nodes `rw` replaces
+        read, once only nodes taken read it (here or in a body: a body's reader stands for its node),
+        no new node of `rw` does, and no graph output names it, handed to `let_go`: `finish` removes
+        it from the graph later, a rewrite reading it after would be a bug (the store says so)."""
+        external = _EXTERNAL.get()
+        if external is None or external[5] is None:
+            return
+        new_reads = {x for node in rw.nodes for n in with_nested(node) for x in n.input}
+        outputs = self.nested_outputs.get(id(scope))
+        if outputs is None:  # (the bodies are rewritten before their graph: their outputs are settled)
+            outputs = self.nested_outputs[id(scope)] = {o for s in scopes_under(scope) for o in s.outputs}
+        for name in dict.fromkeys(x for n in rw.replaces if not is_constant_node(n) for x in n.input if x):
+            if name in new_reads or name in index.outputs or name in outputs or scope.resolve(name) is not scope:
+                continue
+            tensor = scope.constant(name)
+            if tensor is not None and all(id(r) in taken for r in index.readers(name)):
+                external[5](tensor)
 
     def _refusal(self, rw: Rewrite, scope: Scope, opset: int, taken: set) -> str | None:
         need = rw.domains.get("", 0)

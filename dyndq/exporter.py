@@ -25,10 +25,11 @@ import onnx
 
 from dyndq.checker import check, value_types
 from dyndq.converters.op_parts import attrs_of, input_specs
-from dyndq.converters.walker import specs_at
+from dyndq.converters.walker import external_constants, specs_at, within_external_constants
 from dyndq.converters.rules import LIFT, LOWER, TARGETS, WRITE, apply, foreign_forms, option_problems, passes, rules
 from dyndq.model_files import model_of
 from dyndq.function_attrs import functions_with_references, inline_referring_functions
+from dyndq.held_tensors import HeldTensors, lent_copy
 from dyndq.opdefs import DOMAIN, Needs, ValidationError, domains
 from dyndq.plumbing.function_inputs import pass_out, take_in
 from dyndq.plumbing.ir import model_ir
@@ -144,12 +145,26 @@ def export_with_report(model: onnx.ModelProto | str | os.PathLike, *, opset: int
     if problems:
         raise ValidationError(problems)
 
-    ir_before = model.ir_version
     if consume and isinstance(model, onnx.ModelProto):
-        out = model
-    else:
+        return _exported(model, opset, target, options, own_ops, model.ir_version)
+    if model.functions or within_external_constants():  # (a function's constants are copies of the main graph's)
         out = onnx.ModelProto()
         out.CopyFrom(model)
+        return _exported(out, opset, target, options, own_ops, model.ir_version)
+    # the copy's weights lent, held beside it while the rules work (dyndq.held_tensors): each weight's
+    # old form let go as its new one is made, and each tensor put into the model returned once
+    held = HeldTensors()
+    out = lent_copy(model, held)
+    with external_constants(held.read, held.stored, held.raw, held.stored_bytes, held.let_go):
+        out, report = _exported(out, opset, target, options, own_ops, model.ir_version)
+    held.given_back(out)
+    return out, report
+
+
+def _exported(out: onnx.ModelProto, opset, target: str, options: dict, own_ops: bool, ir_before: int
+              ) -> tuple[onnx.ModelProto, ExportReport]:
+    """`export_with_report`'s work on `out`, the caller's own model (changed in place, or replaced by
+    its opset's conversion)."""
     take_in(out)  # (a function's constants passed in from the main graph are its Constant nodes again, for the rules)
     out = _inlined(out)  # a node taking attributes by reference is lowered per call
     report = ExportReport(target=target, ir_version_before=ir_before)

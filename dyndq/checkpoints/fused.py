@@ -159,6 +159,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
             rewritten, form = _rewrite(written, tuple(source.shape), "gather", widen, data)
             if rewritten is not None:
                 decoded[tensor] = rewritten
+                _let_go_replaced(data, written, rewritten)
                 shared[tensor] = (rewritten.nodes[0].name, *tied)
                 for m in ms:
                     planned[m.weight] = (f"{GATHER} and {MATMUL} sharing one set of initializers, {form}: "
@@ -180,6 +181,7 @@ def prepare(model: onnx.ModelProto, matches: list[Match], tensors: dict, decoded
                 planned[m.weight] = f"composition: {reason}"
             continue
         decoded[tensor] = rewritten
+        _let_go_replaced(data, written, rewritten)
         if use == "matmul through Transpose":  # (the decode is [in, out] itself: the MatMul reads it, the Transpose goes)
             _drop_transpose(model, readers[ms[0].weight][0][0], ms[0].weight)
         op = MATMUL if use.startswith("matmul") else GATHER
@@ -199,6 +201,20 @@ def _written_to(make, data):
         with written_to(data):
             return make(tensor)
     return made
+
+
+def _let_go_replaced(data, written: Written, rewritten: Written) -> None:
+    """A model in memory (`data` a dyndq.held_tensors.HeldTensors, which can let go): the tensors of
+    the decode `written` its rewrite no longer reads dropped now, not held beside the rewritten
+    ones till the end (a data file on disk keeps them: it has no `let_go`)."""
+    if not hasattr(data, "let_go"):
+        return
+    from dyndq.model_files import external_entry
+
+    kept = {external_entry(t, "offset") for t in rewritten.tensors if external_entry(t, "location")}
+    for t in written.tensors:
+        if external_entry(t, "location") and external_entry(t, "offset") not in kept:
+            data.let_go(t)
 
 
 def _stored(written: Written, store) -> Written:
@@ -308,6 +324,8 @@ def share(model: onnx.ModelProto, plan: "Plan", data=None) -> None:
         del graph.node[:]
         graph.node.extend(nodes)
         gone.add(codes_t.name)
+        if hasattr(data, "let_go"):  # (in memory: the codes B replaced go now, not with the model)
+            data.let_go(codes_t)
     from dyndq.checkpoints.placing import drop_initializers
 
     drop_initializers(graph, gone)

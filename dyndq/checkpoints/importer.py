@@ -99,13 +99,36 @@ def import_weights(model, checkpoint, names=None, emit: str = "dyndq", *, unperm
     names_map = _names(names)
     ckpt = _opened(checkpoint, unpermute)
     if given is not model:  # (one read from a path here is ours to change)
-        return _imported(given, ckpt, names_map, emit, fuse=fuse)
+        return _in_memory(given, ckpt, names_map, emit, fuse)
     # the model passed in is never modified: the import works on a copy whose large initializers
     # are lent (their data copied back only for the weights kept), so the float weights replaced
     # are never copied; the by-shape matching reads the given model's values
     out, lent = _lent(given)
-    return _imported(out, ckpt, names_map, emit, fuse=fuse, values_from=given,
-                     before_placing=lambda model, replaced: _given_back(model, replaced, lent))
+    return _in_memory(out, ckpt, names_map, emit, fuse, values_from=given,
+                      before_placing=lambda model, replaced: _given_back(model, replaced, lent))
+
+
+def _in_memory(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, emit: str, fuse: str, **kwargs):
+    """`_imported` on a model in memory.  For an emit other than dyndq, the decodes and the tensors
+    the export makes are held beside the model (dyndq.held_tensors, as the streamed import keeps
+    them in its files), each weight's decode let go as soon as its new form is made, and put into
+    the model returned once, at the end: in the model itself, protobuf would keep every decode the
+    export replaced until the model goes (docs/import.md, "Memory")."""
+    if emit == "dyndq":
+        return _imported(out, ckpt, names_map, emit, fuse=fuse, **kwargs)
+    from dyndq.converters.walker import external_constants
+    from dyndq.exporter import export_with_report
+    from dyndq.held_tensors import HeldTensors
+
+    held = HeldTensors()
+
+    def export(model):
+        with external_constants(held.read, held.stored, held.raw, held.stored_bytes, held.let_go):
+            exported = export_with_report(model, target=emit, consume=True)
+        held.given_back(exported[0])
+        return exported
+
+    return _imported(out, ckpt, names_map, emit, fuse=fuse, data=held, export=export, **kwargs)
 
 
 def _lent(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
@@ -323,7 +346,7 @@ def import_file(src, checkpoint, dst, *, names=None, emit: str = "dyndq", overwr
         if loaded.external_data:
             loaded = read_model(src)
         had_data = loaded.external_data
-        out, report = _imported(loaded.model, ckpt, names_map, emit, fuse=fuse)  # (the model read here: ours to change)
+        out, report = _in_memory(loaded.model, ckpt, names_map, emit, fuse)  # (the model read here: ours to change)
         del loaded
         with staged_write(dst, external_data=needs_external_data(out, had_data)) as stage:
             write_staged(out, stage)
