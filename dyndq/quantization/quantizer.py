@@ -246,17 +246,22 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         calibration = Calibration.collect(model, found.targets, options, feeds, loaded=tensors.loaded,
                                           progress=progress)
     if options.budget is not None:
-        report.budget = _allocated(model, found.targets, options, tensors, feeds)
+        report.budget = _allocated(model, found.targets, options, tensors, feeds, calibration)
         chosen = report.budget.chosen()
     out = tensors.structure(model)
     names = NameScope(all_names(model))
-    if options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
+    if options.method == "awq" and report.budget is not None:  # (each weight's r at the width chosen: budget.py)
+        from dyndq.quantization.budget import place_rows
+
+        report.notes += place_rows(out, found.targets, report.budget.rows(), calibration, names)
+        found = planning.plan(out, ops=options.ops, exclude=options.exclude)
+    elif options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
         from dyndq.quantization.awq import Scaling
 
         calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names, progress)
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
-                      calibration)
+                      calibration if chosen is None else None)  # (a budget's weights are made already)
     apply(out, [rule.rule()], None, names, store=tensors)
     if calibration is not None:  # (after the walker: its passes, run as the weights came, counted; awq's scales next)
         report.notes += calibration.notes() + (calibration.scaling.notes if calibration.scaling is not None else [])
@@ -363,14 +368,15 @@ def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samp
     return drawn
 
 
-def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds):
+def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds, calibration=None):
     """The budget's allocation (budget.BudgetReport), its weights read from `tensors`; a budget
     out of the model's range is an OptionError saying what is possible."""
     from dyndq.quantization.budget import BudgetError, allocate, weight_arrays
     from dyndq.quantization.options import OptionError
 
     try:
-        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array)
+        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array,
+                        calibration)
     except BudgetError as e:
         raise OptionError([e.problem]) from None
 
