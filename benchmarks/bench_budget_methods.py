@@ -6,7 +6,7 @@ The models, groups, calibration inputs and held-out inputs are bench_data_aware.
 `ppocr_case`: the same prepared model, MatMul weights only, the same group); the budget chooses among
 int2, int4, int8 on the calibration inputs, and every error is measured on the held-out ones (the
 relative Frobenius error of the output against the float model's, as bench_data_aware.py measures
-it).  Rows: for each method (rtn, search, gptq, awq, each with and without scale estimation), uniform
+it).  Rows: for each of `--methods` (default rtn, gptq, awq, the last two with and without scale estimation), uniform
 4 bits and the budget; the bits per weight are the budget report's (codes, scales and zero points over
 the weights quantized), the uniform model's counted the same way.
 """
@@ -22,8 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-METHODS = [("rtn", {}), ("search", {}), ("gptq", {}), ("awq", {}), ("rtn", {"scale_estimation": True}),
-           ("gptq", {"scale_estimation": True}), ("awq", {"scale_estimation": True})]
+METHODS = {"rtn": ("rtn", {}), "search": ("search", {}), "gptq": ("gptq", {}), "awq": ("awq", {}),
+           "rtn+se": ("rtn", {"scale_estimation": True}), "gptq+se": ("gptq", {"scale_estimation": True}),
+           "awq+se": ("awq", {"scale_estimation": True})}
 
 
 def error_of(out, case, want) -> float:
@@ -34,7 +35,7 @@ def error_of(out, case, want) -> float:
     return float(np.sqrt(e / sum(float(np.sum(w.astype(np.float64) ** 2)) for w in want)))
 
 
-def run(case, budget: float) -> list[str]:
+def run(case, budget: float, methods: list[str]) -> list[str]:
     import dyndq
     from dyndq.runner import Runner
 
@@ -46,7 +47,7 @@ def run(case, budget: float) -> list[str]:
     lines = [f"### {case.title}: budget {budget:g} against uniform 4 bits, held-out error", "",
              "| method | uniform int4 | b/w | budget | b/w | budget / uniform | widths chosen | time (budget) |",
              "|---|---|---|---|---|---|---|---|"]
-    for method, more in METHODS:
+    for method, more in (METHODS[m] for m in methods):
         label = method + (" + SE" if more else "")
         uniform, ur = dyndq.quantize(case.model, bits=4, method=method, **common, **more)
         started = time.perf_counter()
@@ -66,21 +67,22 @@ def run(case, budget: float) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from bench_data_aware import minilm_case, ppocr_case
+    from bench_data_aware import minilm_case, ppocr_case, synthetic_case
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("minilm", "ppocr", "all"), default="all")
+    p.add_argument("--model", choices=("minilm", "ppocr", "synthetic", "all"), default="all")
     p.add_argument("--budget", type=float, default=4.5)
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--held-out", type=int, default=16)
+    p.add_argument("--methods", default="rtn,gptq,gptq+se,awq,awq+se", help=f"of {','.join(METHODS)}")
     args = p.parse_args(argv)
-    makers = {"minilm": minilm_case, "ppocr": ppocr_case}
+    makers = {"minilm": minilm_case, "ppocr": ppocr_case, "synthetic": synthetic_case}  # (synthetic: the smoke test's)
     for name in (["minilm", "ppocr"] if args.model == "all" else [args.model]):
         case = makers[name](args.samples, args.held_out)
         if isinstance(case, str):
             print(f"{name}: skipped ({case})")
             continue
-        print("\n".join(run(case, args.budget)) + "\n", flush=True)
+        print("\n".join(run(case, args.budget, args.methods.split(','))) + "\n", flush=True)
     return 0
 
 

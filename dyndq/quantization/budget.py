@@ -7,7 +7,9 @@ initializer) are not counted.  The model written holds at most that many bits pe
 
 How the widths are chosen:
 1. every weight is quantized at every choice (int2, int4, int8 with the options' group size and
-   method; mxfp4, nvfp4 when asked), and each candidate's bytes counted as written;
+   method; mxfp4, nvfp4 when asked), and each candidate's bytes counted as written; with a
+   data-aware method (gptq, awq, any with scale estimation) each integer candidate is the
+   method's own at that width, on the statistics collected once (`calibrated_candidates`);
 2. its sensitivity: the model's output error with only that weight at that choice (the others
    float), on the samples the evaluation uses (the user's inputs, or its seeded samples:
    evaluate.py) - the squared error of every float output over their squared norm.  One ONNX Runtime
@@ -390,24 +392,32 @@ def as_read(c: Candidate, weight: np.ndarray) -> np.ndarray:
     return (d.astype(np.float64) * r).astype(weight.dtype)
 
 
-def place_rows(out: onnx.ModelProto, targets, rows: dict, calibration, names) -> list[str]:
-    """awq's r of each weight a budget chose (`rows`: (graph, name) -> r) placed in `out`: one Mul by r
-    per X and r (the readers of X whose weights chose the same width share it) before those readers;
-    the notes' lines.  (awq alone folds r where that is exact; with a budget the members of a group
-    may choose different widths, each with its own r, so r always goes in a Mul.)"""
-    from dyndq.quantization.awq import _mul
+def place_rows(out: onnx.ModelProto, targets, rows: dict, calibration, names, read) -> list[str]:
+    """awq's r of each weight a budget chose (`rows`: (graph, name) -> r) placed in `out`; the notes'
+    lines.  Where every reader of X chose one width, its r goes where awq alone puts it (folded into a
+    LayerNormalization, a float weight or a Gemm's C where exact: awq._fold), except into a quantized
+    weight's output channels (that weight's width is chosen apart, and its codes were made without
+    it); else one Mul by r per X and width, before the readers that chose it."""
+    from dyndq.quantization import awq
 
     by_key = {(t.graph, t.name): t for t in targets}
     inserts, notes, seen = [], [], {}
     for key, r in rows.items():
         for i in calibration.inputs.get(key, []):
             readers = [u.index for u in by_key[key].uses if out.graph.node[u.index].input[0] == i.value]
-            seen.setdefault((i.value, r.tobytes()), (r, _dtype(i.dtype), [], []))
-            seen[i.value, r.tobytes()][2].extend(readers)
-            seen[i.value, r.tobytes()][3].append(key[1])
-    for (value, _), (r, dtype, readers, weights) in seen.items():
-        where = _mul(out, value, sorted(set(readers)), r, dtype, names, inserts)
-        notes.append(f"awq with a budget: {value!r} times 1/s for {', '.join(weights)} {where}")
+            entry = seen.setdefault(i.value, {}).setdefault(r.tobytes(), (r, _dtype(i.dtype), [], []))
+            entry[2].extend(readers)
+            entry[3].append(key[1])
+    readers_of = awq._readers(out)
+    inits = {t.name: t for t in out.graph.initializer}
+    for value, by_r in seen.items():
+        for r, dtype, readers, weights in by_r.values():
+            where = None
+            if len(by_r) == 1:  # (no quantized weight folded into: every key counts as searched already)
+                where = awq._fold(out, value, set(readers), r, readers_of, inits, by_key, set(by_key), None, read, names)
+            if where is None:
+                where = awq._mul(out, value, sorted(set(readers)), r, dtype, names, inserts)
+            notes.append(f"awq with a budget: {value!r} (read by the weights {', '.join(weights)}): 1/s {where}")
     for position, node in sorted(inserts, key=lambda p: -p[0]):
         out.graph.node.insert(position, node)
     return notes

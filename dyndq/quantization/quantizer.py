@@ -104,8 +104,9 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     with one line per weight quantized.
     budget: bits per weight (codes, scales and zero points over the weights quantized): each
     weight's format is chosen among `format_choices` (default int2, int4, int8; also mxfp4,
-    nvfp4) for the least output error within it (budget.py, docs/quantize.md); bits and format
-    are then not given (OptionError names either, whatever its value).
+    nvfp4) for the least output error within it (budget.py, docs/quantize.md), each integer
+    candidate made by `method` (and scale estimation) as it alone makes it at that width; bits and
+    format are then not given (OptionError names either, whatever its value).
     """
     from dyndq.model_files import model_of
 
@@ -253,7 +254,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     if options.method == "awq" and report.budget is not None:  # (each weight's r at the width chosen: budget.py)
         from dyndq.quantization.budget import place_rows
 
-        report.notes += place_rows(out, found.targets, report.budget.rows(), calibration, names)
+        report.notes += place_rows(out, found.targets, report.budget.rows(), calibration, names, tensors.array)
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     elif options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
         from dyndq.quantization.awq import Scaling

@@ -199,3 +199,40 @@ def test_the_cli_takes_a_budget_with_gptq_and_scale_estimation(tmp_path, capsys)
     for w in weights:
         got, want = written(cli, w["name"]), written(api, w["name"])
         assert all(got[p].tobytes() == want[p].tobytes() for p in want)
+
+
+def test_the_benchmark_runs_small():
+    """benchmarks/bench_budget_methods.py on bench_data_aware.py's synthetic MLP: a row per method, each with
+    uniform int4's and the budget's held-out error and bits per weight (its timings never asserted)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_budget_methods.py"
+    p = subprocess.run([sys.executable, str(script), "--model", "synthetic", "--methods", "gptq+se,awq",
+                        "--samples", "2", "--held-out", "2"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in p.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")]
+    assert [r[0] for r in rows] == ["gptq + SE", "awq"], p.stdout
+    for r in rows:
+        assert float(r[1]) > 0 and float(r[3]) > 0 and float(r[4]) <= 4.5, r
+
+
+@pytest.mark.parametrize("se", [False, True])
+def test_awq_with_a_budget_that_gives_one_width_writes_awq_alones_model(se):
+    """Every weight at int4 (the budget's choice here): r folded where awq alone folds it (the
+    LayerNormalization's Scale and B), a Mul where it puts one, every initializer bit for bit its own."""
+    model, data = mixed_model(), feeds()
+    out, report = dyndq.quantize(model, budget=5.6, method="awq", scale_estimation=se, group_size=GROUP, inputs=data,
+                                 evaluate=False)
+    assert set(chosen_bits(report).values()) == {4}, chosen_bits(report)
+    alone, _ = dyndq.quantize(model, bits=4, method="awq", scale_estimation=se, group_size=GROUP, inputs=data,
+                              evaluate=False)
+    got = {t.name: nh.to_array(t) for t in out.graph.initializer}
+    want = {t.name: nh.to_array(t) for t in alone.graph.initializer}
+    assert got.keys() == want.keys()
+    assert all(got[n].dtype == want[n].dtype and got[n].tobytes() == want[n].tobytes() for n in want), \
+        [n for n in want if got[n].tobytes() != want[n].tobytes()]
+    assert [(n.op_type, list(n.input)) for n in out.graph.node] == [(n.op_type, list(n.input)) for n in alone.graph.node]
+    assert any("folded into LayerNormalization 'ln'" in n for n in report.notes), report.notes
