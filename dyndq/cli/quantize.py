@@ -32,7 +32,8 @@ def _add_parser(sub) -> None:
     q.add_argument("--budget", type=float, metavar="BITS",
                    help="mixed formats: the average bits per weight (codes, scales and zero points over the weights "
                         "quantized) the model may hold; each weight's format is chosen among --format-choices for "
-                        "the least output error (docs/quantize.md)")
+                        "the least output error, its candidates made by --method (gptq, awq: calibrated once) and "
+                        "--scale-estimation (docs/quantize.md)")
     q.add_argument("--format-choices", metavar="F,F",
                    help="with --budget: what it chooses among, of int2,int4,int8,mxfp4,nvfp4 (default int2,int4,int8)")
     q.add_argument("--group-size", type=int, metavar="N",

@@ -149,9 +149,6 @@ class QuantizeOptions:
             if fmt is not None and fmt.name != DEFAULT_FORMAT:
                 bad("scale_estimation", f"True with format {format!r}", "integer codes (format 'int'): an FP4 "
                     "format's scales are not free (MXFP4's a shared power of two, NVFP4's E4M3 with a tensor scale)")
-            if budget is not None:
-                bad("scale_estimation", f"True with a budget ({budget!r})", "no budget (a budget's candidates are "
-                                                                               "rtn's or search's)")
         ops = _names(ops)
         if ops is None:
             bad("ops", repr(original["ops"]), "an op name or a sequence of them: " + ", ".join(planning.OPS))
@@ -180,9 +177,6 @@ class QuantizeOptions:
                                                       "format_choices")
             choices, wrong = parse_choices(formats.default_choices() if format_choices is None else format_choices)
             problems += wrong
-            if method in DATA_AWARE:
-                bad("budget", f"{budget!r} with method {method!r}", f"none with method {method!r} (a budget's "
-                                                                     "candidates are rounded by rtn or search)")
         elif format_choices is not None:
             bad("format_choices", repr(format_choices), "none without a budget (it names what a budget chooses among)")
         if problems:

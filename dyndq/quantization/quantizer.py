@@ -104,8 +104,9 @@ def quantize(model, *, bits: int | None = None, group_size: int | None = None, s
     with one line per weight quantized.
     budget: bits per weight (codes, scales and zero points over the weights quantized): each
     weight's format is chosen among `format_choices` (default int2, int4, int8; also mxfp4,
-    nvfp4) for the least output error within it (budget.py, docs/quantize.md); bits and format
-    are then not given (OptionError names either, whatever its value).
+    nvfp4) for the least output error within it (budget.py, docs/quantize.md), each integer
+    candidate made by `method` (and scale estimation) as it alone makes it at that width; bits and
+    format are then not given (OptionError names either, whatever its value).
     """
     from dyndq.model_files import model_of
 
@@ -246,17 +247,22 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
         calibration = Calibration.collect(model, found.targets, options, feeds, loaded=tensors.loaded,
                                           progress=progress)
     if options.budget is not None:
-        report.budget = _allocated(model, found.targets, options, tensors, feeds)
+        report.budget = _allocated(model, found.targets, options, tensors, feeds, calibration)
         chosen = report.budget.chosen()
     out = tensors.structure(model)
     names = NameScope(all_names(model))
-    if options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
+    if options.method == "awq" and report.budget is not None:  # (each weight's r at the width chosen: budget.py)
+        from dyndq.quantization.budget import place_rows
+
+        report.notes += place_rows(out, found.targets, report.budget.rows(), calibration, names, tensors.array)
+        found = planning.plan(out, ops=options.ops, exclude=options.exclude)
+    elif options.method == "awq":  # (its scales searched, their 1/s placed in `out`: the plan's indices found again)
         from dyndq.quantization.awq import Scaling
 
         calibration.scaling = Scaling.build(out, found.targets, calibration, options, tensors.array, names, progress)
         found = planning.plan(out, ops=options.ops, exclude=options.exclude)
     rule = WeightRule(found.targets, options, report, {scope.path: scope for scope in scopes(out)}, chosen, progress,
-                      calibration)
+                      calibration if chosen is None else None)  # (a budget's weights are made already)
     try:
         apply(out, [rule.rule()], None, names, store=tensors)
     finally:
@@ -367,14 +373,15 @@ def budget_feeds(model, options: QuantizeOptions, given: list[dict] | None, samp
     return drawn
 
 
-def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds):
+def _allocated(model, targets, options: QuantizeOptions, tensors: Tensors, feeds, calibration=None):
     """The budget's allocation (budget.BudgetReport), its weights read from `tensors`; a budget
     out of the model's range is an OptionError saying what is possible."""
     from dyndq.quantization.budget import BudgetError, allocate, weight_arrays
     from dyndq.quantization.options import OptionError
 
     try:
-        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array)
+        return allocate(model, targets, weight_arrays(model, targets, tensors.array), options, feeds, tensors.array,
+                        calibration)
     except BudgetError as e:
         raise OptionError([e.problem]) from None
 

@@ -481,22 +481,12 @@ def test_alpha_zero_changes_nothing_in_the_graph():
 @pytest.mark.parametrize("kwargs,argument,found", [
     (dict(format="mxfp4"), "method", "'awq' with format 'mxfp4'"),
     (dict(format="nvfp4"), "method", "'awq' with format 'nvfp4'"),
-    (dict(budget=4.5, bits=None), "budget", "4.5 with method 'awq'"),
     (dict(damping=0.1), "damping", "0.1 with method 'awq'"),
 ])
 def test_refusals_are_named(kwargs, argument, found):
     with pytest.raises(OptionError) as e:
         dyndq.quantize(readers_of_x(64, [16]), method="awq", evaluate=False, **kwargs)
     assert any(p.argument == argument and p.found == found for p in e.value.problems), e.value.problems
-
-
-def test_the_cli_refuses_awq_with_a_budget(tmp_path, capsys):
-    onnx.save(readers_of_x(64, [16]), tmp_path / "f.onnx")
-    assert main(["quantize", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--method", "awq",
-                 "--budget", "4.5"]) == 2
-    err = capsys.readouterr().err
-    assert "with method 'awq'" in err and "Traceback" not in err
-    assert not (tmp_path / "q.onnx").exists()
 
 
 def test_awq_is_a_listed_data_aware_method():

@@ -226,7 +226,6 @@ def test_a_weight_read_twice_is_calibrated_on_both_inputs():
     (dict(method="gptq", damping=0), "damping", "0"),
     (dict(method="gptq", damping=float("nan")), "damping", "nan"),
     (dict(method="gptq", block_size=0), "block_size", "0"),
-    (dict(method="gptq", budget=4.2, bits=None), "budget", "4.2 with method 'gptq'"),
 ])
 def test_bad_options_are_named(kwargs, argument, found):
     with pytest.raises(OptionError) as e:

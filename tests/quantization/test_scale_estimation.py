@@ -214,7 +214,6 @@ def test_without_inputs_it_calibrates_on_seeded_samples_and_says_so():
 @pytest.mark.parametrize("kwargs,found", [
     (dict(format="mxfp4"), "True with format 'mxfp4'"),
     (dict(format="nvfp4"), "True with format 'nvfp4'"),
-    (dict(budget=4.2), "True with a budget (4.2)"),
 ])
 def test_refusals_are_named(kwargs, found):
     with pytest.raises(OptionError) as e:
@@ -228,9 +227,9 @@ def test_a_non_boolean_is_named():
     assert [p.argument for p in e.value.problems] == ["scale_estimation"]
 
 
-def test_the_cli_names_scale_estimation_with_an_fp4_format_and_with_a_budget(tmp_path, capsys):
+def test_the_cli_names_scale_estimation_with_an_fp4_format(tmp_path, capsys):
     onnx.save(two_layers(), tmp_path / "f.onnx")
-    for argv in (["--format", "nvfp4"], ["--budget", "4.5"]):
+    for argv in (["--format", "nvfp4"],):
         assert main(["quantize", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--scale-estimation",
                      *argv]) == 2, argv
         err = capsys.readouterr().err
