@@ -42,15 +42,16 @@ output error on the calibration data is never above the method's without it, up 
 rounding of the sums (each group's step can only lower the whole row's error; with GPTQ, `gptq_weight_estimated` keeps the lower of GPTQ
 with and without it).
 
-X^T X damped when the calibration rows are few (`damped`): what is fitted to is G + lam m I, m the
-mean of G's diagonal and lam = DAMPING K / rows (K the input's length, rows the calibration rows
-summed into G), a ridge toward the weight error, as GPTQ damps its Hessian.  With fewer rows than
-K, G has rank rows at most: a fit to it alone moves the groups' errors into the directions no
-calibration row has, where a held-out input has some (drawn: 4 rows for K = 256, the held-out error
-1.5x rtn's undamped, 0.95x damped).  lam shrinks as the rows grow, so many rows fit G nearly as it
-is.  DAMPING = 0.25 was chosen by held-out error on drawn layers (4 to 1024 rows for K = 256) and on
-the trained models (docs/quantize.md, "Against the peers").  A caller giving no row count
-(rows=None) fits G as it is.
+X^T X damped when the calibration rows are fewer than K (`damped`): what is fitted to is G + lam m
+I, m the mean of G's diagonal and lam = DAMPING (K / rows - 1) (K the input's length, rows the
+calibration rows summed into G), a ridge toward the weight error, as GPTQ damps its Hessian.  With
+fewer rows than K, G has rank rows at most: a fit to it alone moves the groups' errors into the
+directions no calibration row has, where a held-out input has some (drawn: 4 rows for K = 128, the
+held-out error 1.1x to 1.7x rtn's undamped, below rtn's damped).  With as many rows as K or more, G
+is fitted as it is (PP-OCR's gptq with scale estimation lost held-out accuracy to any damping
+there).  DAMPING = 0.25 was chosen by held-out error on drawn layers (4 to 1024 rows for K = 256)
+and checked on the trained models (docs/quantize.md, "Against the peers").  A caller giving no row
+count (rows=None) fits G as it is.
 
 A method that changes the weight before rounding it (AWQ's per-channel scales) takes scale
 estimation by `refine_weight` on the weight it rounds, with the X^T X of what that weight is
@@ -68,7 +69,7 @@ from dyndq.quantization.numerics import ROUNDINGS, from_rows
 from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales, qmax_of, round_half_away
 
 FACTORS = tuple(1.0 - 0.05 * i for i in range(-1, 9))  # 1.05 down to 0.6 times the method's scale
-DAMPING = 0.25  # lam = DAMPING * K / rows: the ridge added to X^T X for the fit (`damped`, the module doc)
+DAMPING = 0.25  # lam = DAMPING * (K / rows - 1), rows < K: the ridge added to X^T X for the fit (`damped`, the module doc)
 REFITS = 2  # rounds of (round against the stored scale, least-squares refit) from each chain of stage 2
 TOP = 3  # each row's best screened candidates of stage 1 measured and refitted (beside the method's own)
 
@@ -112,8 +113,9 @@ def refine_levels(rows: np.ndarray, gram: np.ndarray, start: Levels, *, group: i
 
 
 def damped(gram: np.ndarray, rows: int | None) -> np.ndarray:
-    """What the groups are fitted to: X^T X plus DAMPING * K / rows times the mean of its diagonal
-    on the diagonal (the module doc); `gram` itself where `rows` is None or its diagonal is all 0."""
+    """What the groups are fitted to: X^T X plus DAMPING * (K / rows - 1) times the mean of its
+    diagonal on the diagonal (the module doc); `gram` itself where `rows` is None, at least K, or
+    its diagonal is all 0."""
     if rows is None:
         return gram
     g = np.asarray(gram, np.float64)
@@ -121,7 +123,9 @@ def damped(gram: np.ndarray, rows: int | None) -> np.ndarray:
     mean = np.mean(np.diag(g)) if k else 0.0
     if not mean > 0:  # (no activation: nothing to fit to either way)
         return g
-    lam = DAMPING * k / max(int(rows), 1)
+    lam = DAMPING * (k / max(int(rows), 1) - 1)
+    if not lam > 0:  # (as many rows as K or more: G is of full rank, fitted as it is)
+        return g
     return g + lam * mean * np.eye(k)
 
 

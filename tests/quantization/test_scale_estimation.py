@@ -141,13 +141,16 @@ def _samples(tmp_path, k):
 # -- few calibration rows: X^T X damped -------------------------------------------------------------
 
 def test_the_damped_gram_is_the_references():
-    """damped(G, R) is G + 0.25 K / R * mean(diag G) * I bit for bit (the reference's equation);
-    G itself without a row count, and where G's diagonal is all 0 (no activation)."""
+    """damped(G, R) is G + 0.25 (K / R - 1) * mean(diag G) * I bit for bit (the reference's
+    equation) for R < K; G itself without a row count, with R >= K rows, and where G's diagonal is
+    all 0 (no activation)."""
     x = correlated(6, 40, 0).astype(np.float64)
     gram = x.T @ x
-    for rows in (1, 6, 1000):
+    for rows in (1, 6, 39):
         np.testing.assert_array_equal(damped(gram, rows).view(np.uint64), reference_damped(gram, rows).view(np.uint64))
-    assert damped(gram, None) is gram
+        assert not np.array_equal(damped(gram, rows), gram)
+    for rows in (None, 40, 1000):
+        assert damped(gram, rows) is gram
     np.testing.assert_array_equal(damped(np.zeros((8, 8)), 3), np.zeros((8, 8)))
 
 
