@@ -17,6 +17,10 @@ and from the three best screened candidates (ties to the earlier; three rounds, 
 candidate itself) rounds of (round, measure by the whole H, keep the best, refit).  Levels are
 rounded as ONNX Runtime's matmul rule rounds them, against the scale as stored: clamp(roundf(w *
 (1 / s) + z), 0, qmax) in float32 steps, written out here on its own.
+
+With R < K calibration rows, G is damped first (`reference_damped`): G + lam m I, m the mean of G's
+diagonal, lam = 0.25 (K / R - 1) (a ridge: the error d G d^T + lam m |d|^2, which a few rows, rank
+R < K, cannot make blind to the directions they miss).
 """
 from __future__ import annotations
 
@@ -66,6 +70,20 @@ def _refit(w, h, b, levels, zero, scale, qmax, symmetric):
         if np.isfinite(fitted):
             scale = fitted
     return scale, zero
+
+
+def reference_damped(gram, rows: int, damping: float = 0.25) -> np.ndarray:
+    """G + lam m I, lam = damping (K / rows - 1), m the mean of G's diagonal (G as it is where m is 0
+    or rows >= K)."""
+    g = np.asarray(gram, np.float64)
+    k = g.shape[0]
+    m = np.mean(np.diag(g))
+    if m <= 0:
+        return g
+    lam = damping * (k / rows - 1)
+    if lam <= 0:
+        return g
+    return g + lam * m * np.eye(k)
 
 
 def reference_scale_estimation(w, gram, levels, zeros, scales, *, group: int, bits: int, symmetric: bool):

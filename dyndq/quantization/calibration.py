@@ -96,15 +96,16 @@ class Calibration:
                 return options.fmt.quantize(weight, target, rtn, options.bits)
             grams = [self.stats[i].gram for i in self.inputs[key]]
             gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
+            rows = sum(self.stats[i].rows for i in self.inputs[key])  # (scale estimation damps X^T X for few rows)
             if self.scaling is not None:  # (awq with scale estimation: refitted on its scaled weight's input)
                 gram = self.scaling.input_gram(gram, target)
                 def refine(scaled, q):
                     return scale_estimation.refine_weight(scaled, q, gram, bits=options.bits,
-                                                          symmetric=options.symmetric)
+                                                          symmetric=options.symmetric, calibration_rows=rows)
 
                 return self.scaling.quantize(weight, target, options, refine=refine)
             if options.scale_estimation:
-                return scale_estimation.quantize(weight, target, options, gram)
+                return scale_estimation.quantize(weight, target, options, gram, rows)
             return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
                                symmetric=options.symmetric, scale_dtype=options.scale_dtype or target.dtype,
                                settings=options.gptq)

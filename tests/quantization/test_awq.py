@@ -537,7 +537,7 @@ AWQ_BELOW_RTN = 0.9  # (measured: 0.245 against 0.294, 0.83x)
 def test_scale_estimation_on_top_of_awq_refits_the_scaled_weight_on_its_scaled_input(symmetric, monkeypatch):
     """awq with scale_estimation=True: the codes, scales and zero points written are
     scale_estimation.refine_weight of awq's rtn-rounded scaled weight on X^T X of the scaled input
-    (diag(r) G diag(r)), bit for bit; the layer's output error on the calibration rows (X multiplied
+    (diag(r) G diag(r)), damped for the calibration rows, bit for bit; the layer's output error on the calibration rows (X multiplied
     out, the Mul's r as stored) is at most awq's alone and below rtn's; the output on the reference
     engine and ONNX Runtime agrees (within 1e-5: each sums the MatMul in its own order); the notes say what was calibrated."""
     from dyndq.quantization import scale_estimation
@@ -566,7 +566,7 @@ def test_scale_estimation_on_top_of_awq_refits_the_scaled_weight_on_its_scaled_i
     scaled = scaling.scaled(w, Target)
     want = scale_estimation.refine_weight(scaled, awq_module.rounded(scaled, Target, options),
                                           stats.gram * np.outer(r.astype(np.float64), r.astype(np.float64)),
-                                          bits=4, symmetric=symmetric)
+                                          bits=4, symmetric=symmetric, calibration_rows=stats.rows)
     codes, scales, zero_points = codes_of(both, "W0")
     np.testing.assert_array_equal(scales.reshape(want.scales.shape).view(np.uint32), want.scales.view(np.uint32))
     np.testing.assert_array_equal(codes.reshape(want.codes.shape).astype(np.int16), want.codes.astype(np.int16))
