@@ -78,6 +78,7 @@ class GGUFCheckpoint(Checkpoint):
                                            "a GGUF file gguf's reader reads")]) from None
         self.architecture = self._field("general.architecture")
         self._raw = list(tensors_of(self.reader))
+        self._by_name = {t.name: t for t in self._raw}
         self._map = self._name_map()
 
     def _field(self, key: str):
@@ -108,7 +109,24 @@ class GGUFCheckpoint(Checkpoint):
         found = self._map.get_name(weight_name, try_suffixes=(".weight", ".bias"))
         if found is None and "." in weight_name:
             found = self._map.get_name(weight_name.split(".", 1)[1], try_suffixes=(".weight", ".bias"))
+        if found is not None and not found.endswith((".weight", ".bias")):
+            # (a parameter named without a suffix, transformers 5's fused experts `mlp.experts.down_proj`:
+            # the map gives the bare `blk.N.ffn_down_exps`, the file's tensor is its `.weight`)
+            found += ".weight"
         return found
+
+    def expert(self, tensor: str, index: int) -> SourceTensor | None:
+        """Expert `index` of a 3-D tensor (llama.cpp's converter stacks a layer's experts into one,
+        `blk.N.ffn_gate_exps.weight`, NumPy [n_expert, rows, row]): its rows of blocks, a view of the
+        file's bytes (the blocks run along the row, so an expert is whole blocks: exact), decoded
+        alone; None for a tensor that is not 3-D or an index out of its range."""
+        t = self._by_name.get(tensor)
+        if t is None or len(t.shape) != 3 or not 0 <= index < t.shape[0]:
+            return None
+        part = GGUFTensor(f"{tensor}[{index}]", t.type_name, t.shape[1:], t.data[index])
+        source = self._source(part)
+        source.note = "; ".join(x for x in (f"expert {index} of {tensor}'s {t.shape[0]}", source.note) if x)
+        return source
 
     def notes(self) -> list[str]:
         notes = []
