@@ -167,6 +167,7 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
         matches[weight] = Match(weight, tensor, how, way, parts=parts)
 
     known = set(weights) | nested
+    stacked = [name for name, t in tensors.items() if len(t.shape) == 3]  # (the checkpoint's own, before any slice)
     for name in tensors:  # 1. by name
         if name in known:
             take(name, name, "by name")
@@ -194,6 +195,7 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
             take(weight, tensor, "by --names", _parts_of(tensor, tensors))
     if values is not None:  # 4. by shape and closeness
         _by_shape(weights, tensors, matches, values)
+        _experts_by_shape(checkpoint, weights, tensors, matches, values, stacked)
     return list(matches.values()), problems
 
 
@@ -336,6 +338,36 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
         del decoded
     for weight, (error, tensor) in best.items():
         matches[weight] = Match(weight, tensor, "by shape", orientation(tensors[tensor].shape, weights[weight]), error)
+
+
+def _experts_by_shape(checkpoint, weights: dict, tensors: dict, matches: dict, values, stacked: list[str]) -> None:
+    """The 2-D weights left, matched by shape and closeness to the experts of the checkpoint's 3-D
+    tensors (an export's per-expert weights under names no map knows, `onnx::MatMul_12`): each
+    expert's slice decoded alone (`Checkpoint.expert`: one expert's values at a time), compared with
+    each weight of its shape; a weight takes the closest below CLOSE_ENOUGH."""
+    left = [w for w in weights.values() if w.name not in matches and len(w.shape) == 2]
+    best: dict[str, tuple[float, str, int]] = {}
+    for tensor in stacked:
+        n_expert, *shape = tensors[tensor].shape
+        fitting = [w for w in left if orientation(tuple(shape), w) is not None]
+        for index in range(n_expert) if fitting else ():
+            part = checkpoint.expert(tensor, index)
+            if part is None:
+                break
+            with np.errstate(all="ignore"):
+                decoded = part.values()
+            for w in fitting:
+                theirs = np.asarray(values(w.name), np.float32)
+                ours = decoded.T if orientation(tuple(shape), w) == TRANSPOSED else decoded
+                error = relative_error(ours, theirs, np.float32)
+                if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
+                    best[w.name] = (error, tensor, index)
+            del decoded
+    for weight, (error, tensor, index) in best.items():
+        name = f"{tensor}[{index}]"
+        _slice(checkpoint, tensors, tensor, index)
+        matches[weight] = Match(weight, name, "by shape", orientation(tensors[name].shape, weights[weight]), error,
+                                ((tensor, index),))
 
 
 class WeightValues:

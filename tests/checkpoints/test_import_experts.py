@@ -266,6 +266,30 @@ def test_a_3d_weight_without_names_matches_by_shape_either_way_round(tmp_path):
     check_weights_and_outputs(out, model, {"onnx::MatMul_down": np.ascontiguousarray(deq["down"].transpose(0, 2, 1))})
 
 
+def test_per_expert_weights_without_names_match_their_experts_slice_by_shape(tmp_path):
+    tensors = moe_file(tmp_path / "moe.gguf", TYPES[0], "llama")
+    deq = experts_of(tensors)
+    rng = np.random.default_rng(11)
+    # the float model is the checkpoint's source: close to its dequantized experts, under names no map knows
+    near = {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.002).astype(np.float32) for k, v in deq.items()}
+    model = per_expert_model({**source(), **near})
+    renamed = {expert_name(e, p): f"onnx::MatMul_{e}_{p}" for e in range(E) for p in ("w1", "w3", "w2")}
+    for t in model.graph.initializer:
+        t.name = renamed.get(t.name, t.name)
+    for n in model.graph.node:
+        n.input[:] = [renamed.get(i, i) for i in n.input]
+    out, report = dyndq.import_weights(model, tmp_path / "moe.gguf")
+    rows = {r.weight: r for r in report.imported}
+    want = {ROUTER: dequantized(*tensors["blk.0.ffn_gate_inp.weight"])}
+    for e in range(E):
+        for p, k in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+            row = rows[renamed[expert_name(e, p)]]
+            assert (row.tensor, row.how) == (f"blk.0.ffn_{k}_exps.weight[{e}]", "by shape") and row.error < 0.2, row
+            want[row.weight] = deq[k][e] if e % 2 == 0 else np.ascontiguousarray(deq[k][e].T)
+    assert report.unused == [] and report.left_float == []
+    check_weights_and_outputs(out, model, want)
+
+
 def test_names_map_takes_an_experts_slice(tmp_path):
     tensors = moe_file(tmp_path / "moe.gguf", TYPES[0], "llama")
     model = per_expert_model(source(), experts=[0])
