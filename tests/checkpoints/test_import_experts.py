@@ -428,3 +428,30 @@ def test_streamed_per_expert_weights_peak_near_one_expert_and_a_3d_weight_near_t
                                f"({expert / 2**20:.2f} MiB), bound {bound / 2**20:.1f} MiB")
         print(f"{form}: peak - base {extra / 2**20:.2f} MiB = {extra / expert:.2f}x one expert, {extra / stacked:.2f}x the stacked tensor")
     assert 1.5 * expert + (4 << 20) < stacked  # (the test can fail: the stacked tensor held whole is over the experts' bound)
+
+
+def test_a_square_3d_weight_is_read_the_way_its_nodes_read_it():
+    """Where an expert's matrix is square the shape cannot say: a Gather of the expert feeding
+    MatMul's B, or a batched MatMul, reads [E, in, out] (transposed); a Gather then Transpose, or a
+    Transpose of perm [0, 2, 1], reads [E, out, in] (as stored)."""
+    from dyndq.checkpoints.matching import STORED, TRANSPOSED, float_weights, orientation
+
+    w = numpy_helper.from_array(np.zeros((E, 8, 8), np.float32), "w")
+    index = numpy_helper.from_array(np.array(1, np.int64), "i")
+    ways = {
+        "gather, MatMul": ([helper.make_node("Gather", ["w", "i"], ["we"], axis=0), helper.make_node("MatMul", ["x", "we"], ["y"])],
+                           TRANSPOSED),
+        "batched MatMul": ([helper.make_node("MatMul", ["x", "w"], ["y"])], TRANSPOSED),
+        "gather, Transpose": ([helper.make_node("Gather", ["w", "i"], ["we"], axis=0),
+                               helper.make_node("Transpose", ["we"], ["wt"], perm=[1, 0]),
+                               helper.make_node("MatMul", ["x", "wt"], ["y"])], STORED),
+        "Transpose 0 2 1": ([helper.make_node("Transpose", ["w"], ["wt"], perm=[0, 2, 1]),
+                             helper.make_node("MatMul", ["x", "wt"], ["y"])], STORED),
+    }
+    for label, (nodes, way) in ways.items():
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+        model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[w, index]))
+        weight = float_weights(model)["w"]
+        assert orientation((E, 8, 8), weight) == way, label
+        assert orientation((E + 1, 8, 8), weight) is None  # (another number of experts fits not)
