@@ -455,3 +455,26 @@ def test_a_square_3d_weight_is_read_the_way_its_nodes_read_it():
         weight = float_weights(model)["w"]
         assert orientation((E, 8, 8), weight) == way, label
         assert orientation((E + 1, 8, 8), weight) is None  # (another number of experts fits not)
+
+
+@pytest.mark.parametrize("emit", ["dyndq", "onnxruntime"])
+def test_streamed_from_external_data_as_in_memory(tmp_path, emit):
+    """Slices and gate and up joined, streamed from a model with external data (each decode written
+    to the new data file as it is made): the same rows and the same outputs as the import in memory."""
+    from dyndq.checkpoints import import_file
+    from dyndq.model_files import load_model, save_model
+
+    moe_file(tmp_path / "moe.gguf", ("Q4_K", "Q8_0", "Q4_0"), "qwen3next")
+    x = {"x": np.random.default_rng(7).standard_normal((T, H)).astype(np.float32)}
+    for form, model in (("experts", per_expert_model(source())), ("fused", fused_model(source(), False))):
+        (tmp_path / form).mkdir()
+        save_model(model, tmp_path / form / "f.onnx", external_data=True)
+        report = import_file(tmp_path / form / "f.onnx", tmp_path / "moe.gguf", tmp_path / form / "q.onnx", emit=emit)
+        in_memory, memory_report = dyndq.import_weights(model, tmp_path / "moe.gguf", emit=emit)
+        assert [r.as_dict() for r in report.imported] == [r.as_dict() for r in memory_report.imported]
+        assert report.unused == memory_report.unused
+        streamed = load_model(tmp_path / form / "q.onnx")
+        if emit == "dyndq":
+            assert (bits(dyndq.run(streamed, x)["y"]) == bits(dyndq.run(in_memory, x)["y"])).all(), form
+        else:
+            assert (bits(run_onnxruntime(streamed, x)[0]) == bits(run_onnxruntime(in_memory, x)[0])).all(), form

@@ -3,6 +3,10 @@
 Names: gguf's own `TensorNameMap` for the file's `general.architecture` maps a Hugging Face /
 torch name (`model.layers.0.self_attn.q_proj.weight`) to the GGUF one (`blk.0.attn_q.weight`).
 
+Experts: llama.cpp's converter stacks a layer's experts into one 3-D tensor
+(`blk.N.ffn_gate_exps.weight`, [n_expert, rows, row]); `expert` gives one expert's slice, whole rows
+of blocks, as a tensor of its own (matching.py says which weights take one).
+
 Orientation: GGUF's NumPy shape is already torch's ([out, in], the blocks along a row).  But
 llama.cpp's converter (convert_hf_to_gguf.py, `LlamaModel.permute`) reorders the rows of
 attention Q and K for the llama family: `w.reshape(n_head, 2, rows // n_head // 2, ...)
