@@ -262,6 +262,10 @@ def _joined(name: str, gate, up):
     from dyndq.checkpoints.source import SourceTensor
     from dyndq.checkpoints.writer import Written
 
+    if gate.shape[:-2] != up.shape[:-2] or gate.shape[-1] != up.shape[-1]:
+        raise ValidationError([Problem(f"checkpoint tensors {gate.name!r} and {up.name!r}",
+                                       f"shapes {list(gate.shape)} and {list(up.shape)}",
+                                       "a gate and an up of one shape but their rows (to join them)")])
     shape = (*gate.shape[:-2], gate.shape[-2] + up.shape[-2], gate.shape[-1])
 
     def make_nodes(names, weight):
@@ -278,10 +282,6 @@ def _joined(name: str, gate, up):
         return np.concatenate([gate.values(), up.values()], axis=-2)
 
     kind = gate.kind if gate.kind == up.kind else f"{gate.kind} + {up.kind}"
-    if gate.shape[:-2] != up.shape[:-2] or gate.shape[-1] != up.shape[-1]:
-        raise ValidationError([Problem(f"checkpoint tensors {gate.name!r} and {up.name!r}",
-                                       f"shapes {list(gate.shape)} and {list(up.shape)}",
-                                       "a gate and an up of one shape but their rows (to join them)")])
     return SourceTensor(name, shape, kind, gate.nbytes + up.nbytes, make_nodes, make_values,
                         f"gate {gate.name} and up {up.name} joined along the rows, gate first")
 
