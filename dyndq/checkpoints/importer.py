@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from dyndq.checkpoints import fused
-from dyndq.checkpoints.matching import float_weights, match, weight_values
+from dyndq.checkpoints.matching import float_weights, match, unused, weight_values
 from dyndq.checkpoints.placing import Imported, decoder, place
 from dyndq.checkpoints.source import Checkpoint, open_checkpoint
 from dyndq.checkpoints.writer import written_to
@@ -211,9 +211,8 @@ def _imported(out: onnx.ModelProto, ckpt: Checkpoint, names_map: dict | None, em
         fused.share(out, plan, data=data)
     for row in report.imported:  # (a fused weight's decode is read as stored; the report says how the model reads it)
         row.orientation = orientations.get(row.weight, row.orientation)
-    used = {m.tensor for m in matches}
     report.left_float = [(w.name, w.shape) for w in weights.values() if w.name not in replaced]
-    report.unused = [(t.name, t.kind, t.shape) for t in tensors.values() if t.name not in used]
+    report.unused = unused(tensors, matches)  # (a 3-D tensor's experts: those no weight took)
     if emit != "dyndq":
         from dyndq.exporter import export_with_report
 

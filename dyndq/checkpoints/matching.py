@@ -14,12 +14,19 @@ initializer); by shape and closeness of the checkpoint's dequantized values to t
 (the relative error ||w' - w|| / ||w||, the best below CLOSE_ENOUGH).  One checkpoint tensor may
 stand for several weights (tied embeddings: one decode read by both).  Weights inside subgraphs
 or functions are not imported: a tensor naming one is refused by name.
+
+Mixtures of experts: a 3-D checkpoint tensor (GGUF's stacked experts, [E, out, in]) matches a 3-D
+weight as a matrix does (its last two axes as stored or swapped), or, through the name map, each
+per-expert 2-D weight (`...experts.3.w1.weight`: the name without the index is the stacked
+tensor's) takes its expert's slice (`Checkpoint.expert`, added to the tensors as "name[3]"); a
+fused gate_up weight takes the checkpoint's gate and up joined (a tensor made here, "gate+up")
+where the name map knows the fused name, else is refused naming both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import re
 import tempfile
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -49,6 +56,9 @@ class Match:
     how: str  # "name", "name map", "--names", "shape"
     orientation: str  # STORED or TRANSPOSED
     error: float | None = None  # a by-shape match's relative error
+    # a tensor made here of checkpoint tensors: ((name, expert index or None), ...): an expert's
+    # slice of a 3-D tensor, or a fused gate_up of two
+    parts: tuple = ()
 
 
 def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
@@ -59,9 +69,15 @@ def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
     for name, t in constant_tensors(model.graph).items():
         if t.data_type in FLOATS and int(np.prod(t.dims)) > 1 and name not in out:
             out[name] = Weight(name, tuple(t.dims), t.data_type, held_by="Constant")
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, i))
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             w = out.get(name)
+            if w is not None and len(w.shape) == 3:
+                w.reads |= _expert_reads(node, i, consumers)
             if w is None or len(w.shape) != 2:
                 continue
             if node.op_type == "MatMul" and i == 1:
@@ -72,6 +88,26 @@ def float_weights(model: onnx.ModelProto) -> dict[str, Weight]:
             elif node.op_type == "Transpose" or (node.op_type == "Gather" and i == 0):
                 w.reads.add(STORED)
     return out
+
+
+def _expert_reads(node, i: int, consumers: dict) -> set:
+    """How a node reads a 3-D weight [E, ., .] (a mixture of experts' stacked weights): a batched
+    MatMul's B is [E, in, out] (TRANSPOSED); an expert taken by Gather on axis 0 is read as the 2-D
+    weight it is (MatMul's B: TRANSPOSED; a Transpose: STORED)."""
+    if node.op_type == "MatMul" and i == 1:
+        return {TRANSPOSED}
+    if node.op_type == "Transpose" and i == 0:
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+        return {STORED} if perm == [0, 2, 1] else set()
+    if node.op_type != "Gather" or i != 0 or next((a.i for a in node.attribute if a.name == "axis"), 0) != 0:
+        return set()
+    reads = set()
+    for user, j in consumers.get(node.output[0], []):
+        if user.op_type == "MatMul" and j == 1:
+            reads.add(TRANSPOSED)
+        elif user.op_type == "Transpose":
+            reads.add(STORED)
+    return reads
 
 
 def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -93,12 +129,13 @@ def nested_weights(model: onnx.ModelProto) -> set[str]:
 def orientation(shape: tuple[int, ...], w: Weight) -> str | None:
     """How weight `w` holds a checkpoint tensor of `shape`: STORED, TRANSPOSED, or None (it fits not)."""
     shape = tuple(shape)
-    square = len(shape) == 2 and shape[0] == shape[1]
+    matrix = len(shape) in (2, 3)  # (3-D: a mixture of experts' [E, out, in], each expert a matrix)
+    square = matrix and shape[-1] == shape[-2]
     if square and w.shape == shape:
         return TRANSPOSED if w.reads == {TRANSPOSED} else STORED
     if w.shape == shape:
         return STORED
-    if len(shape) == 2 and w.shape == shape[::-1]:
+    if matrix and w.shape == (*shape[:-2], shape[-1], shape[-2]):
         return TRANSPOSED
     return None
 
@@ -113,7 +150,7 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
     matches: dict[str, Match] = {}
     problems: list[Problem] = []
 
-    def take(weight: str, tensor: str, how: str) -> None:
+    def take(weight: str, tensor: str, how: str, parts: tuple = ()) -> None:
         if weight in matches:
             return
         if weight in nested and weight not in weights:
@@ -127,9 +164,10 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
                                     f"to weight {weight!r} of shape {list(w.shape)})",
                                     "the weight's shape or, for a matrix, its transpose"))
             return
-        matches[weight] = Match(weight, tensor, how, way)
+        matches[weight] = Match(weight, tensor, how, way, parts=parts)
 
     known = set(weights) | nested
+    stacked = [name for name, t in tensors.items() if len(t.shape) == 3]  # (the checkpoint's own, before any slice)
     for name in tensors:  # 1. by name
         if name in known:
             take(name, name, "by name")
@@ -138,7 +176,12 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
             mapped = checkpoint.mapped_name(weight)
             if mapped in tensors:
                 take(weight, mapped, f"by {checkpoint.format}'s name map")
+            else:  # (a mixture of experts' weights: one expert of a 3-D tensor, or a fused gate_up of two)
+                _experts_mapped(checkpoint, weights[weight], tensors, take, problems)
     for tensor, weight in (names_map or {}).items():  # 3. --names
+        sliced = _EXPERT_OF.match(tensor)
+        if tensor not in tensors and sliced and sliced.group(1) in tensors:  # ("blk.0.ffn_up_exps.weight[3]")
+            _slice(checkpoint, tensors, sliced.group(1), int(sliced.group(2)))
         if tensor not in tensors:
             problems.append(Problem(f"--names entry {tensor!r}", "no tensor of that name in the checkpoint",
                                     "a tensor of the checkpoint"))
@@ -149,10 +192,121 @@ def match(model: onnx.ModelProto, checkpoint, tensors: dict, names_map: dict | N
             problems.append(Problem(f"--names entry {tensor!r}", f"initializer {weight!r}, matched {matches[weight].how} "
                                     f"to {matches[weight].tensor!r} already", "one tensor per initializer"))
         else:
-            take(weight, tensor, "by --names")
+            take(weight, tensor, "by --names", _parts_of(tensor, tensors))
     if values is not None:  # 4. by shape and closeness
         _by_shape(weights, tensors, matches, values)
+        _experts_by_shape(checkpoint, weights, tensors, matches, values, stacked)
     return list(matches.values()), problems
+
+
+# a model's weight of one expert (transformers 4's Mixtral `...block_sparse_moe.experts.3.w1.weight`,
+# Qwen-MoE's and OLMoE's `...mlp.experts.3.gate_proj.weight`): the name llama.cpp's converter gives
+# the stacked experts is that name without the index (its merged name, which gguf's name map knows)
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+_EXPERT_OF = re.compile(r"^(.+)\[(\d+)\]$")  # an expert's slice: "blk.0.ffn_up_exps.weight[3]"
+# transformers 5's fused experts hold gate and up as one [E, 2 * I, H] (`gate, up = ....chunk(2)`: gate first)
+_GATE_UP = "gate_up_proj"
+
+
+def _experts_mapped(checkpoint, w: Weight, tensors: dict, take, problems: list) -> None:
+    """Weight `w`, which the name map found no tensor for, as part of a mixture of experts: one
+    expert of a 3-D checkpoint tensor (its name without the expert's index mapped), or a fused
+    gate_up [E, 2 * I, H] whose gate and up the checkpoint holds apart (each mapped, concatenated
+    along the rows, gate first) where the name map knows the fused name for the architecture, else
+    refused naming both."""
+    how = f"by {checkpoint.format}'s name map"
+    one = _EXPERT_NAME.match(w.name)
+    if one:
+        stacked = checkpoint.mapped_name(f"{one.group(1)}.{one.group(3)}")
+        index = int(one.group(2))
+        if stacked in tensors and _slice(checkpoint, tensors, stacked, index) is not None:
+            take(w.name, f"{stacked}[{index}]", f"{how}, expert {index}", ((stacked, index),))
+        return
+    if not w.name.removesuffix(".weight").endswith(_GATE_UP) or len(w.shape) != 3:
+        return
+    gate, up = (checkpoint.mapped_name(w.name.replace(_GATE_UP, part)) for part in ("gate_proj", "up_proj"))
+    if gate not in tensors or up not in tensors:
+        return
+    if checkpoint.mapped_name(w.name) is None:
+        problems.append(Problem(f"weight {w.name!r}", f"a fused gate_up; the checkpoint holds its gate {gate!r} and up "
+                                f"{up!r} apart, and {checkpoint.format}'s name map of {checkpoint.architecture!r} knows "
+                                "no fused gate_up (the halves' order is not known for it)",
+                                "a fused gate_up the name map knows, or the model's gate and up apart"))
+        return
+    name = f"{gate}+{up}"
+    if name not in tensors:
+        tensors[name] = _joined(name, tensors[gate], tensors[up])
+    take(w.name, name, f"{how}, gate and up joined", ((gate, None), (up, None)))
+
+
+def _slice(checkpoint, tensors: dict, tensor: str, index: int):
+    """Expert `index` of 3-D tensor `tensor`, added to `tensors` as "tensor[index]" (None: the
+    format cannot slice it, or no such expert)."""
+    name = f"{tensor}[{index}]"
+    if name not in tensors:
+        found = checkpoint.expert(tensor, index)
+        if found is None:
+            return None
+        tensors[name] = found
+    return tensors[name]
+
+
+def _parts_of(tensor: str, tensors: dict) -> tuple:
+    sliced = _EXPERT_OF.match(tensor)
+    return ((sliced.group(1), int(sliced.group(2))),) if sliced and sliced.group(1) in tensors else ()
+
+
+def _joined(name: str, gate, up):
+    """A SourceTensor of `gate` and `up` (each [E, I, H]) concatenated along their rows (axis -2),
+    gate first: their decodes and one Concat (copies: exact)."""
+    from dyndq.checkpoints.source import SourceTensor
+    from dyndq.checkpoints.writer import Written
+
+    if gate.shape[:-2] != up.shape[:-2] or gate.shape[-1] != up.shape[-1]:
+        raise ValidationError([Problem(f"checkpoint tensors {gate.name!r} and {up.name!r}",
+                                       f"shapes {list(gate.shape)} and {list(up.shape)}",
+                                       "a gate and an up of one shape but their rows (to join them)")])
+    shape = (*gate.shape[:-2], gate.shape[-2] + up.shape[-2], gate.shape[-1])
+
+    def make_nodes(names, weight):
+        from dyndq.plumbing.names import NameScope
+
+        names = names if names is not None else NameScope()  # (one scope for both decodes: their names apart)
+        a, b = gate.nodes(names, weight), up.nodes(names, weight)
+        out = names.fresh(f"{weight}_joined")
+        node = onnx.helper.make_node("Concat", [a.output, b.output], [out], axis=-2, name=names.fresh(f"{weight}_Concat"))
+        return Written(a.nodes + b.nodes + [node], a.tensors + b.tensors, out, f"gate: {a.form}; up: {b.form}; Concat",
+                       max(a.opset, b.opset), a.tables + b.tables, a.dtype)
+
+    def make_values():
+        return np.concatenate([gate.values(), up.values()], axis=-2)
+
+    kind = gate.kind if gate.kind == up.kind else f"{gate.kind} + {up.kind}"
+    return SourceTensor(name, shape, kind, gate.nbytes + up.nbytes, make_nodes, make_values,
+                        f"gate {gate.name} and up {up.name} joined along the rows, gate first")
+
+
+def unused(tensors: dict, matches: list[Match]) -> list[tuple]:
+    """(name, kind, shape) of each checkpoint tensor no match uses, and of each expert of a 3-D
+    tensor whose other experts are used ("name[i]"); the tensors made here are not listed."""
+    whole = {m.tensor for m in matches if not m.parts}
+    experts: dict[str, set] = {}
+    for m in matches:
+        for name, index in m.parts:
+            if index is None:
+                whole.add(name)
+            else:
+                experts.setdefault(name, set()).add(index)
+    made = {m.tensor for m in matches if m.parts}
+    out = []
+    for t in tensors.values():
+        if t.name in whole or t.name in made:
+            continue
+        if t.name in experts:
+            out += [(f"{t.name}[{i}]", t.kind, tuple(t.shape[1:])) for i in range(t.shape[0]) if i not in experts[t.name]]
+        elif not _EXPERT_OF.match(t.name) or _EXPERT_OF.match(t.name).group(1) not in tensors:
+            out.append((t.name, t.kind, t.shape))
+    return out
 
 
 def relative_error(ours: np.ndarray, theirs: np.ndarray, dtype=np.float64) -> float:
@@ -176,7 +330,7 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
             decoded = tensors[tensor].values()  # (one tensor's values at a time)
         for w in fitting:
             theirs = np.asarray(values(w.name), np.float32)  # (float32 already: not copied)
-            ours = decoded.T if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded
+            ours = np.swapaxes(decoded, -1, -2) if orientation(tensors[tensor].shape, w) == TRANSPOSED else decoded
             error = relative_error(ours, theirs, np.float32)
             del theirs, ours
             if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
@@ -184,6 +338,36 @@ def _by_shape(weights: dict, tensors: dict, matches: dict, values) -> None:
         del decoded
     for weight, (error, tensor) in best.items():
         matches[weight] = Match(weight, tensor, "by shape", orientation(tensors[tensor].shape, weights[weight]), error)
+
+
+def _experts_by_shape(checkpoint, weights: dict, tensors: dict, matches: dict, values, stacked: list[str]) -> None:
+    """The 2-D weights left, matched by shape and closeness to the experts of the checkpoint's 3-D
+    tensors (an export's per-expert weights under names no map knows, `onnx::MatMul_12`): each
+    expert's slice decoded alone (`Checkpoint.expert`: one expert's values at a time), compared with
+    each weight of its shape; a weight takes the closest below CLOSE_ENOUGH."""
+    left = [w for w in weights.values() if w.name not in matches and len(w.shape) == 2]
+    best: dict[str, tuple[float, str, int]] = {}
+    for tensor in stacked:
+        n_expert, *shape = tensors[tensor].shape
+        fitting = [w for w in left if orientation(tuple(shape), w) is not None]
+        for index in range(n_expert) if fitting else ():
+            part = checkpoint.expert(tensor, index)
+            if part is None:
+                break
+            with np.errstate(all="ignore"):
+                decoded = part.values()
+            for w in fitting:
+                theirs = np.asarray(values(w.name), np.float32)
+                ours = decoded.T if orientation(tuple(shape), w) == TRANSPOSED else decoded
+                error = relative_error(ours, theirs, np.float32)
+                if np.isfinite(error) and error < CLOSE_ENOUGH and (w.name not in best or error < best[w.name][0]):
+                    best[w.name] = (error, tensor, index)
+            del decoded
+    for weight, (error, tensor, index) in best.items():
+        name = f"{tensor}[{index}]"
+        _slice(checkpoint, tensors, tensor, index)
+        matches[weight] = Match(weight, name, "by shape", orientation(tensors[name].shape, weights[weight]), error,
+                                ((tensor, index),))
 
 
 class WeightValues:
@@ -231,6 +415,6 @@ def weight_values(model: onnx.ModelProto, loaded=None) -> WeightValues:
     return WeightValues(model, loaded)
 
 
-__all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "WeightValues", "constant_tensors", "float_weights", "match", "orientation",
+__all__ = ["CLOSE_ENOUGH", "Match", "STORED", "TRANSPOSED", "Weight", "WeightValues", "constant_tensors", "float_weights", "match", "orientation", "unused",
            "relative_error",
            "ValidationError"]

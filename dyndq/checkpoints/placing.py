@@ -95,8 +95,8 @@ def place(model: onnx.ModelProto, matches: list[Match], tensors: dict, store=Non
         value_of, renamed = written.output, False
         for i, m in enumerate(ms):
             steps = []
-            if m.orientation == TRANSPOSED:
-                steps.append(("Transpose", {}))
+            if m.orientation == TRANSPOSED:  # (a mixture of experts' 3-D [E, out, in]: each expert's matrix)
+                steps.append(("Transpose", {"perm": [0, 2, 1]} if len(source.shape) == 3 else {}))
             if dtypes[m.weight] != written.dtype:  # (exact: float16 -> float32 widens; float32 -> float16 as the model holds it)
                 steps.append(("Cast", {"to": dtypes[m.weight]}))
             if not steps and not renamed:  # (the decode's own value takes the weight's name)

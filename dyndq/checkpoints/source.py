@@ -62,6 +62,11 @@ class Checkpoint:
     def notes(self) -> list[str]:
         return []
 
+    def expert(self, tensor: str, index: int) -> SourceTensor | None:
+        """Slice `index` of 3-D tensor `tensor` along its first axis (a mixture-of-experts tensor's
+        expert: GGUF's `blk.N.ffn_gate_exps.weight`), decoded alone; None where the format cannot."""
+        return None
+
 
 def opener(name: str):
     """Register `open(path) -> Checkpoint | None` for the format `name`."""

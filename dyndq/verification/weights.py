@@ -194,13 +194,13 @@ class CheckpointSource:
         w = Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads))
         way = orientation(self.tensors[name].shape, w)
         v = self.values(name)
-        return v.T if way == TRANSPOSED else v
+        return np.swapaxes(v, -1, -2) if way == TRANSPOSED else v  # (a 3-D tensor of experts: each expert's matrix)
 
     def wrong_layouts(self, name: str, shape, reads) -> list[tuple[str, str, np.ndarray]]:
         """(kind, note, values as the model reads them) of each known wrong reading of tensor `name`
         (layouts.py: llama.cpp's Q/K rows not un-permuted, AWQ's nibbles read in plain order)."""
         way = orientation(self.tensors[name].shape, Weight(name, tuple(shape), onnx.TensorProto.FLOAT, set(reads)))
-        return [(kind, note, v.T if way == TRANSPOSED else v) for kind, note, v in self._wrong.of(name)]
+        return [(kind, note, np.swapaxes(v, -1, -2) if way == TRANSPOSED else v) for kind, note, v in self._wrong.of(name)]
 
 
 def _reads(reader: str) -> set:

@@ -3,6 +3,10 @@
 Names: gguf's own `TensorNameMap` for the file's `general.architecture` maps a Hugging Face /
 torch name (`model.layers.0.self_attn.q_proj.weight`) to the GGUF one (`blk.0.attn_q.weight`).
 
+Experts: llama.cpp's converter stacks a layer's experts into one 3-D tensor
+(`blk.N.ffn_gate_exps.weight`, [n_expert, rows, row]); `expert` gives one expert's slice, whole rows
+of blocks, as a tensor of its own (matching.py says which weights take one).
+
 Orientation: GGUF's NumPy shape is already torch's ([out, in], the blocks along a row).  But
 llama.cpp's converter (convert_hf_to_gguf.py, `LlamaModel.permute`) reorders the rows of
 attention Q and K for the llama family: `w.reshape(n_head, 2, rows // n_head // 2, ...)
@@ -78,6 +82,7 @@ class GGUFCheckpoint(Checkpoint):
                                            "a GGUF file gguf's reader reads")]) from None
         self.architecture = self._field("general.architecture")
         self._raw = list(tensors_of(self.reader))
+        self._by_name = {t.name: t for t in self._raw}
         self._map = self._name_map()
 
     def _field(self, key: str):
@@ -108,7 +113,24 @@ class GGUFCheckpoint(Checkpoint):
         found = self._map.get_name(weight_name, try_suffixes=(".weight", ".bias"))
         if found is None and "." in weight_name:
             found = self._map.get_name(weight_name.split(".", 1)[1], try_suffixes=(".weight", ".bias"))
+        if found is not None and not found.endswith((".weight", ".bias")):
+            # (a parameter named without a suffix, transformers 5's fused experts `mlp.experts.down_proj`:
+            # the map gives the bare `blk.N.ffn_down_exps`, the file's tensor is its `.weight`)
+            found += ".weight"
         return found
+
+    def expert(self, tensor: str, index: int) -> SourceTensor | None:
+        """Expert `index` of a 3-D tensor (llama.cpp's converter stacks a layer's experts into one,
+        `blk.N.ffn_gate_exps.weight`, NumPy [n_expert, rows, row]): its rows of blocks, a view of the
+        file's bytes (the blocks run along the row, so an expert is whole blocks: exact), decoded
+        alone; None for a tensor that is not 3-D or an index out of its range."""
+        t = self._by_name.get(tensor)
+        if t is None or len(t.shape) != 3 or not 0 <= index < t.shape[0]:
+            return None
+        part = GGUFTensor(f"{tensor}[{index}]", t.type_name, t.shape[1:], t.data[index])
+        source = self._source(part)
+        source.note = "; ".join(x for x in (f"expert {index} of {tensor}'s {t.shape[0]}", source.note) if x)
+        return source
 
     def notes(self) -> list[str]:
         notes = []
