@@ -154,3 +154,22 @@ def assert_same_initializers(written: onnx.ModelProto, in_memory: onnx.ModelProt
     assert sorted(got) == sorted(want)
     for name in want:
         np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8))
+
+
+def with_float_weights(out: onnx.ModelProto, made: dict, opset_import) -> onnx.ModelProto:
+    """A copy of the quantized `out` with each weight's DynamicDequantize (and the Slice and Cast after
+    it) gone and `made` (name -> array, e.g. "W_dequantized") given as initializers in their place,
+    under `opset_import` (the float model's): a float model of the quantized one's graph."""
+    f = onnx.ModelProto()
+    f.CopyFrom(out)
+    dropped = set()
+    for n in f.graph.node:
+        if n.op_type == "DynamicDequantize" or (n.op_type in ("Slice", "Cast") and n.input[0] in dropped):
+            dropped.update(n.output)
+    keep = [n for n in f.graph.node if not dropped & set(n.output)]
+    del f.graph.node[:]
+    f.graph.node.extend(keep)
+    f.graph.initializer.extend(nh.from_array(a, name) for name, a in made.items())
+    del f.opset_import[:]
+    f.opset_import.extend(opset_import)
+    return f

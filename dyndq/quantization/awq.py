@@ -235,10 +235,11 @@ class Scaling:
             target = by_key[m.key]
             grams = [calibration.stats[i].gram for i in calibration.inputs[m.key]]
             gram = self.input_gram(grams[0] if len(grams) == 1 else sum(grams), target)
+            rows = sum(calibration.stats[i].rows for i in calibration.inputs[m.key])  # (damped as calibration.py does)
             scaled = self.scaled(m.weight, target)
             try:
                 self.refined[m.key] = refine_weight(scaled, rounded(scaled, target, options), gram, bits=options.bits,
-                                                    symmetric=options.symmetric)
+                                                    symmetric=options.symmetric, calibration_rows=rows)
             except ScaleOutOfRange:  # (calibration.py's call says it, named)
                 pass
 

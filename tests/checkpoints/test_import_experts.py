@@ -168,6 +168,14 @@ def with_weights(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
     return out
 
 
+def renamed(model: onnx.ModelProto, names: dict) -> None:
+    """The model's initializers `names` gives renamed in place, and their readers' inputs with them."""
+    for t in model.graph.initializer:
+        t.name = names.get(t.name, t.name)
+    for n in model.graph.node:
+        n.input[:] = [names.get(i, i) for i in n.input]
+
+
 def check_weights_and_outputs(out: onnx.ModelProto, float_model: onnx.ModelProto, want: dict) -> None:
     """Each imported weight bit for bit `want` on both engines; the outputs those of the float model
     holding `want` (the reference engine: the same bits; ONNX Runtime: its MatMul's order, a tolerance)."""
@@ -261,11 +269,7 @@ def test_a_3d_weight_without_names_matches_by_shape_either_way_round(tmp_path):
     deq = experts_of(tensors)
     w["down"] = deq["down"] + np.float32(0.001)  # (the float model is the checkpoint's source: close to it)
     model = fused_model(w, batched=True)
-    renamed = {DOWN_3D: "onnx::MatMul_down", GATE_UP: "onnx::MatMul_gate_up"}  # (names no map knows)
-    for t in model.graph.initializer:
-        t.name = renamed.get(t.name, t.name)
-    for n in model.graph.node:
-        n.input[:] = [renamed.get(i, i) for i in n.input]
+    renamed(model, {DOWN_3D: "onnx::MatMul_down", GATE_UP: "onnx::MatMul_gate_up"})  # (names no map knows)
     out, report = dyndq.import_weights(model, tmp_path / "moe.gguf")
     rows = {r.weight: r for r in report.imported}
     assert list(rows) == ["onnx::MatMul_down"]  # (no tensor has gate_up's shape; gate and up [E, I, H] are far from down)
@@ -283,17 +287,14 @@ def test_per_expert_weights_without_names_match_their_experts_slice_by_shape(tmp
     # the float model is the checkpoint's source: close to its dequantized experts, under names no map knows
     near = {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.002).astype(np.float32) for k, v in deq.items()}
     model = per_expert_model({**source(), **near})
-    renamed = {expert_name(e, p): f"onnx::MatMul_{e}_{p}" for e in range(E) for p in ("w1", "w3", "w2")}
-    for t in model.graph.initializer:
-        t.name = renamed.get(t.name, t.name)
-    for n in model.graph.node:
-        n.input[:] = [renamed.get(i, i) for i in n.input]
+    names = {expert_name(e, p): f"onnx::MatMul_{e}_{p}" for e in range(E) for p in ("w1", "w3", "w2")}
+    renamed(model, names)
     out, report = dyndq.import_weights(model, tmp_path / "moe.gguf")
     rows = {r.weight: r for r in report.imported}
     want = {ROUTER: dequantized(*tensors["blk.0.ffn_gate_inp.weight"])}
     for e in range(E):
         for p, k in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
-            row = rows[renamed[expert_name(e, p)]]
+            row = rows[names[expert_name(e, p)]]
             assert (row.tensor, row.how) == (f"blk.0.ffn_{k}_exps.weight[{e}]", "by shape") and row.error < 0.2, row
             want[row.weight] = deq[k][e] if e % 2 == 0 else np.ascontiguousarray(deq[k][e].T)
     assert report.unused == [] and report.left_float == []
@@ -303,10 +304,7 @@ def test_per_expert_weights_without_names_match_their_experts_slice_by_shape(tmp
 def test_names_map_takes_an_experts_slice(tmp_path):
     tensors = moe_file(tmp_path / "moe.gguf", TYPES[0], "llama")
     model = per_expert_model(source(), experts=[0])
-    for t in model.graph.initializer:
-        t.name = {expert_name(0, "w1"): "custom_gate"}.get(t.name, t.name)
-    for n in model.graph.node:
-        n.input[:] = ["custom_gate" if i == expert_name(0, "w1") else i for i in n.input]
+    renamed(model, {expert_name(0, "w1"): "custom_gate"})
     out, report = dyndq.import_weights(model, tmp_path / "moe.gguf", names={"blk.0.ffn_gate_exps.weight[2]": "custom_gate"})
     row = next(r for r in report.imported if r.weight == "custom_gate")
     assert (row.tensor, row.how) == ("blk.0.ffn_gate_exps.weight[2]", "by --names")

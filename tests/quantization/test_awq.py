@@ -15,7 +15,7 @@ from dyndq.quantization import awq as awq_module
 from dyndq.quantization.options import OptionError
 
 from awq_reference import ALPHAS, reference_awq, rtn_columns
-from quantize_models import assert_same_initializers
+from quantize_models import assert_same_initializers, with_float_weights
 
 OPSET = 21
 
@@ -240,19 +240,7 @@ def float_of(out: onnx.ModelProto, model: onnx.ModelProto, scaling) -> onnx.Mode
     made = {f"{name}_dequantized": awq_module.scaled_weight(w, axis[name], scaling.rows.get(("main", name)),
                                                             scaling.columns.get(("main", name)))
             for name, w in weights.items() if f"{name}_quantized" in quantized}
-    f = onnx.ModelProto()
-    f.CopyFrom(out)
-    dropped = set()  # (each weight's DynamicDequantize, and its Slice and Cast after it)
-    for n in f.graph.node:
-        if n.op_type == "DynamicDequantize" or (n.op_type in ("Slice", "Cast") and n.input[0] in dropped):
-            dropped.update(n.output)
-    keep = [n for n in f.graph.node if not dropped & set(n.output)]
-    del f.graph.node[:]
-    f.graph.node.extend(keep)
-    f.graph.initializer.extend(nh.from_array(a, name) for name, a in made.items())
-    del f.opset_import[:]
-    f.opset_import.extend(model.opset_import)
-    return f
+    return with_float_weights(out, made, model.opset_import)
 
 
 def run_ort(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:

@@ -10,6 +10,7 @@ from onnx import TensorProto as T, helper, numpy_helper as nh
 import dyndq
 from dyndq.cli import main
 from dyndq.quantization import awq as awq_module
+from quantize_models import with_float_weights
 
 OPSET = 21
 K, N = 64, 48
@@ -138,19 +139,8 @@ def test_awq_with_a_budget_puts_each_widths_own_scale_in_a_mul_before_its_reader
         dyndq.quantize(model, bits=bits[name], method="awq", group_size=GROUP, inputs=data, evaluate=False)
         rows[name] = seen[-1].rows[("main", name)]
     weights = {t.name: nh.to_array(t) for t in model.graph.initializer}
-    f = onnx.ModelProto()
-    f.CopyFrom(out)
-    dropped = set()  # (each weight's DynamicDequantize and what follows it)
-    for n in f.graph.node:
-        if n.op_type == "DynamicDequantize" or (n.op_type in ("Slice", "Cast") and n.input[0] in dropped):
-            dropped.update(n.output)
-    keep = [n for n in f.graph.node if not dropped & set(n.output)]
-    del f.graph.node[:]
-    f.graph.node.extend(keep)
-    f.graph.initializer.extend(nh.from_array(awq_module.scaled_weight(weights[name], 0, r), f"{name}_dequantized")
-                               for name, r in rows.items())
-    del f.opset_import[:]
-    f.opset_import.extend(model.opset_import)
+    f = with_float_weights(out, {f"{name}_dequantized": awq_module.scaled_weight(weights[name], 0, r)
+                                 for name, r in rows.items()}, model.opset_import)
     feed = feeds(seed=9, parts=1)[0]
     for got, want in zip(_ort(f, feed), _ort(model, feed)):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())

@@ -31,18 +31,23 @@ def scales16(shape, seed=0) -> np.ndarray:
     return s
 
 
+def scales_given(s: np.ndarray, cast: bool) -> tuple[list, list]:
+    """(nodes, initializers) making "scales": a Cast to float32 of the float16 `s` stored as "d"
+    (`cast`), or `s` stored float32."""
+    if cast:
+        return ([helper.make_node("Cast", ["d"], ["scales"], name="d_Cast", to=TensorProto.FLOAT)],
+                [numpy_helper.from_array(s, "d")])
+    return [], [numpy_helper.from_array(s.astype(np.float32), "scales")]
+
+
 def matmul_nbits(bits: int, cast: bool, seed=0) -> onnx.ModelProto:
     """One MatMulNBits, float32 A, its scales a Cast of float16 ones (`cast`) or the same values stored float32."""
     rng = np.random.default_rng(seed)
     blocks = K // BLOCK
     B = foreign.pack(rng.integers(0, 1 << bits, (N, K)), bits).reshape(N, blocks, BLOCK * bits // 8)
     s = scales16((N, blocks), seed)
-    nodes, inits = [], [numpy_helper.from_array(B, "B")]
-    if cast:
-        inits.append(numpy_helper.from_array(s, "d"))
-        nodes.append(helper.make_node("Cast", ["d"], ["scales"], name="d_Cast", to=TensorProto.FLOAT))
-    else:
-        inits.append(numpy_helper.from_array(s.astype(np.float32), "scales"))
+    nodes, inits = scales_given(s, cast)
+    inits.insert(0, numpy_helper.from_array(B, "B"))
     nodes.append(helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], name="mm", domain="com.microsoft",
                                   K=K, N=N, bits=bits, block_size=BLOCK, accuracy_level=0))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
@@ -56,12 +61,8 @@ def gather_block_quantized(bits: int, cast: bool, seed=0) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     data = foreign.pack(rng.integers(0, 1 << bits, (N, K)), bits)
     s = scales16((N, K // BLOCK), seed)
-    nodes, inits = [], [numpy_helper.from_array(data, "data")]
-    if cast:
-        inits.append(numpy_helper.from_array(s, "d"))
-        nodes.append(helper.make_node("Cast", ["d"], ["scales"], name="d_Cast", to=TensorProto.FLOAT))
-    else:
-        inits.append(numpy_helper.from_array(s.astype(np.float32), "scales"))
+    nodes, inits = scales_given(s, cast)
+    inits.insert(0, numpy_helper.from_array(data, "data"))
     nodes.append(helper.make_node("GatherBlockQuantized", ["data", "idx", "scales"], ["y"], name="embed",
                                   domain="com.microsoft", bits=bits, block_size=BLOCK, gather_axis=0, quantize_axis=1))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("idx", TensorProto.INT64, ["n"])],
