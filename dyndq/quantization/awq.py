@@ -228,19 +228,12 @@ class Scaling:
     def _refine(self, members, by_key, calibration, options) -> None:
         """Each member's weight rounded and refitted by scale estimation now, while its group's
         X^T X is held (what calibration.py would do when the walker offers it, bit for bit, without
-        collecting that X^T X again in a pass of its own); a weight it cannot quantize is left for then."""
-        from dyndq.quantization.scale_estimation import refine_weight
-
+        collecting that X^T X again in a pass of its own: `Calibration.awq_refit`, the same call); a
+        weight it cannot quantize is left for then."""
         for m in members:
-            target = by_key[m.key]
-            grams = [calibration.stats[i].gram for i in calibration.inputs[m.key]]
-            gram = self.input_gram(grams[0] if len(grams) == 1 else sum(grams), target)
-            rows = sum(calibration.stats[i].rows for i in calibration.inputs[m.key])  # (damped as calibration.py does)
-            scaled = self.scaled(m.weight, target)
             try:
-                self.refined[m.key] = refine_weight(scaled, rounded(scaled, target, options), gram, bits=options.bits,
-                                                    symmetric=options.symmetric, calibration_rows=rows)
-            except ScaleOutOfRange:  # (calibration.py's call says it, named)
+                self.refined[m.key] = calibration.awq_refit(self, m.weight, by_key[m.key], options)
+            except AwqError:  # (calibration.py's call says it, named)
                 pass
 
     @classmethod

@@ -94,16 +94,9 @@ class Calibration:
             if key not in self.inputs:
                 rtn = dataclasses.replace(options, method="rtn")
                 return options.fmt.quantize(weight, target, rtn, options.bits)
-            grams = [self.stats[i].gram for i in self.inputs[key]]
-            gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
-            rows = sum(self.stats[i].rows for i in self.inputs[key])  # (scale estimation damps X^T X for few rows)
-            if self.scaling is not None:  # (awq with scale estimation: refitted on its scaled weight's input)
-                gram = self.scaling.input_gram(gram, target)
-                def refine(scaled, q):
-                    return scale_estimation.refine_weight(scaled, q, gram, bits=options.bits,
-                                                          symmetric=options.symmetric, calibration_rows=rows)
-
-                return self.scaling.quantize(weight, target, options, refine=refine)
+            if self.scaling is not None:  # (awq with scale estimation)
+                return self.awq_refit(self.scaling, weight, target, options)
+            gram, rows = self.gram(key)
             if options.scale_estimation:
                 return scale_estimation.quantize(weight, target, options, gram, rows)
             return gptq_weight(weight, gram, axis=target.axis, group_size=options.group_size, bits=options.bits,
@@ -111,6 +104,27 @@ class Calibration:
                                settings=options.gptq)
         finally:
             self.done(key)
+
+    def gram(self, key) -> tuple:
+        """(X^T X summed over the weight `key`'s inputs, the calibration rows summed into it: scale
+        estimation damps X^T X for few rows)."""
+        grams = [self.stats[i].gram for i in self.inputs[key]]
+        gram = grams[0] if len(grams) == 1 else sum(grams)  # (one input: its own, not a copy of K x K)
+        return gram, sum(self.stats[i].rows for i in self.inputs[key])
+
+    def awq_refit(self, scaling, weight, target, options):
+        """awq with scale estimation: the weight scaled by `scaling` (awq.Scaling) rounded, then
+        refitted on its scaled input's X^T X (Scaling._refine calls it as each group is searched,
+        before `self.scaling` is set; this class's `quantize` for a weight not refitted then: one
+        computation, the same bits either way)."""
+        gram, rows = self.gram((target.graph, target.name))
+        gram = scaling.input_gram(gram, target)
+
+        def refine(scaled, q):
+            return scale_estimation.refine_weight(scaled, q, gram, bits=options.bits, symmetric=options.symmetric,
+                                                  calibration_rows=rows)
+
+        return scaling.quantize(weight, target, options, refine=refine)
 
     def done(self, key) -> None:
         """The weight `key` ((graph, name)) is quantized: the statistics no other weight still needs are dropped
