@@ -65,33 +65,31 @@ def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: 
     rows = weight.T if axis == 0 else weight
     length = rows.shape[1]
     group = length if group_size == -1 else group_size
-    q = gptq_levels(rows.astype(np.float64), 2.0 * np.asarray(gram, np.float64), group=group, bits=bits,
+    q = gptq_levels(rows.astype(np.float64), gram, group=group, bits=bits,
                     symmetric=symmetric, scale_dtype=np.dtype(scale_dtype or weight.dtype), settings=settings,
                     group_fit=group_fit)
     return from_rows(np.ascontiguousarray(rows), q, weight.shape, axis, group, bits, symmetric)
 
 
-def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
+def gptq_levels(w: np.ndarray, gram: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
                 settings: GptqSettings = GptqSettings(), group_fit=None) -> Levels:
     """Levels [N, n_groups * group] (the last group padded with level 0), zero levels and
-    scales [N, n_groups] of rows `w` [N, K] (float64) for the Hessian `hessian` [K, K] (see the
-    module doc).  `group_fit(current, columns)`: a group's (stored scales, float32 reciprocals,
-    float32 zero levels) from its weights as updated when it is reached (`current` [N, length],
-    float64; `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit)."""
+    scales [N, n_groups] of rows `w` [N, K] (float64) for the calibration rows' X^T X `gram`
+    [K, K] (the Hessian H = 2 X^T X is made here: `_hessian`; see the module doc).
+    `group_fit(current, columns)`: a group's (stored scales, float32 reciprocals, float32 zero
+    levels) from its weights as updated when it is reached (`current` [N, length], float64;
+    `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit)."""
     n, k = w.shape
     n_groups = -(-k // group)
     qmax = np.float32(qmax_of(bits))
-    h = np.array(hessian, np.float64)
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    order = np.argsort(-np.diag(h), kind="stable") if settings.act_order else np.arange(k)
+    diagonal = 2.0 * np.diag(np.asarray(gram, np.float64))  # (H's diagonal, a dead channel's made 1 below)
+    dead = diagonal == 0
+    diagonal[dead] = 1.0
+    order = np.argsort(-diagonal, kind="stable") if settings.act_order else np.arange(k)
     position = np.empty(k, np.int64)
     position[order] = np.arange(k)
-    if settings.act_order:  # (in order, the permutation would be a copy of K x K for nothing)
-        h = h[np.ix_(order, order)]
-    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
-        h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
-    u = upper_inverse_cholesky(h)
+    # (the Hessian made as the factoriser's argument alone: it lets go of it once factored)
+    u = upper_inverse_cholesky(_hessian(gram, dead, order if settings.act_order else None, settings.damping))
     work = w[:, order].copy()  # (its columns in the order they are rounded)
     levels = np.zeros((n, n_groups * group), np.uint8)
     zeros = np.zeros((n, n_groups), np.uint8)
@@ -136,45 +134,62 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
     return Levels(levels, zeros, scales)
 
 
+def _hessian(gram: np.ndarray, dead: np.ndarray, order: np.ndarray | None, damping: float) -> np.ndarray:
+    """H = 2 `gram` (rows and columns in `order`, None: as they are), a dead channel's H_ii 1, plus
+    `damping` times the mean of its diagonal on it: one K x K float64 array made (module doc)."""
+    h = np.array(gram, np.float64) if order is None else np.asarray(gram, np.float64)[np.ix_(order, order)]
+    h *= 2.0
+    dead = dead if order is None else dead[order]
+    h[dead, dead] = 1.0
+    k = len(h)
+    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
+        h[np.diag_indices(k)] += damping * np.mean(np.diag(h))
+    return h
+
+
 def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
     """U, upper triangular, with H^-1 = U^T U (the paper's Cholesky form of the inverse Hessian),
     from one Cholesky factorisation and one triangular inverse: with J the reversal of the axis
     and J H J = M M^T (M lower), U = J M^-1 J (upper, and U^T U = J (J H J)^-1 J = H^-1), where
     inverting H and factoring the inverse would take a factorisation and an inverse more.  H is
     symmetric positive definite after damping, so nothing here takes a general (LU) inverse:
-    M^-1 is `lower_inverse`'s, by blocks."""
+    M^-1 is `lower_inverse`'s, by blocks.  Passed `h` as its only reference (gptq_levels does),
+    H is let go of once factored: at most about 2.5 K x K float64 arrays are held at once."""
     try:
         if not np.isfinite(h).all():  # (a damping of 1e308 times the diagonal's mean overflows)
             raise np.linalg.LinAlgError("not finite")
         lower = np.linalg.cholesky(h[::-1, ::-1])
-        u = lower_inverse(lower)[::-1, ::-1]
+        del h
+        inverse = lower_inverse(lower)
         del lower  # (before the contiguous copy below: K x K float64 fewer at the peak)
+        u = np.ascontiguousarray(inverse[::-1, ::-1])
+        del inverse
         if not np.isfinite(u).all():
             raise np.linalg.LinAlgError("its inverse is not finite")
     except np.linalg.LinAlgError as e:
         raise NotPositiveDefinite(str(e)) from None
-    return np.ascontiguousarray(u)
+    return u
 
 
 TRIANGLE_BLOCK = 64  # the order below which lower_inverse substitutes row by row
 
 
-def lower_inverse(m: np.ndarray) -> np.ndarray:
+def lower_inverse(m: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The inverse of lower-triangular `m` with a nonzero diagonal (a Cholesky factor), exactly lower
-    triangular: by halves, [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]], the halves' own
-    inverses by the same rule down to TRIANGLE_BLOCK, then forward substitution one row at a time.
-    NumPy has no triangular inverse (LAPACK's trtri, which SciPy wraps, is not reached from it);
-    written here so the work is matrix products (BLAS) rather than a general LU inverse."""
+    triangular, written into `out` (zeros, `m`'s shape; None: made): by halves, [[A, 0], [C, D]]^-1 =
+    [[A^-1, 0], [-D^-1 C A^-1, D^-1]], the halves' own inverses by the same rule into their blocks of
+    `out` down to TRIANGLE_BLOCK, then forward substitution one row at a time.  NumPy has no
+    triangular inverse (LAPACK's trtri, which SciPy wraps, is not reached from it); written here so
+    the work is matrix products (BLAS) rather than a general LU inverse."""
     n = m.shape[0]
+    out = np.zeros_like(m) if out is None else out
     if n <= TRIANGLE_BLOCK:
-        out = np.zeros_like(m)
         for i in range(n):  # (row i of M^-1: (e_i - M[i, :i] @ M^-1[:i, :]) / M[i, i])
             out[i, :i] = -(m[i, :i] @ out[:i, :i]) / m[i, i]
             out[i, i] = 1.0 / m[i, i]
         return out
     half = n // 2
-    a_inv, d_inv = lower_inverse(m[:half, :half]), lower_inverse(m[half:, half:])
-    out = np.zeros_like(m)
-    out[:half, :half], out[half:, half:] = a_inv, d_inv
+    a_inv = lower_inverse(m[:half, :half], out[:half, :half])
+    d_inv = lower_inverse(m[half:, half:], out[half:, half:])
     out[half:, :half] = -(d_inv @ (m[half:, :half] @ a_inv))
     return out

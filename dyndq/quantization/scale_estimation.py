@@ -341,13 +341,12 @@ def gptq_weight_estimated(weight: np.ndarray, gram: np.ndarray, *, axis: int, gr
     length = rows.shape[1]
     group = length if group_size == -1 else group_size
     scale_dtype = np.dtype(scale_dtype or weight.dtype)
-    hessian = 2.0 * np.asarray(gram, np.float64)
     common = dict(group=group, bits=bits, symmetric=symmetric, scale_dtype=scale_dtype, settings=settings)
     w64 = rows.astype(np.float64)
     fit_on = damped(gram, calibration_rows)
-    fitted = gptq_levels(w64, hessian, group_fit=gptq_group_fit(fit_on, bits=bits, symmetric=symmetric,
+    fitted = gptq_levels(w64, gram, group_fit=gptq_group_fit(fit_on, bits=bits, symmetric=symmetric,
                                                                 scale_dtype=scale_dtype), **common)
-    plain = gptq_levels(w64, hessian, **common)
+    plain = gptq_levels(w64, gram, **common)
     better = output_error(rows, fit_on, fitted, group) <= output_error(rows, fit_on, plain, group)
     return from_rows(rows, fitted if better else plain, weight.shape, axis, group, bits, symmetric)
 

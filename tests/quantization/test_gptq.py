@@ -110,7 +110,7 @@ def test_codes_are_the_reference_implementations(bits, symmetric, group, act_ord
     w = rng.standard_normal((n, k))
     g = k if group == -1 else group
     dtype = np.dtype(scale_dtype) if scale_dtype != "bfloat16" else np.dtype(ml_dtypes.bfloat16)
-    got = gptq_levels(w, 2 * x.T @ x, group=g, bits=bits, symmetric=symmetric, scale_dtype=dtype,
+    got = gptq_levels(w, x.T @ x, group=g, bits=bits, symmetric=symmetric, scale_dtype=dtype,
                       settings=GptqSettings(block_size=16, act_order=act_order))
     levels, zeros, scales = reference_gptq(w, x, group=g, bits=bits, symmetric=symmetric, scale_dtype=dtype,
                                            act_order=act_order)
@@ -124,11 +124,33 @@ def test_the_block_size_changes_no_code():
     k, n = 64, 16
     x = correlated(300, k, 3).astype(np.float64)
     w = np.random.default_rng(3).standard_normal((n, k))
-    runs = [gptq_levels(w, 2 * x.T @ x, group=16, bits=4, symmetric=False, scale_dtype=np.float32,
+    runs = [gptq_levels(w, x.T @ x, group=16, bits=4, symmetric=False, scale_dtype=np.float32,
                         settings=GptqSettings(block_size=b)) for b in (1, 7, 128)]
     for r in runs[1:]:
         np.testing.assert_array_equal(r.levels, runs[0].levels)
         np.testing.assert_array_equal(r.scales, runs[0].scales)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_the_rounding_holds_at_most_two_and_a_half_k_by_k_arrays_beside_the_gram(act_order):
+    """The Hessian is made once, as the factoriser's only reference, and let go of once factored; the
+    triangular inverse is written into one array: NumPy's allocations (traced by tracemalloc) peak at
+    2.5 K x K float64 beside the caller's X^T X (it was 5: the Hessian doubled, its copy, the factor,
+    the inverse and the inverse's halves; on all-MiniLM-L6-v2's K = 1536, 18 MiB each)."""
+    import tracemalloc
+
+    k = 768
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2 * k, k))
+    gram, w = x.T @ x, rng.standard_normal((k, 8))
+    tracemalloc.start()
+    try:
+        gptq_weight(w, gram, axis=0, group_size=128, bits=4, symmetric=False, scale_dtype=np.float32,
+                    settings=GptqSettings(act_order=act_order))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.6 * k * k * 8, f"{peak / (k * k * 8):.2f} K x K float64"
 
 
 # -- GPTQ lowers the layer's output error ---------------------------------------------------------

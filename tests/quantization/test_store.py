@@ -57,3 +57,29 @@ def test_constant_node_weights_are_read_through_the_store_and_become_initializer
     assert [name for kind, name in store.calls if kind == "read"] == ["E", "Wq", "Wk", "Wv", "Wo"]
     assert [name for kind, name in store.calls if kind != "read"] == [t.name for t in out.graph.initializer]
     assert not any(n.op_type in ("Constant", "Identity") for n in out.graph.node)
+
+
+def test_in_memory_a_kept_table_is_copied_in_once_the_walk_is_done():
+    """A float table the rule leaves alone (a Gather's, MatMul alone quantized) stays a placeholder
+    while the weights are quantized (the calibration's passes run then) and is filled after: the
+    new model does not hold a second copy of it during the walk."""
+
+    class Watching(Tensors):
+        def structure(self, model):
+            self.out = super().structure(model)
+            return self.out
+
+        def array(self, tensor):
+            if tensor.name == "W1":  # (after E was kept)
+                table = next(t for t in self.out.graph.initializer if t.name == "E")
+                self.seen = (len(table.external_data), len(table.raw_data) + len(table.float_data))
+            return super().array(tensor)
+
+    model = mlp(k=256, n=64, vocab=32)
+    store = Watching()
+    out, report = quantize_model(model, QuantizeOptions.checked(model, ops=("MatMul",)), store)
+    assert [layer.name for layer in report.layers] == ["W1"]
+    assert store.seen == (1, 0)
+    table = next(t for t in out.graph.initializer if t.name == "E")
+    given = next(t for t in model.graph.initializer if t.name == "E")
+    assert table == given and not table.external_data
