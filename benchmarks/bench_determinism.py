@@ -100,15 +100,16 @@ def child(model_name: str, samples: int, methods: list[str], memory: str | None)
     case = {"minilm": bench.minilm_case, "ppocr": bench.ppocr_case, "magika": bench.magika_case}[model_name](samples, 4)
     import dyndq
 
-    out = {"models": {}, "seconds": {}}
+    out = {"models": {}, "seconds": {}, "cpu": {}}
     for name in methods:
         options = dict(METHODS[name])
         if memory:
             options["calibration_memory"] = memory
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         q, _ = dyndq.quantize(case.model, bits=4, group_size=case.group, ops=("MatMul",), exclude=case.excluded,
                               inputs=case.calibration, evaluate=False, **options)
         out["seconds"][name] = round(time.perf_counter() - started, 2)
+        out["cpu"][name] = round(time.process_time() - cpu, 2)
         out["models"][name] = sha(q.SerializeToString())
     out["stats"] = {k: sorted(v) for k, v in stats_seen.items()}
     print(json.dumps(out))
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
                 differs = True
                 continue
             results[label] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"{model} {label}: {results[label]['seconds']}", flush=True)
+            print(f"{model} {label}: wall {results[label]['seconds']} cpu {results[label]['cpu']}", flush=True)
         labels = list(results)
         first = results[labels[0]]
         for name in first["models"]:
