@@ -236,7 +236,16 @@ def quantize_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Te
     a budget's widths chosen on `feeds` (a list of feed dicts: `budget_feeds`),
     the output error not measured.  The weights are found here (plan.py) and quantized by one
     rule of kind QUANTIZE that the walker applies (converters/walker.py: it places the nodes
-    and tensors, points the readers at them, and fixes the opset imports)."""
+    and tensors, points the readers at them, and fixes the opset imports).  BLAS is held to one
+    thread meanwhile, so that the codes are the same at any thread count (reproducible.py)."""
+    from dyndq.quantization.reproducible import one_blas_thread
+
+    with one_blas_thread():
+        return _quantized_model(model, options, tensors, strict=strict, progress=progress, feeds=feeds)
+
+
+def _quantized_model(model: onnx.ModelProto, options: QuantizeOptions, tensors: Tensors | None, *, strict: bool,
+                     progress, feeds) -> tuple[onnx.ModelProto, QuantizeReport]:
     started = time.perf_counter()
     tensors = Tensors() if tensors is None else tensors
     found = planning.plan(model, ops=options.ops, exclude=options.exclude)
