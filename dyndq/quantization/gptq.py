@@ -72,26 +72,19 @@ def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: 
 
 
 def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
-                settings: GptqSettings = GptqSettings(), group_fit=None) -> Levels:
+                settings: GptqSettings = GptqSettings(), group_fit=None, factor=None) -> Levels:
     """Levels [N, n_groups * group] (the last group padded with level 0), zero levels and
     scales [N, n_groups] of rows `w` [N, K] (float64) for the Hessian `hessian` [K, K] (see the
     module doc).  `group_fit(current, columns)`: a group's (stored scales, float32 reciprocals,
     float32 zero levels) from its weights as updated when it is reached (`current` [N, length],
-    float64; `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit)."""
+    float64; `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit).
+    `factor`: `factored(hessian, settings)` when the caller has it already."""
     n, k = w.shape
     n_groups = -(-k // group)
     qmax = np.float32(qmax_of(bits))
-    h = np.array(hessian, np.float64)
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    order = np.argsort(-np.diag(h), kind="stable") if settings.act_order else np.arange(k)
+    order, u = factored(hessian, settings) if factor is None else factor
     position = np.empty(k, np.int64)
     position[order] = np.arange(k)
-    if settings.act_order:  # (in order, the permutation would be a copy of K x K for nothing)
-        h = h[np.ix_(order, order)]
-    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
-        h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
-    u = upper_inverse_cholesky(h)
     work = w[:, order].copy()  # (its columns in the order they are rounded)
     levels = np.zeros((n, n_groups * group), np.uint8)
     zeros = np.zeros((n, n_groups), np.uint8)
@@ -134,6 +127,21 @@ def gptq_levels(w: np.ndarray, hessian: np.ndarray, *, group: int, bits: int, sy
             errors[:, t - start] = error
         work[:, end:] -= errors @ u[start:end, end:]
     return Levels(levels, zeros, scales)
+
+
+def factored(hessian: np.ndarray, settings: GptqSettings = GptqSettings()) -> tuple[np.ndarray, np.ndarray]:
+    """(the columns' order, U of the damped Hessian in that order): what gptq_levels rounds with,
+    computed once for two calls on the same Hessian (scale_estimation.gptq_weight_estimated)."""
+    k = len(hessian)
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    order = np.argsort(-np.diag(h), kind="stable") if settings.act_order else np.arange(k)
+    if settings.act_order:  # (in order, the permutation would be a copy of K x K for nothing)
+        h = h[np.ix_(order, order)]
+    with np.errstate(over="ignore"):  # (an overflow is refused by upper_inverse_cholesky, named)
+        h[np.diag_indices(k)] += settings.damping * np.mean(np.diag(h))
+    return order, upper_inverse_cholesky(h)
 
 
 def upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
