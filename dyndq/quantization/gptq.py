@@ -72,24 +72,20 @@ def gptq_weight(weight: np.ndarray, gram: np.ndarray, *, axis: int, group_size: 
 
 
 def gptq_levels(w: np.ndarray, gram: np.ndarray, *, group: int, bits: int, symmetric: bool, scale_dtype,
-                settings: GptqSettings = GptqSettings(), group_fit=None) -> Levels:
+                settings: GptqSettings = GptqSettings(), group_fit=None, factor=None) -> Levels:
     """Levels [N, n_groups * group] (the last group padded with level 0), zero levels and
     scales [N, n_groups] of rows `w` [N, K] (float64) for the calibration rows' X^T X `gram`
-    [K, K] (the Hessian H = 2 X^T X is made here: `_hessian`; see the module doc).
+    [K, K] (the Hessian H = 2 X^T X is made by `factored`; see the module doc).
     `group_fit(current, columns)`: a group's (stored scales, float32 reciprocals, float32 zero
     levels) from its weights as updated when it is reached (`current` [N, length], float64;
-    `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit)."""
+    `columns` its indices in K) in place of rtn's (scale_estimation.gptq_group_fit).
+    `factor`: `factored(gram, settings)` when the caller has it already."""
     n, k = w.shape
     n_groups = -(-k // group)
     qmax = np.float32(qmax_of(bits))
-    diagonal = 2.0 * np.diag(np.asarray(gram, np.float64))  # (H's diagonal, a dead channel's made 1 below)
-    dead = diagonal == 0
-    diagonal[dead] = 1.0
-    order = np.argsort(-diagonal, kind="stable") if settings.act_order else np.arange(k)
+    order, u = factored(gram, settings) if factor is None else factor
     position = np.empty(k, np.int64)
     position[order] = np.arange(k)
-    # (the Hessian made as the factoriser's argument alone: it lets go of it once factored)
-    u = upper_inverse_cholesky(_hessian(gram, dead, order if settings.act_order else None, settings.damping))
     work = w[:, order].copy()  # (its columns in the order they are rounded)
     levels = np.zeros((n, n_groups * group), np.uint8)
     zeros = np.zeros((n, n_groups), np.uint8)
@@ -132,6 +128,18 @@ def gptq_levels(w: np.ndarray, gram: np.ndarray, *, group: int, bits: int, symme
             errors[:, t - start] = error
         work[:, end:] -= errors @ u[start:end, end:]
     return Levels(levels, zeros, scales)
+
+
+def factored(gram: np.ndarray, settings: GptqSettings = GptqSettings()) -> tuple[np.ndarray, np.ndarray]:
+    """(the columns' order, U of the damped Hessian H = 2 `gram` in that order): what gptq_levels
+    rounds with, computed once for two calls on the same Hessian (scale_estimation.gptq_weight_estimated)."""
+    k = len(gram)
+    diagonal = 2.0 * np.diag(np.asarray(gram, np.float64))  # (H's diagonal, a dead channel's made 1 below)
+    dead = diagonal == 0
+    diagonal[dead] = 1.0
+    order = np.argsort(-diagonal, kind="stable") if settings.act_order else np.arange(k)
+    # (the Hessian made as the factoriser's argument alone: it lets go of it once factored)
+    return order, upper_inverse_cholesky(_hessian(gram, dead, order if settings.act_order else None, settings.damping))
 
 
 def _hessian(gram: np.ndarray, dead: np.ndarray, order: np.ndarray | None, damping: float) -> np.ndarray:

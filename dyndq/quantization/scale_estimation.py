@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dyndq.quantization.gptq import gptq_levels
+from dyndq.quantization.gptq import factored, gptq_levels
 from dyndq.quantization.numerics import ROUNDINGS, from_rows
 from dyndq.quantization.rtn import Levels, half_of, matmul_levels, matmul_scales, qmax_of, round_half_away
 
@@ -344,6 +344,7 @@ def gptq_weight_estimated(weight: np.ndarray, gram: np.ndarray, *, axis: int, gr
     common = dict(group=group, bits=bits, symmetric=symmetric, scale_dtype=scale_dtype, settings=settings)
     w64 = rows.astype(np.float64)
     fit_on = damped(gram, calibration_rows)
+    common["factor"] = factored(gram, settings)  # (the same Hessian's Cholesky for both: once)
     fitted = gptq_levels(w64, gram, group_fit=gptq_group_fit(fit_on, bits=bits, symmetric=symmetric,
                                                                 scale_dtype=scale_dtype), **common)
     plain = gptq_levels(w64, gram, **common)

@@ -153,6 +153,30 @@ def test_the_rounding_holds_at_most_two_and_a_half_k_by_k_arrays_beside_the_gram
     assert peak < 2.6 * k * k * 8, f"{peak / (k * k * 8):.2f} K x K float64"
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_factor_given_is_the_one_computed_and_scale_estimation_factors_once(monkeypatch, act_order):
+    """gptq_levels with `factor=factored(H)` gives its own codes bit for bit, and GPTQ with scale
+    estimation (two runs of the loop on one Hessian: fitted and plain) factors the Hessian once."""
+    from dyndq.quantization import gptq, scale_estimation
+
+    k, n = 80, 12
+    x = correlated(300, k, 4).astype(np.float64)
+    w = np.random.default_rng(4).standard_normal((n, k))
+    settings = GptqSettings(block_size=16, act_order=act_order)
+    common = dict(group=16, bits=4, symmetric=False, scale_dtype=np.dtype(np.float32), settings=settings)
+    own = gptq_levels(w, x.T @ x, **common)
+    given = gptq_levels(w, x.T @ x, factor=gptq.factored(x.T @ x, settings), **common)
+    for a, b in zip((own.levels, own.zeros, own.scales), (given.levels, given.zeros, given.scales)):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    calls = []
+    real = gptq.upper_inverse_cholesky
+    monkeypatch.setattr(gptq, "upper_inverse_cholesky", lambda h: calls.append(h.shape) or real(h))
+    scale_estimation.gptq_weight_estimated(w.T.astype(np.float32), x.T @ x, axis=0, group_size=16, bits=4,
+                                           symmetric=False, scale_dtype=np.float32, settings=settings,
+                                           calibration_rows=300)
+    assert calls == [(k, k)]
+
+
 # -- GPTQ lowers the layer's output error ---------------------------------------------------------
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
