@@ -223,21 +223,58 @@ def ppocr_case(samples: int, held_out: int) -> Case | str:
     return case
 
 
-def repository_files() -> list[Path]:
-    """This repository's own files of several kinds: each kind's files sorted and shuffled (seed 0),
-    then taken one of each kind in turn, so that the calibration and the held-out files are both mixed."""
+FILES_AT = "8e39bc3a280a591a568d8fffa1bbbc33dcdcff04"  # magika's files: this repository as it was at that commit
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file of this repository at commit FILES_AT (read with git), or in the working tree where
+    git or that commit is not at hand (a copy without history): `repository_files` says which."""
+    path: str
+    commit: str | None
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.path).suffix
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    def read_bytes(self) -> bytes:
+        if self.commit is None:
+            return (ROOT / self.path).read_bytes()
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{self.commit}:{self.path}"], check=True,
+                              capture_output=True).stdout
+
+
+def repository_files() -> tuple[list[StoredFile], str]:
+    """(this repository's own files of several kinds, where they come from): its files at FILES_AT, so
+    that magika's calibration and held-out files do not move as the repository grows (they did: a
+    commit adding three files moved 2 of the 16 calibration files, and the figures with them); each
+    kind's files sorted and shuffled (seed 0), then taken one of each kind in turn, so that the
+    calibration and the held-out files are both mixed."""
     kinds = {".py", ".c", ".h", ".md", ".json", ".toml", ".txt", ".cfg", ".yml", ".yaml", ".onnx", ".sh", ".in"}
+    tops = ("dyndq", "tests", "docs", "kernels", "benchmarks", "examples", ".ci")
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", FILES_AT, "--", *tops],
+                            capture_output=True, text=True)
+    if listed.returncode == 0:
+        commit, where = FILES_AT, f"this repository's files at {FILES_AT[:10]}"
+        paths = sorted(listed.stdout.split())
+    else:  # (no git, or a clone without that commit: the working tree's files, which move with it)
+        commit, where = None, "this repository's files as they are now (git or commit " + FILES_AT[:10] + " not at hand)"
+        paths = sorted(str(p.relative_to(ROOT)) for top in tops for p in (ROOT / top).rglob("*") if p.is_file())
     by_kind = {}
-    for top in ("dyndq", "tests", "docs", "kernels", "benchmarks", "examples", ".ci"):
-        for p in sorted((ROOT / top).rglob("*")):
-            if p.is_file() and (p.suffix in kinds or p.name in ("Makefile", "run")) and "__pycache__" not in p.parts:
-                by_kind.setdefault(p.suffix or p.name, []).append(p)
+    for path in paths:
+        p = Path(path)
+        if (p.suffix in kinds or p.name in ("Makefile", "run")) and "__pycache__" not in p.parts:
+            by_kind.setdefault(p.suffix or p.name, []).append(StoredFile(path, commit))
     rng = np.random.default_rng(0)
     queues = [[files[i] for i in rng.permutation(len(files))] for _, files in sorted(by_kind.items())]
     out = []
     while any(queues):
         out += [q.pop(0) for q in queues if q]
-    return out
+    return out, where
 
 
 def magika_case(samples: int, held_out: int) -> Case | str:
@@ -247,13 +284,14 @@ def magika_case(samples: int, held_out: int) -> Case | str:
         return tm.magika_missing()
     model, notes = prepared(onnx.load(tm.path_of("magika")))
     group, block, excluded, more = grouping(model)
-    files = repository_files()[:samples + held_out]
+    files, where = repository_files()
+    files = files[:samples + held_out]
     feeds = [{"bytes": tm.magika_features(f.read_bytes())} for f in files]
     output = model.graph.output[0].name
     case = Case("magika", "magika (file types of this repository's files)", model, feeds[:samples], feeds[samples:],
                 output, group, block, excluded, notes + more, "labels alike")
     kinds = sorted({f.suffix or f.name for f in files[samples:]})
-    case.notes.append(f"held-out files: {len(files) - samples} ({', '.join(kinds)})")
+    case.notes.append(f"files: {where}; held-out files: {len(files) - samples} ({', '.join(kinds)})")
     return case
 
 
