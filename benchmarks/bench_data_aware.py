@@ -248,12 +248,13 @@ class StoredFile:
                               capture_output=True).stdout
 
 
-def repository_files() -> tuple[list[StoredFile], str]:
+def repository_files(seed: int = 0) -> tuple[list[StoredFile], str]:
     """(this repository's own files of several kinds, where they come from): its files at FILES_AT, so
     that magika's calibration and held-out files do not move as the repository grows (they did: a
     commit adding three files moved 2 of the 16 calibration files, and the figures with them); each
     kind's files sorted and shuffled (seed 0), then taken one of each kind in turn, so that the
-    calibration and the held-out files are both mixed."""
+    calibration and the held-out files are both mixed; `seed` draws another shuffle (`--files-seed`:
+    which 16 files calibrate decides much of magika's figures)."""
     kinds = {".py", ".c", ".h", ".md", ".json", ".toml", ".txt", ".cfg", ".yml", ".yaml", ".onnx", ".sh", ".in"}
     tops = ("dyndq", "tests", "docs", "kernels", "benchmarks", "examples", ".ci")
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", FILES_AT, "--", *tops],
@@ -269,12 +270,15 @@ def repository_files() -> tuple[list[StoredFile], str]:
         p = Path(path)
         if (p.suffix in kinds or p.name in ("Makefile", "run")) and "__pycache__" not in p.parts:
             by_kind.setdefault(p.suffix or p.name, []).append(StoredFile(path, commit))
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     queues = [[files[i] for i in rng.permutation(len(files))] for _, files in sorted(by_kind.items())]
     out = []
     while any(queues):
         out += [q.pop(0) for q in queues if q]
-    return out, where
+    return out, where + (f", shuffled with seed {seed}" if seed else "")
+
+
+FILES_SEED = 0  # repository_files' shuffle for magika (`--files-seed`)
 
 
 def magika_case(samples: int, held_out: int) -> Case | str:
@@ -284,7 +288,7 @@ def magika_case(samples: int, held_out: int) -> Case | str:
         return tm.magika_missing()
     model, notes = prepared(onnx.load(tm.path_of("magika")))
     group, block, excluded, more = grouping(model)
-    files, where = repository_files()
+    files, where = repository_files(FILES_SEED)
     files = files[:samples + held_out]
     feeds = [{"bytes": tm.magika_features(f.read_bytes())} for f in files]
     output = model.graph.output[0].name
@@ -709,8 +713,12 @@ def main(argv=None) -> int:
     p.add_argument("--held-out", type=int, default=16, help="held-out inputs the errors are measured on")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="only the methods whose label contains TEXT (repeatable; default: every method)")
+    p.add_argument("--files-seed", type=int, default=0,
+                   help="magika: another shuffle of the repository's files (which calibrate and which are held out)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    global FILES_SEED
+    FILES_SEED = args.files_seed
     if args.child:
         return child(args.child)
     if args.samples < 1 or args.held_out < 1:
