@@ -132,6 +132,13 @@ class Member:
     columns: np.ndarray | None = None
     rows: int | None = None  # the calibration rows summed into `gram` (None: not known)
 
+    @classmethod
+    def of(cls, key, weight, axis: int, calibration, columns=None) -> "Member":
+        """The member for weight `key`, its X^T X and rows from `calibration` (Calibration.gram:
+        one input's own X^T X, not a copy)."""
+        gram, rows = calibration.gram(key)
+        return cls(key, weight, axis, gram, columns, rows)
+
     def goal(self) -> np.ndarray:
         """The weight the group's output should be: [K, N] float64, a fold's multiplier applied."""
         w = np.asarray(self.weight, np.float64)
@@ -263,9 +270,8 @@ class Scaling:
             rows = sum(calibration.stats[i].rows for i in group.inputs)
             mean_abs = sum(calibration.stats[i].abs_sum for i in group.inputs) / max(rows, 1)
             dtype = np.dtype(group.inputs[0].dtype) if group.inputs[0].dtype != "bfloat16" else _bfloat16()
-            members = [Member(k, read(inits[k[1]]) if k[1] in inits else _constant(out, k[1]), by_key[k].axis,
-                              sum(calibration.stats[i].gram for i in calibration.inputs[k]), self.columns.get(k),
-                              sum(calibration.stats[i].rows for i in calibration.inputs[k]))
+            members = [Member.of(k, read(inits[k[1]]) if k[1] in inits else _constant(out, k[1]), by_key[k].axis,
+                                 calibration, self.columns.get(k))
                        for k in group.keys]
 
             def values_of(w, m, target_of=by_key):

@@ -328,11 +328,9 @@ def _awq_candidates(by_key, arrays, options, calibration, ints, out, what) -> No
             rows = sum(stats[i].rows for i in group.inputs)
             mean_abs = sum(stats[i].abs_sum for i in group.inputs) / max(rows, 1)
             dtype = _dtype(group.inputs[0].dtype)
-            # (the rows too: with few of them awq's search measures its errors on a factor of X^T X, as
-            # awq alone does, so each width's alpha is awq alone's)
-            members = [awq.Member(k, arrays[k], by_key[k].axis, sum(stats[i].gram for i in calibration.inputs[k]),
-                                  rows=sum(stats[i].rows for i in calibration.inputs[k]))
-                       for k in keys]
+            # (Member.of carries the rows too: with few of them awq's search measures its errors on a
+            # factor of X^T X, as awq alone does, so each width's alpha is awq alone's)
+            members = [awq.Member.of(k, arrays[k], by_key[k].axis, calibration) for k in keys]
         for choice in ints:
             o = dataclasses.replace(options, bits=every[choice][0], format="int")
             if not keys:
